@@ -1,0 +1,20 @@
+"""Stage download: fetch the data source and make the train/val/test splits (data/raw/)."""
+
+from debias import paths
+from debias.data.sources import load_source
+from debias.data.store import save_raw_splits
+from debias.params import Params
+from debias.stage import main
+from debias.tracking import StageRun
+
+
+def run(params: Params, run: StageRun) -> None:
+    splits = load_source(params.data, paths.RAW, params.seed)
+    save_raw_splits(paths.RAW_SPLITS, splits)
+    counts = {f"n_{name}": len(split) for name, split in splits.items()}
+    run.log_metrics(counts)
+    print(f"[download] {params.data.source}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+
+
+if __name__ == "__main__":
+    main("download", run)

@@ -1,0 +1,227 @@
+"""Bias protocols behind a registry: colour grey digits so that colour predicts the class.
+
+``foreground``  CMNIST* (CNC App. D.1 and its code): classes are digit pairs; stroke pixels
+                with grey >= threshold take a colour in all channels, fainter strokes keep
+                their grey, the background stays black. Train: the class colour with
+                probability p_corr (Bernoulli per image), else one of the other colours
+                uniformly; validation and test: uniform over all colours.
+``background``  Biased-MNIST (Bahng et al.; FairKL paper): stroke pixels (value > 0) become
+                white, background pixels take the colour. Per class the first floor(n*rho)
+                shuffled images get the class colour and the rest is cut into equal chunks
+                (size ceil(rest / (K-1))) over the other colours; val/test use eval_rho.
+``given``       the source supplies the attribute ``a`` (bring-your-own biased data); the
+                attribute aligned with a class is its most frequent one in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from debias.data.sources import RawSplit, RawSplits
+from debias.data.store import BiasedSplit
+from debias.params import BackgroundParams, BiasParams, ForegroundParams
+
+SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}
+
+
+class BiasProtocolError(ValueError):
+    """The data cannot be biased with the chosen protocol and parameters."""
+
+
+ProtocolFn = Callable[[RawSplits, BiasParams, int], dict[str, BiasedSplit]]
+PROTOCOLS: dict[str, ProtocolFn] = {}
+
+
+def register_protocol(name: str) -> Callable[[ProtocolFn], ProtocolFn]:
+    def decorate(fn: ProtocolFn) -> ProtocolFn:
+        PROTOCOLS[name] = fn
+        return fn
+
+    return decorate
+
+
+def to_grey(x: np.ndarray) -> np.ndarray:
+    """uint8 ``[N,H,W]`` unchanged; ``[N,H,W,3]`` to luminance (ITU-R 601 weights)."""
+    if x.ndim == 3:
+        return x
+    weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    return np.round(x.astype(np.float32) @ weights).clip(0, 255).astype(np.uint8)
+
+
+def paint(grey: torch.Tensor, colour_index: torch.Tensor, palette: torch.Tensor, where: torch.Tensor,
+          elsewhere: torch.Tensor) -> torch.Tensor:
+    """RGB uint8 ``[N,3,H,W]``: ``palette[colour_index]`` where ``where`` is true, ``elsewhere`` otherwise."""
+    colours = palette[colour_index][:, :, None, None]  # [N,3,1,1]
+    return torch.where(where[:, None], colours, elsewhere).to(torch.uint8)
+
+
+def other_colour(own: np.ndarray, n_colours: int, rng: np.random.Generator) -> np.ndarray:
+    """A colour drawn uniformly from the ``n_colours - 1`` colours other than ``own``."""
+    shift = rng.integers(1, n_colours, size=own.shape)
+    return (own + shift) % n_colours
+
+
+# --------------------------------------------------------------------------- foreground
+
+
+def foreground_colour_indices(y: np.ndarray, split: str, params: ForegroundParams, rng: np.random.Generator) -> np.ndarray:
+    """Train: class colour w.p. p_corr else another uniformly; val/test: uniform over all colours."""
+    n_classes = len(params.class_digits)
+    if split == "train":
+        aligned = rng.random(len(y)) < params.p_corr
+        return np.where(aligned, y, other_colour(y, n_classes, rng))
+    return rng.integers(0, n_classes, size=len(y))
+
+
+def colour_foreground(grey: np.ndarray, colour: np.ndarray, params: ForegroundParams) -> torch.Tensor:
+    """Strokes with grey >= threshold take the colour in all channels; the rest keeps its grey."""
+    g = torch.from_numpy(np.ascontiguousarray(grey))
+    palette = torch.tensor(params.colours[: len(params.class_digits)], dtype=torch.uint8)
+    stroke = g >= params.stroke_threshold
+    return paint(g, torch.from_numpy(colour), palette, stroke, g[:, None].expand(-1, 3, -1, -1))
+
+
+@register_protocol("foreground")
+def foreground(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
+    params = bias.foreground
+    digits = [d for group in params.class_digits for d in group]
+    digit_to_class = np.full(max(max(digits), max(int(s.y.max()) for s in splits.values())) + 1, -1, dtype=np.int64)
+    for c, group in enumerate(params.class_digits):
+        digit_to_class[group] = c
+    out: dict[str, BiasedSplit] = {}
+    for name, raw in splits.items():
+        raw = raw.take(np.flatnonzero(digit_to_class[raw.y] >= 0))
+        y = digit_to_class[raw.y]
+        rng = np.random.default_rng([seed, SPLIT_SEED_OFFSET[name], 17])
+        colour = foreground_colour_indices(y, name, params, rng)
+        x = colour_foreground(to_grey(raw.x), colour, params)
+        out[name] = BiasedSplit(x, torch.from_numpy(y), torch.from_numpy(colour), torch.from_numpy(colour == y),
+                                len(params.class_digits), len(params.class_digits))
+    return out
+
+
+# --------------------------------------------------------------------------- background
+
+
+def background_colour_indices(y: np.ndarray, rho: float, n_colours: int, rng: np.random.Generator) -> np.ndarray:
+    """Per class: first floor(n*rho) shuffled images get the class colour, the rest equal chunks of the others."""
+    colour = np.empty_like(y)
+    for label in np.unique(y):  # a loop over classes, not samples
+        members = rng.permutation(np.flatnonzero(y == label))
+        n_correlated = int(len(members) * rho)
+        colour[members[:n_correlated]] = label
+        rest = members[n_correlated:]
+        chunk = int(np.ceil(len(rest) / (n_colours - 1))) if len(rest) else 1
+        others = np.array([c for c in range(n_colours) if c != label])
+        colour[rest] = others[np.arange(len(rest)) // chunk]
+    return colour
+
+
+def colour_background(grey: np.ndarray, colour: np.ndarray, params: BackgroundParams) -> torch.Tensor:
+    """Strokes (value > 0) white, background (value 0) the colour."""
+    g = torch.from_numpy(np.ascontiguousarray(grey))
+    palette = torch.tensor(params.colours, dtype=torch.uint8)
+    white = torch.full((len(g), 3) + tuple(g.shape[1:]), 255, dtype=torch.uint8)
+    return paint(g, torch.from_numpy(colour), palette, g == 0, white)
+
+
+@register_protocol("background")
+def background(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
+    params = bias.background
+    n_colours = len(params.colours)
+    n_classes = int(max(split.y.max() for split in splits.values())) + 1
+    if n_classes > n_colours:
+        raise BiasProtocolError(
+            f"bias.protocol = background has {n_colours} colours (bias.background.colours) for {n_classes} classes; "
+            "allowed: at most one class per colour — add colours or use fewer classes"
+        )
+    out: dict[str, BiasedSplit] = {}
+    for name, raw in splits.items():
+        rng = np.random.default_rng([seed, SPLIT_SEED_OFFSET[name], 29])
+        rho = params.rho if name == "train" else params.eval_rho
+        colour = background_colour_indices(raw.y, rho, n_colours, rng)
+        x = colour_background(to_grey(raw.x), colour, params)
+        out[name] = BiasedSplit(x, torch.from_numpy(raw.y), torch.from_numpy(colour), torch.from_numpy(colour == raw.y),
+                                n_classes, n_colours)
+    return out
+
+
+# --------------------------------------------------------------------------- given
+
+
+@register_protocol("given")
+def given(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
+    """Use the source's own attribute ``a``; aligned = the class's most frequent training attribute."""
+    if any(split.a is None for split in splits.values()):
+        raise BiasProtocolError(
+            "bias.protocol = given needs a bias attribute from the source: an npz with an array 'a' "
+            "(data.source = npz); otherwise use bias.protocol = foreground or background"
+        )
+    n_classes = int(max(split.y.max() for split in splits.values())) + 1
+    n_attrs = int(max(split.a.max() for split in splits.values())) + 1  # type: ignore[union-attr]
+    train = splits["train"]
+    counts = np.zeros((n_classes, n_attrs), dtype=np.int64)
+    np.add.at(counts, (train.y, train.a), 1)
+    majority = counts.argmax(axis=1)
+    out: dict[str, BiasedSplit] = {}
+    for name, raw in splits.items():
+        x = torch.from_numpy(np.ascontiguousarray(raw.x))
+        x = x[:, None].expand(-1, 3, -1, -1).contiguous() if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
+        a = raw.a
+        assert a is not None
+        out[name] = BiasedSplit(x, torch.from_numpy(raw.y), torch.from_numpy(a), torch.from_numpy(a == majority[raw.y]),
+                                n_classes, n_attrs)
+    return out
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def inject_bias(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
+    """Apply the registered protocol ``bias.protocol``; every split must keep at least one image."""
+    if bias.protocol not in PROTOCOLS:
+        raise BiasProtocolError(f"bias.protocol = '{bias.protocol}' is unknown; allowed: {sorted(PROTOCOLS)}")
+    if bias.protocol == "foreground":
+        labels = set(np.unique(np.concatenate([s.y for s in splits.values()])).tolist())
+        wanted = {d for group in bias.foreground.class_digits for d in group}
+        missing = sorted(wanted - labels)
+        if missing:
+            raise BiasProtocolError(
+                f"bias.foreground.class_digits names labels {missing} that the data does not have "
+                f"(labels present: {sorted(labels)})"
+            )
+    biased = PROTOCOLS[bias.protocol](splits, bias, seed)
+    for name, split in biased.items():
+        if len(split) == 0:
+            raise BiasProtocolError(f"split '{name}' is empty after bias.protocol = {bias.protocol}")
+        missing_classes = sorted(set(range(split.n_classes)) - set(split.y.unique().tolist()))
+        if name == "train" and missing_classes:
+            raise BiasProtocolError(f"classes {missing_classes} have no training images after bias injection")
+    return biased
+
+
+def summarise(splits: dict[str, BiasedSplit], bias: BiasParams) -> dict:
+    """Counts per group per split and the realised correlation (fraction of aligned images)."""
+    summary: dict = {"protocol": bias.protocol, "splits": {}}
+    for name, split in splits.items():
+        counts = split.group_counts()
+        summary["splits"][name] = {
+            "n": len(split),
+            "n_classes": split.n_classes,
+            "n_attrs": split.n_attrs,
+            "realised_correlation": float(split.aligned.float().mean()),
+            "n_aligned": int(split.aligned.sum()),
+            "n_conflicting": int((~split.aligned).sum()),
+            "empty_groups": int((counts == 0).sum()),
+            "group_counts": counts.tolist(),
+        }
+    if bias.protocol == "foreground":
+        summary["target_correlation"] = {"train": bias.foreground.p_corr, "val": 1 / len(bias.foreground.class_digits),
+                                         "test": 1 / len(bias.foreground.class_digits)}
+    elif bias.protocol == "background":
+        summary["target_correlation"] = {"train": bias.background.rho, "val": bias.background.eval_rho,
+                                         "test": bias.background.eval_rho}
+    return summary

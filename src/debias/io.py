@@ -1,0 +1,110 @@
+"""Atomic, checked file I/O: every stage output is written to a temporary file and renamed.
+
+A crash or kill mid-write leaves the previous file intact, and DVC never records a
+half-written output. Loading checks the file is ours and complete, and says which file
+is broken and what to do instead of failing deep inside torch or json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+FORMAT_KEY = "__debias_format__"
+
+
+class CorruptFileError(RuntimeError):
+    """A file is truncated, foreign or missing the keys its reader needs."""
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success fsync and rename it onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _finite_or_null(value: Any) -> Any:
+    """NaN/inf are not JSON: write them as null so the file stays parseable (and says so)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
+def save_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+    text = json.dumps(_finite_or_null(json.loads(json.dumps(obj, default=_json_default))), indent=2, sort_keys=False)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text + "\n")
+
+
+def load_json(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run the stage that writes it first (dvc repro)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CorruptFileError(f"{path} is not valid JSON ({exc}); delete it and rerun its stage") from None
+
+
+def save_torch(path: str | Path, obj: dict[str, Any], kind: str) -> None:
+    """``torch.save`` a dict tagged with ``kind`` (e.g. 'split', 'checkpoint'), atomically."""
+    payload = dict(obj)
+    payload[FORMAT_KEY] = kind
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_torch(path: str | Path, kind: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Load a file written by :func:`save_torch`; a truncated or foreign file is a CorruptFileError."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run the stage that writes it first (dvc repro)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated zip, pickle garbage, wrong format ...
+        raise CorruptFileError(
+            f"{path} cannot be read as a debias {kind} file ({type(exc).__name__}: {str(exc)[:200]}); "
+            "it is truncated or foreign: delete it and rerun the stage that writes it"
+        ) from None
+    if not isinstance(payload, dict) or payload.get(FORMAT_KEY) != kind:
+        found = payload.get(FORMAT_KEY) if isinstance(payload, dict) else type(payload).__name__
+        raise CorruptFileError(f"{path} is not a debias {kind} file (found {found!r}); rerun the stage that writes it")
+    missing = [key for key in required if key not in payload]
+    if missing:
+        raise CorruptFileError(f"{path} lacks {missing}; it was written by another version: rerun its stage")
+    payload.pop(FORMAT_KEY)
+    return payload

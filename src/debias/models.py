@@ -1,0 +1,139 @@
+"""Models behind a registry, each split into an ``encoder`` (features z) and a linear ``head``.
+
+``lenet5``      CNC's LeNet-5: conv6-k5, pool, conv16-k5, pool, fc120, fc84 -> 84-d features.
+``simpleconv``  Bahng et al.'s SimpleConvNet: 4 x [conv k7 pad 3, BN, ReLU] (16, 32, 64, 128
+                channels, no downsampling), global average pool -> 128-d. Heavy on CPU.
+``resnet18``    torchvision's ResNet-18 (random init) -> 512-d; images of 64 px or less get a
+                3x3 stride-1 stem without max-pool (the usual CIFAR variant).
+A network takes uint8 images ``[N,3,H,W]`` and normalises them itself ((x/255 - 0.5) / 0.5,
+as in the papers' code), so every stage feeds it the stored tensors unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class Encoder(nn.Module):
+    """Maps images to features; ``dim`` is the feature size."""
+
+    dim: int
+
+
+class Network(nn.Module):
+    """``encoder`` then linear ``head``; input uint8 (or float in 0..255) ``[N,3,H,W]``."""
+
+    def __init__(self, encoder: Encoder, n_classes: int) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.head = nn.Linear(encoder.dim, n_classes)
+
+    @staticmethod
+    def normalise(x: torch.Tensor) -> torch.Tensor:
+        return x.float().div(127.5).sub(1.0)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Encoder outputs z (unnormalised), ``[N, dim]``."""
+        return self.encoder(self.normalise(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+    def embed_and_classify(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.embed(x)
+        return z, self.head(z)
+
+
+class LeNet5(Encoder):
+    def __init__(self, image_size: int) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        if side < 1:
+            raise ValueError(f"model.name = lenet5 needs data.image_size >= 16, got {image_size}")
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(16 * side * side, 120), nn.ReLU(),
+            nn.Linear(120, 84), nn.ReLU(),
+        )
+        self.dim = 84
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+
+class SimpleConvNet(Encoder):
+    def __init__(self, image_size: int) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        channels = [3, 16, 32, 64, 128]
+        for c_in, c_out in zip(channels[:-1], channels[1:]):
+            layers += [nn.Conv2d(c_in, c_out, 7, padding=3), nn.BatchNorm2d(c_out), nn.ReLU()]
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.dim = 128
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+
+class ResNet18(Encoder):
+    def __init__(self, image_size: int) -> None:
+        super().__init__()
+        from torchvision.models import resnet18
+
+        net = resnet18(weights=None)
+        if image_size <= 64:
+            net.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
+            net.maxpool = nn.Identity()
+        net.fc = nn.Identity()
+        self.net = net
+        self.dim = 512
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+ENCODERS: dict[str, Callable[[int], Encoder]] = {
+    "lenet5": LeNet5,
+    "simpleconv": SimpleConvNet,
+    "resnet18": ResNet18,
+}
+
+
+def build_model(name: str, n_classes: int, image_size: int) -> Network:
+    """A freshly initialised network from the registry."""
+    if name not in ENCODERS:
+        raise ValueError(f"model.name = '{name}' is unknown; allowed: {sorted(ENCODERS)}")
+    return Network(ENCODERS[name](image_size), n_classes)
+
+
+def build_encoder(name: str, image_size: int) -> Encoder:
+    if name not in ENCODERS:
+        raise ValueError(f"model.name = '{name}' is unknown; allowed: {sorted(ENCODERS)}")
+    return ENCODERS[name](image_size)
+
+
+def save_network(path: str, model: Network, name: str, n_classes: int, image_size: int, **meta: object) -> None:
+    """Checkpoint: registry name, shape facts and weights (atomic)."""
+    from debias.io import save_torch
+
+    save_torch(path, {"model_name": name, "n_classes": n_classes, "image_size": image_size,
+                      "state_dict": model.state_dict(), "meta": dict(meta)}, kind="checkpoint")
+
+
+def load_network(path: str) -> tuple[Network, dict]:
+    """Rebuild a network from :func:`save_network`; a foreign or truncated file is a CorruptFileError."""
+    from debias.io import CorruptFileError, load_torch
+
+    payload = load_torch(path, "checkpoint", ("model_name", "n_classes", "image_size", "state_dict"))
+    model = build_model(payload["model_name"], int(payload["n_classes"]), int(payload["image_size"]))
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except RuntimeError as exc:
+        raise CorruptFileError(f"{path}: weights do not fit {payload['model_name']} ({str(exc)[:200]})") from None
+    model.eval()
+    return model, payload

@@ -1,0 +1,227 @@
+"""The one typed, validated view of ``params.yaml``.
+
+Every stage loads its parameters through :func:`load_params`, so unknown keys
+(``loss.epsilion``), wrong types and out-of-range values fail before any data is read,
+with one message naming the key, the value, what is allowed and, for a typo, the
+closest valid key. Defaults are the papers' settings; ``params.yaml`` states every value
+the default pipeline uses, with the reason where it departs from a paper.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+RGB = tuple[int, int, int]
+
+# Biased-MNIST colours (Bahng et al.; FairKL paper), indexed by class.
+BACKGROUND_COLOURS: list[RGB] = [
+    (255, 0, 0), (0, 255, 0), (0, 0, 255), (225, 225, 0), (225, 0, 225),
+    (0, 255, 255), (255, 128, 0), (255, 0, 128), (128, 0, 255), (128, 128, 128),
+]
+# CMNIST* colours (CNC code): matplotlib hsv at 0, .2, .4, .6, .8, indexed by class.
+FOREGROUND_COLOURS: list[RGB] = [
+    (255, 0, 0), (208, 255, 0), (0, 255, 92), (0, 116, 255), (184, 0, 255),
+]
+
+
+class ParamsError(ValueError):
+    """A parameter is missing, unknown, of the wrong type or out of range."""
+
+
+class Section(BaseModel):
+    """Base for every params section: unknown keys are errors, values are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+class DataParams(Section):
+    source: Literal["digits", "mnist", "npz"] = "digits"
+    path: str | None = Field(None, description="npz source: path to a local .npz (relative to the repository root or absolute)")
+    val_fraction: float = Field(0.15, gt=0, lt=1, description="digits/npz: stratified validation fraction")
+    test_fraction: float = Field(0.25, gt=0, lt=1, description="digits/npz: stratified test fraction")
+    mnist_val_size: int = Field(6000, ge=1, description="mnist: validation images carved from the official training split")
+    image_size: int = Field(28, ge=8, le=512, description="side of the square images after resizing")
+    max_per_split: int | None = Field(None, ge=1, description="optional cap on images per split (smoke runs)")
+
+    @model_validator(mode="after")
+    def _fractions_leave_a_train_split(self) -> "DataParams":
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise ValueError(
+                f"data.val_fraction + data.test_fraction = {self.val_fraction + self.test_fraction:g} "
+                "leaves too little training data; allowed: a sum below 0.9"
+            )
+        if self.source == "npz" and not self.path:
+            raise ValueError("data.path is required when data.source is 'npz' (a local .npz with x and y)")
+        return self
+
+
+class ForegroundParams(Section):
+    """CMNIST* (CNC App. D.1): strokes coloured with the class colour with probability p_corr."""
+
+    p_corr: float = Field(0.995, gt=0, lt=1)
+    stroke_threshold: int = Field(120, ge=1, le=255, description="grey level from which a stroke pixel takes the colour")
+    class_digits: list[list[int]] = Field(default_factory=lambda: [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]])
+    colours: list[RGB] = Field(default_factory=lambda: list(FOREGROUND_COLOURS))
+
+    @model_validator(mode="after")
+    def _one_colour_per_class(self) -> "ForegroundParams":
+        digits = [d for group in self.class_digits for d in group]
+        if len(digits) != len(set(digits)):
+            raise ValueError(f"bias.foreground.class_digits {self.class_digits} uses a label twice; allowed: disjoint groups")
+        if len(self.colours) < len(self.class_digits):
+            raise ValueError(
+                f"bias.foreground.colours has {len(self.colours)} colours for {len(self.class_digits)} classes; "
+                "allowed: at least one colour per class"
+            )
+        if len(self.class_digits) < 2:
+            raise ValueError("bias.foreground.class_digits needs at least 2 classes")
+        return self
+
+
+class BackgroundParams(Section):
+    """Biased-MNIST (Bahng et al.): background painted with the class colour for a fraction rho."""
+
+    rho: float = Field(0.99, gt=0, lt=1, description="training correlation (papers: 0.99 ... 0.999)")
+    eval_rho: float = Field(0.1, gt=0, lt=1, description="validation/test correlation (0.1 = uniform over 10 colours)")
+    colours: list[RGB] = Field(default_factory=lambda: list(BACKGROUND_COLOURS))
+
+
+class BiasParams(Section):
+    protocol: Literal["foreground", "background", "given"] = "foreground"
+    foreground: ForegroundParams = Field(default_factory=ForegroundParams)
+    background: BackgroundParams = Field(default_factory=BackgroundParams)
+
+
+class ModelParams(Section):
+    name: Literal["lenet5", "simpleconv", "resnet18"] = "lenet5"
+
+
+class OptimParams(Section):
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(1e-3, gt=0, le=10)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0, lt=1)
+    batch_size: int = Field(32, ge=1, le=65536)
+    epochs: int = Field(5, ge=1, le=10000)
+    lr_milestones: list[int] = Field(default_factory=list, description="epochs at which the lr is multiplied by lr_gamma")
+    lr_gamma: float = Field(0.1, gt=0, le=1)
+    selection: Literal["last", "best_worst_group"] = "last"
+    eval_batch_size: int = Field(1024, ge=1)
+
+
+class Params(Section):
+    seed: int = Field(0, ge=0, lt=2**31)
+    data: DataParams = Field(default_factory=DataParams)
+    bias: BiasParams = Field(default_factory=BiasParams)
+    model: ModelParams = Field(default_factory=ModelParams)
+    erm: OptimParams = Field(default_factory=OptimParams)
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_is_int(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError("seed must be a whole number")
+        return value
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        keys.append(dotted)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys.extend(_valid_keys(annotation, dotted + "."))
+    return keys
+
+
+def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(key, _valid_keys(model), n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"unknown parameter '{key}' (value {error['input']!r}){hint}"
+    message = error["msg"].removeprefix("Value error, ")
+    if not key:
+        return message
+    allowed = ""
+    ctx = error.get("ctx") or {}
+    if "expected" in ctx:
+        allowed = f"; allowed: {ctx['expected']}"
+    return f"{key} = {error['input']!r}: {message}{allowed}"
+
+
+def validate(raw: dict[str, Any]) -> Params:
+    """Validate a params mapping; raise :class:`ParamsError` listing every problem."""
+    try:
+        return Params.model_validate(raw or {})
+    except ValidationError as exc:
+        problems = [_describe(err, Params) for err in exc.errors()]
+        raise ParamsError("invalid params.yaml:\n  - " + "\n  - ".join(problems)) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate ``params.yaml``; a missing or malformed file is a ParamsError."""
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path} not found: run the stage from the repository root")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path} is not valid YAML: {exc}") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ParamsError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
+    return validate(raw or {})
+
+
+def section(params: Params, dotted: str) -> Any:
+    """The value at a dotted key, e.g. ``section(p, 'bias.foreground')``."""
+    value: Any = params
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def as_dict(params: Params, keys: list[str] | None = None) -> dict[str, Any]:
+    """Plain mapping of the given top-level/dotted keys (all when None), for logging and hashing."""
+    full = params.model_dump(mode="json")
+    if keys is None:
+        return full
+    out: dict[str, Any] = {}
+    for dotted in keys:
+        value: Any = full
+        for part in dotted.split("."):
+            value = value[part]
+        out[dotted] = value
+    return out
+
+
+def params_hash(values: dict[str, Any]) -> str:
+    """Stable short hash of the params a stage read (sorted JSON, sha256, 12 hex digits)."""
+    blob = json.dumps(values, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{'a': {'b': 1}}`` -> ``{'a.b': 1}``; lists are kept as JSON strings."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, dotted + "."))
+        elif isinstance(value, (list, tuple)):
+            flat[dotted] = json.dumps(value)
+        else:
+            flat[dotted] = value
+    return flat

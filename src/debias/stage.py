@@ -1,0 +1,45 @@
+"""The harness every pipeline entrypoint runs in: params, threads, MLflow run, clean errors.
+
+An entrypoint names its stage and the params it reads (exactly those dvc.yaml declares for
+it) and passes a body ``(params, run) -> None``. Expected failures (bad params, bad data,
+broken files, unreachable tracking) end the process with one clear message and exit code 2
+instead of a traceback; nothing already written is touched, since outputs are atomic.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+from debias.data.bias import BiasProtocolError
+from debias.data.sources import DataSourceError
+from debias.io import CorruptFileError
+from debias.params import Params, ParamsError, as_dict, load_params
+from debias.paths import RUNS
+from debias.runtime import configure_threads
+from debias.tracking import StageRun, TrackingError, stage_run
+
+EXPECTED_ERRORS = (ParamsError, DataSourceError, BiasProtocolError, CorruptFileError, TrackingError,
+                   FileNotFoundError, ValueError)
+
+# The params each stage reads; dvc.yaml declares exactly these (tests/test_dvc_yaml.py checks).
+STAGE_PARAMS: dict[str, list[str]] = {
+    "download": ["seed", "data"],
+    "inject_bias": ["seed", "bias"],
+    "train_erm": ["seed", "model", "erm"],
+}
+
+
+def main(stage: str, body: Callable[[Params, StageRun], None]) -> None:
+    """Validate params, open the stage's MLflow run and run ``body``; exit 2 on an expected error."""
+    try:
+        params = load_params()
+        configure_threads()
+        with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run:
+            body(params, run)
+    except EXPECTED_ERRORS as exc:
+        if os.environ.get("DEBIAS_DEBUG"):
+            raise
+        print(f"[{stage}] error: {exc}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,154 @@
+"""Cross-entropy training of a classifier on in-memory tensors (ERM; JTT reuses it with a pool).
+
+Batches are index tensors into the stored uint8 images, shuffled by a seeded generator;
+``pool`` lists the indices one epoch visits (ERM: every index once; JTT: errors repeated).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from debias.data.store import BiasedSplit
+from debias.io import atomic_path, load_torch, save_json, save_torch
+from debias.metrics import accuracy_report, scalars
+from debias.models import Network, build_model, save_network
+from debias.params import OptimParams, params_hash
+from debias.paths import embeddings_path
+from debias.runtime import pick_device, seed_everything
+from debias.tracking import StageRun
+from debias.training.loop import build_optimizer, build_scheduler, finish, fit
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoder outputs and logits for every image, in eval mode, on CPU: ``(z [N,D], logits [N,C])``."""
+    was_training = model.training
+    model.eval()
+    zs, logits = [], []
+    for start in range(0, len(x), batch_size):
+        z, out = model.embed_and_classify(x[start : start + batch_size].to(device, non_blocking=True))
+        zs.append(z.float().cpu())
+        logits.append(out.float().cpu())
+    model.train(was_training)
+    return torch.cat(zs), torch.cat(logits)
+
+
+def evaluate(model: nn.Module, split: BiasedSplit, batch_size: int, device: torch.device) -> dict:
+    """The accuracy report of ``model`` on ``split``."""
+    _, logits = predict(model, split.x, batch_size, device)
+    return accuracy_report(logits.argmax(1), split.y, split.a, split.aligned, split.n_classes, split.n_attrs)
+
+
+def validator(model: nn.Module, split: BiasedSplit, batch_size: int, device: torch.device):
+    """A ``fit`` validation callback: scalar accuracies prefixed ``val/``."""
+    return lambda: scalars(evaluate(model, split, batch_size, device), "val/")
+
+
+class ClassifierTask:
+    """One epoch = the shuffled ``pool`` in minibatches, cross-entropy, one optimizer step per batch."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, train: BiasedSplit, batch_size: int,
+                 generator: torch.Generator, device: torch.device, pool: torch.Tensor | None = None,
+                 progress: bool = True) -> None:
+        self.model, self.optimizer, self.train = model, optimizer, train
+        self.batch_size, self.generator, self.device = batch_size, generator, device
+        self.pool = torch.arange(len(train)) if pool is None else pool
+        self.progress = progress
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"model": self.model}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        order = self.pool[torch.randperm(len(self.pool), generator=self.generator)]
+        total_loss = torch.zeros((), dtype=torch.float64)
+        total_correct, seen = 0, 0
+        batches = order.split(self.batch_size)
+        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=None if self.progress else True)
+        for index in bar:
+            x = self.train.x[index].to(self.device, non_blocking=True)
+            y = self.train.y[index].to(self.device, non_blocking=True)
+            logits = self.model(x)
+            loss = F.cross_entropy(logits, y)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            total_loss += loss.detach().double().cpu() * len(index)
+            total_correct += int((logits.argmax(1) == y).sum())
+            seen += len(index)
+            bar.set_postfix(loss=f"{total_loss.item() / seen:.4f}", acc=f"{total_correct / seen:.3f}", refresh=False)
+        return {"train/loss": total_loss.item() / seen, "train/acc": total_correct / seen}
+
+
+def write_curves(path: Path, history: list[dict[str, float]]) -> None:
+    """Per-epoch history as CSV (DVC plots and the report read it)."""
+    keys = sorted({key for row in history for key in row}, key=lambda k: (k != "epoch", k))
+    lines = [",".join(keys)] + [",".join("" if row.get(k) is None else f"{row[k]:.6g}" for k in keys) for row in history]
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+
+
+def export_embeddings(model: nn.Module, splits: dict[str, BiasedSplit], directory: Path, batch_size: int,
+                      device: torch.device) -> dict[str, dict]:
+    """Write ``embeddings_{split}.pt`` (z, logits) for every split; return each split's accuracy report."""
+    reports = {}
+    for name, split in splits.items():
+        z, logits = predict(model, split.x, batch_size, device)
+        save_torch(embeddings_path(directory, name), {"z": z, "logits": logits}, kind="embeddings")
+        reports[name] = accuracy_report(logits.argmax(1), split.y, split.a, split.aligned, split.n_classes, split.n_attrs)
+    return reports
+
+
+def load_embeddings(directory: Path, split: str) -> dict[str, torch.Tensor]:
+    return load_torch(embeddings_path(directory, split), "embeddings", ("z", "logits"))
+
+
+def train_and_export(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParams, seed: int, run: StageRun,
+                     model_path: Path, embeddings_dir: Path, metrics_path: Path, curves_path: Path,
+                     resume_path: Path, name: str, pool: torch.Tensor | None = None,
+                     extra_metrics: dict | None = None) -> Network:
+    """Train a classifier with cross-entropy, keep the selected epoch, write every output of the stage."""
+    device = pick_device()
+    generator = seed_everything(seed)
+    train = splits["train"]
+    model = build_model(model_name, train.n_classes, int(train.x.shape[-1])).to(device)
+    optimizer = build_optimizer(model.parameters(), optim.optimizer, optim.lr, optim.momentum, optim.weight_decay)
+    scheduler = build_scheduler(optimizer, optim.lr_milestones, optim.lr_gamma)
+    task = ClassifierTask(model, optimizer, train, optim.batch_size, generator, device, pool=pool)
+    key = params_hash({"model": model_name, "optim": optim.model_dump(mode="json"), "seed": seed, "n": len(train),
+                       "pool": None if pool is None else int(pool.sum())})
+    result = fit(task, optimizer, optim.epochs, validator(model, splits["val"], optim.eval_batch_size, device),
+                 selection=optim.selection, scheduler=scheduler, state_path=resume_path, state_key=key,
+                 on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch))
+    model.load_state_dict(result.selected_state["model"])
+    reports = export_embeddings(model, splits, embeddings_dir, optim.eval_batch_size, device)
+    metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {})}
+    metrics.update({split: scalars(report) for split, report in reports.items()})
+    save_json(metrics_path, metrics)
+    save_json(metrics_path.with_name(f"{metrics_path.stem}_groups.json"),
+              {split: {k: report[k] for k in ("per_group", "group_counts", "empty_groups")}
+               for split, report in reports.items()})
+    write_curves(curves_path, result.history)
+    save_network(str(model_path), model.cpu(), model_name, train.n_classes, int(train.x.shape[-1]),
+                 selected_epoch=result.selected_epoch)
+    run.log_metrics({f"{split}.{k}": v for split, report in reports.items() for k, v in scalars(report).items()})
+    run.log_metrics({"selected_epoch": result.selected_epoch})
+    run.log_artifact(metrics_path)
+    run.log_artifact(curves_path)
+    run.log_model(model, name="model")
+    finish(resume_path)
+    test = reports["test"]
+    print(f"[{name}] selected epoch {result.selected_epoch}; test avg {test['avg']:.3f}, "
+          f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
+    return model

@@ -1,0 +1,142 @@
+"""The epoch loop every training stage shares: validation, selection, resumable checkpoints.
+
+A :class:`Task` knows how to run one training epoch and holds the state that must survive
+an interruption (modules, its sampler/generator). :func:`fit` runs epochs, validates after
+each, keeps the selected weights (``last`` or best validation worst-group accuracy, ties to
+the earlier epoch) and, after every epoch, atomically saves a resume state: modules,
+optimizer, scheduler, RNG states, the task's sampler state, history and the best weights.
+Rerunning after a kill continues from the last completed epoch and ends with the same
+result as an uninterrupted run (CPU, same seed). The resume state is tied to a hash of the
+params; a state from other params is ignored, and it is deleted on success.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from debias.io import CorruptFileError, load_torch, save_torch
+
+
+class Task(Protocol):
+    def modules(self) -> dict[str, nn.Module]: ...
+
+    def train_epoch(self, epoch: int) -> dict[str, float]: ...
+
+    def extra_state(self) -> dict[str, Any]: ...
+
+    def load_extra_state(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class FitResult:
+    history: list[dict[str, float]]
+    selected_epoch: int
+    selected_state: dict[str, dict[str, torch.Tensor]]
+    resumed_from: int | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def _rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def _module_states(task: Task) -> dict[str, dict[str, torch.Tensor]]:
+    return {name: copy.deepcopy(module.state_dict()) for name, module in task.modules().items()}
+
+
+def selection_score(metrics: dict[str, float], selection: str) -> float:
+    """Higher is better: validation worst-group accuracy, or the epoch index for ``last``."""
+    if selection == "best_worst_group":
+        return metrics["val/worst_group"]
+    raise ValueError(f"selection = '{selection}'; allowed: last, best_worst_group")
+
+
+def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Callable[[], dict[str, float]],
+        selection: str = "last", scheduler: Any | None = None, state_path: str | Path | None = None,
+        state_key: str = "", on_epoch: Callable[[int, dict[str, float]], None] | None = None) -> FitResult:
+    """Train ``epochs`` epochs; return the history and the selected weights."""
+    history: list[dict[str, float]] = []
+    best_epoch, best_score, best_state = -1, -float("inf"), None
+    start, resumed_from = 0, None
+    state_path = Path(state_path) if state_path else None
+
+    if state_path is not None and state_path.exists():
+        try:
+            saved = load_torch(state_path, "resume-state", ("epoch", "modules", "optimizer", "key"))
+        except CorruptFileError:
+            saved = None  # a torn resume state is not worth failing for: start over
+        if saved is not None and saved["key"] == state_key:
+            for name, module in task.modules().items():
+                module.load_state_dict(saved["modules"][name])
+            optimizer.load_state_dict(saved["optimizer"])
+            if scheduler is not None and saved.get("scheduler") is not None:
+                scheduler.load_state_dict(saved["scheduler"])
+            task.load_extra_state(saved["task"])
+            _set_rng_state(saved["rng"])
+            history = saved["history"]
+            best_epoch, best_score, best_state = saved["best_epoch"], saved["best_score"], saved["best_state"]
+            start = resumed_from = saved["epoch"] + 1
+
+    for epoch in range(start, epochs):
+        for module in task.modules().values():
+            module.train()
+        metrics = {"epoch": float(epoch), **task.train_epoch(epoch)}
+        if scheduler is not None:
+            scheduler.step()
+        for module in task.modules().values():
+            module.eval()
+        metrics.update(validate())
+        history.append(metrics)
+        score = float(epoch) if selection == "last" else selection_score(metrics, selection)
+        if score > best_score:
+            best_epoch, best_score, best_state = epoch, score, _module_states(task)
+        if on_epoch is not None:
+            on_epoch(epoch, metrics)
+        if state_path is not None:
+            save_torch(state_path, {
+                "key": state_key, "epoch": epoch, "modules": _module_states(task),
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "task": task.extra_state(), "rng": _rng_state(), "history": history,
+                "best_epoch": best_epoch, "best_score": best_score, "best_state": best_state,
+            }, kind="resume-state")
+
+    assert best_state is not None, "fit ran no epoch"
+    return FitResult(history, best_epoch, best_state, resumed_from)
+
+
+def finish(state_path: str | Path | None) -> None:
+    """Delete the resume state once the stage's outputs are written."""
+    if state_path is not None:
+        Path(state_path).unlink(missing_ok=True)
+
+
+def build_optimizer(parameters: Any, name: str, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
+    """``sgd`` (with momentum) or ``adam``, from params."""
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"optimizer = '{name}'; allowed: sgd, adam")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, milestones: list[int], gamma: float) -> Any | None:
+    """Step decay at the given epochs (FairKL's Biased-MNIST schedule), or none."""
+    if not milestones:
+        return None
+    return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=gamma)
