@@ -1,0 +1,607 @@
+r"""Every training objective of the project (no other module may define a loss).
+
+Conventions
+-----------
+* ``z`` is a float tensor ``[B, D]`` whose rows the caller has L2-normalised;
+  ``s_ij = z_i . z_j / tau``.  Self-pairs (i, i) never count.
+* Supervised losses: for anchor ``i``, positives ``P(i) = {j != i : y_j = y_i}``,
+  negatives ``N(i) = {j : y_j != y_i}``.  They return the mean over anchors with
+  ``|P(i)| >= 1`` (the others are left out of the mean, not counted as 0); if no anchor
+  has a positive they return ``(z * 0).sum()`` (a zero that still carries grad).
+* float16 / bfloat16 inputs are computed in float32 and the result is float32.
+* Every log of a sum of exponentials is a ``logsumexp`` / ``softplus`` / ``logaddexp``;
+  nothing loops over samples or pairs in Python; memory is O(B^2) at most
+  (``supcon``'s positive term and ``triplet`` are O(B D)).
+
+Functions (one-line formulas; ``lse`` = log-sum-exp)
+----------------------------------------------------
+``supcon(z, y, temperature)``
+    SupCon L_out (Khosla et al.): ``l_i = lse_{a != i} s_ia - mean_{p in P(i)} s_ip``.
+``eps_supcon(z, y, epsilon, temperature)``
+    FairKL paper Eq. 5 without its additive constant ``eps``:
+    ``l_i = mean_p [ -s_ip + log( sum_{p' in P(i)} e^{s_ip' - eps} + sum_{n in N(i)} e^{s_in} ) ]``.
+``eps_supinfonce(z, y, epsilon, temperature)``
+    FairKL paper Eq. 4 (mean over positives):
+    ``l_i = mean_p [ -s_ip + log( e^{s_ip - eps} + sum_{n in N(i)} e^{s_in} ) ]``
+    ``= mean_p softplus(lse_n s_in + eps - s_ip) - eps``.
+``fairkl(z, y, bias, variant="kl")``
+    FairKL regulariser on ``d_ij = ||z_i - z_j||^2`` over four pair sets
+    (+a, +c, -a, -c: same/different class x same/different bias);
+    ``"kl"``:  ``KL(N(mu_{+a}, var_{+a}) || N(mu_{+c}, var_{+c})) + KL(same for -)`` (Eq. 10),
+    ``"mean"``: ``(mu_{+a} - mu_{+c})^2 + (mu_{-a} - mu_{-c})^2`` (Eq. 9),
+    ``"authors"``: the released code's moment matching on similarities (comparison only).
+    ``fairkl_report`` returns the per-set pair counts / means / variances for logging.
+``cnc_contrastive(anchor, positives, negatives, temperature)``
+    CNC Eq. 1 / 15: ``l_a = -mean_p log( e^{s_ap} / (sum_{p'} e^{s_ap'} + sum_n e^{s_an}) )``
+    ``= lse([s_ap'; s_an]) - mean_p s_ap``; also batched over K contrastive batches.
+``cnc_two_sided(anchors, positives, negatives, negatives2, temperature)``
+    CNC Eq. 14: ``L(x_1, {x+}, {x-}) + L(x+_1, {x}, {x'-})`` averaged over contrastive batches.
+``triplet(anchor, positive, tau_plus=0.0)``
+    Difficulty paper Eq. 5, batched: ``mean_i [ ||a_i - p_i||^2 - mean_{j != i} ||a_i - a_j||^2 ]``;
+    with ``tau_plus > 0`` the negative term becomes
+    ``(mean_{j != i} ||a_i - a_j||^2 - tau_plus ||a_i - p_i||^2) / (1 - tau_plus)``.
+``relative_difficulty(dist_debiased, dist_biased)``
+    ``w = 1 + Dd~ / (Dd~ + Db~)``, ``D~ = D / max_batch D``; no gradient.
+``weighted_infonce(z_anchor, z_positive, weights, temperature, tau_plus=0.0)``
+    L_wcl: ``l_i = -log( e^{s_ii+} / (e^{s_ii+} + g_i) )`` with ``g_i = sum_{j != i} w_ij e^{s_ij}``,
+    or, with ``tau_plus > 0``,
+    ``g_i = max( (g_i - tau_plus (B-1) e^{s_ii+}) / (1 - tau_plus), (B-1) e^{-1/tau} )``.
+``wcl_loss(z_d_a, z_d_p, z_b_a, z_b_p, temperature, tau_plus)``
+    Difficulty paper's full objective ``L_wcl(E_d; w) + L_tri(E_b)`` with ``w`` from the two
+    encoders' anchor-to-negative distances.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "supcon",
+    "eps_supcon",
+    "eps_supinfonce",
+    "fairkl",
+    "fairkl_report",
+    "FAIRKL_SETS",
+    "cnc_contrastive",
+    "cnc_two_sided",
+    "triplet",
+    "relative_difficulty",
+    "weighted_infonce",
+    "wcl_loss",
+]
+
+FairKLVariant = Literal["kl", "mean", "authors"]
+
+#: Names of the four FairKL pair sets, in the order used everywhere in this module.
+FAIRKL_SETS: tuple[str, str, str, str] = (
+    "pos_aligned",
+    "pos_conflicting",
+    "neg_aligned",
+    "neg_conflicting",
+)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _compute(z: Tensor) -> Tensor:
+    """Promote half-precision inputs to float32 (the losses are computed in >= float32)."""
+    if z.dtype in (torch.float16, torch.bfloat16):
+        return z.float()
+    return z
+
+
+def _check_batch(z: Tensor, y: Tensor) -> None:
+    if z.dim() != 2:
+        raise ValueError(f"z must be [B, D], got shape {tuple(z.shape)}")
+    if y.dim() != 1 or y.shape[0] != z.shape[0]:
+        raise ValueError(f"y must be [B] with B = {z.shape[0]}, got shape {tuple(y.shape)}")
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def _logits_no_self(z: Tensor, temperature: float) -> Tensor:
+    """``s = z z^T / tau`` with ``-inf`` on the diagonal (self-pairs never count)."""
+    s = torch.mm(z / temperature, z.T)
+    return s.fill_diagonal_(float("-inf"))
+
+
+def _same_label(y: Tensor) -> Tensor:
+    """Boolean ``[B, B]`` matrix ``y_i == y_j`` (diagonal included)."""
+    return y[:, None] == y[None, :]
+
+
+def _off_diagonal(mask: Tensor) -> Tensor:
+    """``mask`` with its diagonal set to False (a new tensor)."""
+    return mask.clone().fill_diagonal_(False)
+
+
+def _positive_logit_mean(z: Tensor, y: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """``mean_{p in P(i)} s_ip`` (0 where ``P(i)`` is empty) and ``|P(i)|``, in O(B D).
+
+    ``sum_{p in P(i)} z_i . z_p = z_i . (C_{y_i} - z_i)`` with ``C_c`` the sum of class ``c``'s rows.
+    """
+    _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
+    n_pos = counts[inverse] - 1
+    class_sum = z.new_zeros(counts.shape[0], z.shape[1]).index_add(0, inverse, z)
+    pos_sum = ((z * class_sum[inverse]).sum(1) - (z * z).sum(1)) / temperature
+    return pos_sum / n_pos.clamp_min(1), n_pos
+
+
+def _num_positives(y: Tensor) -> Tensor:
+    """``|P(i)|`` for every anchor, from class counts (O(B))."""
+    _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
+    return counts[inverse] - 1
+
+
+def _mean_over_anchors(per_anchor: Tensor, valid: Tensor) -> Tensor:
+    """Mean of ``per_anchor`` over ``valid`` anchors (callers ensure at least one)."""
+    return torch.where(valid, per_anchor, 0.0).sum() / valid.sum()
+
+
+def _no_anchor_zero(z: Tensor) -> Tensor:
+    """A zero that still carries grad, returned when no anchor has a positive."""
+    return (z * 0).sum()
+
+
+# --------------------------------------------------------------------------- SupCon family
+
+
+def supcon(z: Tensor, y: Tensor, temperature: float = 0.1) -> Tensor:
+    r"""SupCon L_out: ``l_i = (1/|P(i)|) sum_p -log( e^{s_ip} / sum_{a != i} e^{s_ia} )``.
+
+    Computed as ``lse_{a != i} s_ia - mean_p s_ip``; the positive sum uses class sums of
+    ``z`` (``sum_{p in P(i)} z_i . z_p = z_i . (C_{y_i} - z_i)``) so only the log-sum-exp
+    touches the ``B x B`` matrix.
+    """
+    _check_batch(z, y)
+    _check_temperature(temperature)
+    zc = _compute(z)
+    pos_mean, n_pos = _positive_logit_mean(zc, y.to(zc.device), temperature)
+    valid = n_pos > 0
+    if not bool(valid.any()):
+        return _no_anchor_zero(z)
+    lse = torch.logsumexp(_logits_no_self(zc, temperature), dim=1)
+    return _mean_over_anchors(lse - pos_mean, valid)
+
+
+def eps_supcon(z: Tensor, y: Tensor, epsilon: float = 0.0, temperature: float = 0.1) -> Tensor:
+    r"""ε-SupCon (FairKL Eq. 5, no additive ε):
+    ``l_i = mean_p -log( e^{s_ip} / (sum_{p' in P(i)} e^{s_ip' - ε} + sum_{n in N(i)} e^{s_in}) )``.
+
+    ``epsilon`` is in logit units (after division by ``temperature``); ε = 0 is ``supcon``.
+    """
+    if epsilon == 0:
+        return supcon(z, y, temperature)
+    _check_batch(z, y)
+    _check_temperature(temperature)
+    zc = _compute(z)
+    y = y.to(zc.device)
+    pos_mean, n_pos = _positive_logit_mean(zc, y, temperature)
+    valid = n_pos > 0
+    if not bool(valid.any()):
+        return _no_anchor_zero(z)
+    s = _logits_no_self(zc, temperature)
+    lse = torch.logsumexp(s - epsilon * _same_label(y).to(s.dtype), dim=1)  # diagonal stays -inf
+    return _mean_over_anchors(lse - pos_mean, valid)
+
+
+def eps_supinfonce(
+    z: Tensor, y: Tensor, epsilon: float = 0.0, temperature: float = 0.1
+) -> Tensor:
+    r"""ε-SupInfoNCE (FairKL Eq. 4, mean over positives):
+    ``l_i = mean_p -log( e^{s_ip} / (e^{s_ip - ε} + sum_{n in N(i)} e^{s_in}) )``.
+
+    Computed as ``mean_p softplus(lse_n s_in + ε - s_ip) - ε``.  ``epsilon`` is in logit
+    units (after division by ``temperature``), as in the authors' code.  An anchor with
+    no negative gets ``l_i = -ε`` (the denominator is only ``e^{s_ip - ε}``).
+    """
+    _check_batch(z, y)
+    _check_temperature(temperature)
+    zc = _compute(z)
+    y = y.to(zc.device)
+    n_pos = _num_positives(y)
+    valid = n_pos > 0
+    if not bool(valid.any()):
+        return _no_anchor_zero(z)
+    same = _same_label(y)
+    s = _logits_no_self(zc, temperature)
+    has_neg = ~same.all(1)
+    # rows without negatives get a finite dummy row, then -inf: no NaN in backward
+    neg_logits = torch.where(has_neg[:, None], s.masked_fill(same, float("-inf")), 0.0)
+    lse_neg = torch.where(has_neg, torch.logsumexp(neg_logits, dim=1), float("-inf"))
+    pos = _off_diagonal(same)
+    s_pos = torch.where(pos, s, 0.0)
+    pair = torch.nn.functional.softplus(lse_neg[:, None] + epsilon - s_pos)
+    per_anchor = torch.where(pos, pair, 0.0).sum(1) / n_pos.clamp_min(1) - epsilon
+    return _mean_over_anchors(per_anchor, valid)
+
+
+# --------------------------------------------------------------------------- FairKL
+
+
+def _bias_similarity(bias: Tensor, batch: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[B, B]`` probability that i and j share the bias: ``1[b_i == b_j]`` or ``p_i . p_j``."""
+    bias = bias.to(device)
+    if bias.dim() == 1 and not bias.is_floating_point():
+        if bias.shape[0] != batch:
+            raise ValueError(f"bias must have B = {batch} rows, got {bias.shape[0]}")
+        return _same_label(bias).to(dtype)
+    if bias.dim() == 2 and bias.is_floating_point():
+        if bias.shape[0] != batch:
+            raise ValueError(f"bias must have B = {batch} rows, got {bias.shape[0]}")
+        p = bias.to(dtype)
+        return torch.mm(p, p.T)
+    raise ValueError(
+        "bias must be integer labels [B] or float bias probabilities [B, K], "
+        f"got dtype {bias.dtype} and shape {tuple(bias.shape)}"
+    )
+
+
+def _pair_weights(y: Tensor, bias: Tensor, dtype: torch.dtype) -> list[Tensor]:
+    """Weights ``[B, B]`` (zero diagonal) of the four sets, in ``FAIRKL_SETS`` order."""
+    batch = y.shape[0]
+    same_y = _same_label(y)
+    neg = (~same_y).to(dtype)
+    pos = _off_diagonal(same_y).to(dtype)
+    aligned = _bias_similarity(bias, batch, dtype, y.device)
+    return [pos * aligned, pos * (1 - aligned), neg * aligned, neg * (1 - aligned)]
+
+
+def _sq_dists(z: Tensor) -> Tensor:
+    """``d_ij = ||z_i - z_j||^2 = |z_i|^2 + |z_j|^2 - 2 z_i . z_j``."""
+    sq = (z * z).sum(1)
+    return sq[:, None] + sq[None, :] - 2 * torch.mm(z, z.T)
+
+
+def _weighted_moments(d: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Unordered-pair count ``sum w / 2``, weighted mean and population variance (two-pass)."""
+    total = w.sum()
+    safe = total.clamp_min(torch.finfo(d.dtype).tiny)
+    mean = (w * d).sum() / safe
+    var = (w * (d - mean).square()).sum() / safe
+    return total / 2, mean, var
+
+
+def _gauss_kl(mu_a: Tensor, var_a: Tensor, mu_c: Tensor, var_c: Tensor) -> Tensor:
+    """``KL(N(mu_a, var_a) || N(mu_c, var_c)) = ½[(var_a + (mu_a-mu_c)²)/var_c - log(var_a/var_c) - 1]``."""
+    return 0.5 * ((var_a + (mu_a - mu_c).square()) / var_c - torch.log(var_a / var_c) - 1)
+
+
+def _fairkl_moments(z: Tensor, y: Tensor, bias: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """(count, mean, variance) of ``d_ij`` for each set in ``FAIRKL_SETS``."""
+    d = _sq_dists(z)
+    return [_weighted_moments(d, w) for w in _pair_weights(y, bias, z.dtype)]
+
+
+def _fairkl_authors(
+    z: Tensor,
+    y: Tensor,
+    bias: Tensor,
+    temperature: float,
+    kld: float,
+    include_self: bool,
+) -> Tensor:
+    """The released code's FairKL (comparison only): see ``fairkl(variant="authors")``."""
+    sim = torch.mm(z / temperature, z.T)
+    same_y = _same_label(y)
+    neg = (~same_y).to(z.dtype)
+    pos = (same_y if include_self else _off_diagonal(same_y)).to(z.dtype)
+    aligned = _bias_similarity(bias, y.shape[0], z.dtype, y.device)
+    masks = [pos * aligned, pos * (1 - aligned), neg * aligned, neg * (1 - aligned)]
+    padded = [sim * m for m in masks]  # zero-padded B x B matrices, as in the code
+    mus = [x.sum() / m.sum().clamp_min(1) for x, m in zip(padded, masks)]
+    spreads = [torch.std(x) for x in padded]  # unbiased std over all B^2 entries
+    mu_pa, mu_pc, mu_na, mu_nc = mus
+    sd_pa, sd_pc, sd_na, sd_nc = spreads
+    mu_loss = (mu_pc - mu_pa).square() + (mu_na - mu_nc).square()
+    spread_loss = (sd_pa - sd_pc).square() + (sd_na - sd_nc).square()
+    return mu_loss + kld * spread_loss - mu_pc + mu_na
+
+
+def fairkl(
+    z: Tensor,
+    y: Tensor,
+    bias: Tensor,
+    variant: FairKLVariant = "kl",
+    *,
+    variance_floor: float = 1e-6,
+    authors_temperature: float = 1.0,
+    authors_kld: float = 1.0,
+    authors_include_self: bool = False,
+) -> Tensor:
+    r"""FairKL: ``KL(N_{+a} || N_{+c}) + KL(N_{-a} || N_{-c})`` on ``d_ij = ||z_i - z_j||^2``.
+
+    Pair sets over unordered pairs ``i != j``: positive aligned (same ``y``, same bias),
+    positive conflicting (same ``y``, different bias), negative aligned (different ``y``,
+    same bias), negative conflicting (different ``y``, different bias).  Each set has a
+    mean ``mu`` and population variance ``var`` (divide by the count), floored at
+    ``variance_floor`` so the loss stays finite.
+
+    * ``variant="kl"`` (default, Eq. 10 for + and -):
+      ``½[(var_a + (mu_a - mu_c)²)/var_c - log(var_a/var_c) - 1]`` per side.
+    * ``variant="mean"`` (Eq. 9): ``(mu_{+a} - mu_{+c})² + (mu_{-a} - mu_{-c})²``.
+    * ``variant="authors"``: the authors' released code, kept only as a named comparison
+      (not the paper): on similarities ``s = z z^T / authors_temperature`` (their call
+      uses 1.0), means ``sum(s * mask) / max(|mask|, 1)``, "spreads" = unbiased
+      ``torch.std`` of the zero-padded ``B x B`` matrix ``s * mask``, and
+      ``L = (mu_{+c}-mu_{+a})² + (mu_{-a}-mu_{-c})² + authors_kld ((sd_{+a}-sd_{+c})² +
+      (sd_{-a}-sd_{-c})²) - mu_{+c} + mu_{-a}`` (two extra linear terms).  Empty sets give
+      mean 0 as in the code.  The code counts self-pairs (i, i) in the positive-aligned
+      set; this module's contract excludes them, ``authors_include_self=True`` restores
+      the code's behaviour.
+
+    A side (+ or -) where either set has fewer than two pairs contributes 0 in ``"kl"``
+    and ``"mean"``.
+
+    ``bias`` is either integer labels ``[B]`` or, extension of FairKL App. B.2.4, soft bias
+    probabilities ``[B, K]`` (rows of a bias-capturing model's softmax).  Then pair
+    membership is weighted, ``w_same_ij = sum_k p_ik p_jk``, ``w_diff_ij = 1 - w_same_ij``,
+    counts are weight sums, and ``mu``/``var`` are weighted moments
+    (``sum w d / sum w``).  The paper instead divides the weighted sums by the batch size;
+    normalising by the weight sum makes one-hot probabilities reproduce the hard-label
+    result exactly.
+    """
+    _check_batch(z, y)
+    zc = _compute(z)
+    y = y.to(zc.device)
+    if variant == "authors":
+        _check_temperature(authors_temperature)
+        return _fairkl_authors(zc, y, bias, authors_temperature, authors_kld, authors_include_self)
+    if variant not in ("kl", "mean"):
+        raise ValueError(f"unknown FairKL variant {variant!r}; use 'kl', 'mean' or 'authors'")
+    (n_pa, mu_pa, var_pa), (n_pc, mu_pc, var_pc), (n_na, mu_na, var_na), (n_nc, mu_nc, var_nc) = (
+        _fairkl_moments(zc, y, bias)
+    )
+    if variant == "mean":
+        pos_term = (mu_pa - mu_pc).square()
+        neg_term = (mu_na - mu_nc).square()
+    else:
+        floor = variance_floor
+        pos_term = _gauss_kl(mu_pa, var_pa.clamp_min(floor), mu_pc, var_pc.clamp_min(floor))
+        neg_term = _gauss_kl(mu_na, var_na.clamp_min(floor), mu_nc, var_nc.clamp_min(floor))
+    pos_ok = (n_pa >= 2) & (n_pc >= 2)
+    neg_ok = (n_na >= 2) & (n_nc >= 2)
+    return torch.where(pos_ok, pos_term, 0.0) + torch.where(neg_ok, neg_term, 0.0)
+
+
+def fairkl_report(
+    z: Tensor, y: Tensor, bias: Tensor, *, variance_floor: float = 1e-6
+) -> dict[str, object]:
+    """Per-set statistics of ``d_ij = ||z_i - z_j||^2`` for logging (no gradient).
+
+    Returns ``{set: {"pairs", "mean", "var"}}`` for each name in ``FAIRKL_SETS`` (pairs are
+    unordered; weight sums for soft bias), ``"small_sets"`` (sets with < 2 pairs, which
+    zero their side), and the loss parts ``"kl_pos"``, ``"kl_neg"``, ``"mean_pos"``,
+    ``"mean_neg"`` as Python floats.
+    """
+    _check_batch(z, y)
+    with torch.no_grad():
+        zc = _compute(z.detach())
+        moments = _fairkl_moments(zc, y.to(zc.device), bias)
+        report: dict[str, object] = {}
+        for name, (count, mean, var) in zip(FAIRKL_SETS, moments):
+            report[name] = {"pairs": float(count), "mean": float(mean), "var": float(var)}
+        report["small_sets"] = [n for n, (c, _, _) in zip(FAIRKL_SETS, moments) if float(c) < 2]
+        (n_pa, mu_pa, v_pa), (n_pc, mu_pc, v_pc), (n_na, mu_na, v_na), (n_nc, mu_nc, v_nc) = moments
+        f = variance_floor
+        pos_ok = float(n_pa) >= 2 and float(n_pc) >= 2
+        neg_ok = float(n_na) >= 2 and float(n_nc) >= 2
+        kl_pos = _gauss_kl(mu_pa, v_pa.clamp_min(f), mu_pc, v_pc.clamp_min(f))
+        kl_neg = _gauss_kl(mu_na, v_na.clamp_min(f), mu_nc, v_nc.clamp_min(f))
+        report["kl_pos"] = float(kl_pos) if pos_ok else 0.0
+        report["kl_neg"] = float(kl_neg) if neg_ok else 0.0
+        report["mean_pos"] = float((mu_pa - mu_pc).square()) if pos_ok else 0.0
+        report["mean_neg"] = float((mu_na - mu_nc).square()) if neg_ok else 0.0
+    return report
+
+
+# --------------------------------------------------------------------------- CNC
+
+
+def _cnc_batched(anchor: Tensor, positives: Tensor, negatives: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Bring CNC inputs to ``[K, A, D]``, ``[K, P, D]``, ``[K, N, D]``."""
+    if positives.dim() == 2:  # one contrastive batch
+        if negatives.dim() != 2:
+            raise ValueError("positives [P, D] needs negatives [N, D]")
+        anchor = anchor.reshape(1, -1, anchor.shape[-1])
+        return anchor, positives[None], negatives[None]
+    if positives.dim() == 3:  # K contrastive batches
+        if negatives.dim() != 3 or negatives.shape[0] != positives.shape[0]:
+            raise ValueError("positives [K, P, D] needs negatives [K, N, D]")
+        if anchor.dim() == 2:
+            anchor = anchor[:, None, :]
+        if anchor.dim() != 3 or anchor.shape[0] != positives.shape[0]:
+            raise ValueError("positives [K, P, D] needs anchor [K, D] or [K, A, D]")
+        return anchor, positives, negatives
+    raise ValueError(f"positives must be [P, D] or [K, P, D], got {tuple(positives.shape)}")
+
+
+def cnc_contrastive(
+    anchor: Tensor, positives: Tensor, negatives: Tensor, temperature: float = 0.05
+) -> Tensor:
+    r"""CNC Eq. 1/15: ``l_a = -(1/P) sum_p log( e^{s_ap} / (sum_{p'} e^{s_ap'} + sum_n e^{s_an}) )``.
+
+    Computed as ``lse([s_ap'; s_an]) - mean_p s_ap`` with ``s = z_a . z / temperature``.
+
+    Shapes: one contrastive batch, ``anchor [D]`` or ``[A, D]``, ``positives [P, D]``,
+    ``negatives [N, D]``; or K batches at once, ``anchor [K, D]`` or ``[K, A, D]``,
+    ``positives [K, P, D]``, ``negatives [K, N, D]``.  Returns the mean over all anchors
+    (and batches).  ``N = 0`` is allowed.
+    """
+    _check_temperature(temperature)
+    if positives.shape[-2] == 0:
+        raise ValueError("cnc_contrastive needs at least one positive")
+    a, p, n = (_compute(t) for t in _cnc_batched(anchor, positives, negatives))
+    a = a / temperature
+    s_pos = torch.bmm(a, p.transpose(1, 2))  # [K, A, P]
+    s_neg = torch.bmm(a, n.transpose(1, 2))  # [K, A, N]
+    lse = torch.logsumexp(torch.cat([s_pos, s_neg], dim=2), dim=2)
+    return (lse - s_pos.mean(dim=2)).mean()
+
+
+def cnc_two_sided(
+    anchors: Tensor,
+    positives: Tensor,
+    negatives: Tensor,
+    negatives2: Tensor | None,
+    temperature: float = 0.05,
+) -> Tensor:
+    r"""CNC Eq. 14: ``L(x_1, {x+_m}, {x-_n}) + L(x+_1, {x_i}, {x'-_n})``, mean over batches.
+
+    ``anchors [M, D]`` or ``[K, M, D]``, ``positives`` same shape, ``negatives`` and
+    ``negatives2 [N, D]`` or ``[K, N, D]`` (embeddings of ``CNCBatch`` index groups).  Side 1
+    uses the first anchor against the M positives; side 2 the first positive against the
+    M anchors and its own negatives.  ``negatives2=None`` gives the one-sided loss.
+    """
+    one = cnc_contrastive(anchors[..., 0, :], positives, negatives, temperature)
+    if negatives2 is None:
+        return one
+    return one + cnc_contrastive(positives[..., 0, :], anchors, negatives2, temperature)
+
+
+# --------------------------------------------------------------------------- difficulty-based (WCL)
+
+
+def _check_pair_views(anchor: Tensor, positive: Tensor) -> None:
+    if anchor.dim() != 2 or anchor.shape != positive.shape:
+        raise ValueError(
+            f"anchor and positive must both be [B, D], got {tuple(anchor.shape)} and "
+            f"{tuple(positive.shape)}"
+        )
+    if anchor.shape[0] < 2:
+        raise ValueError("needs B >= 2: the negatives of an anchor are the other batch items")
+
+
+def _check_tau_plus(tau_plus: float) -> None:
+    if not 0 <= tau_plus < 1:
+        raise ValueError(f"tau_plus must be in [0, 1), got {tau_plus}")
+
+
+def triplet(anchor: Tensor, positive: Tensor, tau_plus: float = 0.0) -> Tensor:
+    r"""Self-supervised triplet loss (difficulty paper Eq. 5), batched:
+    ``mean_i [ ||a_i - p_i||² - mean_{j != i} ||a_i - a_j||² ]``.
+
+    The positive of anchor ``i`` is its augmented view ``p_i``; its negatives are all other
+    batch items ``a_j`` (Algorithm 1: ``x- in X_t \ {x_a}``).  With ``tau_plus > 0`` the
+    negative term is the debiased one of Sec. 5.2,
+    ``(mean_{j != i} ||a_i - a_j||² - tau_plus ||a_i - p_i||²) / (1 - tau_plus)``.
+    ``sum_j ||a_i - a_j||² = B ||a_i - ā||² + sum_j ||a_j - ā||²`` makes it O(B D).
+    """
+    _check_pair_views(anchor, positive)
+    _check_tau_plus(tau_plus)
+    a, p = _compute(anchor), _compute(positive)
+    batch = a.shape[0]
+    d_pos = (a - p).square().sum(1)
+    centred = (a - a.mean(0, keepdim=True)).square().sum(1)
+    d_neg = (batch * centred + centred.sum()) / (batch - 1)
+    if tau_plus > 0:
+        d_neg = (d_neg - tau_plus * d_pos) / (1 - tau_plus)
+    return (d_pos - d_neg).mean()
+
+
+def relative_difficulty(dist_debiased: Tensor, dist_biased: Tensor) -> Tensor:
+    r"""``w = 1 + Dd~ / (Dd~ + Db~)`` with ``D~ = D / max_batch D`` (detached, in [1, 2]).
+
+    Distances of the same (anchor, negative) pairs under the debiased and the biased
+    encoder, any matching shape; each is normalised by its own maximum over all entries.
+    Where both normalised distances are 0 (e.g. self-pairs) ``w = 1.5``.
+    """
+    if dist_debiased.shape != dist_biased.shape:
+        raise ValueError("dist_debiased and dist_biased must have the same shape")
+    with torch.no_grad():
+        dd = dist_debiased / dist_debiased.max().clamp_min(torch.finfo(dist_debiased.dtype).tiny)
+        db = dist_biased / dist_biased.max().clamp_min(torch.finfo(dist_biased.dtype).tiny)
+        den = dd + db
+        ratio = torch.where(den > 0, dd / den.clamp_min(torch.finfo(den.dtype).tiny), 0.5)
+        return 1 + ratio
+
+
+def _log1mexp(x: Tensor) -> Tensor:
+    """``log(1 - e^x)`` for ``x < 0``, accurate on both sides of ``-log 2`` (NaN-free grads)."""
+    near = x > -math.log(2)
+    a = torch.log(-torch.expm1(torch.where(near, x, -1.0)))
+    b = torch.log1p(-torch.exp(torch.where(near, -1.0, x)))
+    return torch.where(near, a, b)
+
+
+def weighted_infonce(
+    z_anchor: Tensor,
+    z_positive: Tensor,
+    weights: Tensor | None = None,
+    temperature: float = 0.5,
+    tau_plus: float = 0.0,
+) -> Tensor:
+    r"""L_wcl: ``mean_i -log( e^{s_i+} / (e^{s_i+} + g_i) )``, ``g_i = sum_{j != i} w_ij e^{s_ij}``.
+
+    ``s_i+ = a_i . p_i / τ`` (positive: the augmented view), ``s_ij = a_i . a_j / τ``
+    (negatives: all other batch items, N = B - 1).  ``weights [B, B]`` (diagonal ignored;
+    ``None`` = all ones = plain InfoNCE) are constants: they are detached.  With
+    ``tau_plus > 0`` (Sec. 5.2, Chuang et al.'s debiased estimator):
+    ``g_i = max( (sum_{j != i} w_ij e^{s_ij} - tau_plus N e^{s_i+}) / (1 - tau_plus), N e^{-1/τ} )``.
+    Everything is evaluated in log space (``logsumexp``, ``log1mexp``).
+    """
+    _check_pair_views(z_anchor, z_positive)
+    _check_temperature(temperature)
+    _check_tau_plus(tau_plus)
+    a, p = _compute(z_anchor), _compute(z_positive)
+    batch = a.shape[0]
+    s_pos = (a * p).sum(1) / temperature
+    s_neg = _logits_no_self(a, temperature)
+    if weights is not None:
+        if weights.shape != (batch, batch):
+            raise ValueError(f"weights must be [B, B] = [{batch}, {batch}], got {tuple(weights.shape)}")
+        s_neg = s_neg + torch.log(weights.detach().to(s_neg.dtype))
+    if tau_plus == 0:
+        log_den = torch.logsumexp(torch.cat([s_pos[:, None], s_neg], dim=1), dim=1)
+        return (log_den - s_pos).mean()
+    n_neg = batch - 1
+    log_sum = torch.logsumexp(s_neg, dim=1)
+    log_sub = math.log(tau_plus * n_neg) + s_pos
+    gap = log_sub - log_sum  # log of (subtracted / sum); the difference is positive iff gap < 0
+    ok = gap < 0
+    safe_gap = torch.where(ok, gap, -1.0)
+    log_diff = torch.where(ok, log_sum + _log1mexp(safe_gap), float("-inf"))
+    log_floor = math.log(n_neg) - 1.0 / temperature
+    log_g = torch.clamp_min(log_diff - math.log(1 - tau_plus), log_floor)
+    return (torch.logaddexp(s_pos, log_g) - s_pos).mean()
+
+
+def _euclid(z: Tensor) -> Tensor:
+    """Pairwise Euclidean distances ``[B, B]`` (no gradient)."""
+    with torch.no_grad():
+        return _sq_dists(z).clamp_min(0).sqrt()
+
+
+def wcl_loss(
+    z_d_a: Tensor,
+    z_d_p: Tensor,
+    z_b_a: Tensor,
+    z_b_p: Tensor,
+    temperature: float = 0.5,
+    tau_plus: float = 0.0,
+    *,
+    return_parts: bool = False,
+) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+    r"""Difficulty paper's objective ``L = L_wcl(E_d; w) + L_tri(E_b)`` for one batch.
+
+    ``w_ij = relative_difficulty(||zd_a_i - zd_a_j||, ||zb_a_i - zb_a_j||)`` (anchor-to-
+    negative distances of the debiased and the biased encoder, detached);
+    ``L_wcl = weighted_infonce(z_d_a, z_d_p, w, temperature, tau_plus)`` trains ``E_d``,
+    ``L_tri = triplet(z_b_a, z_b_p, tau_plus)`` trains ``E_b`` (no gradient crosses over).
+    ``return_parts=True`` returns ``(L, L_wcl, L_tri)``.
+    """
+    w = relative_difficulty(_euclid(_compute(z_d_a)), _euclid(_compute(z_b_a)))
+    l_wcl = weighted_infonce(z_d_a, z_d_p, w, temperature, tau_plus)
+    l_tri = triplet(z_b_a, z_b_p, tau_plus)
+    total = l_wcl + l_tri
+    if return_parts:
+        return total, l_wcl, l_tri
+    return total
