@@ -116,12 +116,114 @@ class OptimParams(Section):
     eval_batch_size: int = Field(1024, ge=1)
 
 
+class ClusterParams(Section):
+    """CNC App. D.2.3: UMAP of ERM features, then KMeans/GMM, clusters matched to classes."""
+
+    algorithm: Literal["kmeans", "gmm"] = "kmeans"
+    umap_components: int = Field(2, ge=1, le=64)
+    umap_neighbors: int = Field(15, ge=2, le=1000)
+    umap_min_dist: float = Field(0.1, ge=0, le=1)
+    per_class: int = Field(1, ge=1, le=100, description="1: one cluster per class (CNC); k > 1: k clusters within each class (GEORGE-style)")
+    n_init: int = Field(10, ge=1, le=100)
+
+
+class GroupsParams(Section):
+    method: Literal["pred", "cluster", "true"] = "pred"
+    cluster: ClusterParams = Field(default_factory=ClusterParams)
+
+
+class CNCParams(Section):
+    """CNC App. B.3 / D.2.4: two-sided contrastive batches from inferred labels."""
+
+    num_positives: int = Field(32, ge=1, le=4096, description="M: anchors and positives per side")
+    num_negatives: int = Field(32, ge=1, le=4096, description="N: negatives per side")
+    two_sided: bool = True
+    batches_per_epoch: int | None = Field(None, ge=1, description="default: anchor-pool size / M")
+    accumulation: int = Field(32, ge=1, le=1024, description="contrastive batches per optimiser step")
+    contrastive_weight: float = Field(0.75, ge=0, le=1, description="lambda: lambda * contrastive + (1 - lambda) * CE")
+    init: Literal["scratch", "erm"] = "scratch"
+
+
+class JTTParams(Section):
+    upweight: float = Field(20.0, ge=1, le=1000, description="JTT lambda_up: ERM training errors repeated this often")
+
+
+class WCLParams(Section):
+    """Difficulty-weighted contrastive learning (Sec. 5.2) with a jointly trained triplet encoder."""
+
+    tau_plus: float = Field(0.0, ge=0, lt=1, description="class prior for the debiased-negative correction (0: off)")
+    max_shift: int = Field(2, ge=0, le=16, description="augmented view: random translation up to this many pixels")
+    noise_std: float = Field(8.0, ge=0, le=128, description="augmented view: Gaussian pixel noise (0..255 scale)")
+    triplet_weight: float = Field(1.0, ge=0, le=100)
+
+
+class Stage2Params(OptimParams):
+    method: Literal["cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm"] = "cnc"
+    cnc: CNCParams = Field(default_factory=CNCParams)
+    jtt: JTTParams = Field(default_factory=JTTParams)
+    wcl: WCLParams = Field(default_factory=WCLParams)
+
+
+class FairKLParams(Section):
+    weight: float = Field(0.0, ge=0, le=1000, description="lambda of the FairKL term (0: off)")
+    variant: Literal["kl", "mean", "authors"] = "kl"
+
+
+class LossParams(Section):
+    temperature: float = Field(0.1, gt=0, le=10, description="tau; s_ij = z_i . z_j / tau")
+    epsilon: float = Field(0.25, ge=0, le=100, description="epsilon margin (logit units, after division by tau)")
+    alpha: float = Field(1.0, ge=0, le=1000, description="weight of the contrastive term")
+    fairkl: FairKLParams = Field(default_factory=FairKLParams)
+
+
+class ProbeParams(Section):
+    train_split: Literal["train", "val"] = "train"
+    c_grid: list[float] = Field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0], min_length=1,
+                                description="inverse L2 strengths tried; the best validation worst-group wins")
+    max_iter: int = Field(1000, ge=10, le=100000)
+    standardize: bool = True
+
+    @field_validator("c_grid")
+    @classmethod
+    def _positive(cls, values: list[float]) -> list[float]:
+        if any(v <= 0 for v in values):
+            raise ValueError(f"every value must be > 0, got {values}")
+        return values
+
+
+class UMAPParams(Section):
+    neighbors: int = Field(15, ge=2, le=1000)
+    min_dist: float = Field(0.1, ge=0, le=1)
+    max_points: int = Field(2000, ge=10, description="points embedded per split (a seeded subset)")
+
+
+class EvaluateParams(Section):
+    splits: list[Literal["train", "val", "test"]] = Field(default_factory=lambda: ["test", "val"], min_length=1)
+    normalize_alignment: bool = Field(False, description="alignment loss on L2-normalised rows (CNC uses raw outputs)")
+    block_size: int = Field(2048, ge=16, description="rows per block of pairwise distances (memory bound)")
+    umap: UMAPParams = Field(default_factory=UMAPParams)
+    mi_max_iter: int = Field(1000, ge=10)
+
+
+class ReportParams(Section):
+    title: str = "debias report"
+    paper_numbers: bool = Field(True, description="put the papers' reported numbers beside ours where the protocol matches")
+    dpi: int = Field(110, ge=50, le=400)
+
+
 class Params(Section):
     seed: int = Field(0, ge=0, lt=2**31)
     data: DataParams = Field(default_factory=DataParams)
     bias: BiasParams = Field(default_factory=BiasParams)
     model: ModelParams = Field(default_factory=ModelParams)
     erm: OptimParams = Field(default_factory=OptimParams)
+    groups: GroupsParams = Field(default_factory=GroupsParams)
+    stage2: Stage2Params = Field(default_factory=lambda: Stage2Params(
+        optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=1e-4, epochs=3, selection="best_worst_group"))
+    loss: LossParams = Field(default_factory=LossParams)
+    probe: ProbeParams = Field(default_factory=ProbeParams)
+    evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
+    report: ReportParams = Field(default_factory=ReportParams)
 
     @field_validator("seed", mode="before")
     @classmethod
@@ -145,21 +247,49 @@ def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     return keys
 
 
+def _field_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The pydantic FieldInfo at a dotted location, or None (list items, unions)."""
+    field = None
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        field = model.model_fields[part]
+        model = field.annotation  # type: ignore[assignment]
+    return field
+
+
+def _allowed_range(field: Any) -> str | None:
+    """'0 < value < 1' from a field's gt/ge/lt/le constraints."""
+    if field is None:
+        return None
+    low = high = None
+    for meta in field.metadata:
+        for attr, sign in (("gt", "<"), ("ge", "<=")):
+            if getattr(meta, attr, None) is not None:
+                low = f"{getattr(meta, attr)} {sign} "
+        for attr, sign in (("lt", "<"), ("le", "<=")):
+            if getattr(meta, attr, None) is not None:
+                high = f" {sign} {getattr(meta, attr)}"
+    if low is None and high is None:
+        return None
+    return f"{low or ''}value{high or ''}"
+
+
 def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
-    key = ".".join(str(part) for part in error["loc"])
+    loc = tuple(error["loc"])
+    key = ".".join(str(part) for part in loc)
     kind = error["type"]
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(key, _valid_keys(model), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         return f"unknown parameter '{key}' (value {error['input']!r}){hint}"
-    message = error["msg"].removeprefix("Value error, ")
     if not key:
-        return message
-    allowed = ""
-    ctx = error.get("ctx") or {}
-    if "expected" in ctx:
-        allowed = f"; allowed: {ctx['expected']}"
-    return f"{key} = {error['input']!r}: {message}{allowed}"
+        return error["msg"].removeprefix("Value error, ")
+    if kind == "literal_error":
+        return f"{key} = {error['input']!r} is not allowed; allowed: {error['ctx']['expected']}"
+    message = error["msg"].removeprefix("Value error, ")
+    allowed = _allowed_range(_field_at(model, loc))
+    return f"{key} = {error['input']!r}: {message}" + (f"; allowed: {allowed}" if allowed else "")
 
 
 def validate(raw: dict[str, Any]) -> Params:
