@@ -1,0 +1,250 @@
+"""Linear probes on frozen encoders, and the linear-classifier helpers the other metrics share.
+
+A probe is multinomial logistic regression (scikit-learn, lbfgs, L2 penalty ``C``) on the
+encoder outputs z, optionally standardised with statistics of the probe's training features.
+``C`` comes from ``probe.c_grid``: the one with the best validation worst-group accuracy wins;
+ties go to the larger validation average, then to the earlier entry of the grid.
+
+Training split (``probe.train_split``):
+- ``train``: fit on the training split, choose ``C`` on the whole validation split;
+- ``val`` (DFR-style): cut validation into two seeded halves stratified by group, fit on the
+  first, choose ``C`` on the second. The reported ``val`` accuracies are then those of the
+  second (selection) half, never of the points the probe was fitted on.
+Accuracies are :func:`debias.metrics.accuracy_report`; a network whose own head was trained
+with cross-entropy also reports that head (``head``: accuracy of its own logits).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from debias.data.store import BiasedSplit
+from debias.metrics import accuracy_report
+from debias.models import Network, load_network
+from debias.params import ProbeParams
+from debias.training.erm import predict
+
+# Methods whose network head is trained with cross-entropy together with the encoder.
+HEAD_TRAINED_METHODS = frozenset({"erm", "jtt", "cnc"})
+# Keys of an accuracy report that hold per-group tables (moved out of the scalar metrics file).
+TABLE_KEYS = ("per_group", "group_counts", "empty_groups")
+FEATURE_BATCH = 1024
+
+
+# --------------------------------------------------------------------------- encoders
+
+
+@dataclass
+class FrozenEncoder:
+    """A trained network (None when its checkpoint does not exist yet), its method and checkpoint meta."""
+
+    network: Network | None
+    method: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
+
+    @property
+    def trained(self) -> bool:
+        return self.network is not None
+
+
+def load_encoders(checkpoints: Mapping[str, str | Path], required: Iterable[str] = ("erm",)) -> dict[str, FrozenEncoder]:
+    """Load each checkpoint with :func:`load_network`; a missing optional one is kept as "not trained"."""
+    required = set(required)
+    encoders: dict[str, FrozenEncoder] = {}
+    for name, path in checkpoints.items():
+        path = Path(path)
+        if not path.exists():
+            if name in required:
+                raise FileNotFoundError(f"{path} not found: run the stage that trains the {name} encoder first (dvc repro)")
+            encoders[name] = FrozenEncoder(None, "none", note=f"{path} not found: {name} not trained, skipped")
+            continue
+        network, payload = load_network(str(path))
+        meta = dict(payload.get("meta") or {})
+        encoders[name] = FrozenEncoder(network, str(meta.get("method", name)), meta)
+    return encoders
+
+
+def head_is_trained(encoder: FrozenEncoder) -> bool:
+    """True when the network's own head was trained with CE: ``meta['head_trained']`` if given, else by method."""
+    if "head_trained" in encoder.meta:
+        return bool(encoder.meta["head_trained"])
+    return encoder.method in HEAD_TRAINED_METHODS
+
+
+def encode(network: Network, x: torch.Tensor, device: torch.device,
+           batch_size: int = FEATURE_BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """Frozen encoder outputs and head logits, float32 on CPU: ``(z [N,D], logits [N,C])``."""
+    network = network.to(device)
+    return predict(network, x, batch_size, device)
+
+
+# --------------------------------------------------------------------------- linear classifiers
+
+
+def stratified_halves(labels: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two disjoint sorted index sets, each holding half of every label (odd counts: a seeded coin picks the side)."""
+    labels = labels.long().cpu()
+    generator = torch.Generator().manual_seed(seed)
+    n = int(labels.numel())
+    shuffled = torch.randperm(n, generator=generator)
+    order = shuffled[torch.argsort(labels[shuffled], stable=True)]
+    sorted_labels = labels[order]
+    counts = torch.bincount(sorted_labels)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n) - starts[sorted_labels]
+    coin = torch.randint(0, 2, (int(counts.numel()),), generator=generator)
+    first = (rank + coin[sorted_labels]) % 2 == 0
+    return order[first].sort().values, order[~first].sort().values
+
+
+def fit_logistic(features: torch.Tensor, labels: torch.Tensor, c: float, max_iter: int, standardize: bool,
+                 seed: int) -> Pipeline:
+    """Multinomial logistic regression (lbfgs, L2, inverse strength ``c``), after an optional StandardScaler."""
+    steps: list[Any] = [StandardScaler()] if standardize else []
+    steps.append(LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
+    model = make_pipeline(*steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(features.double().numpy(), labels.long().numpy())
+    return model
+
+
+def predict_labels(model: Pipeline, features: torch.Tensor) -> torch.Tensor:
+    """Arg-max class of a fitted classifier, int64 ``[N]``."""
+    return torch.from_numpy(np.asarray(model.predict(features.double().numpy()), dtype=np.int64))
+
+
+def predict_proba(model: Pipeline, features: torch.Tensor) -> np.ndarray:
+    """p(label | z) of a fitted classifier, ``[N, K]`` over ``model.classes_``."""
+    return model.predict_proba(features.double().numpy())
+
+
+# --------------------------------------------------------------------------- the probe
+
+
+def split_report(split: BiasedSplit, pred: torch.Tensor, index: torch.Tensor | None = None) -> dict:
+    """:func:`accuracy_report` of ``pred`` on ``split`` (or on its rows ``index``, ``pred`` given for those rows)."""
+    y, a, aligned = split.y, split.a, split.aligned
+    if index is not None:
+        y, a, aligned = y[index], a[index], aligned[index]
+    return accuracy_report(pred, y, a, aligned, split.n_classes, split.n_attrs)
+
+
+def select_c(scores: list[dict[str, float]]) -> int:
+    """Index of the best entry: highest ``worst_group``, then highest ``avg``, then the earliest."""
+    return max(range(len(scores)), key=lambda i: (scores[i]["worst_group"], scores[i]["avg"], -i))
+
+
+def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
+                 seed: int) -> dict:
+    """Fit a probe per C on ``params.train_split``, choose C on validation, report test and validation accuracy.
+
+    ``features[name]`` are the frozen encoder outputs of ``splits[name]`` (``train`` needed only when it
+    is the probe's training split). Returns ``{c, train_split, n_fit, n_select, val_scores, val, test}``
+    where ``val``/``test`` are full accuracy reports (per-group tables included).
+    """
+    val = splits["val"]
+    if params.train_split == "train":
+        fit_x, fit_y = features["train"], splits["train"].y
+        select_index = torch.arange(len(val))
+    else:
+        fit_index, select_index = stratified_halves(val.g, seed)
+        fit_x, fit_y = features["val"][fit_index], val.y[fit_index]
+    select_x = features["val"][select_index]
+    if int(torch.unique(fit_y).numel()) < 2:
+        raise ValueError(f"linear probe: the {params.train_split} features to fit hold fewer than 2 classes")
+    models, scores = [], []
+    for c in params.c_grid:
+        model = fit_logistic(fit_x, fit_y, c, params.max_iter, params.standardize, seed)
+        report = split_report(val, predict_labels(model, select_x), select_index)
+        models.append(model)
+        scores.append({"c": float(c), "worst_group": report["worst_group"], "avg": report["avg"],
+                       "unbiased": report["unbiased"]})
+    best = select_c(scores)
+    chosen = models[best]
+    return {
+        "c": float(params.c_grid[best]),
+        "train_split": params.train_split,
+        "n_fit": int(fit_y.numel()),
+        "n_select": int(select_index.numel()),
+        "val_scores": scores,
+        "test": split_report(splits["test"], predict_labels(chosen, features["test"])),
+        "val": split_report(val, predict_labels(chosen, select_x), select_index),
+    }
+
+
+def probe_splits(params: ProbeParams) -> tuple[str, ...]:
+    """The biased splits the probe reads."""
+    return ("train", "val", "test") if params.train_split == "train" else ("val", "test")
+
+
+def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], params: ProbeParams, seed: int,
+                  device: torch.device, batch_size: int = FEATURE_BATCH) -> dict:
+    """Probe one frozen encoder; add its own head's accuracy when that head was trained with CE.
+
+    Returns ``{trained, method, probe, head?}`` (``head``: ``{test, val}`` reports on the whole splits),
+    or ``{trained: False, note}`` for an encoder that does not exist yet.
+    """
+    if not encoder.trained:
+        return {"trained": False, "note": encoder.note}
+    names = [name for name in probe_splits(params) if name in splits]
+    encoded = {name: encode(encoder.network, splits[name].x, device, batch_size) for name in names}
+    result: dict[str, Any] = {
+        "trained": True,
+        "method": encoder.method,
+        "probe": probe_report({name: z for name, (z, _) in encoded.items()}, splits, params, seed),
+    }
+    if head_is_trained(encoder):
+        result["head"] = {name: split_report(splits[name], encoded[name][1].argmax(1)) for name in ("test", "val")}
+    return result
+
+
+def probe_encoders(encoders: Mapping[str, FrozenEncoder], splits: Mapping[str, BiasedSplit], params: ProbeParams,
+                   seed: int, device: torch.device, batch_size: int = FEATURE_BATCH) -> dict[str, dict]:
+    """:func:`probe_encoder` for every encoder, keyed by encoder name."""
+    return {name: probe_encoder(encoder, splits, params, seed, device, batch_size) for name, encoder in encoders.items()}
+
+
+# --------------------------------------------------------------------------- output shaping
+
+
+def split_tables(results: Any, table_keys: tuple[str, ...] = TABLE_KEYS) -> tuple[Any, Any]:
+    """Split a nested result into (everything but the tables, only the tables along their paths)."""
+    if not isinstance(results, dict):
+        return results, None
+    scalars_part: dict[str, Any] = {}
+    tables_part: dict[str, Any] = {}
+    for key, value in results.items():
+        if key in table_keys:
+            tables_part[key] = value
+            continue
+        kept, tables = split_tables(value, table_keys)
+        scalars_part[key] = kept
+        if tables:
+            tables_part[key] = tables
+    return scalars_part, tables_part
+
+
+def flat_scalars(results: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Finite numeric leaves of nested dicts as ``{'a.b.c': value}`` (lists, strings, bools and None dropped)."""
+    flat: dict[str, float] = {}
+    for key, value in results.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flat_scalars(value, dotted + "."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            flat[dotted] = float(value)
+    return flat
