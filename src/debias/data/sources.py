@@ -130,7 +130,7 @@ def mnist_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     except Exception as exc:  # URLError, HTTPError, checksum failures, ...
         raise DataSourceError(
             f"data.source=mnist: MNIST could not be downloaded into {root} ({type(exc).__name__}: {exc}). "
-            f"Without network, put the four idx files (train-images-idx3-ubyte.gz, ...) into {root}/MNIST/raw/, "
+            f"Without network, put the four official idx files (train-images-idx3-ubyte.gz, ..., or uncompressed) into {root}/MNIST/raw/, "
             "or use data.source=npz with data.path pointing at a local .npz (x uint8 [N,H,W], y int)."
         ) from None
     x_train, y_train = train.data.numpy(), train.targets.numpy().astype(np.int64)

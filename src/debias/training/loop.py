@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import random
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,13 +47,18 @@ class FitResult:
 
 
 def _rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Global RNG states in a form ``torch.load(weights_only=True)`` accepts (tensors, ints, strings)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]}
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
 
 
 def _module_states(task: Task) -> dict[str, dict[str, torch.Tensor]]:
@@ -78,7 +84,8 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
     if state_path is not None and state_path.exists():
         try:
             saved = load_torch(state_path, "resume-state", ("epoch", "modules", "optimizer", "key"))
-        except CorruptFileError:
+        except CorruptFileError as exc:
+            warnings.warn(f"ignoring unreadable resume state ({exc}); training starts over")
             saved = None  # a torn resume state is not worth failing for: start over
         if saved is not None and saved["key"] == state_key:
             for name, module in task.modules().items():

@@ -1,0 +1,65 @@
+"""Shared fixtures. Tests are offline; tracking is off unless a test turns it on."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATASETS = REPO.parent / "shared" / "datasets"
+MNIST10K = SHARED_DATASETS / "mnist10k.npz"
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "debias" / "numba"))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test inherits a tracking store, a DVC root or a device choice from the shell."""
+    for name in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "DEBIAS_DEVICE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DEBIAS_TRACKING", "off")
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def mnist10k() -> dict[str, np.ndarray]:
+    if not MNIST10K.exists():
+        pytest.skip(f"shared dataset {MNIST10K.name} is not beside the repository")
+    data = np.load(MNIST10K)
+    return {"x": data["x"], "y": data["y"]}
+
+
+def tiny_grey_digits(n_per_class: int = 12, classes: int = 10, size: int = 28, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic grey 'digits': a bright square whose position depends on the class."""
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(classes), n_per_class)
+    x = rng.integers(0, 60, size=(len(y), size, size)).astype(np.uint8)
+    x[x < 30] = 0
+    for label in range(classes):
+        r, c = divmod(label, 4)
+        x[y == label, 2 + 6 * r : 8 + 6 * r, 2 + 6 * c : 8 + 6 * c] = 250
+    return x, y
+
+
+@pytest.fixture(scope="session")
+def mlflow_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A migrated, empty SQLite MLflow store, created once (migrations cost ~7 s); copy it per test."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def fresh_store(template: Path, folder: Path) -> Path:
+    import shutil
+
+    target = folder / "mlflow.db"
+    shutil.copy(template, target)
+    return target

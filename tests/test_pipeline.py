@@ -1,0 +1,144 @@
+"""End to end: `dvc repro` in a temporary git clone on a tiny configuration, and what every stage wrote.
+
+Also: a second repro reruns nothing, a training param reruns only its stage and those after
+it, and `dvc exp run --temp` logs into the main repository's MLflow store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import REPO, fresh_store
+
+pytestmark = pytest.mark.slow
+
+TINY = {
+    "data": {"max_per_split": 240},
+    "erm": {"epochs": 2},
+}
+
+
+def _deep_update(base: dict, changes: dict) -> dict:
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            _deep_update(base.setdefault(key, {}), value)
+        else:
+            base[key] = value
+    return base
+
+
+def make_clone(target: Path) -> Path:
+    """Copy the working tree's tracked and unignored files into a fresh git repository and commit."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        source = REPO / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    (target / "dvc.lock").unlink(missing_ok=True)
+    params = yaml.safe_load((target / "params.yaml").read_text())
+    (target / "params.yaml").write_text(yaml.safe_dump(_deep_update(params, TINY), sort_keys=False))
+    for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny"]):
+        subprocess.run(command, cwd=target, check=True)
+    return target
+
+
+def dvc(clone: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_"))}
+    env.update(DEBIAS_TRACKING="required", DEBIAS_THREADS="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    done = subprocess.run(["dvc", *args], cwd=clone, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"dvc {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def ran(output: str) -> list[str]:
+    return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory, mlflow_template: Path) -> tuple[Path, str]:
+    clone = make_clone(tmp_path_factory.mktemp("clone"))
+    fresh_store(mlflow_template, clone)
+    return clone, dvc(clone, "repro")
+
+
+def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
+    from debias.data.store import load_split
+    from debias.models import load_network
+
+    clone, output = pipeline
+    assert ran(output) == ["download", "inject_bias", "train_erm"]
+    summary = json.loads((clone / "data/biased/summary.json").read_text())
+    assert summary["protocol"] == "foreground"
+    assert abs(summary["splits"]["train"]["realised_correlation"] - 0.9) < 0.06
+    for name in ("train", "val", "test"):
+        split = load_split(clone / f"data/biased/{name}.pt")
+        assert split.x.shape[1:] == (3, 28, 28) and len(split) <= 240
+        embeddings = torch.load(clone / f"data/erm/embeddings_{name}.pt", weights_only=True)
+        assert embeddings["z"].shape == (len(split), 84) and embeddings["logits"].shape == (len(split), 5)
+    assert (clone / "reports/figures/samples.png").stat().st_size > 1000
+    model, payload = load_network(str(clone / "models/erm.pt"))
+    assert payload["model_name"] == "lenet5"
+    metrics = json.loads((clone / "reports/metrics/erm.json").read_text())
+    assert set(metrics["test"]) >= {"avg", "unbiased", "worst_group", "aligned"}
+    curves = (clone / "reports/plots/erm_curves.csv").read_text().splitlines()
+    assert curves[0].startswith("epoch") and len(curves) == 1 + TINY["erm"]["epochs"]
+    assert not (clone / "models/.resume/erm.pt").exists()  # resume state removed on success
+
+
+def test_one_mlflow_run_per_stage_with_provenance_tags(pipeline) -> None:
+    from mlflow.tracking import MlflowClient
+
+    clone, _ = pipeline
+    client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    by_stage = {r.data.tags["debias.stage"]: r for r in runs}
+    assert set(by_stage) >= {"download", "inject_bias", "train_erm"}
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    for stage, run in by_stage.items():
+        assert run.data.tags["debias.git_commit"] == head
+        record = json.loads((clone / f"reports/runs/{stage}.json").read_text())
+        assert record["run_id"] == run.info.run_id
+        assert run.data.tags["debias.params_hash"] == record["params_hash"]
+    assert "model" in {a.path for a in client.list_artifacts(by_stage["train_erm"].info.run_id)}
+
+
+def test_second_repro_reruns_nothing_and_params_rerun_only_downstream(pipeline) -> None:
+    clone, _ = pipeline
+    assert ran(dvc(clone, "repro")) == []
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    original = (clone / "params.yaml").read_text()
+    try:
+        params["bias"]["foreground"]["p_corr"] = 0.8
+        (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        assert ran(dvc(clone, "repro")) == ["inject_bias", "train_erm"]
+    finally:
+        (clone / "params.yaml").write_text(original)
+        dvc(clone, "checkout")  # back to the committed configuration's outputs (from the cache)
+
+
+def test_temp_experiment_reruns_training_only_and_logs_to_the_main_store(pipeline) -> None:
+    from mlflow.tracking import MlflowClient
+
+    clone, _ = pipeline
+    dvc(clone, "exp", "run", "--temp", "-S", "erm.lr=0.02", "-n", "lr002")
+    client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              filter_string="tags.`debias.dvc_experiment` = 'lr002'")
+    assert sorted(r.data.tags["debias.stage"] for r in runs) == ["train_erm"]
+    assert runs[0].data.params["erm.lr"] == "0.02"
+    artifact_root = client.get_experiment(runs[0].info.experiment_id).artifact_location
+    assert artifact_root == (clone / "mlruns").as_uri()  # not inside the deleted temp workspace
+    shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=clone, capture_output=True, text=True).stdout
+    assert "lr002" in shown

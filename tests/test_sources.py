@@ -1,0 +1,135 @@
+"""Data sources: digits, mnist (from raw idx files, offline) and npz, with their splits and errors."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import struct
+import urllib.error
+
+import numpy as np
+import pytest
+
+from debias.data import sources
+from debias.data.sources import DataSourceError, load_source, read_npz, stratified_split
+from debias.params import DataParams
+from tests.conftest import SHARED_DATASETS, tiny_grey_digits
+
+
+def test_digits_is_offline_resized_and_stratified(tmp_path) -> None:
+    params = DataParams(source="digits", val_fraction=0.15, test_fraction=0.25, image_size=28)
+    splits = load_source(params, tmp_path, seed=0)
+    assert sum(len(s) for s in splits.values()) == 1797
+    train = splits["train"]
+    assert train.x.shape[1:] == (28, 28) and train.x.dtype == np.uint8 and train.x.max() > 200
+    # stratified: every class has the same share of the test split (+- rounding)
+    for label in range(10):
+        share = (splits["test"].y == label).sum() / ((splits["test"].y == label).sum() + (train.y == label).sum()
+                                                     + (splits["val"].y == label).sum())
+        assert abs(share - 0.25) < 0.02
+    again = load_source(params, tmp_path, seed=0)
+    assert np.array_equal(again["val"].x, splits["val"].x)
+    other = load_source(params, tmp_path, seed=1)
+    assert not np.array_equal(other["val"].y, splits["val"].y)
+
+
+def test_stratified_split_is_a_partition() -> None:
+    y = np.repeat(np.arange(4), 25)
+    parts = stratified_split(y, 0.2, 0.2, seed=3)
+    everything = np.concatenate(list(parts.values()))
+    assert np.array_equal(np.sort(everything), np.arange(100))
+
+
+def _write_idx(path, array: np.ndarray) -> None:
+    """Write an (uncompressed) MNIST idx file: magic, dims, big-endian, uint8 payload."""
+    kind = 0x0803 if array.ndim == 3 else 0x0801
+    header = struct.pack(">I", kind) + b"".join(struct.pack(">I", d) for d in array.shape)
+    path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def test_mnist_from_raw_idx_files_without_network(tmp_path, monkeypatch, mnist10k) -> None:
+    raw = tmp_path / "mnist" / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):  # the real test files
+        with gzip.open(SHARED_DATASETS / "MNIST" / "raw" / f"{name}.gz") as src, open(raw / name, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    _write_idx(raw / "train-images-idx3-ubyte", mnist10k["x"][:600])
+    _write_idx(raw / "train-labels-idx1-ubyte", mnist10k["y"][:600])
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the test tried to reach the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    params = DataParams(source="mnist", mnist_val_size=100)
+    splits = load_source(params, tmp_path, seed=0)
+    assert (len(splits["train"]), len(splits["val"]), len(splits["test"])) == (500, 100, 10000)
+    assert np.array_equal(splits["test"].x, mnist10k["x"]) and np.array_equal(splits["test"].y, mnist10k["y"])
+    # train and val are a partition of the official training images
+    seen = np.concatenate([splits["train"].x, splits["val"].x]).reshape(600, -1)
+    assert len(np.unique(seen, axis=0)) == len(np.unique(mnist10k["x"][:600].reshape(600, -1), axis=0))
+
+
+def test_mnist_download_failure_says_what_to_do(tmp_path, monkeypatch) -> None:
+    import torchvision.datasets
+
+    def fail(*args, **kwargs):
+        raise urllib.error.URLError("no network")
+
+    monkeypatch.setattr(torchvision.datasets, "MNIST", fail)
+    with pytest.raises(DataSourceError, match="data.source=mnist.*MNIST/raw.*data.source=npz"):
+        load_source(DataParams(source="mnist"), tmp_path, seed=0)
+
+
+def test_npz_source_on_real_mnist(tmp_path, mnist10k) -> None:
+    path = tmp_path / "m.npz"
+    np.savez(path, x=mnist10k["x"][:2000], y=mnist10k["y"][:2000])
+    splits = load_source(DataParams(source="npz", path=str(path)), tmp_path, seed=0)
+    assert sum(len(s) for s in splits.values()) == 2000
+    assert splits["train"].x.shape[1:] == (28, 28)
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"y": np.zeros(4, dtype=np.int64)}, r"lacks array\(s\) \['x'\]"),
+        ({"x": np.zeros((4, 8, 8), np.uint8)}, r"lacks array\(s\) \['y'\]"),
+        ({"x": np.full((4, 8, 8), np.nan), "y": np.zeros(4, np.int64)}, "NaN"),
+        ({"x": np.zeros((4, 8, 8), np.float32), "y": np.zeros(4, np.int64)}, "dtype float32; allowed: uint8"),
+        ({"x": np.zeros((4, 8), np.uint8), "y": np.zeros(4, np.int64)}, r"shape \(4, 8\); allowed"),
+        ({"x": np.zeros((4, 8, 9), np.uint8), "y": np.zeros(4, np.int64)}, "square"),
+        ({"x": np.zeros((4, 8, 8), np.uint8), "y": np.array([0, 1, -1, 2])}, "negative"),
+        ({"x": np.zeros((4, 8, 8), np.uint8), "y": np.zeros(3, np.int64)}, r"need \[4\]"),
+        ({"x": np.zeros((4, 8, 8), np.uint8), "y": np.zeros(4, np.float64)}, "allowed: integers"),
+        ({"x": np.zeros((0, 8, 8), np.uint8), "y": np.zeros(0, np.int64)}, "holds no images"),
+    ],
+)
+def test_malformed_npz_is_a_clear_error(tmp_path, arrays: dict, message: str) -> None:
+    path = tmp_path / "bad.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(DataSourceError, match=message):
+        read_npz(path)
+
+
+def test_missing_or_garbage_npz(tmp_path) -> None:
+    with pytest.raises(DataSourceError, match="does not exist"):
+        read_npz(tmp_path / "missing.npz")
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a zip")
+    with pytest.raises(DataSourceError, match="not a readable .npz"):
+        read_npz(garbage)
+
+
+def test_empty_split_is_an_error(tmp_path) -> None:
+    x, y = tiny_grey_digits(n_per_class=1, classes=3)
+    path = tmp_path / "few.npz"
+    np.savez(path, x=x, y=y)
+    with pytest.raises(DataSourceError, match="split 'val' is empty"):
+        load_source(DataParams(source="npz", path=str(path), val_fraction=0.1, test_fraction=0.5), tmp_path, seed=0)
+
+
+def test_unknown_source_is_named(tmp_path, monkeypatch) -> None:
+    params = DataParams()
+    object.__setattr__(params, "source", "imagenet")  # bypass the schema, as a plugin might
+    with pytest.raises(DataSourceError, match="data.source = 'imagenet' is unknown; allowed"):
+        load_source(params, tmp_path, seed=0)
+    assert set(sources.SOURCES) == {"digits", "mnist", "npz"}
