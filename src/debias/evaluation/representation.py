@@ -80,7 +80,7 @@ def alignment_loss(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_classes:
     """CNC Eq. 2-3: per class max over pairs of present groups of the mean cross-group L2 distance; mean over classes.
 
     Returns ``{alignment_loss, alignment_per_class [n_classes] (None: skipped), alignment_worst_pair
-    [n_classes] ([a, a'] or None), alignment_skipped_classes}``; a class with < 2 present groups is skipped.
+    [n_classes] ([a, a'], a < a', or None), alignment_skipped_classes}``; a class with < 2 present groups is skipped.
     """
     if normalize:
         z = F.normalize(z.double(), dim=1)
@@ -103,7 +103,7 @@ def alignment_loss(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_classes:
         means = torch.where(valid, means, torch.full_like(means, -torch.inf))
         best = int(means.argmax())
         per_class.append(float(means.flatten()[best]))
-        worst_pair.append([best // n_attrs, best % n_attrs])
+        worst_pair.append(sorted([best // n_attrs, best % n_attrs]))
     values = [v for v in per_class if v is not None]
     return {
         "alignment_loss": float(np.mean(values)) if values else None,
@@ -202,14 +202,14 @@ def representation_metrics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_
 
 
 def umap_2d(features: np.ndarray, params: UMAPParams, seed: int) -> np.ndarray:
-    """Seeded 2-D UMAP of ``features``; imports umap lazily, with a disk cache for numba and passive OpenMP waits."""
+    """Seeded (hence single-threaded) 2-D UMAP of ``features``; imports umap lazily, with a disk cache for numba and passive OpenMP waits."""
     cache = os.environ.setdefault("NUMBA_CACHE_DIR", str(Path("~/.cache/debias/numba").expanduser()))
     Path(cache).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import umap  # noqa: PLC0415  (slow import: numba)
 
     reducer = umap.UMAP(n_components=2, n_neighbors=min(params.neighbors, len(features) - 1),
-                        min_dist=params.min_dist, random_state=seed)
+                        min_dist=params.min_dist, random_state=seed, n_jobs=1)
     return reducer.fit_transform(features)
 
 

@@ -1,0 +1,43 @@
+"""Stage linear_probe: frozen encoders (ERM; stage 2 when trained) + multinomial logistic regression.
+
+Writes reports/metrics/probe.json (scalars) and reports/metrics/probe_groups.json (per-group tables).
+"""
+
+from pathlib import Path
+
+from debias import paths
+from debias.data.store import load_splits
+from debias.evaluation.probe import flat_scalars, load_encoders, probe_encoders, probe_splits, split_tables
+from debias.io import save_json
+from debias.params import Params
+from debias.runtime import pick_device, seed_everything
+from debias.stage import main
+from debias.tracking import StageRun
+
+STAGE2_MODEL = Path("models/stage2.pt")
+PROBE_METRICS = paths.METRICS / "probe.json"
+PROBE_GROUPS = paths.METRICS / "probe_groups.json"
+
+
+def run(params: Params, run: StageRun) -> None:
+    seed_everything(params.seed)
+    splits = load_splits(paths.BIASED, probe_splits(params.probe))
+    encoders = load_encoders({"erm": paths.ERM_MODEL, "stage2": STAGE2_MODEL})
+    results = probe_encoders(encoders, splits, params.probe, params.seed, pick_device())
+    metrics, tables = split_tables(results)
+    save_json(PROBE_METRICS, metrics)
+    save_json(PROBE_GROUPS, tables)
+    run.log_metrics(flat_scalars(metrics))
+    run.log_artifact(PROBE_METRICS)
+    run.log_artifact(PROBE_GROUPS)
+    for name, result in metrics.items():
+        if not result["trained"]:
+            print(f"[linear_probe] {name}: {result['note']}")
+            continue
+        test = result["probe"]["test"]
+        print(f"[linear_probe] {name} ({result['method']}): C = {result['probe']['c']:g}; test avg {test['avg']:.3f}, "
+              f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
+
+
+if __name__ == "__main__":
+    main("linear_probe", run)
