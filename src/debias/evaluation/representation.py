@@ -202,7 +202,11 @@ def representation_metrics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_
 
 
 def umap_2d(features: np.ndarray, params: UMAPParams, seed: int) -> np.ndarray:
-    """Seeded (hence single-threaded) 2-D UMAP of ``features``; imports umap lazily, with a disk cache for numba and passive OpenMP waits."""
+    """Seeded (hence single-threaded) 2-D UMAP of ``features``.
+
+    umap is imported lazily, after ``NUMBA_CACHE_DIR`` (default ``~/.cache/debias/numba``) and
+    ``OMP_WAIT_POLICY=PASSIVE`` are set where unset (they only act if numba/OpenMP are not loaded yet).
+    """
     cache = os.environ.setdefault("NUMBA_CACHE_DIR", str(Path("~/.cache/debias/numba").expanduser()))
     Path(cache).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
