@@ -1,0 +1,371 @@
+"""Inferred bias labels and groups of the training split, one method per ``groups.method``.
+
+Methods live in :data:`METHODS` (name -> function); every one returns a :class:`GroupInference`:
+
+- ``pred``    (CNC Sec. 4) label = argmax of the ERM logits; minority = label != y;
+              group = y * C + label.
+- ``cluster`` (CNC App. D.2.3) UMAP of the ERM embeddings z (seeded), then KMeans or GMM:
+    * ``per_class = 1``: C clusters over all points, matched one-to-one to the classes by the
+      Hungarian algorithm on the cluster x class table (maximum agreement with y);
+      label = matched class; minority = label != y; group = y * C + label.
+    * ``per_class = k > 1`` (GEORGE-style): k clusters within each class's points (on the one
+      UMAP of all points), numbered by size: rank 0 = the class's largest cluster = the inferred
+      majority, label = own class c. A smaller cluster (rank r > 0) gets the label
+      ``argmax_{c' != c} mean_{n in cluster} softmax(logits_n)[c']`` - the class ERM mistakes its
+      points for most, i.e. the bias value they share with that class's majority, which keeps
+      labels comparable across classes (CNC's sampler pairs "same label, other class").
+      minority = label != y (= rank > 0); group = y * k + rank.
+- ``true``    (oracle) label = the true bias attribute a; minority = ~aligned; group = y * A + a.
+
+UMAP is imported through :func:`import_umap`, which turns on numba's on-disk cache so a fresh
+process reuses compiled code. Results are stored as a parquet table (:func:`save_groups`,
+:func:`load_groups`) plus the UMAP coordinates (:func:`save_embedding`) for the report's figures.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pandas as pd
+import torch
+
+from debias.data.store import BiasedSplit
+from debias.groups.matching import group_quality, hungarian_map
+from debias.io import CorruptFileError, atomic_path, load_torch, save_torch
+from debias.params import ClusterParams, GroupsParams
+from debias.paths import METRICS
+
+GROUPS_DIR = Path("data/groups")
+GROUPS_TABLE = GROUPS_DIR / "train.parquet"
+UMAP_TRAIN = GROUPS_DIR / "umap_train.pt"
+GROUPS_METRICS = METRICS / "groups.json"
+
+GROUP_COLUMNS = ("index", "y", "inferred_label", "inferred_group", "minority")
+NUMBA_CACHE_DEFAULT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "debias" / "numba"
+# Modules whose module-level numba functions are compiled without cache=True (umap-learn 0.5, pynndescent).
+NUMBA_MODULES = ("umap.umap_", "umap.layouts", "umap.utils", "umap.distances", "umap.sparse",
+                 "pynndescent.pynndescent_", "pynndescent.utils", "pynndescent.rp_trees",
+                 "pynndescent.distances", "pynndescent.sparse")
+
+
+@dataclass
+class GroupInference:
+    """Inferred bias label, group and minority flag per training point (row n = split index n)."""
+
+    inferred_label: torch.Tensor  # int64 [N] bias label, comparable across classes
+    inferred_group: torch.Tensor  # int64 [N] (class, label or within-class cluster), see the module docstring
+    minority: torch.Tensor  # bool [N] inferred bias-conflicting
+    embedding2d: torch.Tensor | None = None  # float [N, umap_components] UMAP coordinates (cluster only)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per step
+    y: torch.Tensor | None = None  # int64 [N] class, filled by infer_groups and load_groups
+
+    def __len__(self) -> int:
+        return int(self.inferred_label.numel())
+
+
+# ---------------------------------------------------------------- UMAP
+
+_numba_caching_enabled = False
+
+
+def enable_numba_caching(module_names: tuple[str, ...] = NUMBA_MODULES) -> int:
+    """Turn on numba's disk cache for the module-level jitted functions of ``module_names``; return how many.
+
+    umap-learn and pynndescent compile most of their functions without ``cache=True``, so every
+    fresh process recompiled them (first fit ~15 s on 1,000 points); ``Dispatcher.enable_caching``
+    is numba's own switch behind ``cache=True``. Best effort: any failure leaves a function uncached.
+    """
+    from numba.core.dispatcher import Dispatcher
+
+    count = 0
+    for name in module_names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        for value in vars(module).values():
+            if isinstance(value, Dispatcher) and type(value._cache).__name__ == "NullCache":
+                try:
+                    value.enable_caching()
+                    count += 1
+                except Exception:  # no usable cache locator, dynamic globals ...: stay uncached
+                    continue
+    return count
+
+
+def import_umap() -> ModuleType:
+    """``import umap`` with ``NUMBA_CACHE_DIR`` (default ~/.cache/debias/numba), ``OMP_WAIT_POLICY=PASSIVE``
+    (only effective when OpenMP is not yet loaded: entrypoints set it first) and numba caching on."""
+    global _numba_caching_enabled
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(NUMBA_CACHE_DEFAULT))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "numba" in sys.modules:  # numba read its config before we set the variable
+        import numba
+
+        numba.config.CACHE_DIR = numba.config.CACHE_DIR or os.environ["NUMBA_CACHE_DIR"]
+    import umap
+
+    if not _numba_caching_enabled:
+        enable_numba_caching()
+        _numba_caching_enabled = True
+    return umap
+
+
+def exact_knn(points: torch.Tensor, k: int, block: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest points of every point by Euclidean distance, itself first: ``(indices int64 [N,k], distances float32 [N,k])``.
+
+    Exact, in float64 blocks of ``block`` rows (memory ``block * N``); ties keep the lower index.
+    """
+    points = points.detach().cpu().double()
+    indices, distances = [], []
+    for start in range(0, len(points), block):
+        rows = points[start : start + block]
+        squared = torch.cdist(rows, points).square()
+        squared[torch.arange(len(rows)), torch.arange(start, start + len(rows))] = -1.0  # self first, even among duplicates
+        nearest, index = torch.topk(squared, k, dim=1, largest=False, sorted=True)
+        indices.append(index)
+        distances.append(nearest.clamp(min=0).sqrt())
+    return torch.cat(indices).numpy(), torch.cat(distances).float().numpy()
+
+
+def umap_embedding(z: torch.Tensor, params: ClusterParams, seed: int) -> torch.Tensor:
+    """UMAP(n_components, n_neighbors = min(neighbours, N-1), min_dist, random_state=seed) of ``z``: float [N, components].
+
+    The neighbour graph is :func:`exact_knn` passed as ``precomputed_knn``: exact for every N (umap's own
+    path is exact below 4,096 points and NN-descent above, whose numba code cannot be cached on disk).
+    """
+    umap = import_umap()
+    n = len(z)
+    if n < 3:
+        raise ValueError(f"groups.method=cluster needs at least 3 training points for UMAP, found {n}")
+    n_neighbors = min(params.umap_neighbors, n - 1)
+    knn = exact_knn(z, n_neighbors)
+    reducer = umap.UMAP(n_components=params.umap_components, n_neighbors=n_neighbors, min_dist=params.umap_min_dist,
+                        random_state=seed, n_jobs=1, precomputed_knn=knn)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"precomputed_knn\[2\]")  # no search index: we never transform
+        embedding = reducer.fit_transform(z.detach().cpu().float().numpy())
+    return torch.from_numpy(embedding).float()
+
+
+# ---------------------------------------------------------------- clustering
+
+def _kmeans(points: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:
+    from sklearn.cluster import KMeans
+
+    return KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(points)
+
+
+def _gmm(points: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:
+    from sklearn.mixture import GaussianMixture
+
+    return GaussianMixture(n_components=k, n_init=n_init, random_state=seed).fit(points).predict(points)
+
+
+ClusterFn = Callable[[np.ndarray, int, int, int], np.ndarray]
+CLUSTERERS: dict[str, ClusterFn] = {"kmeans": _kmeans, "gmm": _gmm}
+
+
+def cluster_points(points: torch.Tensor, k: int, algorithm: str, n_init: int, seed: int) -> torch.Tensor:
+    """Cluster ids in ``0 .. k-1`` (int64 [N]) from ``CLUSTERERS[algorithm]``, seeded."""
+    if algorithm not in CLUSTERERS:
+        raise ValueError(f"clustering algorithm '{algorithm}' unknown; allowed: {', '.join(CLUSTERERS)}")
+    ids = CLUSTERERS[algorithm](points.detach().cpu().double().numpy(), k, n_init, seed)
+    return torch.as_tensor(ids, dtype=torch.long)
+
+
+def match_clusters_to_classes(cluster: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
+    """label_n = m(cluster_n), m the one-to-one cluster -> class map maximising #{n : m(cluster_n) = y_n}."""
+    return hungarian_map(cluster, y, n_classes, n_classes)[cluster]
+
+
+def size_ranks(cluster: torch.Tensor, k: int) -> torch.Tensor:
+    """Rank of each cluster id ``0 .. k-1`` by size, largest first (ties: lower id first): int64 [k]."""
+    order = torch.argsort(-torch.bincount(cluster, minlength=k), stable=True)
+    ranks = torch.empty(k, dtype=torch.long)
+    ranks[order] = torch.arange(k)
+    return ranks
+
+
+def within_class_ranks(points: torch.Tensor, y: torch.Tensor, n_classes: int, k: int, algorithm: str,
+                       n_init: int, seed: int) -> torch.Tensor:
+    """Each class's points in min(k, n_c) clusters; per point the size rank of its cluster (0 = largest): int64 [N]."""
+    rank = torch.zeros(len(y), dtype=torch.long)
+    for label in range(n_classes):
+        members = torch.nonzero(y == label).flatten()
+        k_class = min(k, len(members))
+        if k_class <= 1:
+            continue
+        cluster = cluster_points(points[members], k_class, algorithm, n_init, seed)
+        rank[members] = size_ranks(cluster, k_class)[cluster]
+    return rank
+
+
+def label_within_class_clusters(rank: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Rank 0 -> own class y; rank r > 0 -> argmax_{c != y} of the mean ERM softmax over cluster (y, r): int64 [N]."""
+    n_classes = logits.shape[1]
+    group = y * k + rank
+    sums = torch.zeros(n_classes * k, n_classes, dtype=torch.float64).index_add_(0, group, logits.double().softmax(1))
+    own = torch.arange(n_classes * k) // k
+    sums[torch.arange(n_classes * k), own] = -torch.inf  # the argmax of the mean equals that of the sum
+    foreign = sums.argmax(1) if n_classes > 1 else own
+    per_group = torch.where(torch.arange(n_classes * k) % k == 0, own, foreign)
+    return per_group[group]
+
+
+# ---------------------------------------------------------------- methods
+
+def _timed(timings: dict[str, float], key: str, start: float) -> float:
+    now = time.perf_counter()
+    timings[key] = round(now - start, 4)
+    return now
+
+
+def infer_pred(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams, seed: int) -> GroupInference:
+    """label = argmax logits; minority = label != y; group = y * C + label."""
+    label = logits.argmax(1).long()
+    return GroupInference(label, train.y * train.n_classes + label, label != train.y)
+
+
+def infer_true(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams, seed: int) -> GroupInference:
+    """label = a (oracle); minority = ~aligned; group = y * A + a."""
+    return GroupInference(train.a.clone(), train.g.clone(), ~train.aligned.bool())
+
+
+def infer_cluster(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams, seed: int) -> GroupInference:
+    """UMAP of z, then C clusters matched to classes (per_class 1) or k clusters per class (per_class k)."""
+    cluster_params = params.cluster
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    import_umap()
+    start = _timed(timings, "umap_import_s", start)
+    embedding = umap_embedding(z, cluster_params, seed)
+    start = _timed(timings, "umap_fit_s", start)
+    k = cluster_params.per_class
+    if k == 1:
+        cluster = cluster_points(embedding, train.n_classes, cluster_params.algorithm, cluster_params.n_init, seed)
+        label = match_clusters_to_classes(cluster, train.y, train.n_classes)
+        group = train.y * train.n_classes + label
+    else:
+        rank = within_class_ranks(embedding, train.y, train.n_classes, k, cluster_params.algorithm,
+                                  cluster_params.n_init, seed)
+        label = label_within_class_clusters(rank, train.y, logits, k)
+        group = train.y * k + rank
+    _timed(timings, "cluster_s", start)
+    return GroupInference(label, group, label != train.y, embedding, timings)
+
+
+InferenceFn = Callable[[BiasedSplit, torch.Tensor, torch.Tensor, GroupsParams, int], GroupInference]
+METHODS: dict[str, InferenceFn] = {"pred": infer_pred, "cluster": infer_cluster, "true": infer_true}
+
+
+def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams,
+                 seed: int) -> GroupInference:
+    """Run ``METHODS[method]`` on the training split with its ERM embeddings ``z`` [N,D] and ``logits`` [N,C]."""
+    if method not in METHODS:
+        raise ValueError(f"groups.method = '{method}' unknown; allowed: {', '.join(METHODS)}")
+    n = len(train)
+    if len(z) != n or len(logits) != n:
+        raise ValueError(f"ERM embeddings hold {len(z)} rows and logits {len(logits)}, the training split {n}: "
+                         "they come from another split; rerun train_erm")
+    if logits.ndim != 2 or logits.shape[1] != train.n_classes:
+        raise ValueError(f"ERM logits have shape {tuple(logits.shape)}, expected [N, {train.n_classes}]; rerun train_erm")
+    start = time.perf_counter()
+    result = METHODS[method](train, z.detach().cpu(), logits.detach().cpu().float(), params, seed)
+    result.timings["total_s"] = round(time.perf_counter() - start, 4)
+    result.y = train.y.clone()
+    return result
+
+
+# ---------------------------------------------------------------- reporting
+
+def groups_report(method: str, inference: GroupInference, train: BiasedSplit) -> dict:
+    """The metrics file: method, :func:`group_quality` vs the true attribute, timings."""
+    quality = group_quality(inference.inferred_label, inference.minority, train.a, train.aligned, train.y, train.n_classes)
+    return {"method": method, **quality, "timings": dict(inference.timings)}
+
+
+def report_scalars(report: dict) -> dict[str, float]:
+    """The report's numbers for MLflow: scalars as they are, timings as ``time/<step>``; lists and None dropped."""
+    values = {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values.update({f"time/{k}": float(v) for k, v in report.get("timings", {}).items()})
+    return values
+
+
+# ---------------------------------------------------------------- storage
+
+def save_groups(path: str | Path, inference: GroupInference) -> None:
+    """Write the parquet table (index, y, inferred_label, inferred_group, minority), atomically."""
+    if inference.y is None:
+        raise ValueError("save_groups: the inference carries no classes y (use infer_groups)")
+    table = pd.DataFrame({
+        "index": np.arange(len(inference), dtype=np.int64),
+        "y": inference.y.numpy().astype(np.int64),
+        "inferred_label": inference.inferred_label.numpy().astype(np.int64),
+        "inferred_group": inference.inferred_group.numpy().astype(np.int64),
+        "minority": inference.minority.numpy().astype(bool),
+    })
+    with atomic_path(path) as tmp:
+        table.to_parquet(tmp, engine="pyarrow", index=False)
+
+
+def _column(table: pd.DataFrame, name: str, dtype: type, path: Path) -> torch.Tensor:
+    try:
+        return torch.from_numpy(table[name].to_numpy(dtype=dtype).copy())
+    except (TypeError, ValueError) as exc:
+        raise CorruptFileError(f"{path}: column '{name}' is not {dtype.__name__} ({exc}); rerun infer_groups") from None
+
+
+def load_groups(path: str | Path, y: torch.Tensor | None = None) -> GroupInference:
+    """Read a table written by :func:`save_groups` (rows in split order); with ``y``, check it is the same split."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run the stage that writes it first (dvc repro infer_groups)")
+    try:
+        table = pd.read_parquet(path, engine="pyarrow")
+    except Exception as exc:
+        raise CorruptFileError(f"{path} cannot be read as parquet ({type(exc).__name__}: {str(exc)[:200]}); "
+                               "it is truncated or foreign: delete it and rerun infer_groups") from None
+    missing = [name for name in GROUP_COLUMNS if name not in table.columns]
+    if missing:
+        raise CorruptFileError(f"{path} lacks the columns {missing} (found {list(table.columns)}); it was written "
+                               "by another version or tool: rerun infer_groups (dvc repro infer_groups)")
+    if table[list(GROUP_COLUMNS)].isna().to_numpy().any():
+        raise CorruptFileError(f"{path} holds missing values; rerun infer_groups")
+    table = table.sort_values("index", kind="stable")
+    index = _column(table, "index", np.int64, path)
+    if not torch.equal(index, torch.arange(len(index))):
+        raise CorruptFileError(f"{path}: column 'index' must hold 0 .. N-1 once each; rerun infer_groups")
+    stored_y = _column(table, "y", np.int64, path)
+    if y is not None and (len(y) != len(stored_y) or not torch.equal(stored_y, y.detach().cpu().long())):
+        raise CorruptFileError(f"{path} was written for another training split ({len(stored_y)} rows, this split "
+                               f"{len(y)} or other classes); rerun infer_groups")
+    return GroupInference(
+        inferred_label=_column(table, "inferred_label", np.int64, path),
+        inferred_group=_column(table, "inferred_group", np.int64, path),
+        minority=_column(table, "minority", bool, path),
+        y=stored_y,
+    )
+
+
+def save_embedding(path: str | Path, inference: GroupInference) -> None:
+    """Write the UMAP coordinates (``coords`` float [N, d], ``index`` [N]); an empty [0, 2] when there are none."""
+    if inference.embedding2d is None:
+        coords, index = torch.zeros(0, 2), torch.zeros(0, dtype=torch.long)
+    else:
+        coords, index = inference.embedding2d.float(), torch.arange(len(inference.embedding2d))
+    save_torch(path, {"coords": coords, "index": index}, kind="umap")
+
+
+def load_embedding(path: str | Path) -> dict[str, torch.Tensor]:
+    """``{"coords": float [N, d], "index": int64 [N]}`` written by :func:`save_embedding` (N = 0: no embedding)."""
+    return load_torch(path, "umap", ("coords", "index"))
