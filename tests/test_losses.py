@@ -167,11 +167,14 @@ def ref_cnc(anchors, pos, neg, tau):
     return sum(out) / len(out)
 
 
-def ref_triplet(a, p, tau_plus):
+def ref_triplet(a, p, tau_plus, negatives=None):
     b, out = a.shape[0], []
     for i in range(b):
         dp = float(((a[i] - p[i]) ** 2).sum())
-        dn = sum(float(((a[i] - a[j]) ** 2).sum()) for j in range(b) if j != i) / (b - 1)
+        if negatives is None:
+            dn = sum(float(((a[i] - a[j]) ** 2).sum()) for j in range(b) if j != i) / (b - 1)
+        else:
+            dn = sum(float(((a[i] - n) ** 2).sum()) for n in negatives) / len(negatives)
         if tau_plus > 0:
             dn = (dn - tau_plus * dp) / (1 - tau_plus)
         out.append(dp - dn)
@@ -493,7 +496,10 @@ def test_cnc_floor_is_log_m_per_side():
 def test_triplet_matches_reference(b, tau_plus):
     a, p = unit(b, 5, seed=b), unit(b, 5, seed=b + 50)
     ref = ref_triplet(a, p, tau_plus)
-    assert L.triplet(a, p, tau_plus).item() == pytest.approx(ref, rel=1e-10, abs=1e-12)
+    assert L.triplet(a, p, tau_plus=tau_plus).item() == pytest.approx(ref, rel=1e-10, abs=1e-12)
+    pool = unit(b + 2, 5, seed=b + 99)
+    ref_pool = ref_triplet(a, p, tau_plus, negatives=list(pool))
+    assert L.triplet(a, p, pool, tau_plus).item() == pytest.approx(ref_pool, rel=1e-10, abs=1e-12)
 
 
 def test_relative_difficulty():
@@ -542,6 +548,7 @@ def test_wcl_loss_composition_and_gradient_routing():
     w = L.relative_difficulty(dd, db)
     assert l_wcl.item() == pytest.approx(ref_weighted_infonce(zd_a.detach(), zd_p.detach(), w.tolist(), 0.5, 0.1))
     assert l_tri.item() == pytest.approx(ref_triplet(zb_a.detach(), zb_p.detach(), 0.1))
+    assert l_tri.item() == pytest.approx(L.triplet(zb_a, zb_p, tau_plus=0.1).item())
     assert total.item() == pytest.approx(l_wcl.item() + l_tri.item())
     gd = torch.autograd.grad(l_wcl, [zb_a, zb_p], allow_unused=True)
     assert all(g is None for g in gd)  # w carries no gradient to the biased encoder
@@ -553,6 +560,8 @@ def test_pair_view_losses_reject_bad_input():
     a = unit(4, 3, seed=0)
     with pytest.raises(ValueError):
         L.triplet(a[:1], a[:1])
+    with pytest.raises(ValueError):
+        L.triplet(a, a, a[:0])
     with pytest.raises(ValueError):
         L.weighted_infonce(a, a[:3])
     with pytest.raises(ValueError):
@@ -591,8 +600,9 @@ GRADCHECK = {
     "fairkl_authors": lambda z: L.fairkl(z, Y7, B7, "authors"),
     "cnc": lambda z: L.cnc_contrastive(z[:2], z[2:4], z[4:], 0.1),
     "cnc_two_sided": lambda z: L.cnc_two_sided(z[:2], z[2:4], z[4:6], z[5:], 0.1),
-    "triplet": lambda z: L.triplet(z[:3], z[3:6], 0.0),
-    "triplet_debiased": lambda z: L.triplet(z[:3], z[3:6], 0.2),
+    "triplet": lambda z: L.triplet(z[:3], z[3:6]),
+    "triplet_debiased": lambda z: L.triplet(z[:3], z[3:6], tau_plus=0.2),
+    "triplet_pool": lambda z: L.triplet(z[:3], z[3:6], z[4:], 0.2),
     "weighted_infonce": lambda z: L.weighted_infonce(z[:3], z[3:6], W6[:3, :3], 0.5, 0.0),
     "weighted_infonce_debiased": lambda z: L.weighted_infonce(z[:3], z[3:6], W6[:3, :3], 0.5, 0.1),
     # w is detached by design, so check wcl_loss w.r.t. the positive views (w does not
@@ -616,7 +626,7 @@ STABILITY = {
     "fairkl_mean": lambda z, y, b: L.fairkl(z, y, b, "mean"),
     "fairkl_authors": lambda z, y, b: L.fairkl(z, y, b, "authors", authors_temperature=0.05),
     "cnc": lambda z, y, b: L.cnc_two_sided(z[:8], z[8:16], z[16:24], z[24:32], 0.05),
-    "triplet": lambda z, y, b: L.triplet(z[:32], z[32:], 0.1),
+    "triplet": lambda z, y, b: L.triplet(z[:32], z[32:], tau_plus=0.1),
     "weighted_infonce": lambda z, y, b: L.weighted_infonce(z[:32], z[32:], None, 0.05, 0.1),
     "wcl_loss": lambda z, y, b: L.wcl_loss(z[:32], z[32:], z[32:], z[:32], 0.05, 0.1),
 }

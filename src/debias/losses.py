@@ -36,10 +36,10 @@ Functions (one-line formulas; ``lse`` = log-sum-exp)
     ``= lse([s_ap'; s_an]) - mean_p s_ap``; also batched over K contrastive batches.
 ``cnc_two_sided(anchors, positives, negatives, negatives2, temperature)``
     CNC Eq. 14: ``L(x_1, {x+}, {x-}) + L(x+_1, {x}, {x'-})`` averaged over contrastive batches.
-``triplet(anchor, positive, tau_plus=0.0)``
-    Difficulty paper Eq. 5, batched: ``mean_i [ ||a_i - p_i||^2 - mean_{j != i} ||a_i - a_j||^2 ]``;
-    with ``tau_plus > 0`` the negative term becomes
-    ``(mean_{j != i} ||a_i - a_j||^2 - tau_plus ||a_i - p_i||^2) / (1 - tau_plus)``.
+``triplet(anchor, positive, negative=None, tau_plus=0.0)``
+    Difficulty paper Eq. 5, batched: ``mean_i [ ||a_i - p_i||^2 - mean_{j != i} ||a_i - a_j||^2 ]``
+    (or ``mean_n ||a_i - n||^2`` over a given negative pool); with ``tau_plus > 0`` the
+    negative term becomes ``(mean_n ||a_i - n||^2 - tau_plus ||a_i - p_i||^2) / (1 - tau_plus)``.
 ``relative_difficulty(dist_debiased, dist_biased)``
     ``w = 1 + Dd~ / (Dd~ + Db~)``, ``D~ = D / max_batch D``; no gradient.
 ``weighted_infonce(z_anchor, z_positive, weights, temperature, tau_plus=0.0)``
@@ -507,23 +507,33 @@ def _check_tau_plus(tau_plus: float) -> None:
         raise ValueError(f"tau_plus must be in [0, 1), got {tau_plus}")
 
 
-def triplet(anchor: Tensor, positive: Tensor, tau_plus: float = 0.0) -> Tensor:
+def triplet(
+    anchor: Tensor, positive: Tensor, negative: Tensor | None = None, tau_plus: float = 0.0
+) -> Tensor:
     r"""Self-supervised triplet loss (difficulty paper Eq. 5), batched:
-    ``mean_i [ ||a_i - p_i||² - mean_{j != i} ||a_i - a_j||² ]``.
+    ``mean_i [ ||a_i - p_i||² - mean_n ||a_i - n||² ]``.
 
-    The positive of anchor ``i`` is its augmented view ``p_i``; its negatives are all other
-    batch items ``a_j`` (Algorithm 1: ``x- in X_t \ {x_a}``).  With ``tau_plus > 0`` the
-    negative term is the debiased one of Sec. 5.2,
-    ``(mean_{j != i} ||a_i - a_j||² - tau_plus ||a_i - p_i||²) / (1 - tau_plus)``.
-    ``sum_j ||a_i - a_j||² = B ||a_i - ā||² + sum_j ||a_j - ā||²`` makes it O(B D).
+    The positive of anchor ``i`` is its augmented view ``p_i``.  Its negatives are, with
+    ``negative=None``, all other batch items ``a_j, j != i`` (Algorithm 1:
+    ``x- in X_t \ {x_a}``), or every row of a shared pool ``negative [N, D]``.  With
+    ``tau_plus > 0`` the negative term is the debiased one of Sec. 5.2,
+    ``(mean_n ||a_i - n||² - tau_plus ||a_i - p_i||²) / (1 - tau_plus)``.
+    Centred norms make it O((B + N) D): ``sum_j ||a_i - a_j||² = B ||a_i - ā||² + sum_j ||a_j - ā||²``.
     """
     _check_pair_views(anchor, positive)
     _check_tau_plus(tau_plus)
     a, p = _compute(anchor), _compute(positive)
-    batch = a.shape[0]
     d_pos = (a - p).square().sum(1)
-    centred = (a - a.mean(0, keepdim=True)).square().sum(1)
-    d_neg = (batch * centred + centred.sum()) / (batch - 1)
+    if negative is None:
+        batch = a.shape[0]
+        centred = (a - a.mean(0, keepdim=True)).square().sum(1)
+        d_neg = (batch * centred + centred.sum()) / (batch - 1)
+    else:
+        if negative.dim() != 2 or negative.shape[0] == 0 or negative.shape[1] != a.shape[1]:
+            raise ValueError(f"negative must be [N, D] with N >= 1, got {tuple(negative.shape)}")
+        n = _compute(negative)
+        centre = n.mean(0, keepdim=True)
+        d_neg = (a - centre).square().sum(1) + (n - centre).square().sum(1).mean()
     if tau_plus > 0:
         d_neg = (d_neg - tau_plus * d_pos) / (1 - tau_plus)
     return (d_pos - d_neg).mean()
@@ -617,12 +627,12 @@ def wcl_loss(
     ``w_ij = relative_difficulty(||zd_a_i - zd_a_j||, ||zb_a_i - zb_a_j||)`` (anchor-to-
     negative distances of the debiased and the biased encoder, detached);
     ``L_wcl = weighted_infonce(z_d_a, z_d_p, w, temperature, tau_plus)`` trains ``E_d``,
-    ``L_tri = triplet(z_b_a, z_b_p, tau_plus)`` trains ``E_b`` (no gradient crosses over).
+    ``L_tri = triplet(z_b_a, z_b_p, tau_plus=tau_plus)`` trains ``E_b`` (no gradient crosses over).
     ``return_parts=True`` returns ``(L, L_wcl, L_tri)``.
     """
     w = relative_difficulty(_euclid(_compute(z_d_a)), _euclid(_compute(z_b_a)))
     l_wcl = weighted_infonce(z_d_a, z_d_p, w, temperature, tau_plus)
-    l_tri = triplet(z_b_a, z_b_p, tau_plus)
+    l_tri = triplet(z_b_a, z_b_p, tau_plus=tau_plus)
     total = l_wcl + l_tri
     if return_parts:
         return total, l_wcl, l_tri
