@@ -93,7 +93,7 @@ def enable_numba_caching(module_names: tuple[str, ...] = NUMBA_MODULES) -> int:
         except ImportError:
             continue
         for value in vars(module).values():
-            if isinstance(value, Dispatcher) and type(value._cache).__name__ == "NullCache":
+            if isinstance(value, Dispatcher) and type(getattr(value, "_cache", None)).__name__ == "NullCache":
                 try:
                     value.enable_caching()
                     count += 1
