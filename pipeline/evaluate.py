@@ -19,22 +19,20 @@ from debias.runtime import pick_device, seed_everything  # noqa: E402
 from debias.stage import main  # noqa: E402
 from debias.tracking import StageRun  # noqa: E402
 
-STAGE2_MODEL = Path("models/stage2.pt")
-EVALUATE_DIR = Path("data/evaluate")
 REPRESENTATION_METRICS = paths.METRICS / "representation.json"
 
 
 def umap_path(encoder: str, split: str) -> Path:
-    return EVALUATE_DIR / f"umap_{encoder}_{split}.pt"
+    return paths.EVALUATE_DIR / f"umap_{encoder}_{split}.pt"
 
 
 def run(params: Params, run: StageRun) -> None:
     seed_everything(params.seed)
     splits = load_splits(paths.BIASED, tuple(params.evaluate.splits))
-    encoders = load_encoders({"erm": paths.ERM_MODEL, "stage2": STAGE2_MODEL})
+    encoders = load_encoders({"erm": paths.ERM_MODEL, "stage2": paths.STAGE2_MODEL})
     metrics, umaps = evaluate_encoders(encoders, splits, params.evaluate, params.seed, pick_device())
     save_json(REPRESENTATION_METRICS, metrics)
-    EVALUATE_DIR.mkdir(parents=True, exist_ok=True)
+    paths.EVALUATE_DIR.mkdir(parents=True, exist_ok=True)
     for (encoder, split), payload in umaps.items():
         save_torch(umap_path(encoder, split), payload, kind="umap")
     run.log_metrics(flat_scalars(metrics))

@@ -3,8 +3,6 @@
 Writes reports/metrics/probe.json (scalars) and reports/metrics/probe_groups.json (per-group tables).
 """
 
-from pathlib import Path
-
 from debias import paths
 from debias.data.store import load_splits
 from debias.evaluation.probe import flat_scalars, load_encoders, probe_encoders, probe_splits, split_tables
@@ -14,7 +12,6 @@ from debias.runtime import pick_device, seed_everything
 from debias.stage import main
 from debias.tracking import StageRun
 
-STAGE2_MODEL = Path("models/stage2.pt")
 PROBE_METRICS = paths.METRICS / "probe.json"
 PROBE_GROUPS = paths.METRICS / "probe_groups.json"
 
@@ -22,7 +19,7 @@ PROBE_GROUPS = paths.METRICS / "probe_groups.json"
 def run(params: Params, run: StageRun) -> None:
     seed_everything(params.seed)
     splits = load_splits(paths.BIASED, probe_splits(params.probe))
-    encoders = load_encoders({"erm": paths.ERM_MODEL, "stage2": STAGE2_MODEL})
+    encoders = load_encoders({"erm": paths.ERM_MODEL, "stage2": paths.STAGE2_MODEL})
     results = probe_encoders(encoders, splits, params.probe, params.seed, pick_device())
     metrics, tables = split_tables(results)
     save_json(PROBE_METRICS, metrics)

@@ -5,16 +5,14 @@ from debias.data.store import load_splits
 from debias.params import Params
 from debias.stage import main
 from debias.tracking import StageRun
-from debias.training.erm import train_and_export
+from debias.training.erm import StageOutputs, train_erm
+
+OUTPUTS = StageOutputs(model=paths.ERM_MODEL, embeddings_dir=paths.ERM_DIR, metrics=paths.METRICS / "erm.json",
+                       curves=paths.PLOTS / "erm_curves.csv", resume=paths.RESUME / "erm.pt")
 
 
 def run(params: Params, run: StageRun) -> None:
-    splits = load_splits(paths.BIASED)
-    train_and_export(
-        splits, params.model.name, params.erm, params.seed, run,
-        model_path=paths.ERM_MODEL, embeddings_dir=paths.ERM_DIR, metrics_path=paths.METRICS / "erm.json",
-        curves_path=paths.PLOTS / "erm_curves.csv", resume_path=paths.RESUME / "erm.pt", name="erm",
-    )
+    train_erm(load_splits(paths.BIASED), params.model.name, params.erm, params.seed, run, OUTPUTS)
 
 
 if __name__ == "__main__":

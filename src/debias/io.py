@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 FORMAT_KEY = "__debias_format__"
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 
 class CorruptFileError(RuntimeError):
@@ -37,6 +39,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual permissions
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -142,6 +142,8 @@ class CNCParams(Section):
     accumulation: int = Field(32, ge=1, le=1024, description="contrastive batches per optimiser step")
     contrastive_weight: float = Field(0.75, ge=0, le=1, description="lambda: lambda * contrastive + (1 - lambda) * CE")
     init: Literal["scratch", "erm"] = "scratch"
+    forward_chunk: int = Field(8, ge=1, le=1024, description="contrastive batches per forward pass (memory only)")
+    skip_empty_classes: bool = Field(False, description="skip (and report) classes with no inferred minority point instead of failing")
 
 
 class JTTParams(Section):

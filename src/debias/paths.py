@@ -17,3 +17,6 @@ RESUME = Path("models/.resume")
 
 def embeddings_path(directory: Path, split: str) -> Path:
     return directory / f"embeddings_{split}.pt"
+STAGE2_MODEL = Path("models/stage2.pt")
+STAGE2_DIR = Path("data/stage2")
+EVALUATE_DIR = Path("data/evaluate")

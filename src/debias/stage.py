@@ -28,6 +28,10 @@ STAGE_PARAMS: dict[str, list[str]] = {
     "download": ["seed", "data"],
     "inject_bias": ["seed", "bias"],
     "train_erm": ["seed", "model", "erm"],
+    "infer_groups": ["seed", "groups"],
+    "train_contrastive": ["seed", "model", "stage2", "loss"],
+    "linear_probe": ["seed", "probe"],
+    "evaluate": ["seed", "evaluate"],
 }
 
 

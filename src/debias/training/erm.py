@@ -6,6 +6,7 @@ Batches are index tensors into the stored uint8 images, shuffled by a seeded gen
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from debias.params import OptimParams, params_hash
 from debias.paths import embeddings_path
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
-from debias.training.loop import build_optimizer, build_scheduler, finish, fit
+from debias.training.loop import FitResult, build_optimizer, build_scheduler, finish, fit
 
 
 @torch.no_grad()
@@ -114,41 +115,58 @@ def load_embeddings(directory: Path, split: str) -> dict[str, torch.Tensor]:
     return load_torch(embeddings_path(directory, split), "embeddings", ("z", "logits"))
 
 
-def train_and_export(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParams, seed: int, run: StageRun,
-                     model_path: Path, embeddings_dir: Path, metrics_path: Path, curves_path: Path,
-                     resume_path: Path, name: str, pool: torch.Tensor | None = None,
-                     extra_metrics: dict | None = None) -> Network:
-    """Train a classifier with cross-entropy, keep the selected epoch, write every output of the stage."""
+def write_outputs(model: Network, model_name: str, result: FitResult, splits: dict[str, BiasedSplit], run: StageRun,
+                  out: "StageOutputs", eval_batch_size: int, device: torch.device, label: str,
+                  extra_metrics: dict | None = None, meta: dict | None = None) -> dict[str, dict]:
+    """Load the selected weights and write a training stage's outputs: checkpoint, embeddings, metrics, curves."""
+    model.load_state_dict(result.selected_state["model"])
+    reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device)
+    metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {})}
+    metrics.update({split: scalars(report) for split, report in reports.items()})
+    save_json(out.metrics, metrics)
+    save_json(out.metrics.with_name(f"{out.metrics.stem}_groups.json"),
+              {split: {k: report[k] for k in ("per_group", "group_counts", "empty_groups")}
+               for split, report in reports.items()})
+    write_curves(out.curves, result.history)
+    image_size = int(splits["train"].x.shape[-1])
+    save_network(str(out.model), model, model_name, splits["train"].n_classes, image_size,
+                 selected_epoch=result.selected_epoch, **(meta or {}))
+    run.log_metrics({f"{split}.{k}": v for split, report in reports.items() for k, v in scalars(report).items()})
+    run.log_metrics({"selected_epoch": result.selected_epoch})
+    for path in (out.metrics, out.curves):
+        run.log_artifact(path)
+    run.log_model(model.cpu(), name="model")
+    test = reports["test"]
+    print(f"[{label}] selected epoch {result.selected_epoch}; test avg {test['avg']:.3f}, "
+          f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
+    return reports
+
+
+@dataclass(frozen=True)
+class StageOutputs:
+    """Where a training stage writes (paths dvc.yaml declares)."""
+
+    model: Path
+    embeddings_dir: Path
+    metrics: Path
+    curves: Path
+    resume: Path
+
+
+def train_erm(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParams, seed: int, run: StageRun,
+              out: StageOutputs) -> dict[str, dict]:
+    """Cross-entropy training from scratch, selection by ``optim.selection``, then every output."""
     device = pick_device()
     generator = seed_everything(seed)
     train = splits["train"]
     model = build_model(model_name, train.n_classes, int(train.x.shape[-1])).to(device)
     optimizer = build_optimizer(model.parameters(), optim.optimizer, optim.lr, optim.momentum, optim.weight_decay)
     scheduler = build_scheduler(optimizer, optim.lr_milestones, optim.lr_gamma)
-    task = ClassifierTask(model, optimizer, train, optim.batch_size, generator, device, pool=pool)
-    key = params_hash({"model": model_name, "optim": optim.model_dump(mode="json"), "seed": seed, "n": len(train),
-                       "pool": None if pool is None else int(pool.sum())})
+    task = ClassifierTask(model, optimizer, train, optim.batch_size, generator, device)
+    key = params_hash({"model": model_name, "optim": optim.model_dump(mode="json"), "seed": seed, "n": len(train)})
     result = fit(task, optimizer, optim.epochs, validator(model, splits["val"], optim.eval_batch_size, device),
-                 selection=optim.selection, scheduler=scheduler, state_path=resume_path, state_key=key,
+                 selection=optim.selection, scheduler=scheduler, state_path=out.resume, state_key=key,
                  on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch))
-    model.load_state_dict(result.selected_state["model"])
-    reports = export_embeddings(model, splits, embeddings_dir, optim.eval_batch_size, device)
-    metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {})}
-    metrics.update({split: scalars(report) for split, report in reports.items()})
-    save_json(metrics_path, metrics)
-    save_json(metrics_path.with_name(f"{metrics_path.stem}_groups.json"),
-              {split: {k: report[k] for k in ("per_group", "group_counts", "empty_groups")}
-               for split, report in reports.items()})
-    write_curves(curves_path, result.history)
-    save_network(str(model_path), model.cpu(), model_name, train.n_classes, int(train.x.shape[-1]),
-                 selected_epoch=result.selected_epoch)
-    run.log_metrics({f"{split}.{k}": v for split, report in reports.items() for k, v in scalars(report).items()})
-    run.log_metrics({"selected_epoch": result.selected_epoch})
-    run.log_artifact(metrics_path)
-    run.log_artifact(curves_path)
-    run.log_model(model, name="model")
-    finish(resume_path)
-    test = reports["test"]
-    print(f"[{name}] selected epoch {result.selected_epoch}; test avg {test['avg']:.3f}, "
-          f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
-    return model
+    reports = write_outputs(model, model_name, result, splits, run, out, optim.eval_batch_size, device, "erm")
+    finish(out.resume)
+    return reports

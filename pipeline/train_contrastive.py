@@ -1,0 +1,26 @@
+"""Stage train_contrastive: the stage-2 method (stage2.method) on the biased splits with inferred groups."""
+
+from debias import paths
+from debias.data.store import load_splits
+from debias.groups import GROUPS_TABLE, load_groups
+from debias.models import load_network
+from debias.params import Params
+from debias.stage import main
+from debias.tracking import StageRun
+from debias.training.erm import StageOutputs
+from debias.training.methods import train_stage2
+
+OUTPUTS = StageOutputs(model=paths.STAGE2_MODEL, embeddings_dir=paths.STAGE2_DIR,
+                       metrics=paths.METRICS / "stage2_train.json", curves=paths.PLOTS / "stage2_curves.csv",
+                       resume=paths.RESUME / "stage2.pt")
+
+
+def run(params: Params, run: StageRun) -> None:
+    splits = load_splits(paths.BIASED)
+    groups = load_groups(GROUPS_TABLE, y=splits["train"].y)
+    erm_state = load_network(str(paths.ERM_MODEL))[0].state_dict() if params.stage2.cnc.init == "erm" else None
+    train_stage2(params, splits, groups.inferred_label, groups.minority, erm_state, run, OUTPUTS)
+
+
+if __name__ == "__main__":
+    main("train_contrastive", run)

@@ -1,0 +1,33 @@
+"""Batched augmentations on uint8 image tensors (no per-sample Python loops)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator) -> torch.Tensor:
+    """Translate each image by (dy, dx) ~ U{-max_shift..max_shift}^2, zero-filled; shape and dtype kept."""
+    if max_shift == 0:
+        return x
+    n, _, h, w = x.shape
+    padded = F.pad(x, (max_shift, max_shift, max_shift, max_shift))
+    dy = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator).to(x.device)
+    dx = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator).to(x.device)
+    rows = (dy[:, None] + torch.arange(h, device=x.device))[:, :, None]  # [n, h, 1]
+    cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, :]  # [n, 1, w]
+    batch = torch.arange(n, device=x.device)[:, None, None]
+    return padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2).contiguous()
+
+
+def add_noise(x: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """Float images in 0..255 plus N(0, std^2) pixel noise, clamped to 0..255."""
+    if std == 0:
+        return x.float()
+    noise = torch.randn(x.shape, generator=generator).to(x.device) * std
+    return (x.float() + noise).clamp_(0, 255)
+
+
+def view(x: torch.Tensor, max_shift: int, noise_std: float, generator: torch.Generator) -> torch.Tensor:
+    """One augmented view: random translation, then Gaussian pixel noise (float, 0..255)."""
+    return add_noise(random_shift(x, max_shift, generator), noise_std, generator)
