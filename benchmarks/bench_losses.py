@@ -236,7 +236,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     devices = args.devices or (["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} CPU threads, D = {args.dim}, float32, forward+backward, median\n")
+          f"CPU threads: {torch.get_num_threads()}, D = {args.dim}, float32, forward+backward, median\n")
     print("| device | loss | B | debias (ms) | baseline (ms) | baseline / debias |")
     print("|---|---|---:|---:|---:|---:|")
     for dev_name in devices:
