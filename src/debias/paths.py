@@ -20,3 +20,7 @@ def embeddings_path(directory: Path, split: str) -> Path:
 STAGE2_MODEL = Path("models/stage2.pt")
 STAGE2_DIR = Path("data/stage2")
 EVALUATE_DIR = Path("data/evaluate")
+GROUPS_DIR = Path("data/groups")
+GROUPS_TABLE = GROUPS_DIR / "train.parquet"
+UMAP_TRAIN = GROUPS_DIR / "umap_train.pt"
+GROUPS_METRICS = METRICS / "groups.json"

@@ -18,13 +18,13 @@ bounded by the tile, never N x N.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from debias.embedding import umap_fit
 import torch.nn.functional as F
 from scipy.special import xlogy
 
@@ -202,19 +202,8 @@ def representation_metrics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_
 
 
 def umap_2d(features: np.ndarray, params: UMAPParams, seed: int) -> np.ndarray:
-    """Seeded (hence single-threaded) 2-D UMAP of ``features``.
-
-    umap is imported lazily, after ``NUMBA_CACHE_DIR`` (default ``~/.cache/debias/numba``) and
-    ``OMP_WAIT_POLICY=PASSIVE`` are set where unset (they only act if numba/OpenMP are not loaded yet).
-    """
-    cache = os.environ.setdefault("NUMBA_CACHE_DIR", str(Path("~/.cache/debias/numba").expanduser()))
-    Path(cache).mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import umap  # noqa: PLC0415  (slow import: numba)
-
-    reducer = umap.UMAP(n_components=2, n_neighbors=min(params.neighbors, len(features) - 1),
-                        min_dist=params.min_dist, random_state=seed, n_jobs=1)
-    return reducer.fit_transform(features)
+    """Seeded (hence single-threaded) 2-D UMAP of ``features`` (see :func:`debias.embedding.umap_fit`)."""
+    return umap_fit(torch.as_tensor(features), 2, params.neighbors, params.min_dist, seed).numpy()
 
 
 def umap_embedding(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, params: UMAPParams, seed: int,

@@ -24,37 +24,24 @@ process reuses compiled code. Results are stored as a parquet table (:func:`save
 
 from __future__ import annotations
 
-import importlib
-import os
-import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pandas as pd
 import torch
 
 from debias.data.store import BiasedSplit
+from debias.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
 from debias.groups.matching import group_quality, hungarian_map
 from debias.io import CorruptFileError, atomic_path, load_torch, save_torch
 from debias.params import ClusterParams, GroupsParams
-from debias.paths import METRICS
-
-GROUPS_DIR = Path("data/groups")
-GROUPS_TABLE = GROUPS_DIR / "train.parquet"
-UMAP_TRAIN = GROUPS_DIR / "umap_train.pt"
-GROUPS_METRICS = METRICS / "groups.json"
+from debias.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
 
 GROUP_COLUMNS = ("index", "y", "inferred_label", "inferred_group", "minority")
-NUMBA_CACHE_DEFAULT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "debias" / "numba"
-# Modules whose module-level numba functions are compiled without cache=True (umap-learn 0.5, pynndescent).
-NUMBA_MODULES = ("umap.umap_", "umap.layouts", "umap.utils", "umap.distances", "umap.sparse",
-                 "pynndescent.pynndescent_", "pynndescent.utils", "pynndescent.rp_trees",
-                 "pynndescent.distances", "pynndescent.sparse")
+
 
 
 @dataclass
@@ -72,89 +59,11 @@ class GroupInference:
         return int(self.inferred_label.numel())
 
 
-# ---------------------------------------------------------------- UMAP
-
-_numba_caching_enabled = False
-
-
-def enable_numba_caching(module_names: tuple[str, ...] = NUMBA_MODULES) -> int:
-    """Turn on numba's disk cache for the module-level jitted functions of ``module_names``; return how many.
-
-    umap-learn and pynndescent compile most of their functions without ``cache=True``, so every
-    fresh process recompiled them (first fit ~15 s on 1,000 points); ``Dispatcher.enable_caching``
-    is numba's own switch behind ``cache=True``. Best effort: any failure leaves a function uncached.
-    """
-    from numba.core.dispatcher import Dispatcher
-
-    count = 0
-    for name in module_names:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        for value in vars(module).values():
-            if isinstance(value, Dispatcher) and type(getattr(value, "_cache", None)).__name__ == "NullCache":
-                try:
-                    value.enable_caching()
-                    count += 1
-                except Exception:  # no usable cache locator, dynamic globals ...: stay uncached
-                    continue
-    return count
-
-
-def import_umap() -> ModuleType:
-    """``import umap`` with ``NUMBA_CACHE_DIR`` (default ~/.cache/debias/numba), ``OMP_WAIT_POLICY=PASSIVE``
-    (only effective when OpenMP is not yet loaded: entrypoints set it first) and numba caching on."""
-    global _numba_caching_enabled
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(NUMBA_CACHE_DEFAULT))
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    if "numba" in sys.modules:  # numba read its config before we set the variable
-        import numba
-
-        numba.config.CACHE_DIR = numba.config.CACHE_DIR or os.environ["NUMBA_CACHE_DIR"]
-    import umap
-
-    if not _numba_caching_enabled:
-        enable_numba_caching()
-        _numba_caching_enabled = True
-    return umap
-
-
-def exact_knn(points: torch.Tensor, k: int, block: int = 512) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest points of every point by Euclidean distance, itself first: ``(indices int64 [N,k], distances float32 [N,k])``.
-
-    Exact, in float64 blocks of ``block`` rows (memory ``block * N``); ties keep the lower index.
-    """
-    points = points.detach().cpu().double()
-    indices, distances = [], []
-    for start in range(0, len(points), block):
-        rows = points[start : start + block]
-        squared = torch.cdist(rows, points).square()
-        squared[torch.arange(len(rows)), torch.arange(start, start + len(rows))] = -1.0  # self first, even among duplicates
-        nearest, index = torch.topk(squared, k, dim=1, largest=False, sorted=True)
-        indices.append(index)
-        distances.append(nearest.clamp(min=0).sqrt())
-    return torch.cat(indices).numpy(), torch.cat(distances).float().numpy()
-
-
 def umap_embedding(z: torch.Tensor, params: ClusterParams, seed: int) -> torch.Tensor:
-    """UMAP(n_components, n_neighbors = min(neighbours, N-1), min_dist, random_state=seed) of ``z``: float [N, components].
-
-    The neighbour graph is :func:`exact_knn` passed as ``precomputed_knn``: exact for every N (umap's own
-    path is exact below 4,096 points and NN-descent above, whose numba code cannot be cached on disk).
-    """
-    umap = import_umap()
-    n = len(z)
-    if n < 3:
-        raise ValueError(f"groups.method=cluster needs at least 3 training points for UMAP, found {n}")
-    n_neighbors = min(params.umap_neighbors, n - 1)
-    knn = exact_knn(z, n_neighbors)
-    reducer = umap.UMAP(n_components=params.umap_components, n_neighbors=n_neighbors, min_dist=params.umap_min_dist,
-                        random_state=seed, n_jobs=1, precomputed_knn=knn)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"precomputed_knn\[2\]")  # no search index: we never transform
-        embedding = reducer.fit_transform(z.detach().cpu().float().numpy())
-    return torch.from_numpy(embedding).float()
+    """UMAP of the ERM features with the cluster params (see :func:`debias.embedding.umap_fit`)."""
+    if len(z) < 3:
+        raise ValueError(f"groups.method=cluster needs at least 3 training points for UMAP, found {len(z)}")
+    return umap_fit(z, params.umap_components, params.umap_neighbors, params.umap_min_dist, seed)
 
 
 # ---------------------------------------------------------------- clustering

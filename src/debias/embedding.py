@@ -1,0 +1,107 @@
+"""UMAP with a disk cache for numba's compiled code and an exact neighbour graph (used by groups and evaluation).
+
+``import umap`` compiles numba code (~20 s) and umap-learn/pynndescent cache little of it on
+disk, so every stage process paid again; :func:`import_umap` sets ``NUMBA_CACHE_DIR`` (default
+``~/.cache/debias/numba``) and switches numba's cache on for their jitted functions.
+:func:`umap_fit` passes an exact k-NN graph (torch, in blocks) as ``precomputed_knn``, which is
+exact for every N and avoids pynndescent's uncacheable NN-descent above 4,096 points.
+Entry points that run UMAP set ``OMP_WAIT_POLICY=PASSIVE`` before importing torch (busy OpenMP
+threads left by numba slow torch down ~10x).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import torch
+
+NUMBA_CACHE_DEFAULT = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "debias" / "numba"
+# Modules whose module-level numba functions are compiled without cache=True (umap-learn 0.5, pynndescent).
+NUMBA_MODULES = ("umap.umap_", "umap.layouts", "umap.utils", "umap.distances", "umap.sparse",
+                 "pynndescent.pynndescent_", "pynndescent.utils", "pynndescent.rp_trees",
+                 "pynndescent.distances", "pynndescent.sparse")
+
+
+_numba_caching_enabled = False
+
+
+def enable_numba_caching(module_names: tuple[str, ...] = NUMBA_MODULES) -> int:
+    """Turn on numba's disk cache for the module-level jitted functions of ``module_names``; return how many.
+
+    umap-learn and pynndescent compile most of their functions without ``cache=True``, so every
+    fresh process recompiled them (first fit ~15 s on 1,000 points); ``Dispatcher.enable_caching``
+    is numba's own switch behind ``cache=True``. Best effort: any failure leaves a function uncached.
+    """
+    from numba.core.dispatcher import Dispatcher
+
+    count = 0
+    for name in module_names:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        for value in vars(module).values():
+            if isinstance(value, Dispatcher) and type(getattr(value, "_cache", None)).__name__ == "NullCache":
+                try:
+                    value.enable_caching()
+                    count += 1
+                except Exception:  # no usable cache locator, dynamic globals ...: stay uncached
+                    continue
+    return count
+
+
+def import_umap() -> ModuleType:
+    """``import umap`` with ``NUMBA_CACHE_DIR`` (default ~/.cache/debias/numba), ``OMP_WAIT_POLICY=PASSIVE``
+    (only effective when OpenMP is not yet loaded: entrypoints set it first) and numba caching on."""
+    global _numba_caching_enabled
+    os.environ.setdefault("NUMBA_CACHE_DIR", str(NUMBA_CACHE_DEFAULT))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "numba" in sys.modules:  # numba read its config before we set the variable
+        import numba
+
+        numba.config.CACHE_DIR = numba.config.CACHE_DIR or os.environ["NUMBA_CACHE_DIR"]
+    import umap
+
+    if not _numba_caching_enabled:
+        enable_numba_caching()
+        _numba_caching_enabled = True
+    return umap
+
+
+def exact_knn(points: torch.Tensor, k: int, block: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest points of every point by Euclidean distance, itself first: ``(indices int64 [N,k], distances float32 [N,k])``.
+
+    Exact, in float64 blocks of ``block`` rows (memory ``block * N``); ties keep the lower index.
+    """
+    points = points.detach().cpu().double()
+    indices, distances = [], []
+    for start in range(0, len(points), block):
+        rows = points[start : start + block]
+        squared = torch.cdist(rows, points).square()
+        squared[torch.arange(len(rows)), torch.arange(start, start + len(rows))] = -1.0  # self first, even among duplicates
+        nearest, index = torch.topk(squared, k, dim=1, largest=False, sorted=True)
+        indices.append(index)
+        distances.append(nearest.clamp(min=0).sqrt())
+    return torch.cat(indices).numpy(), torch.cat(distances).float().numpy()
+
+
+def umap_fit(z: torch.Tensor, n_components: int, n_neighbors: int, min_dist: float, seed: int) -> torch.Tensor:
+    """UMAP(n_components, n_neighbors = min(n_neighbors, N-1), min_dist, random_state=seed) of ``z``: float [N, n_components]."""
+    umap = import_umap()
+    n = len(z)
+    if n < 3:
+        raise ValueError(f"UMAP needs at least 3 points, found {n}")
+    n_neighbors = min(n_neighbors, n - 1)
+    knn = exact_knn(z, n_neighbors)
+    reducer = umap.UMAP(n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist,
+                        random_state=seed, n_jobs=1, precomputed_knn=knn)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"precomputed_knn\[2\]")  # no search index: we never transform
+        embedding = reducer.fit_transform(z.detach().cpu().float().numpy())
+    return torch.from_numpy(embedding).float()
