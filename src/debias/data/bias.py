@@ -20,7 +20,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from debias.data.sources import RawSplit, RawSplits
+from debias.data.sources import RawSplits
 from debias.data.store import BiasedSplit
 from debias.params import BackgroundParams, BiasParams, ForegroundParams
 
