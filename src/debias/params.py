@@ -114,6 +114,7 @@ class OptimParams(Section):
     lr_gamma: float = Field(0.1, gt=0, le=1)
     selection: Literal["last", "best_worst_group"] = "last"
     eval_batch_size: int = Field(1024, ge=1)
+    augment_shift: int = Field(0, ge=0, le=16, description="random translation of training images in pixels (CNC's code: random crops); 0: off")
 
 
 class ClusterParams(Section):

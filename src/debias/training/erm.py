@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.io import atomic_path, load_torch, save_json, save_torch
 from debias.metrics import accuracy_report, scalars
@@ -56,9 +57,10 @@ class ClassifierTask:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, train: BiasedSplit, batch_size: int,
                  generator: torch.Generator, device: torch.device, pool: torch.Tensor | None = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, augment_shift: int = 0) -> None:
         self.model, self.optimizer, self.train = model, optimizer, train
         self.batch_size, self.generator, self.device = batch_size, generator, device
+        self.augment_shift = augment_shift
         self.pool = torch.arange(len(train)) if pool is None else pool
         self.progress = progress
 
@@ -78,7 +80,7 @@ class ClassifierTask:
         batches = order.split(self.batch_size)
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=None if self.progress else True)
         for index in bar:
-            x = self.train.x[index].to(self.device, non_blocking=True)
+            x = random_shift(self.train.x[index], self.augment_shift, self.generator).to(self.device, non_blocking=True)
             y = self.train.y[index].to(self.device, non_blocking=True)
             logits = self.model(x)
             loss = F.cross_entropy(logits, y)
@@ -162,7 +164,7 @@ def train_erm(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParam
     model = build_model(model_name, train.n_classes, int(train.x.shape[-1])).to(device)
     optimizer = build_optimizer(model.parameters(), optim.optimizer, optim.lr, optim.momentum, optim.weight_decay)
     scheduler = build_scheduler(optimizer, optim.lr_milestones, optim.lr_gamma)
-    task = ClassifierTask(model, optimizer, train, optim.batch_size, generator, device)
+    task = ClassifierTask(model, optimizer, train, optim.batch_size, generator, device, augment_shift=optim.augment_shift)
     key = params_hash({"model": model_name, "optim": optim.model_dump(mode="json"), "seed": seed, "n": len(train)})
     result = fit(task, optimizer, optim.epochs, validator(model, splits["val"], optim.eval_batch_size, device),
                  selection=optim.selection, scheduler=scheduler, state_path=out.resume, state_key=key,

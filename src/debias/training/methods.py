@@ -13,9 +13,11 @@
                     groups.method is pred) repeated round(upweight) times per epoch.
 ``erm``             a second ERM run with stage 2's optimiser settings (seed-matched comparisons).
 
-Methods that learn no classifier themselves (the contrastive ones) train the linear head on
-detached features alongside (an online probe, no gradient into the encoder) so every epoch has a
-validation worst-group accuracy for checkpoint selection; the linear_probe stage refits it properly.
+Methods that learn no classifier themselves (the contrastive ones and WCL) get their linear head
+fitted at the end of every epoch on the frozen training features (:func:`fit_head`: multinomial
+logistic regression, full-batch L-BFGS, no gradient into the encoder), so every epoch has a
+validation worst-group accuracy for checkpoint selection; the linear_probe stage refits it with
+its own regularisation search.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from debias import losses
-from debias.data.augment import view
+from debias.data.augment import random_shift, view
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params
@@ -39,7 +41,7 @@ from debias.io import save_json
 from debias.params import params_hash
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
-from debias.training.erm import ClassifierTask, StageOutputs, validator, write_outputs
+from debias.training.erm import ClassifierTask, StageOutputs, predict, validator, write_outputs
 from debias.training.loop import build_optimizer, build_scheduler, finish, fit
 
 
@@ -117,7 +119,7 @@ def erm_method(inputs: Stage2Inputs) -> Stage2Setup:
     model = _fresh_model(inputs)
     optimizer, scheduler = _optimiser(inputs, model.parameters())
     task = ClassifierTask(model, optimizer, inputs.splits["train"], inputs.params.stage2.batch_size,
-                          inputs.generator, inputs.device)
+                          inputs.generator, inputs.device, augment_shift=inputs.params.stage2.augment_shift)
     return Stage2Setup(task, model, optimizer, scheduler)
 
 
@@ -138,7 +140,7 @@ def jtt_method(inputs: Stage2Inputs) -> Stage2Setup:
     train = inputs.splits["train"]
     pool = jtt_pool(len(train), inputs.minority, inputs.params.stage2.jtt.upweight)
     task = ClassifierTask(model, optimizer, train, inputs.params.stage2.batch_size, inputs.generator,
-                          inputs.device, pool=pool)
+                          inputs.device, pool=pool, augment_shift=inputs.params.stage2.augment_shift)
     facts = {"jtt_error_points": int(inputs.minority.sum()), "jtt_epoch_size": len(pool)}
     return Stage2Setup(task, model, optimizer, scheduler, report=lambda: facts)
 
@@ -178,7 +180,8 @@ class ContrastiveTask:
         for index in bar:
             if len(index) < 2:
                 continue  # a single sample has no pair
-            x, y = self.train.x[index].to(self.device), self.train.y[index].to(self.device)
+            x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator).to(self.device)
+            y = self.train.y[index].to(self.device)
             z = self.model.embed(x)
             zn = _normalise(z)
             con = self.contrastive(zn, y, self.params)
@@ -188,18 +191,17 @@ class ContrastiveTask:
                 reg = losses.fairkl(zn, y, self.bias[index].to(self.device), loss_params.fairkl.variant)
                 loss = loss + loss_params.fairkl.weight * reg
                 parts["fairkl"] = reg.detach()
-            probe = F.cross_entropy(self.model.head(z.detach()), y)  # online probe: no gradient to the encoder
             self.optimizer.zero_grad(set_to_none=True)
-            (loss + probe).backward()
+            loss.backward()
             self.optimizer.step()
-            progress.add(loss=loss.detach(), probe_ce=probe.detach(), **parts)
+            progress.add(loss=loss.detach(), **parts)
             bar.set_postfix(loss=f"{progress.sums['loss'] / progress.count:.4f}", refresh=False)
         return progress.means()
 
 
 def _contrastive_method(inputs: Stage2Inputs) -> Stage2Setup:
     model = _fresh_model(inputs)
-    optimizer, scheduler = _optimiser(inputs, model.parameters())
+    optimizer, scheduler = _optimiser(inputs, model.encoder.parameters())
     task = ContrastiveTask(model, optimizer, inputs.splits["train"], inputs.inferred, inputs.params,
                            inputs.generator, inputs.device)
     return Stage2Setup(task, model, optimizer, scheduler)
@@ -221,18 +223,19 @@ class CNCTask:
     """
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit,
-                 sampler: CNCBatchSampler, params: Params, device: torch.device) -> None:
+                 sampler: CNCBatchSampler, params: Params, generator: torch.Generator, device: torch.device) -> None:
         self.model, self.optimizer, self.train, self.sampler = model, optimizer, train, sampler
-        self.params, self.device = params, device
+        self.params, self.generator, self.device = params, generator, device
 
     def modules(self) -> dict[str, nn.Module]:
         return {"model": self.model}
 
     def extra_state(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict()}
+        return {"sampler": self.sampler.state_dict(), "generator": self.generator.get_state()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state["sampler"])
+        self.generator.set_state(state["generator"])
 
     def _chunk_loss(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Mean contrastive and CE loss over ``count`` freshly drawn contrastive batches."""
@@ -240,7 +243,7 @@ class CNCTask:
         groups = [batch.anchors, batch.positives, batch.negatives] + ([batch.negatives2] if batch.negatives2 is not None else [])
         sizes = [g.shape[1] for g in groups]
         index = torch.cat(groups, dim=1)  # [count, 2M + 2N]
-        x = self.train.x[index.flatten()].to(self.device)
+        x = random_shift(self.train.x[index.flatten()], self.params.stage2.augment_shift, self.generator).to(self.device)
         y = self.train.y[index.flatten()].to(self.device)
         z, logits = self.model.embed_and_classify(x)
         parts = _normalise(z).reshape(count, index.shape[1], -1).split(sizes, dim=1)
@@ -285,7 +288,7 @@ def cnc_method(inputs: Stage2Inputs) -> Stage2Setup:
             raise ValueError("stage2.cnc.init = erm needs models/erm.pt; run train_erm first")
         model.load_state_dict(inputs.erm_state)
     optimizer, scheduler = _optimiser(inputs, model.parameters())
-    return Stage2Setup(CNCTask(model, optimizer, train, sampler, inputs.params, inputs.device), model, optimizer,
+    return Stage2Setup(CNCTask(model, optimizer, train, sampler, inputs.params, inputs.generator, inputs.device), model, optimizer,
                        scheduler, report=lambda: {"sampler": sampler.report()})
 
 
@@ -319,26 +322,23 @@ class WCLTask:
             images = self.train.x[index]
             anchor = view(images, wcl.max_shift, wcl.noise_std, self.generator).to(self.device)
             positive = view(images, wcl.max_shift, wcl.noise_std, self.generator).to(self.device)
-            y = self.train.y[index].to(self.device)
             z_d_a, z_d_p = self.model.embed(anchor), self.model.embed(positive)
             z_b_a, z_b_p = self.biased.embed(anchor), self.biased.embed(positive)
             _, weighted, triplet = losses.wcl_loss(_normalise(z_d_a), _normalise(z_d_p), _normalise(z_b_a),
                                                    _normalise(z_b_p), self.params.loss.temperature, wcl.tau_plus,
                                                    return_parts=True)
-            probe = F.cross_entropy(self.model.head(z_d_a.detach()), y)
             loss = weighted + wcl.triplet_weight * triplet
             self.optimizer.zero_grad(set_to_none=True)
-            (loss + probe).backward()
+            loss.backward()
             self.optimizer.step()
-            progress.add(loss=loss.detach(), weighted_infonce=weighted.detach(), triplet=triplet.detach(),
-                         probe_ce=probe.detach())
+            progress.add(loss=loss.detach(), weighted_infonce=weighted.detach(), triplet=triplet.detach())
         return progress.means()
 
 
 @register_method("wcl")
 def wcl_method(inputs: Stage2Inputs) -> Stage2Setup:
     model, biased = _fresh_model(inputs), _fresh_model(inputs)
-    optimizer, scheduler = _optimiser(inputs, list(model.parameters()) + list(biased.encoder.parameters()))
+    optimizer, scheduler = _optimiser(inputs, list(model.encoder.parameters()) + list(biased.encoder.parameters()))
     task = WCLTask(model, biased, optimizer, inputs.splits["train"], inputs.params, inputs.generator, inputs.device)
     return Stage2Setup(task, model, optimizer, scheduler)
 
@@ -351,6 +351,40 @@ def setup_method(inputs: Stage2Inputs) -> Stage2Setup:
     return METHODS[name](inputs)
 
 
+def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.device, weight_decay: float = 1e-4,
+             max_iter: int = 100) -> None:
+    """Fit ``model.head`` to the frozen training features: min CE(W z + b, y) + weight_decay * |W|^2 (L-BFGS)."""
+    z, _ = predict(model, train.x, batch_size, device)
+    z, y = z.to(device), train.y.to(device)
+    head = model.head
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    optimizer = torch.optim.LBFGS(head.parameters(), lr=1.0, max_iter=max_iter, history_size=20,
+                                  line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(head(z), y) + weight_decay * head.weight.square().sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+
+
+def stage2_validator(model: Network, splits: dict[str, BiasedSplit], method: str, batch_size: int,
+                     device: torch.device) -> Callable[[], dict[str, float]]:
+    """Validation scalars; methods without a jointly trained head get it fitted first (:func:`fit_head`)."""
+    check = validator(model, splits["val"], batch_size, device)
+    if method in HEAD_TRAINED:
+        return check
+
+    def refit_then_check() -> dict[str, float]:
+        fit_head(model, splits["train"], batch_size, device)
+        return check()
+
+    return refit_then_check
+
+
 def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch.Tensor, minority: torch.Tensor,
                  erm_state: dict[str, torch.Tensor] | None, run: StageRun, out: StageOutputs) -> dict[str, dict]:
     """Train ``stage2.method``, keep the selected epoch (best validation worst-group by default), write outputs."""
@@ -360,7 +394,8 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
     setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator))
     key = params_hash({"stage2": s2.model_dump(mode="json"), "loss": params.loss.model_dump(mode="json"),
                        "model": params.model.name, "seed": params.seed, "inferred": inferred.tolist()})
-    result = fit(setup.task, setup.optimizer, s2.epochs, validator(setup.model, splits["val"], s2.eval_batch_size, device),
+    result = fit(setup.task, setup.optimizer, s2.epochs,
+                 stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device),
                  selection=s2.selection, scheduler=setup.scheduler, state_path=out.resume, state_key=key,
                  on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch))
     reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
