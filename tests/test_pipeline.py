@@ -12,6 +12,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -23,7 +24,11 @@ pytestmark = pytest.mark.slow
 TINY = {
     "data": {"max_per_split": 240},
     "erm": {"epochs": 2},
+    "stage2": {"epochs": 2, "cnc": {"num_positives": 8, "num_negatives": 8, "batches_per_epoch": 6}},
+    "probe": {"c_grid": [0.1, 1.0]},
+    "evaluate": {"splits": ["test"], "umap": {"max_points": 150}},
 }
+STAGES = ["download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate"]
 
 
 def _deep_update(base: dict, changes: dict) -> dict:
@@ -78,7 +83,7 @@ def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
     from debias.models import load_network
 
     clone, output = pipeline
-    assert ran(output) == ["download", "inject_bias", "train_erm"]
+    assert ran(output) == STAGES
     summary = json.loads((clone / "data/biased/summary.json").read_text())
     assert summary["protocol"] == "foreground"
     assert abs(summary["splits"]["train"]["realised_correlation"] - 0.9) < 0.06
@@ -96,6 +101,21 @@ def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
     assert curves[0].startswith("epoch") and len(curves) == 1 + TINY["erm"]["epochs"]
     assert not (clone / "models/.resume/erm.pt").exists()  # resume state removed on success
 
+    groups = pd.read_parquet(clone / "data/groups/train.parquet")
+    assert list(groups.columns)[:5] == ["index", "y", "inferred_label", "inferred_group", "minority"]
+    assert json.loads((clone / "reports/metrics/groups.json").read_text())["method"] == "pred"
+    stage2, payload = load_network(str(clone / "models/stage2.pt"))
+    assert payload["meta"]["method"] == "cnc"
+    stage2_metrics = json.loads((clone / "reports/metrics/stage2_train.json").read_text())
+    assert stage2_metrics["method"] == "cnc" and 0 <= stage2_metrics["test"]["worst_group"] <= 1
+    assert json.loads((clone / "reports/metrics/stage2_train_info.json").read_text())["sampler"]["batches_drawn"] == 12
+    probe = json.loads((clone / "reports/metrics/probe.json").read_text())
+    assert probe["erm"]["probe"]["c"] in (0.1, 1.0) and probe["stage2"]["trained"]
+    representation = json.loads((clone / "reports/metrics/representation.json").read_text())
+    assert representation["stage2"]["test"]["mi_y"] >= 0
+    umap = torch.load(clone / "data/evaluate/umap_stage2_test.pt", weights_only=True)
+    assert umap["coords"].shape == (150, 2)
+
 
 def test_one_mlflow_run_per_stage_with_provenance_tags(pipeline) -> None:
     from mlflow.tracking import MlflowClient
@@ -104,7 +124,7 @@ def test_one_mlflow_run_per_stage_with_provenance_tags(pipeline) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     by_stage = {r.data.tags["debias.stage"]: r for r in runs}
-    assert set(by_stage) >= {"download", "inject_bias", "train_erm"}
+    assert set(by_stage) == set(STAGES)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     for stage, run in by_stage.items():
         assert run.data.tags["debias.git_commit"] == head
@@ -122,22 +142,32 @@ def test_second_repro_reruns_nothing_and_params_rerun_only_downstream(pipeline) 
     try:
         params["bias"]["foreground"]["p_corr"] = 0.8
         (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        assert ran(dvc(clone, "repro")) == ["inject_bias", "train_erm"]
+        assert ran(dvc(clone, "repro", "--dry", "inject_bias")) == ["inject_bias"]  # download is not rerun
     finally:
         (clone / "params.yaml").write_text(original)
-        dvc(clone, "checkout")  # back to the committed configuration's outputs (from the cache)
+    for key, stages in (("stage2.epochs=3", STAGES[4:]), ("loss.epsilon=0.3", STAGES[4:]),
+                        ("groups.method=true", STAGES[3:])):
+        section, value = key.split("=")
+        outer, inner = section.split(".")
+        changed = yaml.safe_load(original)
+        changed[outer][inner] = type(changed[outer][inner])(value) if not isinstance(changed[outer][inner], str) else value
+        (clone / "params.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
+        status = dvc(clone, "status", "--json")
+        (clone / "params.yaml").write_text(original)
+        assert sorted(json.loads(status.strip().splitlines()[-1])) == sorted(stages[:1]), key
 
 
-def test_temp_experiment_reruns_training_only_and_logs_to_the_main_store(pipeline) -> None:
+def test_temp_experiment_reruns_only_downstream_and_logs_to_the_main_store(pipeline) -> None:
     from mlflow.tracking import MlflowClient
 
     clone, _ = pipeline
-    dvc(clone, "exp", "run", "--temp", "-S", "erm.lr=0.02", "-n", "lr002")
+    output = dvc(clone, "exp", "run", "--temp", "-S", "probe.max_iter=500", "-n", "lr002")
+    assert ran(output) == ["linear_probe"]
     client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string="tags.`debias.dvc_experiment` = 'lr002'")
-    assert sorted(r.data.tags["debias.stage"] for r in runs) == ["train_erm"]
-    assert runs[0].data.params["erm.lr"] == "0.02"
+    assert sorted(r.data.tags["debias.stage"] for r in runs) == ["linear_probe"]
+    assert runs[0].data.params["probe.max_iter"] == "500"
     artifact_root = client.get_experiment(runs[0].info.experiment_id).artifact_location
     assert artifact_root == (clone / "mlruns").as_uri()  # not inside the deleted temp workspace
     shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=clone, capture_output=True, text=True).stdout
