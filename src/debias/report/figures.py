@@ -1,4 +1,8 @@
-"""Figures written as static PNGs (they render offline, in the report and in MLflow)."""
+"""Figures written as static PNGs (they render offline, in the report and in MLflow).
+
+Every function draws one figure from plain inputs (lists, tensors) and writes it atomically with
+:func:`save_figure`; none reads pipeline files, so each is testable on its own.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from debias.data.store import BiasedSplit  # noqa: E402
@@ -15,6 +20,7 @@ from debias.io import atomic_path  # noqa: E402
 
 
 def save_figure(fig: "plt.Figure", path: str | Path, dpi: int = 110) -> None:
+    """Write ``fig`` to ``path`` as PNG (atomically) and close it."""
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
     plt.close(fig)
@@ -42,3 +48,150 @@ def sample_grid(split: BiasedSplit, path: str | Path, per_group: int = 3, seed: 
         axes[0, attr * per_group].set_title(f"a={attr}", fontsize=8, loc="left")
     fig.suptitle("samples per (class y, bias attribute a)", fontsize=9)
     save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------- report figures
+
+AccuracyTable = list[list[float | None]]  # [class][attribute]; None where the group is empty
+
+
+def placeholder(path: str | Path, message: str, dpi: int = 110) -> None:
+    """A small PNG that says why a figure could not be drawn (so every declared output exists)."""
+    fig, ax = plt.subplots(figsize=(4.0, 0.8))
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=8, wrap=True)
+    save_figure(fig, path, dpi=dpi)
+
+
+def _category_colours(n: int) -> list:
+    """n distinguishable colours: tab10 up to 10, tab20 up to 20, then evenly spaced hues."""
+    if n <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(n)]
+    if n <= 20:
+        return [plt.get_cmap("tab20")(i) for i in range(n)]
+    return [plt.get_cmap("hsv")(i / n) for i in range(n)]
+
+
+def _bare(ax: "plt.Axes") -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def per_group_heatmaps(panels: list[tuple[str, AccuracyTable, list[list[int]] | None]], path: str | Path,
+                       aligned_attribute: list[int] | None = None, dpi: int = 110) -> None:
+    """Accuracy per (class row, attribute column), one panel per (title, table, counts); empty cells hatched, not 0.
+
+    ``aligned_attribute[c]``: the attribute boxed in row c (the bias-aligned group of class c).
+    """
+    n_rows = max(len(table) for _, table, _ in panels)
+    n_cols = max(len(table[0]) for _, table, _ in panels)
+    cell = 0.42 if n_cols <= 6 else 0.36
+    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * (cell * n_cols + 0.9) + 0.6, cell * n_rows + 1.0),
+                             squeeze=False)
+    cmap = plt.get_cmap("viridis").copy()
+    cmap.set_bad("white")
+    image = None
+    for ax, (title, table, counts) in zip(axes[0], panels):
+        values = np.array([[np.nan if v is None else float(v) for v in row] for row in table])
+        image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0.0, vmax=1.0, aspect="equal")
+        for (r, c), value in np.ndenumerate(values):
+            if np.isnan(value):
+                ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.6", lw=0))
+                continue
+            label = f"{100 * value:.0f}"
+            if counts is not None and n_cols <= 6:
+                label += f"\nn={counts[r][c]}"
+            ax.text(c, r, label, ha="center", va="center", fontsize=6 if n_cols <= 6 else 5,
+                    color="black" if value > 0.6 else "white")
+        if aligned_attribute is not None:
+            for r, c in enumerate(aligned_attribute[: values.shape[0]]):
+                ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor="red", lw=1.2))
+        ax.set_xticks(range(values.shape[1]))
+        ax.set_yticks(range(values.shape[0]))
+        ax.tick_params(labelsize=7, length=0)
+        ax.set_xlabel("bias attribute a", fontsize=8)
+        ax.set_ylabel("class y", fontsize=8)
+        ax.set_title(title, fontsize=9)
+    if image is not None:
+        bar = fig.colorbar(image, ax=list(axes[0]), fraction=0.025, pad=0.02)
+        bar.ax.tick_params(labelsize=7)
+        bar.set_label("test accuracy", fontsize=8)
+    save_figure(fig, path, dpi=dpi)
+
+
+def _scatter_by(ax: "plt.Axes", coords: torch.Tensor, labels: torch.Tensor, name: str, legend: bool) -> None:
+    n = int(labels.max()) + 1 if labels.numel() else 0
+    colours = _category_colours(max(n, 1))
+    for value in range(n):
+        mask = labels == value
+        if bool(mask.any()):
+            ax.scatter(coords[mask, 0], coords[mask, 1], s=4, color=colours[value], label=f"{name}={value}",
+                       linewidths=0, alpha=0.8, rasterized=True)
+    if legend and 0 < n <= 12:
+        ax.legend(fontsize=6, markerscale=2.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+                  handletextpad=0.2, borderaxespad=0.2)
+
+
+def umap_grid(columns: list[tuple[str, dict[str, torch.Tensor]]], path: str | Path, dpi: int = 110) -> None:
+    """UMAP scatter: one column per (title, payload with coords [n,2], y, a); rows coloured by class, by bias attribute."""
+    fig, axes = plt.subplots(2, len(columns), figsize=(3.1 * len(columns) + 0.8, 5.6), squeeze=False)
+    for col, (title, payload) in enumerate(columns):
+        coords = payload["coords"].float()
+        for row, (key, name) in enumerate((("y", "y"), ("a", "a"))):
+            ax = axes[row, col]
+            _scatter_by(ax, coords, payload[key].long(), name, legend=col == len(columns) - 1)
+            _bare(ax)
+            ax.set_title(f"{title}: coloured by {'class y' if key == 'y' else 'bias attribute a'}", fontsize=8)
+    save_figure(fig, path, dpi=dpi)
+
+
+def training_curves(curves: dict[str, dict[str, list[float]]], selected: dict[str, int | None], path: str | Path,
+                    dpi: int = 110) -> None:
+    """Training loss and validation worst-group (solid) / average (dashed) accuracy per epoch, one line per model.
+
+    ``curves[model]`` maps CSV columns (``epoch``, ``train/loss``, ``val/worst_group``, ``val/avg``) to values;
+    ``selected[model]`` marks the kept epoch.
+    """
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(8.0, 2.8))
+    colours = _category_colours(max(len(curves), 1))
+    for colour, (model, columns) in zip(colours, curves.items()):
+        epochs = columns.get("epoch", [])
+        if "train/loss" in columns:
+            loss_ax.plot(epochs, columns["train/loss"], color=colour, marker=".", label=model)
+        for key, style, suffix in (("val/worst_group", "-", "worst-group"), ("val/avg", "--", "average")):
+            if key in columns:
+                acc_ax.plot(epochs, columns[key], style, color=colour, marker="." if style == "-" else None,
+                            label=f"{model} {suffix}")
+        if selected.get(model) is not None:
+            for ax in (loss_ax, acc_ax):
+                ax.axvline(selected[model], color=colour, lw=0.8, ls=":")
+    loss_ax.set_title("training loss", fontsize=9)
+    acc_ax.set_title("validation accuracy (dotted line: kept epoch)", fontsize=9)
+    acc_ax.set_ylim(-0.02, 1.02)
+    for ax in (loss_ax, acc_ax):
+        ax.set_xlabel("epoch", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, frameon=False)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=dpi)
+
+
+def inferred_group_umap(coords: torch.Tensor, inferred_group: torch.Tensor, minority: torch.Tensor,
+                        path: str | Path, dpi: int = 110) -> None:
+    """UMAP of the training features: coloured by inferred group, and inferred minority (x) against majority."""
+    fig, (group_ax, minority_ax) = plt.subplots(1, 2, figsize=(7.4, 3.1))
+    coords = coords.float()
+    _scatter_by(group_ax, coords, inferred_group.long(), "group", legend=True)
+    group_ax.set_title("coloured by inferred group", fontsize=8)
+    majority = ~minority.bool()
+    minority_ax.scatter(coords[majority, 0], coords[majority, 1], s=4, color="0.7", linewidths=0,
+                        label="inferred majority", rasterized=True)
+    minority_ax.scatter(coords[~majority, 0], coords[~majority, 1], s=14, color="crimson", marker="x",
+                        linewidths=0.8, label="inferred minority")
+    minority_ax.legend(fontsize=6, frameon=False)
+    minority_ax.set_title("inferred minority points", fontsize=8)
+    for ax in (group_ax, minority_ax):
+        _bare(ax)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=dpi)
