@@ -1,0 +1,26 @@
+"""Stage report: reports/report.md and a self-contained reports/report.html (figures under reports/figures/,
+per-group accuracy CSVs under reports/plots/) from every stage's outputs, logged to MLflow."""
+
+import time
+from pathlib import Path
+
+from debias.params import Params
+from debias.report.build import REPORT_HTML, REPORT_MD, build_report
+from debias.stage import main
+from debias.tracking import StageRun
+
+
+def run(params: Params, run: StageRun) -> None:
+    started = time.perf_counter()
+    written = build_report(Path("."), params, run.run_id)
+    for path in written:
+        rel = Path(path)
+        folder = "report" if rel.name in (REPORT_MD.name, REPORT_HTML.name) else f"report/{rel.parent.name}"
+        run.log_artifact(path, folder)
+    run.log_metrics({"report.build_s": time.perf_counter() - started})
+    print(f"[report] wrote {REPORT_MD} and {REPORT_HTML} ({Path(REPORT_HTML).stat().st_size / 1e6:.1f} MB) "
+          f"with {len(written) - 2} figures/plots in {time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main("report", run)

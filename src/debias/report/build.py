@@ -1,0 +1,792 @@
+"""The run's report: ``reports/report.md`` and a self-contained ``reports/report.html`` from every stage's outputs.
+
+:func:`build_report` reads the files the upstream stages wrote (metrics JSON, curves CSV, run records,
+UMAP payloads), draws the figures as PNGs under ``reports/figures/``, writes the per-group accuracy
+CSVs for ``dvc plots`` and renders one document twice: markdown (images by relative path) and HTML
+(images as base64 data URIs, inline CSS, no external reference: it opens from disk, offline).
+A missing input never fails the build: its section says which file is missing and the rest is built.
+The document is a list of :class:`Section` of plain blocks, so both renderers share one content.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+from debias import paths
+from debias.io import atomic_path, load_json, load_torch
+from debias.params import Params, as_dict, flatten
+from debias.report import figures
+from debias.report.paper import Comparison, compare, method_key, settings_for, strength_of
+from debias.tracking import git_commit
+
+REPORT_MD = Path("reports/report.md")
+REPORT_HTML = Path("reports/report.html")
+FIGURES_DIR = paths.SAMPLE_GRID.parent
+FIGURE_FILES: dict[str, Path] = {
+    "per_group": FIGURES_DIR / "per_group_accuracy.png",
+    "umap": FIGURES_DIR / "umap_test.png",
+    "curves": FIGURES_DIR / "training_curves.png",
+    "groups_umap": FIGURES_DIR / "group_inference_umap.png",
+}
+PER_GROUP_CSV: dict[str, Path] = {"erm": paths.PLOTS / "per_group_erm.csv", "stage2": paths.PLOTS / "per_group_stage2.csv"}
+
+JSON_INPUTS: dict[str, Path] = {
+    "summary": paths.BIAS_SUMMARY,
+    "erm": paths.METRICS / "erm.json",
+    "erm_groups": paths.METRICS / "erm_groups.json",
+    "stage2": paths.METRICS / "stage2_train.json",
+    "stage2_groups": paths.METRICS / "stage2_train_groups.json",
+    "stage2_info": paths.METRICS / "stage2_train_info.json",
+    "probe": paths.METRICS / "probe.json",
+    "representation": paths.METRICS / "representation.json",
+    "groups": paths.GROUPS_METRICS,
+}
+CURVE_INPUTS: dict[str, Path] = {"erm": paths.PLOTS / "erm_curves.csv", "stage2": paths.PLOTS / "stage2_curves.csv"}
+MODELS = ("erm", "stage2")
+
+
+def umap_test_path(model: str) -> Path:
+    """The evaluate stage's UMAP payload of ``model``'s test representations."""
+    return paths.EVALUATE_DIR / f"umap_{model}_test.pt"
+
+
+SECTIONS = ("Provenance", "Dataset", "Results", "Per-group accuracy", "Representations", "Training curves",
+            "Group inference", "Comparison with the papers")
+STAGE_ORDER = ("download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
+               "evaluate", "report")
+FAIRKL_METHODS = frozenset({"supcon", "eps_supcon", "eps_supinfonce"})  # the stage-2 methods that add FairKL
+ACCURACY_KEYS = ("avg", "unbiased", "worst_group", "aligned", "conflicting")
+RESULT_HEADERS = ("", "average %", "unbiased %", "worst-group %", "aligned %", "conflicting %", "alignment loss",
+                  "Î(Y;Z)", "Î(A;Z)")
+METRIC_NAMES = {"avg": "average", "unbiased": "unbiased", "worst_group": "worst-group"}
+
+
+# --------------------------------------------------------------------------- document model
+
+
+@dataclass(frozen=True)
+class Text:
+    """A paragraph; ``note`` marks what is missing or caveated. Backticks mark code."""
+
+    text: str
+    note: bool = False
+
+
+@dataclass(frozen=True)
+class Heading:
+    """A sub-heading inside a section."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of preformatted cells."""
+
+    headers: list[str]
+    rows: list[list[str]]
+    caption: str | None = None
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A PNG under the report root, with a caption."""
+
+    path: Path
+    caption: str
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Blocks shown side by side in HTML, one after another in markdown."""
+
+    blocks: list["Block"]
+
+
+Block = Union[Text, Heading, Table, Figure, Columns]
+
+
+@dataclass
+class Section:
+    """A titled part of the report (a heading in md, a <section> in HTML)."""
+
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+
+
+def anchor(title: str) -> str:
+    """The HTML id of a section title: lower case, runs of other characters as '-'."""
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    """An accuracy in [0, 1] as a percentage, 'n/a' for None/NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.{digits}f}"
+
+
+def num(value: float | None, digits: int = 3) -> str:
+    """A float with ``digits`` decimals, 'n/a' for None/NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def show(value: Any, width: int = 70) -> str:
+    """A param value as written in params.yaml (JSON for lists and null), cut to ``width`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass
+class ReportInputs:
+    """Everything the report reads; ``None`` where a file is missing (listed in ``missing``)."""
+
+    json: dict[str, Any]
+    curves: dict[str, dict[str, list[float]]]
+    runs: dict[str, dict[str, Any]]
+    umaps: dict[str, dict[str, Any]]
+    train_umap: dict[str, Any] | None
+    train_umap_note: str | None
+    sample_grid: Path | None
+    missing: list[Path]
+
+    def get(self, name: str) -> Any:
+        return self.json.get(name)
+
+
+def read_curves(path: Path) -> dict[str, list[float]]:
+    """A per-epoch CSV (header row, numbers) as ``{column: values}``; blank cells become NaN."""
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    columns: dict[str, list[float]] = {}
+    for row in rows:
+        for key, value in row.items():
+            columns.setdefault(key, []).append(float(value) if value not in ("", None) else math.nan)
+    return columns
+
+
+def read_run_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """The stages' run records ``reports/runs/<stage>.json``, in pipeline order then by name."""
+    records = {p.stem: load_json(p) for p in folder.glob("*.json")} if folder.is_dir() else {}
+    rank = {stage: i for i, stage in enumerate(STAGE_ORDER)}
+    return dict(sorted(records.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
+
+
+def read_train_umap(root: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The groups stage's UMAP of the training features joined with its inferred groups, or (None, why not)."""
+    if not (root / paths.UMAP_TRAIN).exists():
+        return None, f"`{paths.UMAP_TRAIN}` not found"
+    payload = load_torch(root / paths.UMAP_TRAIN, "umap", ("coords", "index"))
+    if payload["coords"].shape[0] == 0:
+        return None, "the groups stage embedded no training features (only `groups.method: cluster` runs UMAP)"
+    if not (root / paths.GROUPS_TABLE).exists():
+        return None, f"`{paths.GROUPS_TABLE}` not found"
+    import pandas as pd
+
+    table = pd.read_parquet(root / paths.GROUPS_TABLE).set_index("index")
+    rows = table.loc[payload["index"].numpy()]
+    import torch
+
+    return {"coords": payload["coords"][:, :2], "inferred_group": torch.as_tensor(rows["inferred_group"].to_numpy()),
+            "minority": torch.as_tensor(rows["minority"].to_numpy())}, None
+
+
+def load_inputs(root: Path) -> ReportInputs:
+    """Read every input under ``root`` that exists; a corrupt file raises (CorruptFileError), a missing one is listed."""
+    missing: list[Path] = []
+    loaded: dict[str, Any] = {}
+    for name, rel in JSON_INPUTS.items():
+        if (root / rel).exists():
+            loaded[name] = load_json(root / rel)
+        else:
+            missing.append(rel)
+    curves = {}
+    for model, rel in CURVE_INPUTS.items():
+        if (root / rel).exists():
+            curves[model] = read_curves(root / rel)
+        else:
+            missing.append(rel)
+    umaps = {}
+    for model in MODELS:
+        rel = umap_test_path(model)
+        if (root / rel).exists():
+            umaps[model] = load_torch(root / rel, "umap", ("coords", "y", "a"))
+        else:
+            missing.append(rel)
+    train_umap, train_umap_note = read_train_umap(root)
+    grid = root / paths.SAMPLE_GRID
+    if not grid.exists():
+        missing.append(paths.SAMPLE_GRID)
+    return ReportInputs(loaded, curves, read_run_records(root / paths.RUNS), umaps, train_umap, train_umap_note,
+                        grid if grid.exists() else None, missing)
+
+
+def missing_note(rel: Path, what: str) -> Text:
+    """The note a section shows for a missing input."""
+    return Text(f"Missing: `{rel}` not found, so {what}. Run the stage that writes it (`dvc repro`).", note=True)
+
+
+# --------------------------------------------------------------------------- content helpers
+
+
+def params_diff(params: Params, defaults: Params | None = None) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, value, default)`` for every param whose value differs from the schema default."""
+    ours = flatten(as_dict(params))
+    base = flatten(as_dict(defaults if defaults is not None else Params()))
+    return [(key, value, base.get(key)) for key, value in ours.items() if base.get(key) != value]
+
+
+def dvc_experiment(records: dict[str, dict[str, Any]]) -> str:
+    """``$DVC_EXP_NAME`` when set, else the experiment names in the run records, else a workspace run."""
+    if os.environ.get("DVC_EXP_NAME"):
+        return os.environ["DVC_EXP_NAME"]
+    names = sorted({r["dvc_experiment"] for r in records.values() if r.get("dvc_experiment")})
+    return ", ".join(names) if names else "none (a workspace run, not `dvc exp run`)"
+
+
+def stage2_method(inputs: ReportInputs, params: Params) -> str | None:
+    """The stage-2 method that produced the outputs (from them), None when stage 2 has not run."""
+    for name in ("stage2", "stage2_info"):
+        if inputs.get(name) and inputs.get(name).get("method"):
+            return inputs.get(name)["method"]
+    probe = (inputs.get("probe") or {}).get("stage2") or {}
+    return probe.get("method") if probe.get("trained") else None
+
+
+def fairkl_weight(method: str | None, params: Params) -> float:
+    """The FairKL weight that applied to ``method`` (0 for methods without the regulariser)."""
+    return params.loss.fairkl.weight if method in FAIRKL_METHODS else 0.0
+
+
+def stage2_label(method: str | None, params: Params) -> str:
+    """'stage 2 (cnc)', with the FairKL weight and variant where the method used it."""
+    if method is None:
+        return "stage 2"
+    weight = fairkl_weight(method, params)
+    extra = f" + FairKL λ={weight:g} ({params.loss.fairkl.variant})" if weight > 0 else ""
+    return f"stage 2 ({method}{extra})"
+
+
+@dataclass(frozen=True)
+class ResultRow:
+    """One row of the results table: test accuracies and the encoder's representation metrics."""
+
+    label: str
+    model: str
+    accuracy: dict[str, Any] | None
+    representation: dict[str, Any] | None
+    note: str | None = None
+
+
+def _trained_entry(document: dict[str, Any] | None, model: str) -> dict[str, Any] | None:
+    entry = (document or {}).get(model)
+    return entry if entry and entry.get("trained") else None
+
+
+def result_rows(inputs: ReportInputs, labels: dict[str, str]) -> list[ResultRow]:
+    """ERM, stage 2 and the two linear probes on the test split; probes share their encoder's representation."""
+    rows = []
+    for model in MODELS:
+        rep_entry = _trained_entry(inputs.get("representation"), model)
+        representation = (rep_entry or {}).get("test")
+        metrics = inputs.get(model)
+        accuracy = (metrics or {}).get("test")
+        note = None if accuracy else f"`{JSON_INPUTS[model]}` not found"
+        rows.append(ResultRow(labels[model], model, accuracy, representation, note))
+    for model in MODELS:
+        probe_entry = _trained_entry(inputs.get("probe"), model)
+        representation = ((_trained_entry(inputs.get("representation"), model) or {}).get("test"))
+        accuracy = ((probe_entry or {}).get("probe") or {}).get("test")
+        if inputs.get("probe") is None:
+            note = f"`{JSON_INPUTS['probe']}` not found"
+        else:
+            note = None if accuracy else ((inputs.get("probe").get(model) or {}).get("note") or "not trained")
+        rows.append(ResultRow(f"{'ERM' if model == 'erm' else 'stage-2'} linear probe", model, accuracy,
+                              representation, note))
+    return rows
+
+
+def result_cells(row: ResultRow) -> list[str]:
+    """The formatted cells of a results row (n/a where a value is missing)."""
+    accuracy = row.accuracy or {}
+    representation = row.representation or {}
+    return [row.label, *(pct(accuracy.get(k)) for k in ACCURACY_KEYS), num(representation.get("alignment_loss")),
+            num(representation.get("mi_y")), num(representation.get("mi_a"))]
+
+
+def aligned_attributes(summary: dict[str, Any] | None) -> list[int] | None:
+    """Per class, the attribute most frequent in training (the bias-aligned one), None without a summary."""
+    counts = (((summary or {}).get("splits") or {}).get("train") or {}).get("group_counts")
+    if not counts:
+        return None
+    return [max(range(len(row)), key=row.__getitem__) for row in counts]
+
+
+def per_group_rows(table: list[list[float | None]], counts: list[list[int]] | None) -> list[dict[str, Any]]:
+    """Long format of a per-group accuracy table for ``dvc plots``: non-empty groups only (empty is blank, not 0)."""
+    rows = []
+    for label, row in enumerate(table):
+        for attr, value in enumerate(row):
+            if value is None:
+                continue
+            rows.append({"group": f"y={label} a={attr}", "class": label, "attribute": attr,
+                         "n": counts[label][attr] if counts else "", "accuracy": round(float(value), 6)})
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+    """Write ``rows`` as CSV with a header (header only for no rows), atomically."""
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def provenance_section(inputs: ReportInputs, params: Params, root: Path, run_id: str | None) -> Section:
+    """Git commit, DVC experiment, params that differ from the defaults, MLflow run id and wall time per stage."""
+    records = inputs.runs
+    uris = sorted({r["tracking_uri"] for r in records.values() if r.get("tracking_uri")})
+    blocks: list[Block] = [Table(["", ""], [
+        ["git commit", git_commit(root) or "unknown (not a git repository)"],
+        ["DVC experiment", dvc_experiment(records)],
+        ["MLflow tracking URI", ", ".join(uris) or "none (tracking was off)"],
+    ])]
+    diff = params_diff(params)
+    blocks.append(Heading("Params that differ from the defaults"))
+    if diff:
+        blocks.append(Table(["param", "value", "default"], [[f"`{k}`", show(v), show(d)] for k, v, d in diff],
+                            caption="params.yaml against the schema defaults (the papers' settings) in src/debias/params.py"))
+    else:
+        blocks.append(Text("Every param has its default value (the papers' settings)."))
+    blocks.append(Heading("Stages"))
+    rows = [[stage, r.get("run_id") or "not logged", r.get("params_hash") or "", r.get("dvc_experiment") or "",
+             num(r.get("wall_time_s"), 1)] for stage, r in records.items() if stage != "report"]
+    total = sum(r.get("wall_time_s") or 0.0 for stage, r in records.items() if stage != "report")
+    rows.append(["report (this run)", run_id or "not logged", "", os.environ.get("DVC_EXP_NAME", ""), "…"])
+    blocks.append(Table(["stage", "MLflow run id", "params hash", "DVC experiment", "wall time (s)"], rows,
+                        caption=f"From {paths.RUNS}/<stage>.json; total upstream wall time {total:.1f} s. A stage restored "
+                                "from DVC's run-cache keeps the run id of the run that made its outputs."))
+    if not records:
+        blocks.append(Text(f"Missing: no run records in `{paths.RUNS}/`; stage run ids and times are unknown.", note=True))
+    return Section("Provenance", blocks)
+
+
+def dataset_section(inputs: ReportInputs, params: Params, root: Path) -> Section:
+    """Split sizes and correlations, group counts per split and the sample grid."""
+    summary = inputs.get("summary")
+    blocks: list[Block] = []
+    if summary is None:
+        blocks.append(missing_note(paths.BIAS_SUMMARY, "the group counts are not shown"))
+    else:
+        target = summary.get("target_correlation", {})
+        blocks.append(Text(f"Source `{params.data.source}`, bias protocol `{summary['protocol']}`. Realised correlation "
+                           "is the fraction of bias-aligned images."))
+        blocks.append(Table(
+            ["split", "images", "classes × attributes", "bias-aligned", "bias-conflicting", "target correlation",
+             "realised correlation", "empty groups"],
+            [[name, str(s["n"]), f"{s['n_classes']} × {s['n_attrs']}", str(s["n_aligned"]), str(s["n_conflicting"]),
+              num(target.get(name)), num(s["realised_correlation"]), str(s["empty_groups"])]
+             for name, s in summary["splits"].items()]))
+        blocks.append(Heading("Group counts per split (rows: class y, columns: bias attribute a)"))
+        blocks.append(Columns([
+            Table(["y \\ a", *(str(a) for a in range(s["n_attrs"]))],
+                  [[str(label), *(str(c) for c in row)] for label, row in enumerate(s["group_counts"])], caption=name)
+            for name, s in summary["splits"].items()]))
+    if inputs.sample_grid is not None:
+        blocks.append(Figure(paths.SAMPLE_GRID, "Training images per (class y, bias attribute a); blank where a group is empty."))
+    else:
+        blocks.append(missing_note(paths.SAMPLE_GRID, "the sample grid is not shown"))
+    return Section("Dataset", blocks)
+
+
+def results_section(rows: list[ResultRow], inputs: ReportInputs) -> Section:
+    """The one results table (test split) and notes on what is missing or was skipped."""
+    blocks: list[Block] = [Table(list(RESULT_HEADERS), [result_cells(r) for r in rows], caption=(
+        "Test split. Accuracies in percent: average (sample-weighted), unbiased (mean over groups), worst-group (min "
+        "over non-empty groups), bias-aligned and bias-conflicting. Alignment loss (CNC Eq. 2–3) and mutual information "
+        "Î (CNC Eq. 16, nats) of the encoder's test representations; each probe shares its encoder's."))]
+    representation = _trained_entry(inputs.get("representation"), "erm") or {}
+    test = representation.get("test") or {}
+    if test:
+        blocks.append(Text(f"For scale: H(Y) = {num(test.get('h_y'))} and H(A) = {num(test.get('h_a'))} nats on the test split."))
+    for row in rows:
+        if row.note:
+            blocks.append(Text(f"{row.label}: {row.note}.", note=True))
+    if inputs.get("representation") is None:
+        blocks.append(missing_note(JSON_INPUTS["representation"], "the representation columns are n/a"))
+    skipped = ((inputs.get("stage2_info") or {}).get("sampler") or {}).get("skipped_classes")
+    if skipped:
+        blocks.append(Text(f"Stage 2 skipped classes {skipped} as CNC anchors (no inferred minority point; "
+                           f"see `{JSON_INPUTS['stage2_info']}`).", note=True))
+    return Section("Results", blocks)
+
+
+def per_group_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str, bool]) -> Section:
+    """The per-group accuracy heatmaps of ERM and stage 2."""
+    blocks: list[Block] = []
+    if drawn["per_group"]:
+        blocks.append(Figure(FIGURE_FILES["per_group"], (
+            "Test accuracy (%) per (class y, bias attribute a); hatched: no test image in the group (not 0); red box: "
+            "the bias-aligned attribute of each class (most frequent in training). Also as CSV: "
+            + ", ".join(str(p) for p in PER_GROUP_CSV.values()) + ".")))
+    for model, name in (("erm", "erm_groups"), ("stage2", "stage2_groups")):
+        if inputs.get(name) is None:
+            blocks.append(missing_note(JSON_INPUTS[name], f"the {labels[model]} panel is not drawn"))
+    return Section("Per-group accuracy", blocks)
+
+
+def representation_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str, bool]) -> Section:
+    """UMAP scatter plots and the representation metrics per encoder."""
+    blocks: list[Block] = []
+    if drawn["umap"]:
+        blocks.append(Figure(FIGURE_FILES["umap"], "UMAP of the encoders' test representations (evaluate stage), "
+                             "coloured by class (top) and by bias attribute (bottom); ERM beside stage 2."))
+    for model in MODELS:
+        if model not in inputs.umaps:
+            blocks.append(missing_note(umap_test_path(model), f"the {labels[model]} UMAP is not drawn"))
+    rows = []
+    for model in MODELS:
+        test = (_trained_entry(inputs.get("representation"), model) or {}).get("test")
+        if not test:
+            continue
+        distances = test.get("distances") or {}
+        rows.append([labels[model], num(test.get("alignment_loss")), f"{num(test.get('mi_y'))} / {num(test.get('h_y'))}",
+                     f"{num(test.get('mi_a'))} / {num(test.get('h_a'))}",
+                     *(num((distances.get(kind) or {}).get("mean")) for kind in
+                       ("pos_aligned", "pos_conflicting", "neg_aligned", "neg_conflicting"))])
+    if rows:
+        blocks.append(Table(["encoder", "alignment loss", "Î(Y;Z) / H(Y)", "Î(A;Z) / H(A)", "same y, same a",
+                             "same y, other a", "other y, same a", "other y, other a"], rows, caption=(
+            "Test split. Last four columns: mean squared distance between L2-normalised representations per pair "
+            "kind; a bias-free encoder puts same-class pairs close whatever their attribute.")))
+    elif inputs.get("representation") is None:
+        blocks.append(missing_note(JSON_INPUTS["representation"], "no representation metrics are shown"))
+    return Section("Representations", blocks)
+
+
+def curves_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str, bool]) -> Section:
+    """Training curves of ERM and stage 2."""
+    blocks: list[Block] = []
+    if drawn["curves"]:
+        blocks.append(Figure(FIGURE_FILES["curves"], "Training loss and validation worst-group (solid) and average "
+                             "(dashed) accuracy per epoch; the dotted line marks the epoch each model kept."))
+    for model, rel in CURVE_INPUTS.items():
+        if model not in inputs.curves:
+            blocks.append(missing_note(rel, f"the {labels[model]} curves are not drawn"))
+    return Section("Training curves", blocks)
+
+
+def groups_section(inputs: ReportInputs, drawn: dict[str, bool]) -> Section:
+    """Quality of the inferred groups and the UMAP of the training features when there is one."""
+    groups = inputs.get("groups")
+    blocks: list[Block] = []
+    if groups is None:
+        blocks.append(missing_note(JSON_INPUTS["groups"], "group-inference quality is not shown"))
+    else:
+        blocks.append(Table(["method", "matched accuracy %", "NMI", "ARI", "minority recall %", "minority precision %",
+                             "inferred minority", "true bias-conflicting", "found"],
+                            [[f"`{groups.get('method')}`", pct(groups.get("matched_accuracy")), num(groups.get("nmi")),
+                              num(groups.get("ari")), pct(groups.get("minority_recall")),
+                              pct(groups.get("minority_precision")), str(groups.get("n_inferred_minority", "n/a")),
+                              str(groups.get("n_true_conflicting", "n/a")), str(groups.get("n_found_conflicting", "n/a"))]],
+                            caption="Inferred bias labels of the training split against the true ones (matched accuracy "
+                                    "after the best one-to-one matching); minority = inferred bias-conflicting."))
+        inferred, true = groups.get("inferred_minority_per_class"), groups.get("true_conflicting_per_class")
+        if inferred and true:
+            blocks.append(Table(["class", *(str(c) for c in range(len(true)))],
+                                [["inferred minority", *(str(v) for v in inferred)],
+                                 ["true bias-conflicting", *(str(v) for v in true)]], caption="Per class"))
+    if drawn["groups_umap"]:
+        blocks.append(Figure(FIGURE_FILES["groups_umap"], "UMAP of the ERM training features used for group inference."))
+    else:
+        blocks.append(Text(f"No UMAP of the training features: {inputs.train_umap_note}.", note=True))
+    return Section("Group inference", blocks)
+
+
+def scale_rows(comparisons: list[Comparison], inputs: ReportInputs, params: Params, strength: float | None,
+               labels: dict[str, str]) -> list[list[str]]:
+    """Paper scale against ours, one row per aspect (data, correlation, model, epochs, selection)."""
+    splits = ((inputs.get("summary") or {}).get("splits")) or {}
+    sizes = "/".join(f"{splits[s]['n']:,}" if s in splits else "?" for s in ("train", "val", "test"))
+    realised = (splits.get("train") or {}).get("realised_correlation")
+    settings = list({c.setting.key: c.setting for c in comparisons}.values())
+    rows = []
+    for setting in settings:
+        paper_sizes = f"{setting.n_train:,}/{setting.n_val:,}/{setting.n_test:,}" if setting.n_val else \
+            f"{setting.n_train:,}/none/{setting.n_test:,}"
+        strengths = sorted({c.result.strength for c in comparisons if c.setting.key == setting.key}, reverse=True)
+        train_n = (splits.get("train") or {}).get("n")
+        share = f" ({100 * train_n / setting.n_train:.1f} % of the paper's training set)" if train_n else ""
+        rows += [
+            [setting.benchmark, "images (train/val/test)", f"{setting.source}: {paper_sizes}",
+             f"{params.data.source}: {sizes}{share}"],
+            [setting.benchmark, setting.strength_name, ", ".join(f"{s:g}" for s in strengths),
+             f"{strength:g} (realised {num(realised)})" if strength is not None else "n/a"],
+            [setting.benchmark, "model", setting.model, params.model.name],
+            [setting.benchmark, "epochs", setting.epochs, f"ERM {params.erm.epochs}, stage 2 {params.stage2.epochs}"],
+            [setting.benchmark, "model selection", setting.selection,
+             f"ERM {params.erm.selection}, stage 2 {params.stage2.selection} (validation split)"],
+            [setting.benchmark, "hardware / seeds", f"{setting.hardware}; mean over seeds", "this machine; one seed"],
+        ]
+    if any("fairkl" in c.result.matches[0] for c in comparisons if c.result.matches):
+        rows.append(["", "FairKL bias labels", "true bias labels", f"`groups.method: {params.groups.method}`"])
+    return rows
+
+
+def paper_section(rows: list[ResultRow], inputs: ReportInputs, params: Params, labels: dict[str, str]) -> Section:
+    """The papers' numbers beside ours where protocol and method match, with the scale difference; else why not."""
+    if not params.report.paper_numbers:
+        return Section("Comparison with the papers", [Text("Not shown: `report.paper_numbers` is false.")])
+    protocol = (inputs.get("summary") or {}).get("protocol") or params.bias.protocol
+    settings = settings_for(protocol)
+    if not settings:
+        return Section("Comparison with the papers", [Text(
+            f"No paper number to compare with: the papers report the `foreground` (CMNIST*) and `background` "
+            f"(Biased-MNIST) protocols, this run uses `{protocol}`.", note=True)])
+    strength = strength_of(protocol, params.bias.foreground.p_corr, params.bias.background.rho)
+    method = stage2_method(inputs, params)
+    ours = {labels["erm"]: "erm"}
+    if method is not None:
+        ours[labels["stage2"]] = method_key(method, fairkl_weight(method, params))
+    comparisons = compare(protocol, strength, ours)
+    if not comparisons:
+        return Section("Comparison with the papers", [Text(
+            f"{', '.join(s.benchmark for s in settings)} ({protocol}) has no reported number for this run's methods "
+            f"({', '.join(sorted(set(ours.values())))}).", note=True)])
+    by_label = {r.label: r for r in rows}
+    table_rows = []
+    for c in comparisons:
+        accuracy = by_label[c.our_row].accuracy or {}
+        paper = f"{c.paper_value:.1f}" + (f" ± {c.paper_std:.1f}" if c.paper_std is not None else "")
+        table_rows.append([c.setting.benchmark, c.result.method, f"{c.result.strength:g}", METRIC_NAMES[c.metric],
+                           paper, c.our_row, pct(accuracy.get(c.metric))])
+    blocks: list[Block] = [Table(["benchmark", "paper method", "strength", "metric", "paper %", "our row", "ours %"],
+                                 table_rows, caption="; ".join(sorted({c.setting.paper for c in comparisons})))]
+    if not all(c.same_strength for c in comparisons):
+        strength_name = comparisons[0].setting.strength_name
+        blocks.append(Text(f"Our {strength_name} = {strength:g} is not one the paper reports: its numbers are context, "
+                           "not a like-for-like comparison.", note=True))
+    blocks.append(Heading("Scale: the paper's run against ours"))
+    blocks.append(Table(["benchmark", "", "paper", "ours"], scale_rows(comparisons, inputs, params, strength, labels)))
+    return Section("Comparison with the papers", blocks)
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def draw_figures(inputs: ReportInputs, root: Path, labels: dict[str, str], dpi: int) -> dict[str, bool]:
+    """Draw every report figure under ``root``; a placeholder PNG where inputs are missing. Returns name -> drawn."""
+    drawn: dict[str, bool] = {}
+    panels = [(labels[model], inputs.get(name)["test"]["per_group"], inputs.get(name)["test"].get("group_counts"))
+              for model, name in (("erm", "erm_groups"), ("stage2", "stage2_groups"))
+              if inputs.get(name) and "test" in inputs.get(name)]
+    if panels:
+        figures.per_group_heatmaps(panels, root / FIGURE_FILES["per_group"], aligned_attributes(inputs.get("summary")), dpi)
+    else:
+        figures.placeholder(root / FIGURE_FILES["per_group"], "no per-group accuracy (erm_groups.json missing)", dpi)
+    drawn["per_group"] = bool(panels)
+
+    columns = [(labels[m], inputs.umaps[m]) for m in MODELS if m in inputs.umaps and inputs.umaps[m]["coords"].shape[0]]
+    if columns:
+        figures.umap_grid(columns, root / FIGURE_FILES["umap"], dpi)
+    else:
+        figures.placeholder(root / FIGURE_FILES["umap"], "no UMAP of test representations (evaluate stage not run)", dpi)
+    drawn["umap"] = bool(columns)
+
+    curves = {labels[m]: inputs.curves[m] for m in MODELS if m in inputs.curves}
+    selected = {labels[m]: (inputs.get(m) or {}).get("selected_epoch") for m in MODELS}
+    if curves:
+        figures.training_curves(curves, selected, root / FIGURE_FILES["curves"], dpi)
+    else:
+        figures.placeholder(root / FIGURE_FILES["curves"], "no training curves (training stages not run)", dpi)
+    drawn["curves"] = bool(curves)
+
+    train = inputs.train_umap
+    if train is not None:
+        figures.inferred_group_umap(train["coords"], train["inferred_group"], train["minority"],
+                                    root / FIGURE_FILES["groups_umap"], dpi)
+    else:
+        figures.placeholder(root / FIGURE_FILES["groups_umap"], f"no UMAP of training features: {inputs.train_umap_note}", dpi)
+    drawn["groups_umap"] = train is not None
+    return drawn
+
+
+def write_per_group_csvs(inputs: ReportInputs, root: Path) -> list[Path]:
+    """``reports/plots/per_group_{erm,stage2}.csv`` (test split) for ``dvc plots``; header only when missing."""
+    written = []
+    for model, name in (("erm", "erm_groups"), ("stage2", "stage2_groups")):
+        test = (inputs.get(name) or {}).get("test") or {}
+        rows = per_group_rows(test["per_group"], test.get("group_counts")) if test.get("per_group") else []
+        write_csv(root / PER_GROUP_CSV[model], rows, ("group", "class", "attribute", "n", "accuracy"))
+        written.append(root / PER_GROUP_CSV[model])
+    return written
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def alt_text(figure: Figure) -> str:
+    """Short alternative text of a figure: its file name in words."""
+    return figure.path.stem.replace("_", " ")
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_blocks(blocks: list[Block], md_dir: Path, root: Path) -> list[str]:
+    lines: list[str] = []
+    for block in blocks:
+        if isinstance(block, Text):
+            lines += [f"> **Note:** {block.text}" if block.note else block.text, ""]
+        elif isinstance(block, Heading):
+            lines += [f"### {block.text}", ""]
+        elif isinstance(block, Table):
+            if block.caption:
+                lines += [f"*{block.caption}*", ""]
+            lines.append("| " + " | ".join(_md_cell(h) for h in block.headers) + " |")
+            lines.append("|" + "|".join("---" for _ in block.headers) + "|")
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block.rows]
+            lines.append("")
+        elif isinstance(block, Figure):
+            rel = os.path.relpath(root / block.path, md_dir)
+            lines += [f"![{alt_text(block)}]({Path(rel).as_posix()})", "", f"*{block.caption}*", ""]
+        elif isinstance(block, Columns):
+            lines += _markdown_blocks(block.blocks, md_dir, root)
+    return lines
+
+
+def render_markdown(title: str, sections: list[Section], md_dir: Path, root: Path) -> str:
+    """The report as markdown; images by path relative to ``md_dir``."""
+    lines = [f"# {title}", ""]
+    for section in sections:
+        lines += [f"## {section.title}", ""]
+        lines += _markdown_blocks(section.blocks, md_dir, root)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+_NUMERIC = re.compile(r"^(n/a|[-+]?[\d,.]+( ± [\d.]+)?( / [-+]?[\d.]+)?|…)$")
+
+
+def _inline(text: str) -> str:
+    """Escape ``text`` for HTML and turn `code` spans into <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+def data_uri(path: Path) -> str:
+    """A PNG file as a ``data:image/png;base64`` URI."""
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def _html_blocks(blocks: list[Block], root: Path) -> list[str]:
+    out: list[str] = []
+    for block in blocks:
+        if isinstance(block, Text):
+            out.append(f'<p class="note">{_inline(block.text)}</p>' if block.note else f"<p>{_inline(block.text)}</p>")
+        elif isinstance(block, Heading):
+            out.append(f"<h3>{_inline(block.text)}</h3>")
+        elif isinstance(block, Table):
+            out.append('<div class="table"><table>')
+            if block.caption:
+                out.append(f"<caption>{_inline(block.caption)}</caption>")
+            out.append("<thead><tr>" + "".join(f"<th>{_inline(h)}</th>" for h in block.headers) + "</tr></thead><tbody>")
+            for row in block.rows:
+                cells = "".join(f'<td class="num">{_inline(c)}</td>' if _NUMERIC.match(c) else f"<td>{_inline(c)}</td>"
+                                for c in row)
+                out.append(f"<tr>{cells}</tr>")
+            out.append("</tbody></table></div>")
+        elif isinstance(block, Figure):
+            out.append(f'<figure><img src="{data_uri(root / block.path)}" alt="{html.escape(alt_text(block))}">'
+                       f"<figcaption>{_inline(block.caption)}</figcaption></figure>")
+        elif isinstance(block, Columns):
+            out.append('<div class="columns">' + "".join(_html_blocks(block.blocks, root)) + "</div>")
+    return out
+
+
+STYLE = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #222; margin: 0; background: #fafafa; }
+main { max-width: 1100px; margin: 0 auto; padding: 1.5em 2em 4em; background: #fff; }
+h1 { margin-top: 0; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 1.8em; }
+h3 { margin: 1.2em 0 .4em; font-size: 1.02em; }
+nav ol { columns: 2; margin: 0; } nav { background: #f3f5f8; padding: .6em 1em; border-radius: 4px; }
+.table { overflow-x: auto; margin: .6em 0 1em; }
+table { border-collapse: collapse; font-size: 13px; }
+caption { caption-side: bottom; text-align: left; color: #555; font-size: 12px; padding-top: .3em; max-width: 900px; }
+th, td { border: 1px solid #d8dbe0; padding: 3px 8px; vertical-align: top; }
+th { background: #eef1f5; text-align: left; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tbody tr:nth-child(even) { background: #fafbfc; }
+code { background: #f1f1f1; padding: 0 3px; border-radius: 3px; font-size: 12px; }
+.note { background: #fff6e0; border-left: 4px solid #e0a800; padding: .4em .8em; }
+figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 12px; }
+.columns { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
+"""
+
+
+def render_html(title: str, sections: list[Section], root: Path) -> str:
+    """The report as one self-contained HTML page: inline CSS, images as data URIs, only in-page links."""
+    toc = "".join(f'<li><a href="#{anchor(s.title)}">{html.escape(s.title)}</a></li>' for s in sections)
+    body = []
+    for section in sections:
+        body.append(f'<section id="{anchor(section.title)}"><h2>{html.escape(section.title)}</h2>')
+        body += _html_blocks(section.blocks, root)
+        body.append("</section>")
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+            f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<main>\n"
+            f"<h1>{html.escape(title)}</h1>\n<nav><ol>{toc}</ol></nav>\n" + "\n".join(body) + "\n</main>\n</body>\n</html>\n")
+
+
+# --------------------------------------------------------------------------- entry
+
+
+def report_sections(inputs: ReportInputs, params: Params, root: Path, run_id: str | None,
+                    labels: dict[str, str], drawn: dict[str, bool]) -> list[Section]:
+    """The report's sections, in :data:`SECTIONS` order."""
+    rows = result_rows(inputs, labels)
+    return [
+        provenance_section(inputs, params, root, run_id),
+        dataset_section(inputs, params, root),
+        results_section(rows, inputs),
+        per_group_section(inputs, labels, drawn),
+        representation_section(inputs, labels, drawn),
+        curves_section(inputs, labels, drawn),
+        groups_section(inputs, drawn),
+        paper_section(rows, inputs, params, labels),
+    ]
+
+
+def build_report(root: Path, params: Params, run_id: str | None = None) -> list[Path]:
+    """Read the stage outputs under ``root``, write figures, per-group CSVs, report.md and report.html; return them."""
+    root = Path(root)
+    inputs = load_inputs(root)
+    labels = {"erm": "ERM", "stage2": stage2_label(stage2_method(inputs, params), params)}
+    drawn = draw_figures(inputs, root, labels, params.report.dpi)
+    written = [root / path for path in FIGURE_FILES.values()] + write_per_group_csvs(inputs, root)
+    sections = report_sections(inputs, params, root, run_id, labels, drawn)
+    md_path, html_path = root / REPORT_MD, root / REPORT_HTML
+    with atomic_path(md_path) as tmp:
+        tmp.write_text(render_markdown(params.report.title, sections, md_path.parent, root), encoding="utf-8")
+    with atomic_path(html_path) as tmp:
+        tmp.write_text(render_html(params.report.title, sections, root), encoding="utf-8")
+    return [md_path, html_path, *written]
