@@ -95,6 +95,7 @@ class Table:
     headers: list[str]
     rows: list[list[str]]
     caption: str | None = None
+    numeric: bool = True  # right-align cells that read as numbers
 
 
 @dataclass(frozen=True)
@@ -204,8 +205,8 @@ def read_train_umap(root: Path) -> tuple[dict[str, Any] | None, str | None]:
     rows = table.loc[payload["index"].numpy()]
     import torch
 
-    return {"coords": payload["coords"][:, :2], "inferred_group": torch.as_tensor(rows["inferred_group"].to_numpy()),
-            "minority": torch.as_tensor(rows["minority"].to_numpy())}, None
+    return {"coords": payload["coords"][:, :2], "inferred_group": torch.tensor(rows["inferred_group"].to_numpy()),
+            "minority": torch.tensor(rows["minority"].to_numpy())}, None
 
 
 def load_inputs(root: Path) -> ReportInputs:
@@ -523,8 +524,8 @@ def groups_section(inputs: ReportInputs, drawn: dict[str, bool]) -> Section:
     return Section("Group inference", blocks)
 
 
-def scale_rows(comparisons: list[Comparison], inputs: ReportInputs, params: Params, strength: float | None,
-               labels: dict[str, str]) -> list[list[str]]:
+def scale_rows(comparisons: list[Comparison], inputs: ReportInputs, params: Params,
+               strength: float | None) -> list[list[str]]:
     """Paper scale against ours, one row per aspect (data, correlation, model, epochs, selection)."""
     splits = ((inputs.get("summary") or {}).get("splits")) or {}
     sizes = "/".join(f"{splits[s]['n']:,}" if s in splits else "?" for s in ("train", "val", "test"))
@@ -587,7 +588,8 @@ def paper_section(rows: list[ResultRow], inputs: ReportInputs, params: Params, l
         blocks.append(Text(f"Our {strength_name} = {strength:g} is not one the paper reports: its numbers are context, "
                            "not a like-for-like comparison.", note=True))
     blocks.append(Heading("Scale: the paper's run against ours"))
-    blocks.append(Table(["benchmark", "", "paper", "ours"], scale_rows(comparisons, inputs, params, strength, labels)))
+    blocks.append(Table(["benchmark", "", "paper", "ours"], scale_rows(comparisons, inputs, params, strength),
+                        numeric=False))
     return Section("Comparison with the papers", blocks)
 
 
@@ -709,9 +711,12 @@ def _html_blocks(blocks: list[Block], root: Path) -> list[str]:
             out.append('<div class="table"><table>')
             if block.caption:
                 out.append(f"<caption>{_inline(block.caption)}</caption>")
-            out.append("<thead><tr>" + "".join(f"<th>{_inline(h)}</th>" for h in block.headers) + "</tr></thead><tbody>")
+            if any(block.headers):
+                out.append("<thead><tr>" + "".join(f"<th>{_inline(h)}</th>" for h in block.headers) + "</tr></thead>")
+            out.append("<tbody>")
             for row in block.rows:
-                cells = "".join(f'<td class="num">{_inline(c)}</td>' if _NUMERIC.match(c) else f"<td>{_inline(c)}</td>"
+                cells = "".join(f'<td class="num">{_inline(c)}</td>' if block.numeric and _NUMERIC.match(c)
+                                else f"<td>{_inline(c)}</td>"
                                 for c in row)
                 out.append(f"<tr>{cells}</tr>")
             out.append("</tbody></table></div>")

@@ -88,8 +88,7 @@ def per_group_heatmaps(panels: list[tuple[str, AccuracyTable, list[list[int]] | 
     cell = 0.42 if n_cols <= 6 else 0.36
     fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * (cell * n_cols + 0.9) + 0.6, cell * n_rows + 1.0),
                              squeeze=False)
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("white")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
     image = None
     for ax, (title, table, counts) in zip(axes[0], panels):
         values = np.array([[np.nan if v is None else float(v) for v in row] for row in table])

@@ -1,0 +1,301 @@
+"""The report stage: report.md and a self-contained report.html from a small synthetic set of stage outputs.
+
+Inputs are minimal valid versions of every file the upstream stages write (3 classes x 3 attributes,
+one empty test group); the report is built once per variant and checked for its sections, self-containment
+(every image a data: URI decoding to a PNG, no external reference), the figures and CSVs, the params diff,
+the papers' numbers and a missing stage 2. A headless-Chromium screenshot runs when Chromium is installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import importlib.util
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from debias import paths
+from debias.io import save_json, save_torch
+from debias.params import Params, validate
+from debias.report import build, paper
+from debias.report.build import FIGURE_FILES, PER_GROUP_CSV, REPORT_HTML, REPORT_MD, SECTIONS, build_report
+from debias.report.figures import placeholder
+from tests.conftest import REPO
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+N = 3  # classes and attributes
+
+
+def accuracy(avg: float, worst: float) -> dict:
+    return {"avg": avg, "unbiased": avg - 0.01, "worst_group": worst, "aligned": 0.95, "conflicting": avg - 0.05, "n": 40}
+
+
+def group_table(value: float) -> dict:
+    """A 3x3 per-group report with the (2, 0) group empty."""
+    per_group = [[value if (y, a) != (2, 0) else None for a in range(N)] for y in range(N)]
+    counts = [[0 if (y, a) == (2, 0) else 5 for a in range(N)] for y in range(N)]
+    return {"test": {"per_group": per_group, "group_counts": counts, "empty_groups": [[2, 0]]}}
+
+
+def representation(loss: float) -> dict:
+    kinds = ("pos_aligned", "pos_conflicting", "neg_aligned", "neg_conflicting")
+    return {"alignment_loss": loss, "mi_y": 0.9, "mi_a": 0.4, "h_y": 1.09, "h_a": 1.09, "n": 40,
+            "distances": {kind: {"mean": 0.1 * (i + 1), "std": 0.1, "n_pairs": 10} for i, kind in enumerate(kinds)}}
+
+
+def umap_payload(n: int = 30) -> dict:
+    generator = torch.Generator().manual_seed(0)
+    return {"coords": torch.randn(n, 2, generator=generator), "index": torch.arange(n),
+            "y": torch.arange(n) % N, "a": (torch.arange(n) // N) % N}
+
+
+def write_inputs(root: Path, protocol: str = "foreground", stage2_method: str = "cnc", train_umap: bool = True) -> Path:
+    """Minimal valid versions of every file the report reads, under ``root``."""
+    counts = {"train": [[20, 1, 1], [1, 20, 1], [0, 1, 20]], "val": [[3] * N] * N, "test": [[5, 5, 5], [5, 5, 5], [0, 5, 5]]}
+    save_json(root / paths.BIAS_SUMMARY, {"protocol": protocol, "splits": {
+        name: {"n": sum(map(sum, c)), "n_classes": N, "n_attrs": N, "realised_correlation": 0.9, "n_aligned": 60,
+               "n_conflicting": 6, "empty_groups": sum(v == 0 for row in c for v in row), "group_counts": c}
+        for name, c in counts.items()}, "target_correlation": {"train": 0.9, "val": 1 / N, "test": 1 / N}})
+    metrics = root / paths.METRICS
+    save_json(metrics / "erm.json", {"selected_epoch": 1, "test": accuracy(0.6, 0.1), "val": accuracy(0.6, 0.1)})
+    save_json(metrics / "erm_groups.json", group_table(0.6))
+    save_json(metrics / "stage2_train.json", {"selected_epoch": 0, "method": stage2_method, "test": accuracy(0.8, 0.5)})
+    save_json(metrics / "stage2_train_groups.json", group_table(0.8))
+    save_json(metrics / "stage2_train_info.json", {"method": stage2_method, "sampler": {"skipped_classes": [1]}})
+    save_json(metrics / "probe.json", {
+        "erm": {"trained": True, "method": "erm", "probe": {"test": accuracy(0.65, 0.2)}},
+        "stage2": {"trained": True, "method": stage2_method, "probe": {"test": accuracy(0.82, 0.55)}}})
+    save_json(metrics / "representation.json", {
+        "erm": {"trained": True, "method": "erm", "test": representation(12.5)},
+        "stage2": {"trained": True, "method": stage2_method, "test": representation(0.3)}})
+    save_json(root / paths.GROUPS_METRICS, {
+        "method": "cluster", "matched_accuracy": 0.9, "nmi": 0.7, "ari": 0.75, "minority_recall": 0.5,
+        "minority_precision": 0.4, "n": 66, "n_inferred_minority": 8, "n_true_conflicting": 6, "n_found_conflicting": 3,
+        "inferred_minority_per_class": [3, 3, 2], "true_conflicting_per_class": [2, 2, 2]})
+    for name, columns in (("erm_curves.csv", "epoch,train/acc,train/loss,val/avg,val/worst_group"),
+                          ("stage2_curves.csv", "epoch,train/loss,val/avg,val/worst_group")):
+        extra = ",0.5" if name.startswith("erm") else ""
+        rows = [f"{e}{extra},{1.5 - 0.5 * e},{0.3 + 0.1 * e},{0.1 * e}" for e in range(3)]
+        (root / paths.PLOTS).mkdir(parents=True, exist_ok=True)
+        (root / paths.PLOTS / name).write_text("\n".join([columns, *rows]) + "\n")
+    for i, stage in enumerate(("download", "inject_bias", "train_erm", "infer_groups", "train_contrastive",
+                               "linear_probe", "evaluate")):
+        save_json(root / paths.RUNS / f"{stage}.json", {
+            "stage": stage, "run_id": f"run{i:02d}{'0' * 26}", "tracking_uri": "sqlite:////repo/mlflow.db",
+            "params_hash": f"hash{i}", "dvc_experiment": "exp-tiny", "wall_time_s": 1.5 * (i + 1)})
+    for model in ("erm", "stage2"):
+        save_torch(root / build.umap_test_path(model), umap_payload(), kind="umap")
+    train = umap_payload(66) if train_umap else {"coords": torch.zeros(0, 2), "index": torch.zeros(0, dtype=torch.long)}
+    save_torch(root / paths.UMAP_TRAIN, {"coords": train["coords"], "index": train["index"]}, kind="umap")
+    pd.DataFrame({"index": range(66), "y": [i % N for i in range(66)], "inferred_label": [i % N for i in range(66)],
+                  "inferred_group": [(i % N) * N + (i % N) for i in range(66)],
+                  "minority": [i % 9 == 0 for i in range(66)]}).to_parquet(root / paths.GROUPS_TABLE)
+    placeholder(root / paths.SAMPLE_GRID, "samples")
+    return root
+
+
+def tiny_params(**changes: dict) -> Params:
+    """Params with ``erm.lr`` changed from its default (plus ``changes``)."""
+    raw: dict = {"erm": {"lr": 0.05}, "report": {"dpi": 60}}
+    for key, value in changes.items():
+        raw.setdefault(key, {}).update(value)
+    return validate(raw)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
+    root = write_inputs(tmp_path_factory.mktemp("report"))
+    return root, build_report(root, tiny_params(bias={"foreground": {"p_corr": 0.9}}), run_id="reportrun")
+
+
+@pytest.fixture(scope="module")
+def without_stage2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Inputs as after a pipeline whose stage 2 never ran, and whose groups stage ran no UMAP."""
+    root = write_inputs(tmp_path_factory.mktemp("report-nostage2"), train_umap=False)
+    for rel in (build.JSON_INPUTS["stage2"], build.JSON_INPUTS["stage2_groups"], build.JSON_INPUTS["stage2_info"],
+                build.CURVE_INPUTS["stage2"], build.umap_test_path("stage2"), paths.RUNS / "train_contrastive.json"):
+        (root / rel).unlink()
+    note = {"trained": False, "note": "models/stage2.pt not found: stage2 not trained, skipped"}
+    for name in ("probe", "representation"):
+        path = root / build.JSON_INPUTS[name]
+        save_json(path, {**json.loads(path.read_text()), "stage2": note})
+    build_report(root, tiny_params())
+    return root
+
+
+class _Refs(HTMLParser):
+    """Every src/href attribute and tag name of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[tuple[str, str, str]] = []
+        self.tags: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+        self.refs += [(tag, name, value or "") for name, value in attrs if name in ("src", "href", "srcset", "poster")]
+
+
+def page_refs(text: str) -> _Refs:
+    parser = _Refs()
+    parser.feed(text)
+    return parser
+
+
+def test_every_section_heading_is_in_markdown_and_html(built) -> None:
+    root, written = built
+    md, page = (root / REPORT_MD).read_text(), (root / REPORT_HTML).read_text()
+    assert {root / REPORT_MD, root / REPORT_HTML} <= set(written)
+    for title in SECTIONS:
+        assert f"\n## {title}\n" in md, title
+        assert f'<section id="{build.anchor(title)}"><h2>{title}</h2>' in page, title
+
+
+def test_html_is_self_contained_every_image_a_png_data_uri(built) -> None:
+    root, _ = built
+    refs = page_refs((root / REPORT_HTML).read_text())
+    images = [value for tag, name, value in refs.refs if tag == "img"]
+    assert len(images) == 5  # sample grid, per-group, UMAP, curves, inferred-group UMAP
+    for tag, name, value in refs.refs:
+        if name == "href":
+            assert value.startswith("#"), value  # in-page links only
+        else:
+            assert value.startswith("data:image/png;base64,"), value[:80]
+            assert base64.b64decode(value.split(",", 1)[1])[:8] == PNG_MAGIC
+    assert not {"script", "link", "iframe"} & refs.tags
+
+
+def test_markdown_images_point_at_pngs_beside_the_report(built) -> None:
+    root, _ = built
+    md = (root / REPORT_MD).read_text()
+    targets = [line.split("](", 1)[1].rstrip(")") for line in md.splitlines() if line.startswith("![")]
+    assert len(targets) == 5
+    for target in targets:
+        assert (root / REPORT_MD).parent.joinpath(target).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_every_figure_and_per_group_csv_is_written(built) -> None:
+    root, written = built
+    for rel in FIGURE_FILES.values():
+        assert (root / rel).read_bytes()[:8] == PNG_MAGIC, rel
+        assert root / rel in written
+    with open(root / PER_GROUP_CSV["erm"], newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == N * N - 1  # the empty group is left out, not written as 0
+    assert {"group", "class", "attribute", "n", "accuracy"} == set(rows[0])
+    assert ("2", "0") not in {(r["class"], r["attribute"]) for r in rows}
+
+
+def test_params_diff_table_lists_a_changed_param(built) -> None:
+    root, _ = built
+    assert "| `erm.lr` | 0.05 | 0.001 |" in (root / REPORT_MD).read_text()
+    diff = build.params_diff(tiny_params())
+    assert ("erm.lr", 0.05, 0.001) in diff
+    assert not any(key.startswith("seed") for key, _, _ in diff)
+
+
+def test_provenance_names_stage_runs_wall_times_and_the_experiment(built) -> None:
+    root, _ = built
+    md = (root / REPORT_MD).read_text()
+    assert "| train_erm | run02" in md and "| 4.5 |" in md
+    assert "exp-tiny" in md and "reportrun" in md
+
+
+def test_results_table_has_erm_stage2_and_both_probes(built) -> None:
+    root, _ = built
+    md = (root / REPORT_MD).read_text()
+    assert "| ERM | 60.0 | 59.0 | 10.0 | 95.0 | 55.0 | 12.500 | 0.900 | 0.400 |" in md
+    assert "| stage 2 (cnc) | 80.0 |" in md
+    assert "| ERM linear probe | 65.0 |" in md and "| stage-2 linear probe | 82.0 |" in md
+    assert "skipped classes [1]" in md
+
+
+def test_paper_numbers_beside_ours_with_our_data_size(built) -> None:
+    root, _ = built
+    md = (root / REPORT_MD).read_text()
+    assert "| CMNIST* | CNC | 0.995 | worst-group | 77.4 ± 3.0 | stage 2 (cnc) | 50.0 |" in md
+    assert "54,000/6,000/10,000" in md and "digits: 65/27/40" in md
+    assert "p_corr = 0.9 is not one the paper reports" in md
+
+
+def test_missing_stage2_degrades_gracefully(without_stage2: Path) -> None:
+    root = without_stage2
+    md, page = (root / REPORT_MD).read_text(), (root / REPORT_HTML).read_text()
+    for title in SECTIONS:
+        assert f"## {title}" in md and f"<h2>{title}</h2>" in page
+    assert "`reports/metrics/stage2_train.json` not found" in md
+    assert "| stage 2 | n/a | n/a |" in md
+    assert "stage2 not trained" in md
+    assert "No UMAP of the training features" in md
+    for rel in FIGURE_FILES.values():
+        assert (root / rel).read_bytes()[:8] == PNG_MAGIC
+    assert (root / PER_GROUP_CSV["stage2"]).read_text().strip() == "group,class,attribute,n,accuracy"
+    assert "| CMNIST* | ERM | 0.995 | average | 20.1 | ERM | 60.0 |" in md  # ERM still compared
+
+
+def paper_text(root: Path, params: Params) -> str:
+    inputs = build.load_inputs(root)
+    labels = {"erm": "ERM", "stage2": build.stage2_label(build.stage2_method(inputs, params), params)}
+    section = build.paper_section(build.result_rows(inputs, labels), inputs, params, labels)
+    return build.render_markdown("t", [section], root / "reports", root)
+
+
+def test_biased_mnist_numbers_match_protocol_rho_and_fairkl(tmp_path: Path) -> None:
+    root = write_inputs(tmp_path, protocol="background", stage2_method="eps_supinfonce")
+    params = tiny_params(bias={"protocol": "background", "background": {"rho": 0.997}},
+                         loss={"fairkl": {"weight": 0.5}})
+    text = paper_text(root, params)
+    assert "| Biased-MNIST | ε-SupInfoNCE + FairKL | 0.997 | unbiased | 96.2 ± 0.2 | stage 2 (eps_supinfonce + FairKL λ=0.5 (kl)) | 79.0 |" in text
+    assert "| Biased-MNIST | CE | 0.997 | unbiased | 62.5 ± 2.9 |" in text
+    assert "not one the paper reports" not in text
+    assert "60,000/none/10,000" in text and "FairKL bias labels" in text
+
+
+def test_no_paper_numbers_for_other_protocols_or_when_switched_off(tmp_path: Path) -> None:
+    root = write_inputs(tmp_path, protocol="given")
+    assert "this run uses `given`" in paper_text(root, tiny_params(bias={"protocol": "given"}))
+    assert "Not shown" in paper_text(root, tiny_params(bias={"protocol": "given"}, report={"paper_numbers": False}))
+
+
+def test_paper_matching_needs_protocol_and_method() -> None:
+    assert paper.compare("foreground", 0.995, {"stage 2": "wcl"}) == []
+    assert paper.compare("background", 0.995, {"stage 2": "cnc"}) == []
+    matched = paper.compare("foreground", 0.995, {"stage 2": "jtt"})
+    assert {(c.result.method, c.metric, c.paper_value, c.same_strength) for c in matched} == {
+        ("JTT", "worst_group", 74.5, True), ("JTT", "avg", 90.2, True)}
+    assert paper.method_key("eps_supinfonce", 0.5) == "eps_supinfonce+fairkl"
+    assert paper.method_key("eps_supinfonce", 0.0) == "eps_supinfonce"
+
+
+def test_entrypoint_builds_the_report_in_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from debias.tracking import StageRun
+
+    write_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    spec = importlib.util.spec_from_file_location("report_entry", REPO / "pipeline" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.run(tiny_params(), StageRun(None, None))
+    assert (tmp_path / REPORT_HTML).stat().st_size > 10_000 and (tmp_path / REPORT_MD).exists()
+
+
+def _load_check_script():
+    spec = importlib.util.spec_from_file_location("check_report", REPO / "scripts" / "check_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(_load_check_script().find_chromium() is None,
+                    reason="chromium is not installed (apt-get install -y chromium)")
+def test_report_renders_in_headless_chromium(built, tmp_path: Path) -> None:
+    root, _ = built
+    check = _load_check_script()
+    shot = tmp_path / "report.png"
+    assert check.main([str(root / REPORT_HTML), "--out", str(shot), "--window-size", "1280,2000"]) == 0
+    assert shot.read_bytes()[:8] == PNG_MAGIC and shot.stat().st_size > check.MIN_SCREENSHOT_BYTES
