@@ -13,12 +13,13 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-RGB = tuple[int, int, int]
+Channel = Annotated[int, Field(ge=0, le=255)]
+RGB = tuple[Channel, Channel, Channel]  # 0..255 each: a colour outside fails here, not in torch's uint8 cast
 
 # Biased-MNIST colours (Bahng et al.; FairKL paper), indexed by class.
 BACKGROUND_COLOURS: list[RGB] = [
