@@ -41,7 +41,7 @@ def screenshot(html: Path, out: Path, chromium: str, timeout_s: float = 60.0, si
     out.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
         done = subprocess.run(chromium_command(chromium, html, out.resolve(), Path(profile), size),
-                              capture_output=True, text=True, timeout=timeout_s)
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
     if not out.exists():
         raise RuntimeError(f"chromium wrote no screenshot (exit {done.returncode}):\n{done.stderr[-2000:]}")
     return out

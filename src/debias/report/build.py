@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from debias import paths
 from debias.io import atomic_path, load_json, load_torch
@@ -110,10 +110,10 @@ class Figure:
 class Columns:
     """Blocks shown side by side in HTML, one after another in markdown."""
 
-    blocks: list["Block"]
+    blocks: list[Block]
 
 
-Block = Union[Text, Heading, Table, Figure, Columns]
+Block = Text | Heading | Table | Figure | Columns
 
 
 @dataclass

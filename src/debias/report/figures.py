@@ -72,7 +72,7 @@ def _category_colours(n: int) -> list:
     return [plt.get_cmap("hsv")(i / n) for i in range(n)]
 
 
-def _bare(ax: "plt.Axes") -> None:
+def _bare(ax: plt.Axes) -> None:
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -118,7 +118,7 @@ def per_group_heatmaps(panels: list[tuple[str, AccuracyTable, list[list[int]] | 
     save_figure(fig, path, dpi=dpi)
 
 
-def _scatter_by(ax: "plt.Axes", coords: torch.Tensor, labels: torch.Tensor, name: str, legend: bool) -> None:
+def _scatter_by(ax: plt.Axes, coords: torch.Tensor, labels: torch.Tensor, name: str, legend: bool) -> None:
     n = int(labels.max()) + 1 if labels.numel() else 0
     colours = _category_colours(max(n, 1))
     for value in range(n):
