@@ -8,6 +8,7 @@ is broken and what to do instead of failing deep inside torch or json.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import math
 import os
@@ -27,12 +28,40 @@ class CorruptFileError(RuntimeError):
     """A file is truncated, foreign or missing the keys its reader needs."""
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _sweep_dead_temps(path: Path) -> None:
+    """Remove ``.<name>.<pid>.<random>.tmp`` files of ``path`` left by writers that no longer run.
+
+    A SIGKILL cannot be caught, so a killed writer leaves its half-written temporary file beside
+    the output; in a ``persist: true`` DVC output folder (``data/raw``) DVC would hash and record
+    it with the rest. The next write of the same output removes it; live writers' files are kept.
+    """
+    stem = f".{path.name}."
+    for candidate in path.parent.glob(f"{glob.escape(stem)}*.tmp"):
+        owner = candidate.name[len(stem):].split(".", 1)[0]
+        if owner.isdigit() and int(owner) != os.getpid() and not _pid_alive(int(owner)):
+            candidate.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success fsync and rename it onto ``path``."""
+    """Yield a temporary path beside ``path``; on success fsync and rename it onto ``path``.
+
+    The temporary file is ``.<name>.<pid>.<random>.tmp``; those of killed writers are swept first.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _sweep_dead_temps(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -87,8 +116,11 @@ def save_torch(path: str | Path, obj: dict[str, Any], kind: str) -> None:
     """``torch.save`` a dict tagged with ``kind`` (e.g. 'split', 'checkpoint'), atomically."""
     payload = dict(obj)
     payload[FORMAT_KEY] = kind
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        # To a file object, not the path: torch names the archive inside the zip after the file it is
+        # given, and the random temporary name would make every write of the same data differ in bytes
+        # (a new DVC hash, and every downstream stage rerun, for identical outputs).
+        torch.save(payload, handle)
 
 
 def load_torch(path: str | Path, kind: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
