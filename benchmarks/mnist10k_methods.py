@@ -112,18 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     methods = {k: v for k, v in config["methods"].items() if not args.methods or k in args.methods}
     settings = {k: v for k, v in config["settings"].items() if not args.settings or k in args.settings}
     rows: list[dict] = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     for setting, overrides in settings.items():
         for seed in args.seeds:
             with tempfile.TemporaryDirectory() as work:
                 for row in run_setting(merge(base, overrides), methods, seed, Path(work)):
                     rows.append({"setting": setting, **row})
                     print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+            with open(out.with_suffix(".csv"), "w", newline="") as handle:  # rewritten after every seed
+                writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
     markdown = table(rows, list(settings))
     command = "python benchmarks/mnist10k_methods.py " + " ".join(sys.argv[1:])
     out.with_suffix(".md").write_text(f"Command: `{command}`\n\n{markdown}\n")

@@ -77,3 +77,8 @@ def test_check_params_cli(tmp_path, capsys) -> None:
     bad.write_text("loss:\n  epsilion: 0.1\n")
     assert cli_main(["check-params", str(bad)]) == 2
     assert "did you mean 'loss.epsilon'" in capsys.readouterr().err
+
+
+def test_yaml_true_selects_the_oracle_group_method() -> None:
+    """`dvc exp run -S groups.method=true` writes a YAML boolean; it must mean the 'true' method."""
+    assert validate(yaml.safe_load("groups: {method: true}")).groups.method == "true"

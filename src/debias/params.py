@@ -133,6 +133,12 @@ class GroupsParams(Section):
     method: Literal["pred", "cluster", "true"] = "pred"
     cluster: ClusterParams = Field(default_factory=ClusterParams)
 
+    @field_validator("method", mode="before")
+    @classmethod
+    def _yaml_true_is_the_oracle(cls, value: Any) -> Any:
+        """YAML (and ``dvc exp run -S groups.method=true``) reads the word true as a boolean."""
+        return "true" if value is True else value
+
 
 class CNCParams(Section):
     """CNC App. B.3 / D.2.4: two-sided contrastive batches from inferred labels."""

@@ -32,6 +32,7 @@ STAGE_PARAMS: dict[str, list[str]] = {
     "train_contrastive": ["seed", "model", "stage2", "loss"],
     "linear_probe": ["seed", "probe"],
     "evaluate": ["seed", "evaluate"],
+    "report": ["report"],  # plus params.yaml as a file dependency: the report shows every changed param
 }
 
 
