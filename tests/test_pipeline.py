@@ -28,7 +28,8 @@ TINY = {
     "probe": {"c_grid": [0.1, 1.0]},
     "evaluate": {"splits": ["test"], "umap": {"max_points": 150}},
 }
-STAGES = ["download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate"]
+STAGES = ["download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate",
+          "report"]
 
 
 def _deep_update(base: dict, changes: dict) -> dict:
@@ -115,6 +116,11 @@ def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
     assert representation["stage2"]["test"]["mi_y"] >= 0
     umap = torch.load(clone / "data/evaluate/umap_stage2_test.pt", weights_only=True)
     assert umap["coords"].shape == (150, 2)
+    report = (clone / "reports/report.md").read_text()
+    for heading in ("Provenance", "Dataset", "Results", "Per-group accuracy", "Training curves", "Group inference"):
+        assert heading in report
+    html = (clone / "reports/report.html").read_text()
+    assert "data:image/png;base64," in html and 'src="http' not in html
 
 
 def test_one_mlflow_run_per_stage_with_provenance_tags(pipeline) -> None:
@@ -146,7 +152,7 @@ def test_second_repro_reruns_nothing_and_params_rerun_only_downstream(pipeline) 
     finally:
         (clone / "params.yaml").write_text(original)
     for key, stages in (("stage2.epochs=3", STAGES[4:]), ("loss.epsilon=0.3", STAGES[4:]),
-                        ("groups.method=true", STAGES[3:])):
+                        ("groups.method=true", STAGES[3:]), ("report.dpi=90", ["report"])):
         section, value = key.split("=")
         outer, inner = section.split(".")
         changed = yaml.safe_load(original)
@@ -154,7 +160,8 @@ def test_second_repro_reruns_nothing_and_params_rerun_only_downstream(pipeline) 
         (clone / "params.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
         status = dvc(clone, "status", "--json")
         (clone / "params.yaml").write_text(original)
-        assert sorted(json.loads(status.strip().splitlines()[-1])) == sorted(stages[:1]), key
+        # the first stage that reads the param, and the report (it shows every changed param)
+        assert set(json.loads(status.strip().splitlines()[-1])) == {stages[0], "report"}, key
 
 
 def test_temp_experiment_reruns_only_downstream_and_logs_to_the_main_store(pipeline) -> None:
@@ -162,12 +169,13 @@ def test_temp_experiment_reruns_only_downstream_and_logs_to_the_main_store(pipel
 
     clone, _ = pipeline
     output = dvc(clone, "exp", "run", "--temp", "-S", "probe.max_iter=500", "-n", "lr002")
-    assert ran(output) == ["linear_probe"]
+    assert ran(output) == ["linear_probe", "report"]
     client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string="tags.`debias.dvc_experiment` = 'lr002'")
-    assert sorted(r.data.tags["debias.stage"] for r in runs) == ["linear_probe"]
-    assert runs[0].data.params["probe.max_iter"] == "500"
+    assert sorted(r.data.tags["debias.stage"] for r in runs) == ["linear_probe", "report"]
+    probe_run = next(r for r in runs if r.data.tags["debias.stage"] == "linear_probe")
+    assert probe_run.data.params["probe.max_iter"] == "500"
     artifact_root = client.get_experiment(runs[0].info.experiment_id).artifact_location
     assert artifact_root == (clone / "mlruns").as_uri()  # not inside the deleted temp workspace
     shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=clone, capture_output=True, text=True).stdout
