@@ -19,8 +19,9 @@ from debias.params import Params, ParamsError, as_dict, load_params
 from debias.paths import RUNS
 from debias.runtime import configure_threads
 from debias.tracking import StageRun, TrackingError, stage_run
+from debias.training.memory import ResourceError, is_out_of_memory, out_of_memory_advice
 
-EXPECTED_ERRORS = (ParamsError, DataSourceError, BiasProtocolError, CorruptFileError, TrackingError,
+EXPECTED_ERRORS = (ParamsError, DataSourceError, BiasProtocolError, CorruptFileError, TrackingError, ResourceError,
                    FileNotFoundError, ValueError)
 
 # The params each stage reads; dvc.yaml declares exactly these (tests/test_dvc_yaml.py checks).
@@ -38,6 +39,7 @@ STAGE_PARAMS: dict[str, list[str]] = {
 
 def main(stage: str, body: Callable[[Params, StageRun], None]) -> None:
     """Validate params, open the stage's MLflow run and run ``body``; exit 2 on an expected error."""
+    params = None
     try:
         params = load_params()
         configure_threads()
@@ -47,4 +49,11 @@ def main(stage: str, body: Callable[[Params, StageRun], None]) -> None:
         if os.environ.get("DEBIAS_DEBUG"):
             raise
         print(f"[{stage}] error: {exc}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
+        sys.exit(2)
+    except (MemoryError, RuntimeError) as exc:  # a real out-of-memory error: say what to lower
+        if os.environ.get("DEBIAS_DEBUG") or not is_out_of_memory(exc):
+            raise
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        print(f"[{stage}] error: out of memory ({type(exc).__name__}: {first_line}); to reduce it, "
+              f"{out_of_memory_advice(stage, params)}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
         sys.exit(2)

@@ -25,6 +25,7 @@ from debias.paths import embeddings_path
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
 from debias.training.loop import FitResult, build_optimizer, build_scheduler, finish, fit
+from debias.training.memory import check_classifier_fits
 
 
 @torch.no_grad()
@@ -165,6 +166,8 @@ def train_erm(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParam
     optimizer = build_optimizer(model.parameters(), optim.optimizer, optim.lr, optim.momentum, optim.weight_decay)
     scheduler = build_scheduler(optimizer, optim.lr_milestones, optim.lr_gamma)
     task = ClassifierTask(model, optimizer, train, optim.batch_size, generator, device, augment_shift=optim.augment_shift)
+    check_classifier_fits(model, optimizer, model_name, "erm", optim.batch_size, optim.eval_batch_size, len(train),
+                          max(len(split) for split in splits.values()), tuple(train.x.shape[1:]), device)
     key = params_hash({"model": model_name, "optim": optim.model_dump(mode="json"), "seed": seed, "n": len(train)})
     result = fit(task, optimizer, optim.epochs, validator(model, splits["val"], optim.eval_batch_size, device),
                  selection=optim.selection, scheduler=scheduler, state_path=out.resume, state_key=key,

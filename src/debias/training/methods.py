@@ -43,6 +43,7 @@ from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
 from debias.training.erm import ClassifierTask, StageOutputs, predict, validator, write_outputs
 from debias.training.loop import build_optimizer, build_scheduler, finish, fit
+from debias.training.memory import check_stage2_fits
 
 
 @dataclass
@@ -392,6 +393,8 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
     device = pick_device()
     generator = seed_everything(params.seed)
     setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator))
+    check_stage2_fits(s2.method, list(setup.task.modules().values()), setup.optimizer, params, len(splits["train"]),
+                      max(len(split) for split in splits.values()), tuple(splits["train"].x.shape[1:]), device)
     key = params_hash({"stage2": s2.model_dump(mode="json"), "loss": params.loss.model_dump(mode="json"),
                        "model": params.model.name, "seed": params.seed, "inferred": inferred.tolist()})
     result = fit(setup.task, setup.optimizer, s2.epochs,
