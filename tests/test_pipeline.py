@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -180,3 +181,28 @@ def test_temp_experiment_reruns_only_downstream_and_logs_to_the_main_store(pipel
     assert artifact_root == (clone / "mlruns").as_uri()  # not inside the deleted temp workspace
     shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=clone, capture_output=True, text=True).stdout
     assert "lr002" in shown
+
+
+def test_queued_experiments_on_two_workers_lose_no_run(pipeline) -> None:
+    """`dvc exp run --queue` x 4 and `dvc queue start -j 2`: four runs, each with its metrics, in one store."""
+    from mlflow.tracking import MlflowClient
+
+    clone, _ = pipeline
+    for dpi in (81, 82, 83, 84):
+        dvc(clone, "exp", "run", "--queue", "-S", f"report.dpi={dpi}", "-n", f"q{dpi}")
+    dvc(clone, "queue", "start", "-j", "2")
+    client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        status = subprocess.run(["dvc", "queue", "status"], cwd=clone, capture_output=True, text=True).stdout
+        if not any(word in status for word in ("Queued", "Running")):
+            break
+        time.sleep(3)
+    assert "Failed" not in status, status
+    runs = client.search_runs(experiments, filter_string="tags.`debias.stage` = 'report'")
+    by_experiment = {r.data.tags.get("debias.dvc_experiment"): r for r in runs}
+    assert {"q81", "q82", "q83", "q84"} <= set(by_experiment), sorted(filter(None, by_experiment))
+    for dpi in (81, 82, 83, 84):
+        run = by_experiment[f"q{dpi}"]
+        assert run.info.status == "FINISHED" and run.data.params["report.dpi"] == str(dpi)
