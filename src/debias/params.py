@@ -68,7 +68,7 @@ class ForegroundParams(Section):
 
     p_corr: float = Field(0.995, gt=0, lt=1)
     stroke_threshold: int = Field(120, ge=1, le=255, description="grey level from which a stroke pixel takes the colour")
-    class_digits: list[list[int]] = Field(default_factory=lambda: [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]])
+    class_digits: list[list[Annotated[int, Field(ge=0)]]] = Field(default_factory=lambda: [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]])
     colours: list[RGB] = Field(default_factory=lambda: list(FOREGROUND_COLOURS))
 
     @model_validator(mode="after")

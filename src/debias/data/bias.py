@@ -87,14 +87,21 @@ def colour_foreground(grey: np.ndarray, colour: np.ndarray, params: ForegroundPa
 @register_protocol("foreground")
 def foreground(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
     params = bias.foreground
-    digits = [d for group in params.class_digits for d in group]
-    digit_to_class = np.full(max(max(digits), max(int(s.y.max()) for s in splits.values())) + 1, -1, dtype=np.int64)
-    for c, group in enumerate(params.class_digits):
-        digit_to_class[group] = c
+    # label -> class by sorted lookup, not a dense table sized by the largest label (a stray label such
+    # as 2**32 - 1 in a bring-your-own npz would allocate tens of GiB); labels not named are dropped.
+    digits = np.array([d for group in params.class_digits for d in group], dtype=np.int64)
+    classes = np.array([c for c, group in enumerate(params.class_digits) for _ in group], dtype=np.int64)
+    order = np.argsort(digits)
+    digits, classes = digits[order], classes[order]
+
+    def digit_to_class(labels: np.ndarray) -> np.ndarray:
+        at = np.searchsorted(digits, labels).clip(max=len(digits) - 1)
+        return np.where(digits[at] == labels, classes[at], -1)
+
     out: dict[str, BiasedSplit] = {}
     for name, raw in splits.items():
-        raw = raw.take(np.flatnonzero(digit_to_class[raw.y] >= 0))
-        y = digit_to_class[raw.y]
+        raw = raw.take(np.flatnonzero(digit_to_class(raw.y) >= 0))
+        y = digit_to_class(raw.y)
         rng = np.random.default_rng([seed, SPLIT_SEED_OFFSET[name], 17])
         colour = foreground_colour_indices(y, name, params, rng)
         x = colour_foreground(to_grey(raw.x), colour, params)
@@ -162,6 +169,12 @@ def given(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSpl
         )
     n_classes = int(max(split.y.max() for split in splits.values())) + 1
     n_attrs = int(max(split.a.max() for split in splits.values())) + 1  # type: ignore[union-attr]
+    n_images = sum(len(split) for split in splits.values())
+    for name, count in (("y", n_classes), ("a", n_attrs)):
+        if count > n_images:  # checked before the (classes x attributes) tables are allocated
+            raise BiasProtocolError(
+                f"bias.protocol = given: {name} holds the value {count - 1} for {n_images} images; allowed: indices "
+                f"0, 1, ..., K-1 with every value used (relabel {name} to consecutive integers)")
     train = splits["train"]
     counts = np.zeros((n_classes, n_attrs), dtype=np.int64)
     np.add.at(counts, (train.y, train.a), 1)
