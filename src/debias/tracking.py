@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -44,6 +43,10 @@ TRACKING_MODES = ("required", "optional", "off")
 
 class TrackingError(RuntimeError):
     """The tracking store cannot be reached or used."""
+
+
+class StageTerminated(SystemExit):
+    """SIGTERM arrived (``kill``, ``dvc queue kill``, a scheduler): the process exits 128 + 15."""
 
 
 def repo_root(start: str | Path | None = None) -> Path:
@@ -224,15 +227,16 @@ def stage_run(stage: str, params: dict[str, Any], record_path: str | Path | None
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum: int, frame: Any) -> None:
-        if run.active:
-            client.set_terminated(run.run_id, "KILLED")
-        sys.exit(128 + signum)
+        raise StageTerminated(128 + signum)  # unwinds the stage; the run is ended KILLED below
 
     if run.active:
         signal.signal(signal.SIGTERM, on_term)
     status = "FINISHED"
     try:
         yield run
+    except StageTerminated:
+        status = "KILLED"
+        raise
     except BaseException:
         status = "FAILED"
         raise
