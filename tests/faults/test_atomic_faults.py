@@ -16,7 +16,7 @@ from debias.io import CorruptFileError, load_json, load_torch, save_json, save_t
 from tests.faults.conftest import (
     PYTHON,
     dvc,
-    run_stage,
+    run_entrypoint_in_process,
     sigkill,
     snapshot,
     stage_env,
@@ -166,7 +166,8 @@ def test_killed_write_in_a_persistent_dvc_output_is_never_recorded(downloaded_cl
 # --------------------------------------------------------------------------- a real stage killed mid-training
 
 
-def test_killed_training_stage_leaves_every_previous_output_intact(prepared_workspace: Path) -> None:
+def test_killed_training_stage_leaves_every_previous_output_intact(prepared_workspace: Path, monkeypatch,
+                                                                    capsys) -> None:
     """SIGKILL train_erm while it trains (outputs of an earlier run present): nothing changes on disk
     but the resume state; rerunning finishes and removes the resume state."""
     ws = prepared_workspace
@@ -182,7 +183,7 @@ def test_killed_training_stage_leaves_every_previous_output_intact(prepared_work
     assert {k: v for k, v in after.items() if k not in resume_keys} == before
     assert [p for p in stray_temp_files(ws) if ".resume" not in p.parts] == []
     assert load_torch(resume, "resume-state", ("epoch",))["epoch"] >= 0
-    done = run_stage(ws, "train_erm")
+    done = run_entrypoint_in_process(ws, "train_erm", monkeypatch, capsys)  # the rerun
     assert done.returncode == 0, done.stderr
     assert not resume.exists()
     assert json.loads((ws / "reports/metrics/erm.json").read_text())["selected_epoch"] == 3
