@@ -24,7 +24,8 @@ def run(params: Params, run: StageRun) -> None:
     save_groups(GROUPS_TABLE, inference)
     save_embedding(UMAP_TRAIN, inference)
     save_json(GROUPS_METRICS, report)
-    run.log_metrics(report_scalars(report))
+    save_json(paths.GROUPS_TIMINGS, inference.timings)  # seconds per step, kept out of the metrics file
+    run.log_metrics(report_scalars(report, inference.timings))
     run.log_artifact(GROUPS_METRICS)
     print(f"[infer_groups] {params.groups.method}: {report['n_inferred_minority']} inferred minority points, "
           f"minority recall {report['minority_recall']}, precision {report['minority_precision']}, "

@@ -24,3 +24,4 @@ GROUPS_DIR = Path("data/groups")
 GROUPS_TABLE = GROUPS_DIR / "train.parquet"
 UMAP_TRAIN = GROUPS_DIR / "umap_train.pt"
 GROUPS_METRICS = METRICS / "groups.json"
+GROUPS_TIMINGS = RUNS / "infer_groups_timings.json"

@@ -41,16 +41,8 @@ def test_the_whole_pipeline_ran(two_runs) -> None:
     assert sorted(stages) == sorted(dag)
 
 
-# Known break: infer_groups writes wall-clock timings into its DVC metrics file, so the file (and its
-# DVC hash) can differ between identical runs. Compared without them below; the strict xfail turns
-# into a failure the day the timings move out of the file (then drop this entry).
-TIMING_FIELDS = {"reports/metrics/groups.json": "timings"}
-
-
 def _metrics(clone: Path, name: str) -> dict:
-    values = json.loads((clone / name).read_text())
-    values.pop(TIMING_FIELDS.get(name, ""), None)
-    return values
+    return json.loads((clone / name).read_text())
 
 
 def test_every_metrics_json_is_identical(two_runs) -> None:
@@ -61,17 +53,7 @@ def test_every_metrics_json_is_identical(two_runs) -> None:
     assert names == sorted(p.relative_to(second).as_posix() for p in (second / "reports/metrics").glob("*.json"))
     for name in names + ["data/biased/summary.json"]:
         assert _metrics(first, name) == _metrics(second, name), name
-        if name not in TIMING_FIELDS:
-            assert (first / name).read_bytes() == (second / name).read_bytes(), name
-
-
-@pytest.mark.xfail(strict=True, reason="infer_groups writes wall-clock timings into reports/metrics/groups.json")
-def test_metrics_files_hold_no_wall_clock_time(two_runs) -> None:
-    """A DVC metrics file is an output: a wall-clock field makes it (and its hash) change between identical
-    runs, so ``dvc metrics diff`` and the report's dependency see a change that is not one."""
-    first, _, _ = two_runs
-    for name, field in TIMING_FIELDS.items():
-        assert field not in json.loads((first / name).read_text()), name
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
 
 
 def test_model_weights_are_bit_identical(two_runs) -> None:
@@ -105,7 +87,7 @@ def test_dvc_records_the_same_hash_for_every_output(two_runs) -> None:
     first, second, _ = two_runs
     a, b = _out_hashes(first), _out_hashes(second)
     assert a.keys() == b.keys()
-    compared = {path for path in a if not path.startswith(NOT_COMPARED_PREFIXES) and path not in TIMING_FIELDS}
+    compared = {path for path in a if not path.startswith(NOT_COMPARED_PREFIXES)}
     assert {"data/raw", "data/biased/train.pt", "models/erm.pt", "models/stage2.pt", "data/erm"} <= compared
     differ = sorted(path for path in compared if a[path] != b[path])
     assert differ == [], f"outputs whose bytes differ between two identical runs: {differ}"

@@ -198,15 +198,16 @@ def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch
 # ---------------------------------------------------------------- reporting
 
 def groups_report(method: str, inference: GroupInference, train: BiasedSplit) -> dict:
-    """The metrics file: method, :func:`group_quality` vs the true attribute, timings."""
+    """The metrics file: method and :func:`group_quality` vs the true attribute (no wall-clock time:
+    a metrics file must be identical across identical runs; timings go to their own file)."""
     quality = group_quality(inference.inferred_label, inference.minority, train.a, train.aligned, train.y, train.n_classes)
-    return {"method": method, **quality, "timings": dict(inference.timings)}
+    return {"method": method, **quality}
 
 
-def report_scalars(report: dict) -> dict[str, float]:
+def report_scalars(report: dict, timings: dict[str, float] | None = None) -> dict[str, float]:
     """The report's numbers for MLflow: scalars as they are, timings as ``time/<step>``; lists and None dropped."""
     values = {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    values.update({f"time/{k}": float(v) for k, v in report.get("timings", {}).items()})
+    values.update({f"time/{k}": float(v) for k, v in (timings or {}).items()})
     return values
 
 
