@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +23,7 @@ from debias.params import OptimParams, params_hash
 from debias.paths import embeddings_path
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
-from debias.training.loop import FitResult, build_optimizer, build_scheduler, finish, fit
+from debias.training.loop import FitResult, GeneratorTask, build_optimizer, build_scheduler, finish, fit
 from debias.training.memory import check_classifier_fits
 
 
@@ -53,7 +52,7 @@ def validator(model: nn.Module, split: BiasedSplit, batch_size: int, device: tor
     return lambda: scalars(evaluate(model, split, batch_size, device), "val/")
 
 
-class ClassifierTask:
+class ClassifierTask(GeneratorTask):
     """One epoch = the shuffled ``pool`` in minibatches, cross-entropy, one optimizer step per batch."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, train: BiasedSplit, batch_size: int,
@@ -64,15 +63,6 @@ class ClassifierTask:
         self.augment_shift = augment_shift
         self.pool = torch.arange(len(train)) if pool is None else pool
         self.progress = progress
-
-    def modules(self) -> dict[str, nn.Module]:
-        return {"model": self.model}
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         order = self.pool[torch.randperm(len(self.pool), generator=self.generator)]

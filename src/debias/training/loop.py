@@ -37,6 +37,22 @@ class Task(Protocol):
     def load_extra_state(self, state: dict[str, Any]) -> None: ...
 
 
+class GeneratorTask:
+    """Base of tasks whose state besides their modules is one ``torch.Generator`` (data order, augmentation)."""
+
+    model: nn.Module
+    generator: torch.Generator
+
+    def modules(self) -> dict[str, nn.Module]:
+        return {"model": self.model}
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+
+
 @dataclass
 class FitResult:
     history: list[dict[str, float]]

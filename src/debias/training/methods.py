@@ -42,7 +42,7 @@ from debias.params import params_hash
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
 from debias.training.erm import ClassifierTask, StageOutputs, predict, validator, write_outputs
-from debias.training.loop import build_optimizer, build_scheduler, finish, fit
+from debias.training.loop import GeneratorTask, build_optimizer, build_scheduler, finish, fit
 from debias.training.memory import check_stage2_fits
 
 
@@ -155,7 +155,7 @@ CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tens
 }
 
 
-class ContrastiveTask:
+class ContrastiveTask(GeneratorTask):
     """Shuffled batches; alpha * L_con + lambda * FairKL on normalised features, plus an online linear head."""
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit, bias: torch.Tensor,
@@ -163,15 +163,6 @@ class ContrastiveTask:
         self.model, self.optimizer, self.train, self.bias = model, optimizer, train, bias
         self.params, self.generator, self.device = params, generator, device
         self.contrastive = CONTRASTIVE[params.stage2.method]
-
-    def modules(self) -> dict[str, nn.Module]:
-        return {"model": self.model}
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         loss_params = self.params.loss
@@ -215,7 +206,7 @@ for _name in CONTRASTIVE:
 # --------------------------------------------------------------------------- CNC
 
 
-class CNCTask:
+class CNCTask(GeneratorTask):
     """One epoch = ``len(sampler)`` two-sided contrastive batches, ``accumulation`` per optimiser step.
 
     A step's loss is the mean over its contrastive batches of
@@ -228,15 +219,12 @@ class CNCTask:
         self.model, self.optimizer, self.train, self.sampler = model, optimizer, train, sampler
         self.params, self.generator, self.device = params, generator, device
 
-    def modules(self) -> dict[str, nn.Module]:
-        return {"model": self.model}
-
     def extra_state(self) -> dict[str, Any]:
-        return {"sampler": self.sampler.state_dict(), "generator": self.generator.get_state()}
+        return {**super().extra_state(), "sampler": self.sampler.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
         self.sampler.load_state_dict(state["sampler"])
-        self.generator.set_state(state["generator"])
 
     def _chunk_loss(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Mean contrastive and CE loss over ``count`` freshly drawn contrastive batches."""
@@ -296,7 +284,7 @@ def cnc_method(inputs: Stage2Inputs) -> Stage2Setup:
 # --------------------------------------------------------------------------- WCL
 
 
-class WCLTask:
+class WCLTask(GeneratorTask):
     """Two augmented views per image; E_d: weighted InfoNCE, E_b: triplet loss, head: online probe on E_d."""
 
     def __init__(self, model: Network, biased: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit,
@@ -306,12 +294,6 @@ class WCLTask:
 
     def modules(self) -> dict[str, nn.Module]:
         return {"model": self.model, "biased": self.biased}
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"generator": self.generator.get_state()}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.generator.set_state(state["generator"])
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         wcl = self.params.stage2.wcl
