@@ -1,0 +1,396 @@
+"""Method comparison on real MNIST digits, run through the pipeline itself (DVC experiment queue).
+
+For every setting (bias protocol and strength) x seed x method of ``benchmarks/quality.yaml``
+this queues ``dvc exp run -S ...`` in a scratch clone of the repository and runs the queue
+with ``dvc queue start -j JOBS``. The shared upstream of each (setting, seed) (download ->
+inject_bias -> train_erm -> infer_groups with clusters) is queued first, so the method
+experiments reuse it from DVC's run-cache. Results are collected from ``dvc exp show --json``
+(metrics) and the clone's MLflow store (wall time of every stage run, by experiment tag), then
+written as per-run CSV and a Markdown table of mean +- std over seeds.
+
+    python benchmarks/quality.py --npz ../shared/datasets/mnist10k.npz --seeds 0 1 2 --jobs 2
+
+``--workdir`` keeps the clone (and its MLflow store, ``mlflow ui`` there); rerunning with the
+same ``--workdir`` skips experiments that already succeeded. ``--collect-only`` rebuilds the
+tables from an existing workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+ACCURACY = ("avg", "unbiased", "worst_group")
+UPSTREAM = "upstream"  # the method name of a (setting, seed)'s shared-upstream experiment; its ERM is the ERM row
+TERMINAL = ("Success", "Failed")
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def merge(base: dict, changes: dict) -> dict:
+    """``base`` updated recursively with ``changes`` (a new dict)."""
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) else copy.deepcopy(value)
+    return out
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists are leaves."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def set_param_args(overrides: dict) -> list[str]:
+    """``-S key=value`` arguments for ``dvc exp run`` (values in YAML flow style)."""
+    args = []
+    for key, value in flatten(overrides).items():
+        text = yaml.safe_dump(value, default_flow_style=True).strip()
+        text = text.removesuffix("\n...").removesuffix("...").strip()
+        args += ["-S", f"{key}={text}"]
+    return args
+
+
+def experiment_name(setting: str, seed: int, method: str) -> str:
+    return f"{setting}-s{seed}-{method}".replace("_", "-")
+
+
+def plan(config: dict, settings: list[str], seeds: list[int], methods: list[str], forced: dict | None = None) -> list[dict]:
+    """Every experiment to run, upstream ones first: name, setting, seed, method, overrides, targets.
+
+    Overrides merge setting <- method <- seed <- ``forced`` (command-line ``--set``, e.g. for a smoke run).
+    """
+    forced = forced or {}
+    upstream_groups = {"groups": {"method": "cluster"}}
+    jobs = []
+    for setting in settings:
+        for seed in seeds:
+            jobs.append({"name": experiment_name(setting, seed, UPSTREAM), "setting": setting, "seed": seed,
+                         "method": UPSTREAM, "targets": ["infer_groups"],
+                         "overrides": merge(merge(merge(config["settings"][setting], upstream_groups), {"seed": seed}),
+                                                 forced)})
+    for setting in settings:
+        for seed in seeds:
+            for method in methods:
+                overrides = merge(merge(config["settings"][setting], config["methods"][method]), {"seed": seed})
+                overrides = merge(overrides, forced)
+                jobs.append({"name": experiment_name(setting, seed, method), "setting": setting, "seed": seed,
+                             "method": method, "targets": ["linear_probe", "evaluate"], "overrides": overrides})
+    return jobs
+
+
+# --------------------------------------------------------------------------- the scratch clone and DVC
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str] | None = None, check: bool = True) -> str:
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+def make_workspace(workdir: Path, base_params: dict) -> None:
+    """Clone the repository's HEAD into ``workdir``, write the benchmark's base params and commit them."""
+    run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(workdir)], cwd=REPO.parent)
+    params_file = workdir / "params.yaml"
+    params = merge(yaml.safe_load(params_file.read_text()), base_params)
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    (workdir / "dvc.lock").unlink(missing_ok=True)
+    for command in (["dvc", "config", "core.analytics", "false"], ["dvc", "config", "core.check_update", "false"],
+                    ["git", "add", "-A"], ["git", "commit", "-qm", "benchmark base params"]):
+        run(command, cwd=workdir)
+
+
+def stage_env(threads: int) -> dict[str, str]:
+    """The environment ``dvc queue start`` hands to every worker (machine settings, never params)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_TRACKING"))}
+    env.update(DEBIAS_THREADS=str(threads), DEBIAS_TRACKING="required", MLFLOW_DISABLE_TELEMETRY="true",
+               OMP_WAIT_POLICY="PASSIVE", DEBIAS_DEVICE=env.get("DEBIAS_DEVICE", "cpu"),
+               NUMBA_CACHE_DIR=env.get("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "debias" / "numba")),
+               GIT_AUTHOR_NAME="debias-bench", GIT_AUTHOR_EMAIL="bench@debias.invalid",
+               GIT_COMMITTER_NAME="debias-bench", GIT_COMMITTER_EMAIL="bench@debias.invalid")
+    return env
+
+
+def queue_status(workdir: Path) -> dict[str, str]:
+    """Experiment name -> status (Queued, Running, Success, Failed) from ``dvc queue status``."""
+    statuses = {}
+    for line in run(["dvc", "queue", "status"], cwd=workdir, check=False).splitlines():
+        words = line.split()
+        for status in ("Queued", "Running", "Success", "Failed"):
+            if status in words and len(words) >= 2:
+                statuses[words[1]] = status
+    return statuses
+
+
+def run_queue(workdir: Path, jobs: list[dict], workers: int, env: dict[str, str], poll_s: float = 10.0) -> None:
+    """Queue ``jobs`` not already successful, start ``workers`` workers and wait until all are done."""
+    done = {name for name, status in queue_status(workdir).items() if status == "Success"}
+    todo = [job for job in jobs if job["name"] not in done]
+    for job in todo:
+        run(["dvc", "exp", "run", "--queue", "-n", job["name"], *set_param_args(job["overrides"]), *job["targets"]],
+            cwd=workdir, env=env)
+    if not todo:
+        return
+    # The workers outlive `dvc queue start` and inherit its stdout: no pipe, or waiting on it waits for them.
+    subprocess.run(["dvc", "queue", "start", "-j", str(workers)], cwd=workdir, env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    names = {job["name"] for job in todo}
+    started, reported = time.time(), 0
+    while True:
+        statuses = queue_status(workdir)
+        finished = [n for n in names if statuses.get(n) in TERMINAL]
+        if len(finished) != reported:
+            reported = len(finished)
+            print(f"[quality] {reported}/{len(names)} experiments done after {time.time() - started:.0f} s", flush=True)
+        if len(finished) == len(names):
+            break
+        time.sleep(poll_s)
+    failed = sorted(n for n in names if statuses.get(n) == "Failed")
+    for name in failed:
+        print(f"[quality] experiment {name} FAILED:\n{run(['dvc', 'queue', 'logs', name], workdir, check=False)[-3000:]}",
+              file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- collection
+
+
+def shown_experiments(workdir: Path) -> dict[str, dict]:
+    """Experiment name -> ``{"params": params.yaml dict, "metrics": {file: dict}}`` from ``dvc exp show --json``."""
+    shown = json.loads(run(["dvc", "exp", "show", "--json", "--all-commits"], cwd=workdir))
+    found: dict[str, dict] = {}
+
+    def visit(entry: dict) -> None:
+        for exp in entry.get("experiments") or []:
+            for revision in exp.get("revs") or []:
+                data = revision.get("data") or {}
+                name = revision.get("name") or exp.get("name")
+                if name and data and not revision.get("error"):
+                    found[name] = {"params": (data.get("params") or {}).get("params.yaml", {}).get("data", {}),
+                                   "metrics": {path: value.get("data", {}) for path, value in
+                                               (data.get("metrics") or {}).items()}}
+
+    for entry in shown:
+        visit(entry)
+    return found
+
+
+def stage_seconds(workdir: Path) -> dict[str, dict[str, float]]:
+    """Experiment name -> stage -> wall seconds of its MLflow run (stages restored from the run-cache: absent)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    seconds: dict[str, dict[str, float]] = {}
+    for found in client.search_runs(experiments, filter_string="attributes.status = 'FINISHED'", max_results=50000):
+        name = found.data.tags.get("debias.dvc_experiment")
+        stage = found.data.tags.get("debias.stage")
+        if name and stage and found.info.end_time:
+            seconds.setdefault(name, {})[stage] = (found.info.end_time - found.info.start_time) / 1000
+    return seconds
+
+
+def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]]) -> list[dict]:
+    """One CSV row per (setting, seed, method), the ERM row taken from each upstream experiment."""
+    rows = []
+    by_name = {job["name"]: job for job in jobs}
+    representation = {}  # (setting, seed) -> ERM representation metrics (identical in every method experiment)
+    for job in jobs:
+        got = shown.get(job["name"])
+        if job["method"] != UPSTREAM and got:
+            erm_rep = got["metrics"].get("reports/metrics/representation.json", {}).get("erm")
+            if erm_rep and erm_rep.get("trained"):
+                representation[(job["setting"], job["seed"])] = erm_rep
+    for name, job in by_name.items():
+        got = shown.get(name)
+        if got is None:
+            continue
+        metrics = got["metrics"]
+        row: dict[str, Any] = {"setting": job["setting"], "seed": job["seed"]}
+        summary = metrics.get("data/biased/summary.json", {}).get("splits", {}).get("train", {})
+        row.update(n_train=summary.get("n"), n_conflicting=summary.get("n_conflicting"))
+        if job["method"] == UPSTREAM:
+            test = metrics.get("reports/metrics/erm.json", {}).get("test", {})
+            rep = representation.get((job["setting"], job["seed"]), {})
+            stage_time = seconds.get(name, {}).get("train_erm")
+            row["method"] = "erm"
+        else:
+            test = metrics.get("reports/metrics/stage2_train.json", {}).get("test", {})
+            rep = metrics.get("reports/metrics/representation.json", {}).get("stage2", {})
+            stage_time = seconds.get(name, {}).get("train_contrastive")
+            row["method"] = job["method"]
+        split = rep.get("test", {}) if rep else {}
+        row.update({f"test_{k}": test.get(k) for k in ACCURACY})
+        row.update(alignment_loss=split.get("alignment_loss"), mi_a=split.get("mi_a"), mi_y=split.get("mi_y"),
+                   h_a=split.get("h_a"), train_seconds=stage_time,
+                   experiment_seconds=sum(seconds.get(name, {}).values()) or None, experiment=name)
+        rows.append(row)
+    return rows
+
+
+def mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+    values = [scale * v for v in values if v is not None]
+    if not values:
+        return "–"
+    spread = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f}"
+
+
+def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[str]) -> str:
+    """Mean ± std over seeds per (setting, method); accuracies in %, alignment loss and Î(A;Z) (nats) on test."""
+    lines = ["| setting | method | test avg | test unbiased | test worst-group | alignment loss | Î(A;Z) | "
+             "train s | seeds | paper |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for setting in settings:
+        paper = config.get("paper", {}).get(setting, {})
+        for method in ["erm", *methods]:
+            group = [r for r in rows if r["setting"] == setting and r["method"] == method]
+            if not group:
+                continue
+            seconds = [r["train_seconds"] for r in group if r["train_seconds"] is not None]
+            cells = [mean_std([r[f"test_{k}"] for r in group], 100) for k in ACCURACY]
+            cells += [mean_std([r[k] for r in group], digits=3) for k in ("alignment_loss", "mi_a")]
+            cells += [f"{statistics.mean(seconds):.0f}" if seconds else "–", str(len(group)), paper.get(method, "")]
+            lines.append(f"| {setting} | {method} | " + " | ".join(cells) + " |")
+    notes = [f"- {setting}: {config['paper'][setting]['reference']}" for setting in settings
+             if setting in config.get("paper", {})]
+    counts = []
+    for setting in settings:
+        conflicting = [r["n_conflicting"] for r in rows if r["setting"] == setting and r["method"] == "erm"
+                       and r["n_conflicting"] is not None]
+        n_train = [r["n_train"] for r in rows if r["setting"] == setting and r["n_train"]]
+        if conflicting:
+            counts.append(f"{setting}: {min(conflicting)}–{max(conflicting)} of {n_train[0]}")
+    return "\n".join(lines + ["", "Bias-conflicting training images: " + "; ".join(counts) + ".",
+                              "", "Papers' numbers (column *paper*):", *notes])
+
+
+def read_rows(paths: list[str]) -> list[dict]:
+    """Rows of earlier runs' CSV files (numbers parsed; empty cells are None)."""
+    rows = []
+    for path in paths:
+        with open(path, newline="") as handle:
+            for row in csv.DictReader(handle):
+                parsed: dict[str, Any] = {}
+                for key, value in row.items():
+                    if value == "":
+                        parsed[key] = None
+                    elif key in ("setting", "method", "experiment"):
+                        parsed[key] = value
+                    else:
+                        parsed[key] = int(value) if key in ("seed", "n_train", "n_conflicting") else float(value)
+                rows.append(parsed)
+    return rows
+
+
+def write_results(out: Path, rows: list[dict], text: str, header: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    out.with_suffix(".md").write_text(f"{header}\n\n{text}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--npz", required=True, help="path to mnist10k.npz (x uint8 [N,28,28], y)")
+    parser.add_argument("--config", default=str(HERE / "quality.yaml"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--settings", nargs="*", help="subset of the config's settings")
+    parser.add_argument("--methods", nargs="*", help="subset of the config's methods")
+    parser.add_argument("--jobs", type=int, default=2, help="DVC queue workers (dvc queue start -j)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (DEBIAS_THREADS)")
+    parser.add_argument("--workdir", help="scratch clone to create or resume (default: a temporary folder)")
+    parser.add_argument("--collect-only", action="store_true", help="only rebuild the tables from --workdir")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra base overrides (YAML values), e.g. for a smoke run: stage2.epochs=1")
+    parser.add_argument("--from-csv", nargs="*", metavar="CSV",
+                        help="only rebuild the Markdown from earlier runs' CSV files (e.g. halves run on two machines)")
+    parser.add_argument("--out", default=str(HERE / "results" / "quality"))
+    args = parser.parse_args(argv)
+
+    config = yaml.safe_load(Path(args.config).read_text())
+    unknown = [s for s in args.settings or [] if s not in config["settings"]]
+    unknown += [m for m in args.methods or [] if m not in config["methods"]]
+    if unknown:
+        parser.error(f"unknown settings/methods {unknown}; allowed: {sorted(config['settings'])}, "
+                     f"{sorted(config['methods'])}")
+    if not Path(args.npz).is_file():
+        parser.error(f"--npz {args.npz}: no such file")
+    settings = args.settings or list(config["settings"])
+    methods = args.methods or list(config["methods"])
+    base = merge(config["base"], {"data": {"path": str(Path(args.npz).resolve())}})
+    forced: dict = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        node = forced
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    jobs = plan(config, settings, args.seeds, methods, forced)
+    command = "python benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.from_csv:
+        rows = read_rows(args.from_csv)
+        settings = [s for s in settings if any(r["setting"] == s for r in rows)]
+        write_results(Path(args.out), rows, markdown(rows, config, settings, methods), f"Command: `{command}`")
+        return 0
+
+    workdir = Path(args.workdir).resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="debias-quality-"))
+    started = time.time()
+    if not args.collect_only:
+        if not (workdir / ".dvc").is_dir():
+            if workdir.exists() and any(workdir.iterdir()):
+                parser.error(f"--workdir {workdir} exists and is not a benchmark clone")
+            workdir.rmdir() if workdir.exists() else None
+            make_workspace(workdir, base)
+        env = stage_env(args.threads)
+        upstream = [job for job in jobs if job["method"] == UPSTREAM]
+        run_queue(workdir, upstream, args.jobs, env)
+        run_queue(workdir, [job for job in jobs if job["method"] != UPSTREAM], args.jobs, env)
+    wall = time.time() - started
+    rows = rows_of(jobs, shown_experiments(workdir), stage_seconds(workdir))
+    if not rows:
+        print("[quality] no results", file=sys.stderr)
+        return 1
+    import torch
+
+    total_stage_s = sum(r["experiment_seconds"] or 0 for r in rows)
+    header = (f"Command: `{command}`\n\nMachine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
+              f"torch {torch.__version__}, {args.jobs} queue workers x {args.threads} thread(s). "
+              f"Benchmark wall time: {wall / 60:.1f} min; stage runs' wall time summed over all experiments: "
+              f"{total_stage_s / 60:.1f} min; {len(rows)} result rows, {len(jobs)} experiments.")
+    text = markdown(rows, config, settings, methods)
+    write_results(Path(args.out), rows, text, header)
+    print(header + "\n\n" + text)
+    if not args.workdir and not args.collect_only:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
