@@ -146,33 +146,56 @@ def queue_status(workdir: Path) -> dict[str, str]:
     return statuses
 
 
-def run_queue(workdir: Path, jobs: list[dict], workers: int, env: dict[str, str], poll_s: float = 10.0) -> None:
-    """Queue ``jobs`` not already successful, start ``workers`` workers and wait until all are done."""
-    done = {name for name, status in queue_status(workdir).items() if status == "Success"}
-    todo = [job for job in jobs if job["name"] not in done]
-    for job in todo:
-        run(["dvc", "exp", "run", "--queue", "-n", job["name"], *set_param_args(job["overrides"]), *job["targets"]],
-            cwd=workdir, env=env)
-    if not todo:
-        return
-    # The workers outlive `dvc queue start` and inherit its stdout: no pipe, or waiting on it waits for them.
+def start_workers(workdir: Path, workers: int, env: dict[str, str]) -> None:
+    """``dvc queue start -j N``: tops the queue up to N workers (running ones are kept; idle ones exit)."""
+    # The workers outlive the command and inherit its stdout: no pipe, or waiting on it waits for them.
     subprocess.run(["dvc", "queue", "start", "-j", str(workers)], cwd=workdir, env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    names = {job["name"] for job in todo}
-    started, reported = time.time(), 0
+
+
+def run_queue(workdir: Path, jobs: list[dict], workers: int, env: dict[str, str], deadline: float = float("inf"),
+              poll_s: float = 10.0) -> list[str]:
+    """Queue ``jobs`` (in order) not already queued or successful, run them on ``workers`` workers, wait.
+
+    Workers start after the first ``workers`` experiments are queued, so queueing overlaps running.
+    At ``deadline`` (a ``time.time()``) the queue is stopped: unfinished experiments are left out of
+    the results. Returns the names that did not succeed.
+    """
+    present = queue_status(workdir)
+    todo = [job for job in jobs if present.get(job["name"]) not in ("Success", "Queued", "Running")]
+    started = time.time()
+    for count, job in enumerate(todo, 1):
+        run(["dvc", "exp", "run", "--queue", "-n", job["name"], *set_param_args(job["overrides"]), *job["targets"]],
+            cwd=workdir, env=env)
+        if count % workers == 0:
+            start_workers(workdir, workers, env)
+        if time.time() > deadline:
+            break
+    start_workers(workdir, workers, env)
+    names = {job["name"] for job in jobs}
+    reported = -1
     while True:
         statuses = queue_status(workdir)
         finished = [n for n in names if statuses.get(n) in TERMINAL]
         if len(finished) != reported:
             reported = len(finished)
             print(f"[quality] {reported}/{len(names)} experiments done after {time.time() - started:.0f} s", flush=True)
-        if len(finished) == len(names):
+        if len(finished) == len(names) or time.time() > deadline:
             break
+        if not any(status in ("Queued", "Running") for status in statuses.values()):
+            break  # nothing left to run (e.g. experiments not queued before the deadline)
+        start_workers(workdir, workers, env)  # idle workers exit while queueing is slower than running
         time.sleep(poll_s)
+    if len(finished) < len(names):
+        print(f"[quality] deadline: stopping the queue with {len(names) - len(finished)} experiments unfinished",
+              flush=True)
+        run(["dvc", "queue", "remove", "--queued"], cwd=workdir, check=False)
+        run(["dvc", "queue", "kill", *[n for n in names if statuses.get(n) == "Running"]], cwd=workdir, check=False)
     failed = sorted(n for n in names if statuses.get(n) == "Failed")
     for name in failed:
         print(f"[quality] experiment {name} FAILED:\n{run(['dvc', 'queue', 'logs', name], workdir, check=False)[-3000:]}",
               file=sys.stderr)
+    return sorted(n for n in names if statuses.get(n) != "Success")
 
 
 # --------------------------------------------------------------------------- collection
@@ -325,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="DVC queue workers (dvc queue start -j)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (DEBIAS_THREADS)")
     parser.add_argument("--workdir", help="scratch clone to create or resume (default: a temporary folder)")
+    parser.add_argument("--max-minutes", type=float, help="stop the queue after this long and report what finished")
     parser.add_argument("--collect-only", action="store_true", help="only rebuild the tables from --workdir")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                         help="extra base overrides (YAML values), e.g. for a smoke run: stage2.epochs=1")
@@ -368,11 +392,10 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--workdir {workdir} exists and is not a benchmark clone")
             workdir.rmdir() if workdir.exists() else None
             make_workspace(workdir, base)
-        env = stage_env(args.threads)
-        upstream = [job for job in jobs if job["method"] == UPSTREAM]
-        run_queue(workdir, upstream, args.jobs, env)
-        run_queue(workdir, [job for job in jobs if job["method"] != UPSTREAM], args.jobs, env)
+        deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
+        unfinished = run_queue(workdir, jobs, args.jobs, stage_env(args.threads), deadline)
     wall = time.time() - started
+    unfinished = [] if args.collect_only else unfinished
     rows = rows_of(jobs, shown_experiments(workdir), stage_seconds(workdir))
     if not rows:
         print("[quality] no results", file=sys.stderr)
@@ -383,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"Command: `{command}`\n\nMachine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
               f"torch {torch.__version__}, {args.jobs} queue workers x {args.threads} thread(s). "
               f"Benchmark wall time: {wall / 60:.1f} min; stage runs' wall time summed over all experiments: "
-              f"{total_stage_s / 60:.1f} min; {len(rows)} result rows, {len(jobs)} experiments.")
+              f"{total_stage_s / 60:.1f} min; {len(rows)} result rows, {len(jobs)} experiments"
+              + (f", {len(unfinished)} unfinished at the time limit." if unfinished else "."))
     text = markdown(rows, config, settings, methods)
     write_results(Path(args.out), rows, text, header)
     print(header + "\n\n" + text)
