@@ -79,26 +79,25 @@ def experiment_name(setting: str, seed: int, method: str) -> str:
 
 
 def plan(config: dict, settings: list[str], seeds: list[int], methods: list[str], forced: dict | None = None) -> list[dict]:
-    """Every experiment to run, upstream ones first: name, setting, seed, method, overrides, targets.
+    """Every experiment to run, seed by seed, upstream ones first: name, setting, seed, method, overrides, targets.
 
     Overrides merge setting <- method <- seed <- ``forced`` (command-line ``--set``, e.g. for a smoke run).
     """
     forced = forced or {}
     upstream_groups = {"groups": {"method": "cluster"}}
     jobs = []
-    for setting in settings:
-        for seed in seeds:
+    for seed in seeds:  # seed-major: a run stopped early still covers every setting and method
+        for setting in settings:
             jobs.append({"name": experiment_name(setting, seed, UPSTREAM), "setting": setting, "seed": seed,
                          "method": UPSTREAM, "targets": ["infer_groups"],
                          "overrides": merge(merge(merge(config["settings"][setting], upstream_groups), {"seed": seed}),
-                                                 forced)})
-    for setting in settings:
-        for seed in seeds:
+                                            forced)})
+        for setting in settings:
             for method in methods:
                 overrides = merge(merge(config["settings"][setting], config["methods"][method]), {"seed": seed})
-                overrides = merge(overrides, forced)
                 jobs.append({"name": experiment_name(setting, seed, method), "setting": setting, "seed": seed,
-                             "method": method, "targets": ["linear_probe", "evaluate"], "overrides": overrides})
+                             "method": method, "targets": ["linear_probe", "evaluate"],
+                             "overrides": merge(overrides, forced)})
     return jobs
 
 
@@ -203,7 +202,7 @@ def run_queue(workdir: Path, jobs: list[dict], workers: int, env: dict[str, str]
 
 def shown_experiments(workdir: Path) -> dict[str, dict]:
     """Experiment name -> ``{"params": params.yaml dict, "metrics": {file: dict}}`` from ``dvc exp show --json``."""
-    shown = json.loads(run(["dvc", "exp", "show", "--json", "--all-commits"], cwd=workdir))
+    shown = json.loads(run(["dvc", "exp", "show", "--json"], cwd=workdir))  # --all-commits: minutes
     found: dict[str, dict] = {}
 
     def visit(entry: dict) -> None:
@@ -403,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     total_stage_s = sum(r["experiment_seconds"] or 0 for r in rows)
-    header = (f"Command: `{command}`\n\nMachine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
+    commit = run(["git", "rev-parse", "--short", "HEAD~1"], cwd=workdir).strip()  # HEAD: the base params
+    header = (f"Command: `{command}` (pipeline code at commit {commit})\n\nMachine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
               f"torch {torch.__version__}, {args.jobs} queue workers x {args.threads} thread(s). "
               f"Benchmark wall time: {wall / 60:.1f} min; stage runs' wall time summed over all experiments: "
               f"{total_stage_s / 60:.1f} min; {len(rows)} result rows, {len(jobs)} experiments"
