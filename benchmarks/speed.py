@@ -1,0 +1,625 @@
+"""Speed benchmark, in one run on one machine:
+
+(a) pipeline timing: wall time, stage-body time and peak RSS of every stage of the default pipeline and
+    of the mnist10k CMNIST* pipeline, each in a fresh temporary git clone of the repository with a fresh
+    (empty) MLflow store and DEBIAS_TRACKING=required, stages run in DAG order with `dvc repro -s <stage>`
+    (or the stage's command directly: --runner direct); peak RSS is the largest process of each stage's tree;
+(b) training-step throughput (samples/s) of ERM and of every stage-2 method, using debias' own Task
+    classes (ClassifierTask, CNCTask, ContrastiveTask, WCLTask) on mnist10k-sized biased data in memory,
+    against a plain PyTorch baseline written the way the papers' code is: a per-sample Dataset with
+    torchvision transforms on PIL images, a DataLoader, and mask-and-sum losses over the full B x B
+    matrix (benchmarks/bench_losses.py). Same model (LeNet-5), batch sizes, steps, optimiser and thread
+    count; debias and baseline epochs alternate, median of repeats.
+
+Results: benchmarks/results/speed.md and speed.csv (settings: benchmarks/speed.yaml).
+
+    nice -n 5 python benchmarks/speed.py [--npz ../shared/datasets/mnist10k.npz] [--threads 1]
+        [--pipelines default mnist10k] [--methods ...] [--repeats 5] [--num-workers 0] [--skip-pipeline]
+        [--skip-throughput] [--runner dvc|direct] [--cold-numba] [--trees worktree|COMMIT ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import datetime
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+NUMBA_CACHE = Path.home() / ".cache" / "debias" / "numba"  # what tests/conftest.py and the entrypoints use
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("NUMBA_CACHE_DIR", str(NUMBA_CACHE))
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ["DEBIAS_TRACKING"] = "off"  # this process trains no stage; the pipeline children track
+sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import torchvision  # noqa: E402
+import yaml  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset, Subset  # noqa: E402
+from torchvision import transforms as T  # noqa: E402
+
+from bench_losses import (base_cnc_two_sided, base_eps_supcon, base_eps_supinfonce, base_fairkl,  # noqa: E402
+                          base_supcon, base_wcl)
+from debias.data.bias import inject_bias  # noqa: E402
+from debias.data.sources import load_source  # noqa: E402
+from debias.data.store import BiasedSplit  # noqa: E402
+from debias.models import build_model  # noqa: E402
+from debias.params import Params, validate  # noqa: E402
+from debias.sampling import CNCBatchSampler  # noqa: E402
+from debias.training.erm import ClassifierTask  # noqa: E402
+from debias.training.loop import build_optimizer  # noqa: E402
+from debias.training.methods import Stage2Inputs, setup_method  # noqa: E402
+
+DEFAULT_NPZ = REPO.parent / "shared" / "datasets" / "mnist10k.npz"
+CONTRASTIVE_METHODS = ("supcon", "eps_supcon", "eps_supinfonce")
+
+
+def merge(base: dict, changes: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in changes.items():
+        out[key] = merge(out.get(key) or {}, value) if isinstance(value, dict) else value
+    return out
+
+
+def fill_npz(tree: Any, npz: Path) -> Any:
+    """Replace the placeholder NPZ by the dataset path, everywhere in a config tree."""
+    if isinstance(tree, dict):
+        return {k: fill_npz(v, npz) for k, v in tree.items()}
+    return str(npz) if tree == "NPZ" else tree
+
+
+# =========================================================================== (a) pipeline timing
+
+
+def make_clone(target: Path, overrides: dict, ref: str | None) -> Path:
+    """A fresh git repository holding the working tree's tracked and unignored files (as
+    tests/test_pipeline.py makes it), or the tree of commit ``ref``; params.yaml with ``overrides``."""
+    if ref:
+        archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=REPO, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
+    else:
+        files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.split("\0")
+        for name in filter(None, files):
+            source = REPO / name
+            if source.is_file():
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target / name)
+    (target / "dvc.lock").unlink(missing_ok=True)
+    params = yaml.safe_load((target / "params.yaml").read_text())
+    (target / "params.yaml").write_text(yaml.safe_dump(merge(params, overrides), sort_keys=False))
+    for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=speed", "-c", "user.email=speed@local", "commit", "-qm", "speed"]):
+        subprocess.run(command, cwd=target, check=True)
+    return target
+
+
+def stage_order(dvc_yaml: Path) -> list[tuple[str, str]]:
+    """(stage, cmd) of dvc.yaml in an order where every stage follows the stages whose outputs it reads."""
+    stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
+
+    def paths(entries: list) -> list[str]:
+        return [next(iter(e)) if isinstance(e, dict) else e for e in entries or []]
+
+    def produces(out: str, dep: str) -> bool:
+        return dep == out or dep.startswith(out.rstrip("/") + "/") or out.startswith(dep.rstrip("/") + "/")
+
+    outs = {name: paths(s.get("outs")) + paths(s.get("metrics")) + paths(s.get("plots")) for name, s in stages.items()}
+    before = {name: {other for other in stages if other != name
+                     for dep in paths(s.get("deps")) for out in outs[other] if produces(out, dep)}
+              for name, s in stages.items()}
+    order: list[str] = []
+    while len(order) < len(stages):
+        ready = [n for n in stages if n not in order and before[n] <= set(order)]
+        if not ready:
+            raise SystemExit(f"dvc.yaml has a cycle among {sorted(set(stages) - set(order))}")
+        order.append(ready[0])
+    return [(name, stages[name]["cmd"]) for name in order]
+
+
+# A small launcher between this process and the measured command: a child's peak RSS counts the memory of
+# the process it was forked from (the kernel keeps the larger of the old and new image's peak across exec),
+# so forking the command from this torch-loaded process would add ~0.7 GB to every stage.
+LAUNCHER = ("import resource, subprocess, sys; status = subprocess.call(sys.argv[2:]); "
+            "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
+            "open(sys.argv[1], 'w').write(f'{u.ru_maxrss} {u.ru_utime + u.ru_stime}'); sys.exit(status)")
+
+
+def run_measured(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, float, float, float]:
+    """Run ``command``; return (exit status, wall seconds, CPU seconds, peak RSS in MiB).
+
+    CPU (user + system) and peak RSS come from RUSAGE_CHILDREN of a minimal launcher process
+    (``python -S``): CPU summed over the command and its waited-for descendants, peak RSS the largest of
+    them - with `dvc repro` that is the stage's Python process (or DVC itself, whichever is larger).
+    """
+    with open(log, "ab") as handle, tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
+        handle.write(f"$ {shlex.join(command)}\n".encode())
+        handle.flush()
+        start = time.perf_counter()
+        status = subprocess.call([sys.executable, "-S", "-c", LAUNCHER, rss.name, *command], cwd=cwd, env=env,
+                                 stdout=handle, stderr=subprocess.STDOUT)
+        wall = time.perf_counter() - start
+        peak_kib, cpu = (float(v) for v in (Path(rss.name).read_text() or "0 0").split())
+    return status, wall, cpu, peak_kib / 1024
+
+
+def child_env(threads: int, numba_cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_"))}
+    env.update(DEBIAS_TRACKING="required", DEBIAS_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE",
+               NUMBA_CACHE_DIR=str(numba_cache), MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1",
+               GIT_AUTHOR_NAME="speed", GIT_AUTHOR_EMAIL="speed@local", GIT_COMMITTER_NAME="speed",
+               GIT_COMMITTER_EMAIL="speed@local")
+    env.pop("DEBIAS_DEVICE", None)
+    return env
+
+
+def time_pipeline(name: str, overrides: dict, args: argparse.Namespace, numba_cache: Path,
+                  logs: Path) -> list[dict[str, Any]]:
+    """Per tree (``args.trees``: the working tree and/or commits) one row per stage (wall, body, CPU, peak
+    RSS), one for the empty MLflow store and one for the total. With several trees, each gets its own clone
+    and they take turns stage by stage (alternating who goes first), so both see the same background load.
+    """
+    rows: list[dict[str, Any]] = []
+    work = Path(tempfile.mkdtemp(prefix=f"speed-{name}-"))
+    labels = {tree: name if len(args.trees) == 1 else f"{name}@{tree}" for tree in args.trees}
+    try:
+        env = child_env(args.threads, numba_cache)
+        clones: dict[str, Path] = {}
+        for index, tree in enumerate(args.trees):
+            (work / str(index)).mkdir()
+            clone = clones[tree] = make_clone(work / str(index), overrides, None if tree == "worktree" else tree)
+            log = logs / f"{labels[tree]}.log"
+            log.unlink(missing_ok=True)
+            # A fresh, empty (migrated) MLflow store, as tests/conftest.py makes it: not part of the total.
+            status, wall, cpu, rss = run_measured(
+                [sys.executable, "-c", "import sys; from mlflow.tracking import MlflowClient; "
+                 "MlflowClient(tracking_uri=f'sqlite:///{sys.argv[1]}/mlflow.db').search_experiments()", str(clone)],
+                clone, env, log)
+            if status != 0:
+                raise SystemExit(f"creating the MLflow store failed; see {log}")
+            rows.append({"kind": "pipeline", "config": labels[tree], "name": "(setup) empty MLflow store",
+                         "wall_s": wall, "cpu_s": cpu, "peak_rss_mib": rss})
+        stages: dict[str, list[dict[str, Any]]] = {tree: [] for tree in args.trees}
+        commands = {tree: dict(stage_order(clone / "dvc.yaml")) for tree, clone in clones.items()}
+        for turn, (stage, _) in enumerate(stage_order(clones[args.trees[0]] / "dvc.yaml")):
+            for tree in args.trees if turn % 2 == 0 else args.trees[::-1]:
+                clone, log, label = clones[tree], logs / f"{labels[tree]}.log", labels[tree]
+                command = ["dvc", "repro", "-s", stage] if args.runner == "dvc" else shlex.split(commands[tree][stage])
+                status, wall, cpu, rss = run_measured(command, clone, env, log)
+                if status != 0:
+                    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+                    raise SystemExit(f"[{label}] stage {stage} failed ({status}); log {log}:\n{tail}")
+                body = json.loads((clone / "reports" / "runs" / f"{stage}.json").read_text())["wall_time_s"]
+                stages[tree].append({"kind": "pipeline", "config": label, "name": stage, "wall_s": wall,
+                                     "body_s": body, "cpu_s": cpu, "peak_rss_mib": rss})
+                print(f"[speed] {label} {stage}: {wall:.1f} s (body {body:.1f} s, CPU {cpu:.1f} s), "
+                      f"peak RSS {rss:.0f} MiB", flush=True)
+        for tree in args.trees:
+            rows += stages[tree]
+            rows.append({"kind": "pipeline", "config": labels[tree], "name": "total",
+                         **{key: sum(r[key] for r in stages[tree]) for key in ("wall_s", "body_s", "cpu_s")},
+                         "peak_rss_mib": max(r["peak_rss_mib"] for r in stages[tree]),
+                         "outcome": outcome(clones[tree])})
+    finally:
+        if args.keep:
+            print(f"[speed] kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def outcome(clone: Path) -> str:
+    """Test accuracy of the pipeline's models (a sanity check that changes kept the results)."""
+    parts = []
+    for label, path in (("erm", "reports/metrics/erm.json"), ("stage2", "reports/metrics/stage2_train.json")):
+        test = json.loads((clone / path).read_text())["test"]
+        parts.append(f"{label} test avg {test['avg']:.4f} worst-group {test['worst_group']:.4f}")
+    probe = json.loads((clone / "reports/metrics/probe.json").read_text())
+    parts.append(f"probe stage2 test worst-group {probe['stage2']['probe']['test']['worst_group']:.4f}")
+    representation = json.loads((clone / "reports/metrics/representation.json").read_text())
+    parts.append(f"I(Y;Z) stage2 test {representation['stage2']['test']['mi_y']:.4f}")
+    return "; ".join(parts)
+
+
+# =========================================================================== (b) throughput: the baseline
+
+
+class PaperImages(Dataset):
+    """One sample at a time: a PIL image through torchvision transforms (``views`` of it), its label and extras."""
+
+    def __init__(self, images_hwc: np.ndarray, labels: np.ndarray, transform: Callable, views: int = 1,
+                 extras: tuple[np.ndarray, ...] = ()) -> None:
+        self.images, self.labels, self.transform, self.views, self.extras = images_hwc, labels, transform, views, extras
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple:
+        image = Image.fromarray(self.images[index])
+        views = [self.transform(image) for _ in range(self.views)]
+        return (*views, int(self.labels[index]), *(int(e[index]) for e in self.extras))
+
+
+class AddGaussianNoise:
+    """Pixel noise in [0, 1] units, clamped (WCL's view; debias adds std/255 of it to 0..255 pixels)."""
+
+    def __init__(self, std: float) -> None:
+        self.std = std
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + torch.randn_like(x) * self.std).clamp(0.0, 1.0)
+
+
+def paper_transform(size: int, shift: int, noise_std: float = 0.0) -> T.Compose:
+    """RandomCrop with zero padding (= a random shift of up to ``shift`` px), ToTensor, (noise), Normalize(0.5, 0.5)."""
+    steps: list[Any] = [T.RandomCrop(size, padding=shift)] if shift else []
+    steps.append(T.ToTensor())
+    if noise_std:
+        steps.append(AddGaussianNoise(noise_std / 255.0))
+    steps.append(T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))
+    return T.Compose(steps)
+
+
+class PaperNet(nn.Module):
+    """The same LeNet-5 encoder and head, fed normalised float images (the papers' transforms normalise)."""
+
+    def __init__(self, network: nn.Module) -> None:
+        super().__init__()
+        self.encoder, self.head = network.encoder, network.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def loader(dataset: Dataset, batch_size: int, num_workers: int, seed: int) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, drop_last=False,
+                      generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0)
+
+
+def baseline_classifier_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, data: DataLoader,
+                              device: torch.device) -> None:
+    model.train()
+    total_loss, correct, seen = 0.0, 0, 0
+    for x, y in data:
+        x, y = x.to(device), y.to(device)
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        total_loss += loss.item() * len(y)
+        correct += (logits.argmax(1) == y).sum().item()
+        seen += len(y)
+
+
+def baseline_contrastive_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, data: DataLoader, params: Params,
+                               device: torch.device) -> None:
+    method, loss_params = params.stage2.method, params.loss
+    tau, eps = loss_params.temperature, loss_params.epsilon
+    model.train()
+    running = 0.0
+    for x, y, bias in data:
+        x, y, bias = x.to(device), y.to(device), bias.to(device)
+        z = F.normalize(model.encoder(x), dim=1)
+        if method == "supcon":
+            con = base_supcon(z, y, tau)
+        elif method == "eps_supcon":
+            con = base_eps_supcon(z, y, eps, tau)
+        else:
+            con = base_eps_supinfonce(z, y, eps, tau)
+        loss = loss_params.alpha * con
+        if loss_params.fairkl.weight > 0:
+            loss = loss + loss_params.fairkl.weight * base_fairkl(z, y, bias)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        running += loss.item()
+
+
+def baseline_wcl_epoch(model: PaperNet, biased: PaperNet, optimizer: torch.optim.Optimizer, data: DataLoader,
+                       params: Params, device: torch.device) -> None:
+    wcl = params.stage2.wcl
+    model.train()
+    biased.train()
+    running = 0.0
+    for anchor, positive, _ in data:
+        anchor, positive = anchor.to(device), positive.to(device)
+        z_d_a, z_d_p = F.normalize(model.encoder(anchor), dim=1), F.normalize(model.encoder(positive), dim=1)
+        z_b_a, z_b_p = F.normalize(biased.encoder(anchor), dim=1), F.normalize(biased.encoder(positive), dim=1)
+        assert wcl.triplet_weight == 1.0, "base_wcl sums both terms with weight 1"
+        loss = base_wcl(z_d_a, z_d_p, z_b_a, z_b_p, params.loss.temperature, wcl.tau_plus)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        running += loss.item()
+
+
+def baseline_cnc_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, dataset: PaperImages,
+                       sampler: CNCBatchSampler, params: Params, device: torch.device) -> None:
+    """CNC's code: per contrastive batch, every index loaded through the dataset, one forward, a loop loss."""
+    lam = params.stage2.cnc.contrastive_weight
+    model.train()
+    running = 0.0
+    for batch in sampler:
+        groups = [batch.anchors, batch.positives, batch.negatives, batch.negatives2]
+        samples = [dataset[i] for group in groups for i in group.tolist()]
+        x = torch.stack([s[0] for s in samples]).to(device)
+        y = torch.tensor([s[1] for s in samples]).to(device)
+        z = model.encoder(x)
+        logits = model.head(z)
+        anchors, positives, negatives, negatives2 = F.normalize(z, dim=1).split([len(g) for g in groups])
+        contrastive = base_cnc_two_sided(anchors[None], positives[None], negatives[None], negatives2[None],
+                                         params.loss.temperature)
+        loss = lam * contrastive + (1 - lam) * F.cross_entropy(logits, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        running += loss.item()
+
+
+# =========================================================================== (b) throughput: both sides
+
+
+def subset(split: BiasedSplit, size: int, seed: int) -> BiasedSplit:
+    if size > len(split):
+        raise SystemExit(f"{size} samples asked for, the training split holds {len(split)}: lower the steps")
+    return split.subset(torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[:size].sort().values)
+
+
+def hwc(split: BiasedSplit) -> np.ndarray:
+    return np.ascontiguousarray(split.x.permute(0, 2, 3, 1).numpy())
+
+
+def setup_pair(method: str, params: Params, train_full: BiasedSplit, steps: int, seed: int, num_workers: int,
+               device: torch.device) -> tuple[Callable[[int], Any], Callable[[], Any], int, int]:
+    """(debias epoch, baseline epoch, batch size, samples per epoch) for one method, both freshly initialised."""
+    size = int(train_full.x.shape[-1])
+    s2 = params.stage2
+    generator = torch.Generator().manual_seed(seed)
+
+    def fresh() -> nn.Module:
+        torch.manual_seed(seed)
+        return build_model(params.model.name, train_full.n_classes, size).to(device)
+
+    if method == "erm":
+        train = subset(train_full, steps * params.erm.batch_size, seed)
+        model = fresh()
+        optim = params.erm
+        optimizer = build_optimizer(model.parameters(), optim.optimizer, optim.lr, optim.momentum, optim.weight_decay)
+        task = ClassifierTask(model, optimizer, train, optim.batch_size, generator, device,
+                              augment_shift=optim.augment_shift)
+        base = PaperNet(fresh())
+        base_opt = build_optimizer(base.parameters(), optim.optimizer, optim.lr, optim.momentum, optim.weight_decay)
+        data = loader(PaperImages(hwc(train), train.y.numpy(), paper_transform(size, optim.augment_shift)),
+                      optim.batch_size, num_workers, seed)
+        return (task.train_epoch, lambda: baseline_classifier_epoch(base, base_opt, data, device), optim.batch_size,
+                len(train))
+
+    kind = "contrastive" if s2.method in CONTRASTIVE_METHODS else s2.method
+    train = train_full if kind in ("cnc", "jtt") else subset(train_full, steps * s2.batch_size, seed)
+    inferred, minority = train.a.clone(), ~train.aligned  # true bias labels: no group inference needed here
+    torch.manual_seed(seed)
+    setup = setup_method(Stage2Inputs({"train": train}, inferred, minority, None, params, device, generator))
+    task = setup.task
+    base = PaperNet(fresh())
+    base_params = base.encoder.parameters() if kind in ("contrastive", "wcl") else base.parameters()
+    if kind == "wcl":
+        biased = PaperNet(fresh())
+        base_params = list(base.encoder.parameters()) + list(biased.encoder.parameters())
+    base_opt = build_optimizer(base_params, s2.optimizer, s2.lr, s2.momentum, s2.weight_decay)
+    transform = paper_transform(size, s2.augment_shift)
+    images, labels = hwc(train), train.y.numpy()
+
+    if kind == "jtt":
+        task.pool = task.pool[torch.randperm(len(task.pool), generator=torch.Generator().manual_seed(seed))]
+        task.pool = task.pool[: steps * s2.batch_size]  # a sample of JTT's upweighted pool, the same on both sides
+        data = loader(Subset(PaperImages(images, labels, transform), task.pool.tolist()), s2.batch_size, num_workers,
+                      seed)
+        return (task.train_epoch, lambda: baseline_classifier_epoch(base, base_opt, data, device), s2.batch_size,
+                len(task.pool))
+    if kind == "contrastive":
+        data = loader(PaperImages(images, labels, transform, extras=(inferred.numpy(),)), s2.batch_size, num_workers,
+                      seed)
+        return (task.train_epoch, lambda: baseline_contrastive_epoch(base, base_opt, data, params, device),
+                s2.batch_size, len(train))
+    if kind == "wcl":
+        wcl = s2.wcl
+        data = loader(PaperImages(images, labels, paper_transform(size, wcl.max_shift, wcl.noise_std), views=2),
+                      s2.batch_size, num_workers, seed)
+        return (task.train_epoch, lambda: baseline_wcl_epoch(base, biased, base_opt, data, params, device),
+                s2.batch_size, len(train))
+    if kind == "cnc":
+        cnc = s2.cnc
+        if cnc.accumulation != 1 or not cnc.two_sided:
+            raise SystemExit("the CNC baseline does one two-sided contrastive batch per optimiser step")
+        sampler = CNCBatchSampler(train.y, inferred, cnc.num_positives, cnc.num_negatives, cnc.two_sided, steps,
+                                  seed=params.seed, skip_empty_classes=cnc.skip_empty_classes)
+        dataset = PaperImages(images, labels, transform)
+        per_batch = 2 * cnc.num_positives + 2 * cnc.num_negatives
+        return (task.train_epoch, lambda: baseline_cnc_epoch(base, base_opt, dataset, sampler, params, device),
+                per_batch, steps * per_batch)
+    raise SystemExit(f"no baseline for stage2.method = {s2.method}")
+
+
+def method_params(base: dict, overrides: dict, kind_steps: dict[str, int], name: str) -> tuple[Params, int]:
+    raw = merge(base, overrides)
+    method = raw.get("stage2", {}).get("method", "erm") if name != "erm" else "erm"
+    kind = "contrastive" if method in CONTRASTIVE_METHODS else method
+    steps = int(kind_steps[kind])
+    if method == "cnc":
+        raw = merge(raw, {"stage2": {"cnc": {"batches_per_epoch": steps}}})
+    return validate(raw), steps
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_throughput(config: dict, npz: Path, methods: list[str], repeats: int, num_workers: int,
+                    device: torch.device) -> list[dict[str, Any]]:
+    base = fill_npz(config["base"], npz)
+    params = validate(base)
+    with tempfile.TemporaryDirectory() as raw_dir:
+        train = inject_bias(load_source(params.data, Path(raw_dir), params.seed), params.bias, params.seed)["train"]
+    rows = []
+    for name in methods:
+        method, steps = method_params(base, config["methods"][name], config["steps"], name)
+        ours, baseline, batch_size, samples = setup_pair(name, method, train, steps, method.seed, num_workers, device)
+        epoch = iter(range(10**9))
+        ours_epoch = lambda: ours(next(epoch))  # noqa: E731
+        timed(ours_epoch), timed(baseline)  # warm-up (allocator, lazy inits, DataLoader workers)
+        times: dict[str, list[float]] = {"debias": [], "baseline": []}
+        for repeat in range(repeats):  # alternate which side goes first, so both see the same background load
+            pair = [("debias", ours_epoch), ("baseline", baseline)]
+            for side, fn in (pair if repeat % 2 == 0 else pair[::-1]):
+                times[side].append(timed(fn))
+        ours_s, base_s = statistics.median(times["debias"]), statistics.median(times["baseline"])
+        row = {"kind": "throughput", "config": "mnist10k", "name": name, "batch_size": batch_size, "steps": steps,
+               "samples": samples, "repeats": repeats, "debias_s": ours_s, "baseline_s": base_s,
+               "debias_sps": samples / ours_s, "baseline_sps": samples / base_s, "ratio": base_s / ours_s}
+        rows.append(row)
+        print(f"[speed] {name}: debias {row['debias_sps']:.0f} samples/s, baseline {row['baseline_sps']:.0f} "
+              f"samples/s, ratio {row['ratio']:.2f} (epoch s: {[round(t, 2) for t in times['debias']]} vs "
+              f"{[round(t, 2) for t in times['baseline']]})", flush=True)
+    return rows
+
+
+# =========================================================================== output
+
+
+def machine(threads: int, num_workers: int) -> list[str]:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [f"{platform.system()} {platform.release()}, {model}, {cores} usable cores (os.cpu_count {os.cpu_count()})",
+            f"Python {platform.python_version()}, torch {torch.__version__}, torchvision {torchvision.__version__}",
+            f"torch threads {threads} (benchmark process; DEBIAS_THREADS={threads} for pipeline stages), "
+            f"baseline DataLoader num_workers={num_workers}"]
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    return "" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def markdown(rows: list[dict], header: list[str]) -> str:
+    lines = ["# Speed benchmark", "", *[f"- {h}" for h in header], ""]
+    pipelines = list(dict.fromkeys(r["config"] for r in rows if r["kind"] == "pipeline"))
+    if pipelines:
+        lines += ["## Pipeline stages", "",
+                  "Wall: the stage's `dvc repro -s` (or command) as a child process; body: the stage body as its "
+                  "run record (reports/runs/<stage>.json) times it; CPU: user + system seconds of the stage's "
+                  "process tree; peak RSS: its largest process (DVC or the stage; RUSAGE_CHILDREN of a small "
+                  "launcher). Total: the sum over the stages (the empty MLflow store, made first, is not in it).", ""]
+        head = "| stage |" + "".join(f" {p} wall (s) | {p} body (s) | {p} CPU (s) | {p} peak RSS (MiB) |"
+                                     for p in pipelines)
+        lines += [head, "|---|" + "---:|---:|---:|---:|" * len(pipelines)]
+        names = list(dict.fromkeys(r["name"] for r in rows if r["kind"] == "pipeline"))
+        for name in names:
+            cells = []
+            for p in pipelines:
+                r = next((r for r in rows if r["kind"] == "pipeline" and r["config"] == p and r["name"] == name), {})
+                cells += [fmt(r.get(key)) for key in ("wall_s", "body_s", "cpu_s")] + [fmt(r.get("peak_rss_mib"), 0)]
+            label = f"**{name}**" if name == "total" else name
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for p in pipelines:
+            total = next(r for r in rows if r["kind"] == "pipeline" and r["config"] == p and r["name"] == "total")
+            lines.append(f"- {p}: total {total['wall_s'] / 60:.1f} min; {total.get('outcome', '')}")
+        lines.append("")
+    through = [r for r in rows if r["kind"] == "throughput"]
+    if through:
+        lines += ["## Training-step throughput (mnist10k CMNIST*, LeNet-5)", "",
+                  "samples/s of one training epoch of `steps` steps (median of the repeats; debias and baseline "
+                  "alternate); ratio = debias / baseline samples/s.", "",
+                  "| method | batch | steps | debias (samples/s) | baseline (samples/s) | debias / baseline |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in through:
+            lines.append(f"| {r['name']} | {r['batch_size']} | {r['steps']} | {r['debias_sps']:.0f} | "
+                         f"{r['baseline_sps']:.0f} | {r['ratio']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=str(HERE / "speed.yaml"))
+    parser.add_argument("--npz", default=str(DEFAULT_NPZ), help="mnist10k.npz (x uint8 [N,28,28], y)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads here and DEBIAS_THREADS of the stages")
+    parser.add_argument("--pipelines", nargs="*", help="subset of the config's pipelines (default: all)")
+    parser.add_argument("--methods", nargs="*", help="subset of the config's throughput methods (default: all)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--num-workers", type=int, default=0, help="the baseline DataLoader's workers")
+    parser.add_argument("--runner", choices=("dvc", "direct"), default="dvc",
+                        help="dvc: `dvc repro -s <stage>`; direct: the stage's cmd from dvc.yaml")
+    parser.add_argument("--cold-numba", action="store_true", help="stages get an empty NUMBA_CACHE_DIR")
+    parser.add_argument("--trees", nargs="+", default=["worktree"],
+                        help="what the pipeline clones hold: 'worktree' and/or commits; several take turns per stage")
+    parser.add_argument("--skip-pipeline", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary clones")
+    parser.add_argument("--out", default=str(HERE / "results" / "speed"), help="writes OUT.md and OUT.csv")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    npz = Path(args.npz).resolve()
+    config = yaml.safe_load(Path(args.config).read_text())
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = datetime.datetime.now().astimezone()
+    load_before = os.getloadavg()
+    rows: list[dict[str, Any]] = []
+    cold = None
+    if not args.skip_pipeline:
+        logs = Path(tempfile.mkdtemp(prefix="speed-logs-"))
+        cold = Path(tempfile.mkdtemp(prefix="speed-numba-")) if args.cold_numba else None
+        for name, overrides in config["pipelines"].items():
+            if args.pipelines and name not in args.pipelines:
+                continue
+            rows += time_pipeline(name, fill_npz(overrides, npz), args, cold or NUMBA_CACHE, logs)
+        print(f"[speed] stage logs in {logs}")
+    if not args.skip_throughput:
+        methods = [m for m in config["throughput"]["methods"] if not args.methods or m in args.methods]
+        rows += time_throughput(config["throughput"], npz, methods, args.repeats, args.num_workers,
+                                torch.device("cpu"))
+    command = shlex.join(["python", "benchmarks/speed.py", *(argv if argv is not None else sys.argv[1:])])
+    header = [f"Command: `{command}`",
+              f"Date: {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before[0]:.2f}, "
+              f"after {os.getloadavg()[0]:.2f}",
+              *machine(args.threads, args.num_workers),
+              f"Pipeline stages: runner `{args.runner}`, DEBIAS_TRACKING=required, fresh MLflow store per clone, "
+              f"numba cache {'empty (cold)' if cold else f'{NUMBA_CACHE} (warm after a first run)'}, "
+              f"clones of {', '.join('the working tree' if t == 'worktree' else 'commit ' + t for t in args.trees)}"]
+    out.with_suffix(".md").write_text(markdown(rows, header))
+    fields = ["kind", "config", "name", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "batch_size", "steps", "samples",
+              "repeats", "debias_s", "baseline_s", "debias_sps", "baseline_sps", "ratio", "outcome"]
+    with open(out.with_suffix(".csv"), "w", newline="") as handle:
+        handle.write("".join(f"# {h}\n" for h in header))
+        writer = csv.DictWriter(handle, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    print(out.with_suffix(".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
