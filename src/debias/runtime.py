@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 
 import numpy as np
 import torch
@@ -38,10 +39,27 @@ def configure_threads() -> None:
         torch.set_num_threads(int(threads))
 
 
+def use_deterministic_algorithms() -> None:
+    """``torch.use_deterministic_algorithms(True, warn_only=True)`` without its import of torch._inductor.
+
+    torch's function also sets TorchInductor's ``deterministic`` flag, importing torch._inductor and
+    torch._dynamo for it: ~2.5 s in every stage process, for a compiler the pipeline never uses. The
+    eager flag is the same; inductor's is set too when something has already imported it.
+    """
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:  # a torch without the private setter: the public function
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        return
+    setter(True, warn_only=True)
+    inductor_config = sys.modules.get("torch._inductor.config")
+    if inductor_config is not None:
+        inductor_config.deterministic = True
+
+
 def seed_everything(seed: int) -> torch.Generator:
     """Seed Python, NumPy and torch; return a torch Generator for data order (CPU)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    use_deterministic_algorithms()
     return torch.Generator().manual_seed(seed)
