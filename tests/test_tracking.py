@@ -123,3 +123,18 @@ def test_concurrent_loggers_on_a_fresh_store_lose_no_run(tmp_path) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert sorted(r.data.metrics["value"] for r in runs) == [0.0, 1.0]
+
+
+def test_model_requirements_are_what_mlflow_infers(tmp_path) -> None:
+    """log_model pins the requirements itself: the same requirements.txt as MLflow's (slow, subprocess) inference."""
+    import mlflow.pytorch
+
+    from debias.models import build_model
+    from debias.tracking import model_requirements
+
+    model = build_model("lenet5", 5, 28)
+    mlflow.pytorch.save_model(model, str(tmp_path / "inferred"), serialization_format="pickle")
+    mlflow.pytorch.save_model(model, str(tmp_path / "pinned"), serialization_format="pickle",
+                              pip_requirements=model_requirements(model))
+    inferred, pinned = ((tmp_path / name / "requirements.txt").read_text() for name in ("inferred", "pinned"))
+    assert "debias==" in pinned and pinned == inferred

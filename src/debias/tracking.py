@@ -172,13 +172,39 @@ class StageRun:
 
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / name
-            mlflow.pytorch.save_model(model, str(target), serialization_format="pickle")
+            mlflow.pytorch.save_model(model, str(target), serialization_format="pickle",
+                                      pip_requirements=model_requirements(model))
             self.client.log_artifacts(self.run_id, str(target), name)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         if self.active:
             for key, value in tags.items():
                 self.client.set_tag(self.run_id, key, value)
+
+
+# Imported by loading a pickled torch model with mlflow.pytorch, besides the modules of the model's classes.
+MODEL_LOADER_MODULES = ("torch", "cloudpickle", "numpy", "pandas")
+
+
+def model_requirements(model: Any) -> list[str] | None:
+    """Pinned pip requirements of a pickled torch ``model``: the list MLflow's inference finds.
+
+    That inference loads the saved model in a subprocess that imports torch and mlflow again to
+    watch which modules load (~5 s in every training stage); the answer is the distributions of the
+    model's own classes' modules (debias, torch, torchvision for resnet18) and those MLflow's loader
+    imports. None (MLflow infers) when a distribution cannot be resolved.
+    """
+    try:
+        from importlib.metadata import packages_distributions
+
+        from mlflow.utils.requirements_utils import _get_pinned_requirement
+
+        modules = {type(m).__module__.split(".")[0] for m in model.modules()} | set(MODEL_LOADER_MODULES)
+        distributions = packages_distributions()
+        names = sorted({dist for module in modules for dist in distributions[module]})
+        return [_get_pinned_requirement(dist) for dist in names]
+    except Exception:
+        return None
 
 
 @contextlib.contextmanager
