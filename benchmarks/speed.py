@@ -162,8 +162,11 @@ def run_measured(command: list[str], cwd: Path, env: dict[str, str], log: Path) 
     return status, wall, cpu, peak_kib / 1024
 
 
-def child_env(threads: int, numba_cache: Path) -> dict[str, str]:
+def child_env(threads: int, numba_cache: Path, clone: Path) -> dict[str, str]:
+    """The stages' environment: tracking required, the thread count, and the clone's own src/ first on the
+    path (the editable install points at this repository's src/, which would make every clone run it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(clone / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     env.update(DEBIAS_TRACKING="required", DEBIAS_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE",
                NUMBA_CACHE_DIR=str(numba_cache), MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1",
                GIT_AUTHOR_NAME="speed", GIT_AUTHOR_EMAIL="speed@local", GIT_COMMITTER_NAME="speed",
@@ -182,11 +185,14 @@ def time_pipeline(name: str, overrides: dict, args: argparse.Namespace, numba_ca
     work = Path(tempfile.mkdtemp(prefix=f"speed-{name}-"))
     labels = {tree: name if len(args.trees) == 1 else f"{name}@{tree}" for tree in args.trees}
     try:
-        env = child_env(args.threads, numba_cache)
         clones: dict[str, Path] = {}
+        envs: dict[str, dict[str, str]] = {}
         for index, tree in enumerate(args.trees):
             (work / str(index)).mkdir()
             clone = clones[tree] = make_clone(work / str(index), overrides, None if tree == "worktree" else tree)
+            env = envs[tree] = child_env(args.threads, numba_cache, clone)
+            check = "import debias, sys; sys.exit(0 if debias.__file__.startswith(sys.argv[1]) else 3)"
+            subprocess.run([sys.executable, "-c", check, str(clone / "src")], env=env, cwd=clone, check=True)
             log = logs / f"{labels[tree]}.log"
             log.unlink(missing_ok=True)
             # A fresh, empty (migrated) MLflow store, as tests/conftest.py makes it: not part of the total.
@@ -204,7 +210,7 @@ def time_pipeline(name: str, overrides: dict, args: argparse.Namespace, numba_ca
             for tree in args.trees if turn % 2 == 0 else args.trees[::-1]:
                 clone, log, label = clones[tree], logs / f"{labels[tree]}.log", labels[tree]
                 command = ["dvc", "repro", "-s", stage] if args.runner == "dvc" else shlex.split(commands[tree][stage])
-                status, wall, cpu, rss = run_measured(command, clone, env, log)
+                status, wall, cpu, rss = run_measured(command, clone, envs[tree], log)
                 if status != 0:
                     tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
                     raise SystemExit(f"[{label}] stage {stage} failed ({status}); log {log}:\n{tail}")
