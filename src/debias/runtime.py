@@ -1,7 +1,8 @@
 """Machine settings (device, threads, seeding) from environment variables, never params.
 
 ``DEBIAS_DEVICE``   cuda | mps | cpu (default: CUDA, then MPS, then CPU)
-``DEBIAS_THREADS``  torch CPU threads (default: torch's choice)
+``DEBIAS_THREADS``  CPU threads of torch and of the BLAS / OpenMP pools under numpy, scipy and
+                    scikit-learn (default: each library's choice, usually one per core)
 Machine settings stay out of params.yaml so that DVC does not rerun stages when they change.
 """
 
@@ -31,12 +32,30 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
+# Read by OpenBLAS / MKL / OpenMP runtimes when they load (scipy's OpenBLAS and scikit-learn's OpenMP load lazily).
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def configure_threads() -> None:
+    """``DEBIAS_THREADS``: torch's thread count, and the same cap on every BLAS / OpenMP pool.
+
+    Capping only torch left numpy's and scipy's OpenBLAS at one thread per core: on 2 cores shared
+    with other jobs, one logistic-regression fit of the probe took 9-33 s with 2 BLAS threads (each
+    call waits for a descheduled thread) and 0.8 s with 1. Pools already loaded are capped with
+    threadpoolctl, later ones through the environment variables they read when they load.
+    """
     threads = os.environ.get("DEBIAS_THREADS")
     if threads:
         if not threads.isdigit() or int(threads) < 1:
             raise ValueError(f"DEBIAS_THREADS = '{threads}'; allowed: a whole number >= 1")
         torch.set_num_threads(int(threads))
+        for name in THREAD_VARIABLES:
+            os.environ[name] = threads
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:  # scikit-learn brings it; without it only the variables apply
+            return
+        threadpool_limits(int(threads))
 
 
 def use_deterministic_algorithms() -> None:
