@@ -557,7 +557,15 @@ def markdown(rows: list[dict], header: list[str]) -> str:
     if through:
         lines += ["## Training-step throughput (mnist10k CMNIST*, LeNet-5)", "",
                   "samples/s of one training epoch of `steps` steps (median of the repeats; debias and baseline "
-                  "alternate); ratio = debias / baseline samples/s.", "",
+                  "alternate); ratio = debias / baseline samples/s. debias: its Task classes (ClassifierTask for "
+                  "erm/jtt, CNCTask, ContrastiveTask, WCLTask) on the uint8 training tensors, batched shift "
+                  "augmentation, vectorised losses. Baseline: a per-sample Dataset (PIL image, torchvision "
+                  "RandomCrop(28, padding=2), ToTensor, Normalize; WCL: two views plus Gaussian noise), a "
+                  "DataLoader (shuffle; CNC: every index of its batches loaded through the dataset), the "
+                  "mask-and-sum losses of benchmarks/bench_losses.py, `.item()` per step. Both run the same "
+                  "LeNet-5 module (debias' own, so the model's cost is the same on both sides), optimiser, batch "
+                  "size and steps, on one process with the same torch threads; tqdm bars are off when stdout "
+                  "is not a terminal.", "",
                   "| method | batch | steps | debias (samples/s) | baseline (samples/s) | debias / baseline |",
                   "|---|---:|---:|---:|---:|---:|"]
         for r in through:
@@ -565,6 +573,24 @@ def markdown(rows: list[dict], header: list[str]) -> str:
                          f"{r['baseline_sps']:.0f} | {r['ratio']:.2f} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def read_results(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    """The header lines and rows of a results CSV, numbers as numbers (for --render)."""
+    lines = path.read_text().splitlines()
+    header = [line[2:] for line in lines if line.startswith("# ")]
+
+    def value(text: str) -> Any:
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                continue
+        return text
+
+    rows = [{k: value(v) for k, v in row.items() if v != ""}
+            for row in csv.DictReader(line for line in lines if not line.startswith("#"))]
+    return header, rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -585,7 +611,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the temporary clones")
     parser.add_argument("--out", default=str(HERE / "results" / "speed"), help="writes OUT.md and OUT.csv")
+    parser.add_argument("--render", metavar="CSV", help="only rewrite the Markdown of an earlier run's CSV")
     args = parser.parse_args(argv)
+    if args.render:
+        header, rows = read_results(Path(args.render))
+        Path(args.render).with_suffix(".md").write_text(markdown(rows, header))
+        return 0
     torch.set_num_threads(args.threads)
     npz = Path(args.npz).resolve()
     config = yaml.safe_load(Path(args.config).read_text())
