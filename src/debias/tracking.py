@@ -13,6 +13,9 @@ naming the URI) | ``optional`` (warn and run without logging) | ``off``.
 Every stage run is tagged with the stage, git commit, DVC experiment name and the hash of
 the params it read, and writes a run record JSON (run id, status, wall time) as a stage
 output, so the link survives when DVC restores the stage from its run-cache.
+
+Under ``torchrun`` only rank 0 opens the MLflow run and writes the run record; the other
+ranks get a no-op :class:`StageRun` (:func:`stage_run`), so one stage is one MLflow run.
 """
 
 from __future__ import annotations
@@ -212,8 +215,14 @@ def stage_run(stage: str, params: dict[str, Any], record_path: str | Path | None
               experiment: str | None = None) -> Iterator[StageRun]:
     """Open an MLflow run for ``stage`` tagged for provenance; write a run record on success.
 
-    A SIGTERM ends the run as KILLED; an exception as FAILED (and re-raises).
+    A SIGTERM ends the run as KILLED; an exception as FAILED (and re-raises). On a rank other
+    than 0 of a ``torchrun`` launch it yields a no-op run and touches neither MLflow nor the record.
     """
+    from debias.distributed import is_main  # here: importing it imports torch, which tracking alone does not need
+
+    if not is_main():
+        yield StageRun(None, None)
+        return
     root = repo_root()
     mode = tracking_mode()
     uri = tracking_uri(root)

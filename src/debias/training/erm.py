@@ -2,6 +2,9 @@
 
 Batches are index tensors into the stored uint8 images, shuffled by a seeded generator;
 ``pool`` lists the indices one epoch visits (ERM: every index once; JTT: errors repeated).
+Under ``torchrun`` every rank draws and augments the same global batch, forwards its shard and
+gathers the logits, so the loss is the global batch's mean cross-entropy (see
+:mod:`debias.distributed`); only rank 0 writes outputs.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from debias import distributed
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.io import atomic_path, load_torch, save_json, save_torch
@@ -69,14 +73,17 @@ class ClassifierTask(GeneratorTask):
         total_loss = torch.zeros((), dtype=torch.float64)
         total_correct, seen = 0, 0
         batches = order.split(self.batch_size)
-        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=None if self.progress else True)
+        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
+                   disable=None if self.progress and distributed.is_main() else True)
         for index in bar:
-            x = random_shift(self.train.x[index], self.augment_shift, self.generator).to(self.device, non_blocking=True)
+            x = random_shift(self.train.x[index], self.augment_shift, self.generator)  # the global batch
+            x = x[distributed.shard_slice(len(index))].to(self.device, non_blocking=True)
             y = self.train.y[index].to(self.device, non_blocking=True)
-            logits = self.model(x)
+            logits = distributed.all_gather_rows(self.model(x), len(index))
             loss = F.cross_entropy(logits, y)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            distributed.sum_gradients(self.optimizer)
             self.optimizer.step()
             total_loss += loss.detach().double().cpu() * len(index)
             total_correct += int((logits.argmax(1) == y).sum())
@@ -148,8 +155,12 @@ class StageOutputs:
 
 def train_erm(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParams, seed: int, run: StageRun,
               out: StageOutputs) -> dict[str, dict]:
-    """Cross-entropy training from scratch, selection by ``optim.selection``, then every output."""
-    device = pick_device()
+    """Cross-entropy training from scratch, selection by ``optim.selection``, then every output.
+
+    Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
+    outputs and returns the accuracy reports, the other ranks return ``{}``.
+    """
+    device = distributed.init_from_env(pick_device())
     generator = seed_everything(seed)
     train = splits["train"]
     model = build_model(model_name, train.n_classes, int(train.x.shape[-1])).to(device)
@@ -162,6 +173,9 @@ def train_erm(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParam
     result = fit(task, optimizer, optim.epochs, validator(model, splits["val"], optim.eval_batch_size, device),
                  selection=optim.selection, scheduler=scheduler, state_path=out.resume, state_key=key,
                  on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch))
-    reports = write_outputs(model, model_name, result, splits, run, out, optim.eval_batch_size, device, "erm")
-    finish(out.resume)
+    reports: dict[str, dict] = {}
+    if distributed.is_main():
+        reports = write_outputs(model, model_name, result, splits, run, out, optim.eval_batch_size, device, "erm")
+        finish(out.resume)
+    distributed.barrier()
     return reports

@@ -8,6 +8,11 @@ optimizer, scheduler, RNG states, the task's sampler state, history and the best
 Rerunning after a kill continues from the last completed epoch and ends with the same
 result as an uninterrupted run (CPU, same seed). The resume state is tied to a hash of the
 params; a state from other params is ignored, and it is deleted on success.
+
+Under ``torchrun`` (:mod:`debias.distributed`) every rank runs ``fit``: all ranks load the resume
+state (and must agree on the epoch it resumes from), only rank 0 saves or deletes it; each
+epoch's metrics are rank 0's, broadcast, so every rank takes the same selection decision, and
+rank 0's weights are broadcast after validation, so the selected weights are the same on every rank.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from debias import distributed
 from debias.io import CorruptFileError, load_torch, save_torch
 
 
@@ -114,6 +120,8 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
             history = saved["history"]
             best_epoch, best_score, best_state = saved["best_epoch"], saved["best_score"], saved["best_state"]
             start = resumed_from = saved["epoch"] + 1
+    distributed.agree(start, "the epoch to resume from (every rank reads rank 0's resume state)")
+    distributed.broadcast_modules(task.modules().values())
 
     for epoch in range(start, epochs):
         for module in task.modules().values():
@@ -124,13 +132,15 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
         for module in task.modules().values():
             module.eval()
         metrics.update(validate())
+        metrics = distributed.broadcast_object(metrics)  # rank 0's numbers: one selection decision everywhere
+        distributed.broadcast_modules(task.modules().values())  # rank 0's weights (BatchNorm statistics, head)
         history.append(metrics)
         score = float(epoch) if selection == "last" else selection_score(metrics, selection)
         if score > best_score:
             best_epoch, best_score, best_state = epoch, score, _module_states(task)
         if on_epoch is not None:
             on_epoch(epoch, metrics)
-        if state_path is not None:
+        if state_path is not None and distributed.is_main():
             save_torch(state_path, {
                 "key": state_key, "epoch": epoch, "modules": _module_states(task),
                 "optimizer": optimizer.state_dict(),
@@ -144,8 +154,8 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
 
 
 def finish(state_path: str | Path | None) -> None:
-    """Delete the resume state once the stage's outputs are written."""
-    if state_path is not None:
+    """Delete the resume state once the stage's outputs are written (rank 0 only: it owns the file)."""
+    if state_path is not None and distributed.is_main():
         Path(state_path).unlink(missing_ok=True)
 
 

@@ -19,6 +19,11 @@ does not fit raises :class:`ResourceError` naming the param, its value and the l
 that fits. The stage harness turns a real out-of-memory error into the same kind of advice
 (:func:`out_of_memory_advice`).
 
+Under ``torchrun`` with W ranks (:mod:`debias.distributed`) each rank forwards its shard of the
+batch (``ceil(images / W)``) but keeps the loss's B x B matrices of the whole gathered batch; on
+CUDA every rank has its own GPU, on the CPU the W processes share the machine's memory, so the
+step (and the evaluation batch every rank runs) is counted W times. One process: W = 1, as before.
+
 ``DEBIAS_MEMORY_CHECK=off`` skips the check (a machine setting, not a param).
 """
 
@@ -35,6 +40,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from debias import distributed
 
 BACKWARD_MARGIN = 1.75  # activations x this: gradients of activations and allocator slack during backward
 USABLE_FRACTION = 0.9  # of the free memory, the rest for the interpreter, data loading and fragmentation
@@ -166,6 +173,8 @@ class StepPlan:
 
     ``images = value * images_per_unit * forwards`` (value capped at ``max_value``); the loss
     keeps ``pairwise`` float matrices of side ``value * images_per_unit`` (contrastive losses).
+    ``ranks`` processes share a step (each forwards ``ceil(images / ranks)``, every one keeps the
+    whole pairwise matrices); ``copies`` of those processes share this device's memory.
     """
 
     key: str
@@ -174,6 +183,14 @@ class StepPlan:
     forwards: int = 1
     max_value: int | None = None
     pairwise: int = 0
+    ranks: int = 1
+    copies: int = 1
+
+
+def distributed_plan(plan: StepPlan, device: torch.device) -> StepPlan:
+    """``plan`` for this run's ranks: W ranks share a step; on the CPU (one memory) all W count, on CUDA one."""
+    ranks = distributed.world_size()
+    return dataclasses.replace(plan, ranks=ranks, copies=ranks if device.type != "cuda" else 1)
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> int:
@@ -189,9 +206,11 @@ def trained_weight_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def step_bytes(prof: Profile, plan: StepPlan, value: int, fixed: int) -> float:
+    """Bytes one training step at ``plan.key = value`` needs on the device (all ``plan.copies`` processes)."""
     side = value * plan.images_per_unit
-    activations = BACKWARD_MARGIN * prof.train_bytes_per_image * side * plan.forwards
-    return fixed + activations + plan.pairwise * 4.0 * side * side
+    local = -(-side // plan.ranks)  # this rank's shard of the batch
+    activations = BACKWARD_MARGIN * prof.train_bytes_per_image * local * plan.forwards
+    return plan.copies * (fixed + activations + plan.pairwise * 4.0 * side * side)
 
 
 def largest_value_that_fits(prof: Profile, plan: StepPlan, fixed: int, usable: float) -> int:
@@ -214,6 +233,7 @@ def check_fits(prof: Profile, plan: StepPlan, fixed_bytes: int, device: torch.de
     if free is None:
         return
     usable = USABLE_FRACTION * free
+    where = device.type + (f" ({plan.copies} processes)" if plan.copies > 1 else "")
     value = min(plan.value, plan.max_value) if plan.max_value is not None else plan.value
     need = step_bytes(prof, plan, value, fixed_bytes)
     if need > usable:
@@ -223,16 +243,16 @@ def check_fits(prof: Profile, plan: StepPlan, fixed_bytes: int, device: torch.de
                 "more memory")
         raise ResourceError(
             f"{plan.key} = {plan.value} does not fit in memory: one training step of {model_name} needs about "
-            f"{gib(need)} on {device.type}, {gib(free)} is free. To reduce it, {what} "
+            f"{gib(need)} on {where}, {gib(free)} is free. To reduce it, {what} "
             "(DEBIAS_MEMORY_CHECK=off skips this check)")
     if eval_key is not None and eval_batch_size is not None:
         batch = min(eval_batch_size, eval_max) if eval_max is not None else eval_batch_size
-        need = prof.weight_bytes + prof.eval_bytes_per_image * batch
+        need = plan.copies * (prof.weight_bytes + prof.eval_bytes_per_image * batch)
         if need > usable:
-            fits = int(max(usable - prof.weight_bytes, 0) // max(prof.eval_bytes_per_image, 1))
+            fits = int(max(usable / plan.copies - prof.weight_bytes, 0) // max(prof.eval_bytes_per_image, 1))
             raise ResourceError(
                 f"{eval_key} = {eval_batch_size} does not fit in memory: evaluating {model_name} on {batch} images "
-                f"at once needs about {gib(need)} on {device.type}, {gib(free)} is free. To reduce it, lower "
+                f"at once needs about {gib(need)} on {where}, {gib(free)} is free. To reduce it, lower "
                 f"{eval_key} to {max(fits, 1)} or less (DEBIAS_MEMORY_CHECK=off skips this check)")
 
 
@@ -264,8 +284,8 @@ def check_classifier_fits(model: nn.Module, optimizer: torch.optim.Optimizer, mo
     if prof is None:
         return
     fixed = prof.weight_bytes + trained_weight_bytes(optimizer) * (1 + optimizer_state_tensors(optimizer))
-    check_fits(prof, StepPlan(f"{prefix}.batch_size", batch_size, max_value=n_train), fixed, device, model_name,
-               f"{prefix}.eval_batch_size", eval_batch_size, n_eval)
+    plan = distributed_plan(StepPlan(f"{prefix}.batch_size", batch_size, max_value=n_train), device)
+    check_fits(prof, plan, fixed, device, model_name, f"{prefix}.eval_batch_size", eval_batch_size, n_eval)
 
 
 def check_stage2_fits(method: str, networks: list[nn.Module], optimizer: torch.optim.Optimizer, params: Any,
@@ -293,8 +313,8 @@ def check_stage2_fits(method: str, networks: list[nn.Module], optimizer: torch.o
         plan = StepPlan("stage2.batch_size", s2.batch_size, max_value=n_train, pairwise=pairwise)
     else:  # erm, jtt
         plan = StepPlan("stage2.batch_size", s2.batch_size, max_value=n_train)
-    check_fits(prof, plan, fixed, device, params.model.name, "stage2.eval_batch_size", s2.eval_batch_size,
-               n_eval, hint_if_none_fits=hint)
+    check_fits(prof, distributed_plan(plan, device), fixed, device, params.model.name, "stage2.eval_batch_size",
+               s2.eval_batch_size, n_eval, hint_if_none_fits=hint)
 
 
 # --------------------------------------------------------------------------- after the fact: a real OOM

@@ -18,6 +18,13 @@ fitted at the end of every epoch on the frozen training features (:func:`fit_hea
 logistic regression, full-batch L-BFGS, no gradient into the encoder), so every epoch has a
 validation worst-group accuracy for checkpoint selection; the linear_probe stage refits it with
 its own regularisation search.
+
+Under ``torchrun`` (:mod:`debias.distributed`) each batch (a shuffled minibatch, a CNC forward
+chunk of contrastive batches, WCL's two views) is the global batch: every rank draws and augments
+all of it with the same generator, forwards its contiguous shard and all-gathers the features
+(and logits) with gradient, so the loss, negatives from every rank included, is the
+single-process loss of the global batch; the ranks' gradients are summed before each step.
+Labels and bias labels need no gather: every rank holds the batch's indices.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from debias import losses
+from debias import distributed, losses
 from debias.data.augment import random_shift, view
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
@@ -168,14 +175,16 @@ class ContrastiveTask(GeneratorTask):
         loss_params = self.params.loss
         order = torch.randperm(len(self.train), generator=self.generator)
         progress = _Progress()
-        bar = tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}", leave=False, disable=None)
+        bar = tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}", leave=False,
+                   disable=None if distributed.is_main() else True)
         for index in bar:
             if len(index) < 2:
                 continue  # a single sample has no pair
-            x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator).to(self.device)
+            x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
+            x = x[distributed.shard_slice(len(index))].to(self.device)
             y = self.train.y[index].to(self.device)
             z = self.model.embed(x)
-            zn = _normalise(z)
+            zn = distributed.all_gather_rows(_normalise(z), len(index))
             con = self.contrastive(zn, y, self.params)
             loss = loss_params.alpha * con
             parts = {"contrastive": con.detach()}
@@ -185,6 +194,7 @@ class ContrastiveTask(GeneratorTask):
                 parts["fairkl"] = reg.detach()
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            distributed.sum_gradients(self.optimizer)
             self.optimizer.step()
             progress.add(loss=loss.detach(), **parts)
             bar.set_postfix(loss=f"{progress.sums['loss'] / progress.count:.4f}", refresh=False)
@@ -232,9 +242,12 @@ class CNCTask(GeneratorTask):
         groups = [batch.anchors, batch.positives, batch.negatives] + ([batch.negatives2] if batch.negatives2 is not None else [])
         sizes = [g.shape[1] for g in groups]
         index = torch.cat(groups, dim=1)  # [count, 2M + 2N]
-        x = random_shift(self.train.x[index.flatten()], self.params.stage2.augment_shift, self.generator).to(self.device)
+        x = random_shift(self.train.x[index.flatten()], self.params.stage2.augment_shift, self.generator)
+        total = len(x)  # every rank holds the chunk's images; each forwards its shard of them
+        x = x[distributed.shard_slice(total)].to(self.device)
         y = self.train.y[index.flatten()].to(self.device)
         z, logits = self.model.embed_and_classify(x)
+        z, logits = distributed.all_gather_rows(z, total), distributed.all_gather_rows(logits, total)
         parts = _normalise(z).reshape(count, index.shape[1], -1).split(sizes, dim=1)
         contrastive = losses.cnc_two_sided(parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else None,
                                            self.params.loss.temperature)
@@ -245,7 +258,8 @@ class CNCTask(GeneratorTask):
         lam = cnc.contrastive_weight
         remaining = len(self.sampler)
         progress = _Progress()
-        bar = tqdm(total=remaining, desc=f"epoch {epoch}", leave=False, disable=None)
+        bar = tqdm(total=remaining, desc=f"epoch {epoch}", leave=False,
+                   disable=None if distributed.is_main() else True)
         while remaining > 0:
             step_batches = min(cnc.accumulation, remaining)
             self.optimizer.zero_grad(set_to_none=True)
@@ -258,6 +272,7 @@ class CNCTask(GeneratorTask):
                 progress.add(loss=loss.detach(), contrastive=contrastive.detach(), ce=ce.detach())
                 done += count
                 bar.update(count)
+            distributed.sum_gradients(self.optimizer)
             self.optimizer.step()
             remaining -= step_batches
         bar.close()
@@ -299,20 +314,24 @@ class WCLTask(GeneratorTask):
         wcl = self.params.stage2.wcl
         order = torch.randperm(len(self.train), generator=self.generator)
         progress = _Progress()
-        for index in tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}", leave=False, disable=None):
+        for index in tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}", leave=False,
+                          disable=None if distributed.is_main() else True):
             if len(index) < 2:
                 continue
             images = self.train.x[index]
-            anchor = view(images, wcl.max_shift, wcl.noise_std, self.generator).to(self.device)
-            positive = view(images, wcl.max_shift, wcl.noise_std, self.generator).to(self.device)
+            local = distributed.shard_slice(len(index))
+            anchor = view(images, wcl.max_shift, wcl.noise_std, self.generator)[local].to(self.device)
+            positive = view(images, wcl.max_shift, wcl.noise_std, self.generator)[local].to(self.device)
             z_d_a, z_d_p = self.model.embed(anchor), self.model.embed(positive)
             z_b_a, z_b_p = self.biased.embed(anchor), self.biased.embed(positive)
-            _, weighted, triplet = losses.wcl_loss(_normalise(z_d_a), _normalise(z_d_p), _normalise(z_b_a),
-                                                   _normalise(z_b_p), self.params.loss.temperature, wcl.tau_plus,
-                                                   return_parts=True)
+            z_d_a, z_d_p, z_b_a, z_b_p = (distributed.all_gather_rows(_normalise(z), len(index))
+                                          for z in (z_d_a, z_d_p, z_b_a, z_b_p))
+            _, weighted, triplet = losses.wcl_loss(z_d_a, z_d_p, z_b_a, z_b_p, self.params.loss.temperature,
+                                                   wcl.tau_plus, return_parts=True)
             loss = weighted + wcl.triplet_weight * triplet
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            distributed.sum_gradients(self.optimizer)
             self.optimizer.step()
             progress.add(loss=loss.detach(), weighted_infonce=weighted.detach(), triplet=triplet.detach())
         return progress.means()
@@ -370,9 +389,13 @@ def stage2_validator(model: Network, splits: dict[str, BiasedSplit], method: str
 
 def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch.Tensor, minority: torch.Tensor,
                  erm_state: dict[str, torch.Tensor] | None, run: StageRun, out: StageOutputs) -> dict[str, dict]:
-    """Train ``stage2.method``, keep the selected epoch (best validation worst-group by default), write outputs."""
+    """Train ``stage2.method``, keep the selected epoch (best validation worst-group by default), write outputs.
+
+    Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
+    outputs and returns the accuracy reports, the other ranks return ``{}``.
+    """
     s2 = params.stage2
-    device = pick_device()
+    device = distributed.init_from_env(pick_device())
     generator = seed_everything(params.seed)
     setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator))
     check_stage2_fits(s2.method, list(setup.task.modules().values()), setup.optimizer, params, len(splits["train"]),
@@ -383,10 +406,14 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
                  stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device),
                  selection=s2.selection, scheduler=setup.scheduler, state_path=out.resume, state_key=key,
                  on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch))
-    reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
-                            label=f"stage2 {s2.method}", extra_metrics={"method": s2.method}, meta={"method": s2.method, "head_trained": s2.method in HEAD_TRAINED})
-    info_path = out.metrics.with_name(f"{out.metrics.stem}_info.json")
-    save_json(info_path, {"method": s2.method, **setup.report()})
-    run.log_artifact(info_path)
-    finish(out.resume)
+    reports: dict[str, dict] = {}
+    if distributed.is_main():
+        reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
+                                label=f"stage2 {s2.method}", extra_metrics={"method": s2.method},
+                                meta={"method": s2.method, "head_trained": s2.method in HEAD_TRAINED})
+        info_path = out.metrics.with_name(f"{out.metrics.stem}_info.json")
+        save_json(info_path, {"method": s2.method, **setup.report()})
+        run.log_artifact(info_path)
+        finish(out.resume)
+    distributed.barrier()
     return reports
