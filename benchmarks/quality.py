@@ -264,6 +264,8 @@ def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[st
             rep = metrics.get("reports/metrics/representation.json", {}).get("stage2", {})
             stage_time = seconds.get(name, {}).get("train_contrastive")
             row["method"] = job["method"]
+        if not test:
+            continue  # queued, failed or stopped at the time limit: no result
         split = rep.get("test", {}) if rep else {}
         row.update({f"test_{k}": test.get(k) for k in ACCURACY})
         row.update(alignment_loss=split.get("alignment_loss"), mi_a=split.get("mi_a"), mi_y=split.get("mi_y"),
@@ -277,6 +279,8 @@ def mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     values = [scale * v for v in values if v is not None]
     if not values:
         return "–"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
     spread = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f}"
 
