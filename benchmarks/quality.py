@@ -123,9 +123,14 @@ def make_workspace(workdir: Path, base_params: dict) -> None:
         run(command, cwd=workdir)
 
 
-def stage_env(threads: int) -> dict[str, str]:
-    """The environment ``dvc queue start`` hands to every worker (machine settings, never params)."""
+def stage_env(threads: int, workdir: Path) -> dict[str, str]:
+    """The environment ``dvc queue start`` hands to every worker (machine settings, never params).
+
+    ``PYTHONPATH`` puts the clone's ``src`` first, so the stages run the cloned commit's package even
+    where ``debias`` is installed editable from a working tree that changes during the benchmark.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_TRACKING"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(workdir / "src"), *filter(None, [env.get("PYTHONPATH")])])
     env.update(DEBIAS_THREADS=str(threads), DEBIAS_TRACKING="required", MLFLOW_DISABLE_TELEMETRY="true",
                OMP_WAIT_POLICY="PASSIVE", DEBIAS_DEVICE=env.get("DEBIAS_DEVICE", "cpu"),
                NUMBA_CACHE_DIR=env.get("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "debias" / "numba")),
@@ -396,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir.rmdir() if workdir.exists() else None
             make_workspace(workdir, base)
         deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
-        unfinished = run_queue(workdir, jobs, args.jobs, stage_env(args.threads), deadline)
+        unfinished = run_queue(workdir, jobs, args.jobs, stage_env(args.threads, workdir), deadline)
     wall = time.time() - started
     unfinished = [] if args.collect_only else unfinished
     rows = rows_of(jobs, shown_experiments(workdir), stage_seconds(workdir))
