@@ -225,19 +225,23 @@ def shown_experiments(workdir: Path) -> dict[str, dict]:
     return found
 
 
-def stage_seconds(workdir: Path) -> dict[str, dict[str, float]]:
-    """Experiment name -> stage -> wall seconds of its MLflow run (stages restored from the run-cache: absent)."""
+def stage_runs(workdir: Path) -> tuple[dict[str, dict[str, float]], float]:
+    """Experiment name -> stage -> wall seconds of its MLflow run, and the seconds from the first run's start
+    to the last one's end (stages restored from the run-cache have no run: absent)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
     experiments = [e.experiment_id for e in client.search_experiments()]
     seconds: dict[str, dict[str, float]] = {}
+    starts, ends = [], []
     for found in client.search_runs(experiments, filter_string="attributes.status = 'FINISHED'", max_results=50000):
         name = found.data.tags.get("debias.dvc_experiment")
         stage = found.data.tags.get("debias.stage")
         if name and stage and found.info.end_time:
             seconds.setdefault(name, {})[stage] = (found.info.end_time - found.info.start_time) / 1000
-    return seconds
+            starts.append(found.info.start_time)
+            ends.append(found.info.end_time)
+    return seconds, ((max(ends) - min(starts)) / 1000 if starts else 0.0)
 
 
 def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]]) -> list[dict]:
@@ -292,20 +296,23 @@ def mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
 
 def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[str]) -> str:
     """Mean ± std over seeds per (setting, method); accuracies in %, alignment loss and Î(A;Z) (nats) on test."""
+    labels = config.get("labels", {})
     lines = ["| setting | method | test avg | test unbiased | test worst-group | alignment loss | Î(A;Z) | "
-             "train s | seeds | paper |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "train s | experiment s | seeds | paper |",
+             "|---|---|---|---|---|---|---|---:|---:|---:|---|"]
     for setting in settings:
         paper = config.get("paper", {}).get(setting, {})
         for method in ["erm", *methods]:
             group = [r for r in rows if r["setting"] == setting and r["method"] == method]
             if not group:
                 continue
-            seconds = [r["train_seconds"] for r in group if r["train_seconds"] is not None]
             cells = [mean_std([r[f"test_{k}"] for r in group], 100) for k in ACCURACY]
             cells += [mean_std([r[k] for r in group], digits=3) for k in ("alignment_loss", "mi_a")]
-            cells += [f"{statistics.mean(seconds):.0f}" if seconds else "–", str(len(group)), paper.get(method, "")]
-            lines.append(f"| {setting} | {method} | " + " | ".join(cells) + " |")
+            for key in ("train_seconds", "experiment_seconds"):
+                seconds = [r[key] for r in group if r[key] is not None]
+                cells.append(f"{statistics.mean(seconds):.0f}" if seconds else "–")
+            cells += [str(len(group)), paper.get(method, "")]
+            lines.append(f"| {setting} | {labels.get(method, method)} | " + " | ".join(cells) + " |")
     notes = [f"- {setting}: {config['paper'][setting]['reference']}" for setting in settings
              if setting in config.get("paper", {})]
     counts = []
@@ -314,7 +321,8 @@ def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[
                        and r["n_conflicting"] is not None]
         n_train = [r["n_train"] for r in rows if r["setting"] == setting and r["n_train"]]
         if conflicting:
-            counts.append(f"{setting}: {min(conflicting)}–{max(conflicting)} of {n_train[0]}")
+            low, high = min(conflicting), max(conflicting)
+            counts.append(f"{setting}: {low if low == high else f'{low}–{high}'} of {n_train[0]}")
     return "\n".join(lines + ["", "Bias-conflicting training images: " + "; ".join(counts) + ".",
                               "", "Papers' numbers (column *paper*):", *notes])
 
@@ -404,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         unfinished = run_queue(workdir, jobs, args.jobs, stage_env(args.threads, workdir), deadline)
     wall = time.time() - started
     unfinished = [] if args.collect_only else unfinished
-    rows = rows_of(jobs, shown_experiments(workdir), stage_seconds(workdir))
+    seconds, span = stage_runs(workdir)
+    rows = rows_of(jobs, shown_experiments(workdir), seconds)
     if not rows:
         print("[quality] no results", file=sys.stderr)
         return 1
@@ -414,8 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     commit = run(["git", "rev-parse", "--short", "HEAD~1"], cwd=workdir).strip()  # HEAD: the base params
     header = (f"Command: `{command}` (pipeline code at commit {commit})\n\nMachine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), "
               f"torch {torch.__version__}, {args.jobs} queue workers x {args.threads} thread(s). "
-              f"Benchmark wall time: {wall / 60:.1f} min; stage runs' wall time summed over all experiments: "
-              f"{total_stage_s / 60:.1f} min; {len(rows)} result rows, {len(jobs)} experiments"
+              + ("" if args.collect_only else f"Benchmark wall time: {wall / 60:.1f} min; ")
+              + f"first stage run's start to last one's end: {span / 60:.1f} min; stage runs' wall time summed "
+              f"over all experiments: {total_stage_s / 60:.1f} min; {len(rows)} result rows, {len(jobs)} experiments"
               + (f", {len(unfinished)} unfinished at the time limit." if unfinished else "."))
     text = markdown(rows, config, settings, methods)
     write_results(Path(args.out), rows, text, header)

@@ -1,0 +1,96 @@
+"""benchmarks/quality.py: its plan and its ``-S`` arguments are what the DVC queue runs, so they are checked
+offline here (every experiment's params pass the schema; ``-S`` values parse back to the planned ones)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import yaml
+
+from debias.params import validate
+from tests.conftest import REPO
+
+
+def _load_quality():
+    spec = importlib.util.spec_from_file_location("bench_quality", REPO / "benchmarks" / "quality.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+quality = _load_quality()
+CONFIG = yaml.safe_load((REPO / "benchmarks" / "quality.yaml").read_text())
+
+
+def _plan(seeds=(0, 1, 2), forced=None):
+    return quality.plan(CONFIG, list(CONFIG["settings"]), list(seeds), list(CONFIG["methods"]), forced)
+
+
+def test_plan_is_seed_major_with_each_upstream_before_its_methods() -> None:
+    jobs = _plan()
+    per_seed = len(CONFIG["settings"]) * (1 + len(CONFIG["methods"]))
+    assert len(jobs) == 3 * per_seed == 108
+    assert [job["seed"] for job in jobs] == [s for s in (0, 1, 2) for _ in range(per_seed)]
+    assert len({job["name"] for job in jobs}) == len(jobs)
+    seen_upstream = set()
+    for job in jobs:
+        key = (job["setting"], job["seed"])
+        if job["method"] == quality.UPSTREAM:
+            seen_upstream.add(key)
+            assert job["targets"] == ["infer_groups"]
+        else:
+            assert key in seen_upstream, job["name"]
+            assert job["targets"] == ["linear_probe", "evaluate"]
+
+
+def test_every_planned_experiment_passes_the_params_schema() -> None:
+    base_params = yaml.safe_load((REPO / "params.yaml").read_text())
+    base = quality.merge(base_params, quality.merge(CONFIG["base"], {"data": {"path": "mnist10k.npz"}}))
+    for job in _plan(seeds=(0,)):
+        params = validate(quality.merge(base, job["overrides"]))
+        assert params.seed == 0
+        if job["method"] not in (quality.UPSTREAM, "erm"):
+            assert params.stage2.method == CONFIG["methods"][job["method"]]["stage2"]["method"]
+    assert set(CONFIG["labels"]) == {"erm", *CONFIG["methods"]}
+
+
+def test_set_param_args_parse_back_to_the_planned_values() -> None:
+    overrides = {"groups": {"method": "true"}, "probe": {"c_grid": [0.01, 1.0]}, "stage2": {"lr": 0.001,
+                 "cnc": {"batches_per_epoch": None}}, "bias": {"protocol": "background"}}
+    args = quality.set_param_args(overrides)
+    assert args[::2] == ["-S"] * 5
+    parsed = {}
+    for item in args[1::2]:
+        key, _, text = item.partition("=")
+        parsed[key] = yaml.safe_load(text)
+    assert parsed == quality.flatten(overrides)
+    assert isinstance(parsed["groups.method"], str)  # "true" the group source, not the boolean
+
+
+def test_forced_overrides_win_over_setting_and_method() -> None:
+    jobs = _plan(seeds=(1,), forced={"stage2": {"epochs": 1}, "seed": 7})
+    assert all(job["overrides"]["seed"] == 7 for job in jobs)
+    assert all(job["overrides"]["stage2"]["epochs"] == 1 for job in jobs if job["method"] != quality.UPSTREAM)
+
+
+def test_markdown_reports_mean_and_sample_std_over_seeds_in_percent() -> None:
+    rows = [{"setting": "cmnist_096", "seed": s, "method": "erm", "n_train": 100, "n_conflicting": 4,
+             "test_avg": a, "test_unbiased": a, "test_worst_group": 0.0, "alignment_loss": 1.0, "mi_a": 0.5,
+             "train_seconds": 10.0, "experiment_seconds": 20.0} for s, a in ((0, 0.2), (1, 0.3), (2, 0.4))]
+    table = quality.markdown(rows, CONFIG, ["cmnist_096"], [])
+    line = next(line for line in table.splitlines() if line.startswith("| cmnist_096 | ERM |"))
+    assert "| 30.0 ± 10.0 |" in line and "| 1.000 ± 0.000 |" in line and "| 3 |" in line
+    assert "cmnist_096: 4 of 100" in table
+    assert quality.mean_std([0.5], 100) == "50.0" and quality.mean_std([None]) == "–"
+
+
+def test_unknown_method_is_refused_before_any_work(tmp_path, capsys) -> None:
+    npz = tmp_path / "x.npz"
+    npz.write_bytes(b"")
+    with pytest.raises(SystemExit):
+        quality.main(["--npz", str(npz), "--methods", "nope", "--workdir", str(tmp_path / "w")])
+    assert "unknown settings/methods ['nope']" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
