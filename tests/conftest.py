@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +60,21 @@ def mlflow_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def fresh_store(template: Path, folder: Path) -> Path:
-    import shutil
-
     target = folder / "mlflow.db"
     shutil.copy(template, target)
+    return target
+
+
+def copy_worktree(target: Path) -> Path:
+    """The working tree's tracked and unignored files (uncommitted edits included) copied into ``target``,
+    without dvc.lock, so a clone runs the code under test and every stage from scratch."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    target.mkdir(parents=True, exist_ok=True)
+    for name in filter(None, files):
+        source = REPO / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    (target / "dvc.lock").unlink(missing_ok=True)
     return target

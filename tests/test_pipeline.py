@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import REPO, fresh_store
+from tests.conftest import copy_worktree, fresh_store
 
 pytestmark = pytest.mark.slow
 
@@ -44,14 +43,7 @@ def _deep_update(base: dict, changes: dict) -> dict:
 
 def make_clone(target: Path) -> Path:
     """Copy the working tree's tracked and unignored files into a fresh git repository and commit."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, files):
-        source = REPO / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
-    (target / "dvc.lock").unlink(missing_ok=True)
+    copy_worktree(target)
     params = yaml.safe_load((target / "params.yaml").read_text())
     (target / "params.yaml").write_text(yaml.safe_dump(_deep_update(params, TINY), sort_keys=False))
     for command in (["git", "init", "-q"], ["git", "add", "-A"],

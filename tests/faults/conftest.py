@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_worktree
 
 PYTHON = sys.executable
 
@@ -159,15 +159,7 @@ def prepared_workspace(prepared_template: Path, tmp_path: Path) -> Path:
 
 def make_clone(target: Path, changes: dict | None = None) -> Path:
     """The working tree's tracked and unignored files in a fresh git repository, tiny params, committed."""
-    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
-    target.mkdir(parents=True, exist_ok=True)
-    for name in filter(None, files):
-        source = REPO / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
-    (target / "dvc.lock").unlink(missing_ok=True)
+    copy_worktree(target)
     write_params(target, changes)
     env = stage_env()
     for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "tiny"]):
