@@ -113,6 +113,11 @@ def make_clone(target: Path, overrides: dict, ref: str | None) -> Path:
     return target
 
 
+def home_relative(path: Path | str) -> str:
+    """``path`` with the home folder written as ``~`` (results carry no machine paths)."""
+    path, home = Path(path), Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
 def stage_order(dvc_yaml: Path) -> list[tuple[str, str]]:
     """(stage, cmd) of dvc.yaml in an order where every stage follows the stages whose outputs it reads."""
     stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
@@ -644,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
               f"after {os.getloadavg()[0]:.2f}",
               *machine(args.threads, args.num_workers),
               f"Pipeline stages: runner `{args.runner}`, DEBIAS_TRACKING=required, fresh MLflow store per clone, "
-              f"numba cache {'empty (cold)' if cold else f'{NUMBA_CACHE} (warm after a first run)'}, "
+              f"numba cache {'empty (cold)' if cold else f'{home_relative(NUMBA_CACHE)} (warm after a first run)'}, "
               f"clones of {', '.join('the working tree' if t == 'worktree' else 'commit ' + t for t in args.trees)}"]
     out.with_suffix(".md").write_text(markdown(rows, header))
     fields = ["kind", "config", "name", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "batch_size", "steps", "samples",
