@@ -118,6 +118,7 @@ def home_relative(path: Path | str) -> str:
     path, home = Path(path), Path.home()
     return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
 
+
 def stage_order(dvc_yaml: Path) -> list[tuple[str, str]]:
     """(stage, cmd) of dvc.yaml in an order where every stage follows the stages whose outputs it reads."""
     stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
