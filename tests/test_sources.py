@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from debias.data import sources
-from debias.data.sources import DataSourceError, load_source, read_npz, stratified_split
+from debias.data.sources import DataSourceError, load_source, stratified_split
+from debias.data.sources.mnist import read_npz
 from debias.params import DataParams
 from tests.conftest import SHARED_DATASETS, tiny_grey_digits
 

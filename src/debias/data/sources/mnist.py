@@ -1,4 +1,4 @@
-"""Data sources behind a registry: each returns grey (or RGB) uint8 images and labels per split.
+"""Digit sources: scikit-learn's digits, torchvision's MNIST and a local npz.
 
 ``digits``  scikit-learn's bundled 8x8 handwritten digits, resized (offline; the default).
 ``mnist``   torchvision's MNIST, downloaded into ``data/raw/mnist`` (offline when the raw
@@ -6,106 +6,18 @@
 ``npz``     a local ``.npz`` with ``x`` uint8 ``[N,H,W]`` or ``[N,H,W,3]``, ``y`` int and
             optionally ``a`` int (a bias attribute, for ``bias.protocol: given``).
 
-Every source's splits are made here, with a fixed seed: digits and npz stratified by class.
+digits and npz are split stratified by class (:func:`split_by_index`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
+from debias.data.sources.base import (DataSourceError, RawSplit, RawSplits, register_source, resize_images,
+                                      split_by_index)
 from debias.params import DataParams
-
-SPLITS = ("train", "val", "test")
-
-
-class DataSourceError(RuntimeError):
-    """A data source cannot provide its data; the message says which parameter to change."""
-
-
-@dataclass
-class RawSplit:
-    """Images ``x`` uint8 ``[N,H,W]`` (grey) or ``[N,H,W,3]`` (RGB), labels ``y`` int64, optional attribute ``a``."""
-
-    x: np.ndarray
-    y: np.ndarray
-    a: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def take(self, index: np.ndarray) -> "RawSplit":
-        return RawSplit(self.x[index], self.y[index], None if self.a is None else self.a[index])
-
-
-RawSplits = dict[str, RawSplit]
-SourceFn = Callable[[DataParams, Path, int], RawSplits]
-SOURCES: dict[str, SourceFn] = {}
-
-
-def register_source(name: str) -> Callable[[SourceFn], SourceFn]:
-    def decorate(fn: SourceFn) -> SourceFn:
-        SOURCES[name] = fn
-        return fn
-
-    return decorate
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def resize_images(x: np.ndarray, size: int) -> np.ndarray:
-    """Bilinear (antialiased) resize of uint8 ``[N,H,W]`` or ``[N,H,W,3]`` to ``size`` x ``size``."""
-    if x.shape[1] == size and x.shape[2] == size:
-        return x
-    t = torch.from_numpy(np.ascontiguousarray(x)).float()
-    rgb = t.ndim == 4
-    t = t.permute(0, 3, 1, 2) if rgb else t.unsqueeze(1)
-    t = F.interpolate(t, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-    t = t.round().clamp_(0, 255).to(torch.uint8)
-    t = t.permute(0, 2, 3, 1) if rgb else t.squeeze(1)
-    return t.contiguous().numpy()
-
-
-def stratified_split(y: np.ndarray, val_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
-    """Indices per split, the same fractions within every class, shuffled with ``seed``."""
-    rng = np.random.default_rng(seed)
-    parts: dict[str, list[np.ndarray]] = {name: [] for name in SPLITS}
-    for label in np.unique(y):
-        members = rng.permutation(np.flatnonzero(y == label))
-        n_test = int(round(len(members) * test_fraction))
-        n_val = int(round(len(members) * val_fraction))
-        parts["test"].append(members[:n_test])
-        parts["val"].append(members[n_test : n_test + n_val])
-        parts["train"].append(members[n_test + n_val :])
-    return {name: np.sort(np.concatenate(idx)) for name, idx in parts.items()}
-
-
-def split_by_index(data: RawSplit, params: DataParams, seed: int) -> RawSplits:
-    index = stratified_split(data.y, params.val_fraction, params.test_fraction, seed)
-    return {name: data.take(idx) for name, idx in index.items()}
-
-
-def cap_splits(splits: RawSplits, cap: int | None, seed: int) -> RawSplits:
-    """Keep at most ``cap`` images per split (a seeded random subset, order preserved)."""
-    if cap is None:
-        return splits
-    rng = np.random.default_rng(seed)
-    out: RawSplits = {}
-    for name, split in splits.items():
-        if len(split) > cap:
-            split = split.take(np.sort(rng.choice(len(split), cap, replace=False)))
-        out[name] = split
-    return out
-
-
-# --------------------------------------------------------------------------- sources
-
 
 @register_source("digits")
 def digits_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
@@ -190,17 +102,3 @@ def npz_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     data = read_npz(Path(params.path))
     data = RawSplit(resize_images(data.x, params.image_size), data.y, data.a)
     return split_by_index(data, params, seed)
-
-
-def load_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
-    """Run the registered source named by ``data.source``, then check every split is usable."""
-    if params.source not in SOURCES:
-        raise DataSourceError(f"data.source = '{params.source}' is unknown; allowed: {sorted(SOURCES)}")
-    splits = cap_splits(SOURCES[params.source](params, raw_dir, seed), params.max_per_split, seed)
-    for name in SPLITS:
-        if name not in splits or len(splits[name]) == 0:
-            raise DataSourceError(
-                f"split '{name}' is empty for data.source = '{params.source}'; "
-                "raise data.val_fraction / data.test_fraction or provide more images"
-            )
-    return splits
