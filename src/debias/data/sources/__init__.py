@@ -4,9 +4,9 @@ Importing this package registers every source family's module.
 """
 
 from debias.data.sources import mnist  # noqa: F401  (registers digits, mnist, npz)
-from debias.data.sources.base import (SOURCES, SPLITS, DataSourceError, RawSplit, RawSplits, cap_splits,
+from debias.data.sources.base import (SOURCE_PROTOCOLS, SOURCES, SPLITS, DataSourceError, RawSplit, RawSplits, cap_splits,
                                       load_source, register_source, resize_images, split_by_index,
                                       stratified_split)
 
-__all__ = ["SOURCES", "SPLITS", "DataSourceError", "RawSplit", "RawSplits", "cap_splits", "load_source",
+__all__ = ["SOURCE_PROTOCOLS", "SOURCES", "SPLITS", "DataSourceError", "RawSplit", "RawSplits", "cap_splits", "load_source",
            "register_source", "resize_images", "split_by_index", "stratified_split"]

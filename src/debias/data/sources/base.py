@@ -42,11 +42,16 @@ class RawSplit:
 RawSplits = dict[str, RawSplit]
 SourceFn = Callable[[DataParams, Path, int], RawSplits]
 SOURCES: dict[str, SourceFn] = {}
+# The bias protocol each source's data calls for (``bias.protocol: auto`` resolves through it):
+# ``foreground`` for grey digits, ``given`` where the data carries its own bias attribute.
+SOURCE_PROTOCOLS: dict[str, str] = {}
 
 
-def register_source(name: str) -> Callable[[SourceFn], SourceFn]:
+def register_source(name: str, protocol: str = "foreground") -> Callable[[SourceFn], SourceFn]:
+    """Register ``fn`` as ``data.source = name``; ``protocol`` is the bias protocol its data calls for."""
     def decorate(fn: SourceFn) -> SourceFn:
         SOURCES[name] = fn
+        SOURCE_PROTOCOLS[name] = protocol
         return fn
 
     return decorate
