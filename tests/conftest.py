@@ -65,9 +65,18 @@ def fresh_store(template: Path, folder: Path) -> Path:
     return target
 
 
+def committed_text(name: str) -> str:
+    """A repository file as committed (HEAD), never the workspace's copy: `dvc exp run` rewrites params.yaml
+    in the workspace, and the suite must pass after any experiment a user applied. Outside git (an exported
+    tree) the file on disk is the shipped one."""
+    done = subprocess.run(["git", "show", f"HEAD:{name}"], cwd=REPO, capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else (REPO / name).read_text()
+
+
 def copy_worktree(target: Path) -> Path:
     """The working tree's tracked and unignored files (uncommitted edits included) copied into ``target``,
-    without dvc.lock, so a clone runs the code under test and every stage from scratch."""
+    without dvc.lock, so a clone runs the code under test and every stage from scratch; params.yaml is the
+    committed one (:func:`committed_text`)."""
     files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
                            capture_output=True, text=True, check=True).stdout.split("\0")
     target.mkdir(parents=True, exist_ok=True)
@@ -77,4 +86,5 @@ def copy_worktree(target: Path) -> Path:
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
     (target / "dvc.lock").unlink(missing_ok=True)
+    (target / "params.yaml").write_text(committed_text("params.yaml"))
     return target

@@ -7,12 +7,14 @@ import yaml
 
 from debias.cli import main as cli_main
 from debias.params import Params, ParamsError, load_params, params_hash, validate
-from tests.conftest import REPO
+from tests.conftest import REPO, committed_text
 
 
-def test_shipped_params_yaml_is_valid_and_complete() -> None:
-    params = load_params(REPO / "params.yaml")
-    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+def test_shipped_params_yaml_is_valid_and_complete(tmp_path) -> None:
+    shipped = tmp_path / "params.yaml"
+    shipped.write_text(committed_text("params.yaml"))  # never the workspace's: a dvc exp run may have changed it
+    params = load_params(shipped)
+    raw = yaml.safe_load(shipped.read_text())
     # every top-level section of the schema is stated in params.yaml (no hidden defaults)
     assert set(raw) == set(Params.model_fields), set(Params.model_fields) ^ set(raw)
     assert params.data.source == "digits"
@@ -27,7 +29,24 @@ def test_shipped_params_yaml_is_valid_and_complete() -> None:
         ({"bias": {"foreground": {"p_corr": 1.0}}}, "allowed: 0 < value < 1"),
         ({"bias": {"background": {"rho": 0}}}, "bias.background.rho = 0"),
         ({"loss": {"epsilon": -0.1}}, "loss.epsilon = -0.1"),
-        ({"loss": {"temperature": 0}}, "allowed: 0 < value <= 10"),
+        ({"loss": {"temperature": 0}}, "allowed: 0.0001 <= value <= 10"),
+        ({"loss": {"temperature": 1e-30}}, "loss.temperature = 1e-30"),
+        ({"erm": {"lr": True}}, "erm.lr = True: a boolean where a number is expected"),
+        ({"erm": {"epochs": True}}, "erm.epochs = True: a boolean where a whole number is expected"),
+        ({"erm": {"epochs": 2.5}}, "erm.epochs = 2.5"),
+        ({"probe": {"c_grid": [0.1, float("nan")]}}, "probe.c_grid.1 = nan"),
+        ({"probe": {"c_grid": [0.1, float("inf")]}}, "probe.c_grid.1 = inf"),
+        ({"probe": {"c_grid": [0.1, 0.1]}}, "values repeat"),
+        ({"erm": {"epochs": 5, "lr_milestones": [3, 7]}}, "erm.lr_milestones [7] never take effect with epochs = 5"),
+        ({"stage2": {"lr_milestones": [2, 1]}}, "stage2.lr_milestones = [2, 1]; allowed: strictly increasing"),
+        ({"data": {"path": "x.npz"}}, "data.path = 'x.npz' is read only by source npz"),
+        ({"bias": {"background": {"colours": [[255, 0, 0], [250, 2, 3]] + [[0, 0, 9 * i + 40] for i in range(8)]}}},
+         "bias.background.colours[0] = [255, 0, 0] and colours[1] = [250, 2, 3] cannot be told apart"),
+        ({"bias": {"background": {"colours": [[255, 255, 250]] + [[0, 0, 20 * i + 40] for i in range(9)]}}},
+         "cannot be told apart from the white strokes"),
+        ({"bias": {"foreground": {"colours": [[255, 0, 0], [208, 255, 0], [0, 255, 92], [0, 116, 255], [3, 3, 3]]}}},
+         "bias.foreground.colours[4] = [3, 3, 3] cannot be told apart from the black background"),
+        ({"bias": {"foreground": {"class_digits": [[0, 1], []]}}}, "holds an empty class"),
         ({"erm": {"lr": -1}}, "erm.lr = -1"),
         ({"erm": {"lr": "fast"}}, "erm.lr = 'fast'"),
         ({"stage2": {"cnc": {"num_positives": 0}}}, "stage2.cnc.num_positives = 0"),
@@ -35,7 +54,7 @@ def test_shipped_params_yaml_is_valid_and_complete() -> None:
         ({"data": {"source": "imagenet"}}, "data.source = 'imagenet' is not allowed"),
         ({"bias": {"protocol": "stripes"}}, "bias.protocol = 'stripes'"),
         ({"model": {"name": "vgg"}}, "model.name = 'vgg'"),
-        ({"data": {"source": "npz"}}, "data.path is required when data.source is 'npz'"),
+        ({"data": {"source": "npz"}}, "data.path is required when source is 'npz'"),
         ({"bias": {"foreground": {"class_digits": [[0], [1], [2]], "colours": [[1, 2, 3], [4, 5, 6]]}}},
          "has 2 colours for 3 classes"),
         ({"seed": 1.5}, "seed"),
@@ -63,6 +82,32 @@ def test_missing_and_malformed_files(tmp_path) -> None:
     bad.write_text("- a list\n")
     with pytest.raises(ParamsError, match="must hold a mapping"):
         load_params(bad)
+    bad.write_text("erm:\n  lr: 0.1\nerm:\n  lr: 0.2\n")  # DVC refuses duplicate keys; so do we
+    with pytest.raises(ParamsError, match="DuplicateKeyError.*duplicate key"):
+        load_params(bad)
+    bad.write_bytes("report:\n  title: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ParamsError, match=r"not UTF-8 text \(byte 0xe9 at line 2\)"):
+        load_params(bad)
+
+
+def test_yaml_is_read_as_dvc_reads_it(tmp_path) -> None:
+    """YAML 1.2, as DVC's parser: 1e-3 is a number (PyYAML would read a string), yes is a string."""
+    path = tmp_path / "params.yaml"
+    path.write_text("erm:\n  lr: 1e-3\nreport:\n  title: yes\n")
+    params = load_params(path)
+    assert params.erm.lr == 0.001 and params.report.title == "yes"
+
+
+def test_an_alias_bomb_gives_a_short_message(tmp_path) -> None:
+    """A few lines of YAML aliases expand to 10^9 list items: the message must stay short and quick."""
+    levels = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    levels += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    path = tmp_path / "params.yaml"
+    path.write_text("\n".join(levels) + "\nprobe:\n  c_grid: *a8\n")
+    with pytest.raises(ParamsError) as info:
+        load_params(path)
+    assert len(str(info.value)) < 5000, len(str(info.value))
+    assert "unknown parameter 'a0'" in str(info.value) and "probe.c_grid.0" in str(info.value)
 
 
 def test_params_hash_is_stable_and_sensitive() -> None:

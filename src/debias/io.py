@@ -19,13 +19,11 @@ from typing import Any
 
 import torch
 
+from debias.errors import CorruptFileError
+
 FORMAT_KEY = "__debias_format__"
 _UMASK = os.umask(0)
 os.umask(_UMASK)
-
-
-class CorruptFileError(RuntimeError):
-    """A file is truncated, foreign or missing the keys its reader needs."""
 
 
 def _pid_alive(pid: int) -> bool:

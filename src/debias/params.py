@@ -18,8 +18,20 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from debias.errors import ParamsError
+
 Channel = Annotated[int, Field(ge=0, le=255)]
-RGB = tuple[Channel, Channel, Channel]  # 0..255 each: a colour outside fails here, not in torch's uint8 cast
+RGB = Annotated[list[Channel], Field(min_length=3, max_length=3)]  # 0..255 each: fails here, not in a uint8 cast
+
+# Bias colours closer than this (Euclidean distance in RGB, 0..255 per channel) to each other, or to the
+# pixels they must stand out from (black background of CMNIST*, white strokes of Biased-MNIST), are refused
+# as indistinguishable: an eighth of the closest pair in the papers' palettes (Biased-MNIST: 101.5 between
+# (255, 0, 0) and (255, 0, 128); CMNIST*: 214.2), i.e. well beyond sensor-noise-level differences.
+MIN_COLOUR_DISTANCE = 12.0
+# s_ij = z_i.z_j / tau: float32 cosines of D-dim features carry rounding errors of about sqrt(D) * 2^-24
+# (~5e-7 at D = 84, ~1.3e-6 at D = 512); divided by tau they must stay far below a logit unit, so tau >= 1e-4
+# (1.3e-2 nats at most). The papers use 0.05 - 0.5.
+MIN_TEMPERATURE = 1e-4
 
 # Biased-MNIST colours (Bahng et al.; FairKL paper), indexed by class.
 BACKGROUND_COLOURS: list[RGB] = [
@@ -32,14 +44,40 @@ FOREGROUND_COLOURS: list[RGB] = [
 ]
 
 
-class ParamsError(ValueError):
-    """A parameter is missing, unknown, of the wrong type or out of range."""
+def show(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` bounded in depth, length and characters: an error message never echoes an unbounded value
+    (a YAML of a few lines can expand, through aliases, into gigabytes)."""
+    import reprlib
+
+    shortener = reprlib.Repr()
+    shortener.maxlevel, shortener.maxlist, shortener.maxdict, shortener.maxstring, shortener.maxother = 3, 6, 6, 60, 60
+    text = shortener.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_colours(colours: list[list[int]], key: str, backdrop: tuple[int, int, int], backdrop_name: str) -> None:
+    """Refuse colours closer than MIN_COLOUR_DISTANCE to each other or to the ``backdrop`` they are painted against."""
+    import math
+
+    for i, first in enumerate(colours):
+        if math.dist(first, backdrop) < MIN_COLOUR_DISTANCE:
+            raise ValueError(f"{key}[{i}] = {first} cannot be told apart from {backdrop_name} {list(backdrop)}; allowed: "
+                             f"an RGB distance of at least {MIN_COLOUR_DISTANCE:g}")
+        for j in range(i + 1, len(colours)):
+            if math.dist(first, colours[j]) < MIN_COLOUR_DISTANCE:
+                raise ValueError(f"{key}[{i}] = {first} and {key}[{j}] = {colours[j]} cannot be told apart; allowed: "
+                                 f"colours at least {MIN_COLOUR_DISTANCE:g} apart (RGB distance)")
 
 
 class Section(BaseModel):
-    """Base for every params section: unknown keys are errors, values are validated."""
+    """Base for every params section: unknown keys are errors, values are validated strictly.
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    Strict: no bool where a number is expected (YAML's ``true`` is not 1), no string where a number is
+    expected, no float where a whole number is expected; no NaN or infinity anywhere (``allow_inf_nan``).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True,
+                              allow_inf_nan=False)
 
 
 class DataParams(Section):
@@ -55,11 +93,14 @@ class DataParams(Section):
     def _fractions_leave_a_train_split(self) -> "DataParams":
         if self.val_fraction + self.test_fraction >= 0.9:
             raise ValueError(
-                f"data.val_fraction + data.test_fraction = {self.val_fraction + self.test_fraction:g} "
+                f"val_fraction + test_fraction = {self.val_fraction + self.test_fraction:g} "
                 "leaves too little training data; allowed: a sum below 0.9"
             )
         if self.source == "npz" and not self.path:
-            raise ValueError("data.path is required when data.source is 'npz' (a local .npz with x and y)")
+            raise ValueError("path is required when source is 'npz' (a local .npz with x and y)")
+        if self.source != "npz" and self.path:
+            raise ValueError(f"path = {show(self.path)} is read only by source npz, but source is '{self.source}': "
+                             "set source: npz, or path: null")
         return self
 
 
@@ -75,14 +116,18 @@ class ForegroundParams(Section):
     def _one_colour_per_class(self) -> "ForegroundParams":
         digits = [d for group in self.class_digits for d in group]
         if len(digits) != len(set(digits)):
-            raise ValueError(f"bias.foreground.class_digits {self.class_digits} uses a label twice; allowed: disjoint groups")
+            raise ValueError(f"class_digits {show(self.class_digits)} uses a label twice; allowed: disjoint groups")
+        if any(len(group) == 0 for group in self.class_digits):
+            raise ValueError(f"class_digits {show(self.class_digits)} holds an empty class; allowed: every class "
+                             "names at least one label")
         if len(self.colours) < len(self.class_digits):
             raise ValueError(
-                f"bias.foreground.colours has {len(self.colours)} colours for {len(self.class_digits)} classes; "
+                f"colours has {len(self.colours)} colours for {len(self.class_digits)} classes; "
                 "allowed: at least one colour per class"
             )
         if len(self.class_digits) < 2:
-            raise ValueError("bias.foreground.class_digits needs at least 2 classes")
+            raise ValueError("class_digits needs at least 2 classes")
+        check_colours(self.colours[: len(self.class_digits)], "colours", (0, 0, 0), "the black background")
         return self
 
 
@@ -92,6 +137,11 @@ class BackgroundParams(Section):
     rho: float = Field(0.99, gt=0, lt=1, description="training correlation (papers: 0.99 ... 0.999)")
     eval_rho: float = Field(0.1, gt=0, lt=1, description="validation/test correlation (0.1 = uniform over 10 colours)")
     colours: list[RGB] = Field(default_factory=lambda: list(BACKGROUND_COLOURS))
+
+    @model_validator(mode="after")
+    def _colours_stand_out(self) -> "BackgroundParams":
+        check_colours(self.colours, "colours", (255, 255, 255), "the white strokes")
+        return self
 
 
 class BiasParams(Section):
@@ -116,6 +166,17 @@ class OptimParams(Section):
     selection: Literal["last", "best_worst_group"] = "last"
     eval_batch_size: int = Field(1024, ge=1)
     augment_shift: int = Field(0, ge=0, le=16, description="random translation of training images in pixels (CNC's code: random crops); 0: off")
+
+    @model_validator(mode="after")
+    def _milestones_fire(self) -> "OptimParams":
+        milestones = self.lr_milestones
+        if milestones != sorted(set(milestones)):
+            raise ValueError(f"lr_milestones = {show(milestones)}; allowed: strictly increasing epochs")
+        late = [m for m in milestones if not 1 <= m < self.epochs]
+        if late:
+            raise ValueError(f"lr_milestones {show(late)} never take effect with epochs = {self.epochs}; "
+                             f"allowed: epochs 1 .. {self.epochs - 1}")
+        return self
 
 
 class ClusterParams(Section):
@@ -180,7 +241,7 @@ class FairKLParams(Section):
 
 
 class LossParams(Section):
-    temperature: float = Field(0.1, gt=0, le=10, description="tau; s_ij = z_i . z_j / tau")
+    temperature: float = Field(0.1, ge=MIN_TEMPERATURE, le=10, description="tau; s_ij = z_i . z_j / tau (>= MIN_TEMPERATURE: float32)")
     epsilon: float = Field(0.25, ge=0, le=100, description="epsilon margin (logit units, after division by tau)")
     alpha: float = Field(1.0, ge=0, le=1000, description="weight of the contrastive term")
     fairkl: FairKLParams = Field(default_factory=FairKLParams)
@@ -197,7 +258,9 @@ class ProbeParams(Section):
     @classmethod
     def _positive(cls, values: list[float]) -> list[float]:
         if any(v <= 0 for v in values):
-            raise ValueError(f"every value must be > 0, got {values}")
+            raise ValueError(f"every value must be > 0, got {show(values)}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"values repeat in {show(values)}; allowed: distinct values")
         return values
 
 
@@ -285,30 +348,60 @@ def _allowed_range(field: Any) -> str | None:
     return f"{low or ''}value{high or ''}"
 
 
+EXPECTED_KIND = {"float_type": "a number", "float_parsing": "a number", "int_type": "a whole number",
+                 "int_parsing": "a whole number", "int_from_float": "a whole number", "bool_type": "true or false"}
+
+
 def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
+    """One line for one pydantic error: the dotted key, the (bounded) value, what is allowed."""
     loc = tuple(error["loc"])
     key = ".".join(str(part) for part in loc)
     kind = error["type"]
+    value = error.get("input")
+    message = error["msg"].removeprefix("Value error, ")
     if kind == "extra_forbidden":
         close = difflib.get_close_matches(key, _valid_keys(model), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        return f"unknown parameter '{key}' (value {error['input']!r}){hint}"
+        return f"unknown parameter '{key}' (value {show(value)}){hint}"
     if not key:
-        return error["msg"].removeprefix("Value error, ")
+        return message
+    if kind == "value_error" and isinstance(value, dict):  # a section's own check; its message starts with a field
+        return f"{key}.{message}"
     if kind == "literal_error":
-        return f"{key} = {error['input']!r} is not allowed; allowed: {error['ctx']['expected']}"
-    message = error["msg"].removeprefix("Value error, ")
+        return f"{key} = {show(value)} is not allowed; allowed: {error['ctx']['expected']}"
+    if kind in EXPECTED_KIND and isinstance(value, (bool, str)):
+        message = f"{'a boolean' if isinstance(value, bool) else 'a string'} where {EXPECTED_KIND[kind]} is expected"
     allowed = _allowed_range(_field_at(model, loc))
-    return f"{key} = {error['input']!r}: {message}" + (f"; allowed: {allowed}" if allowed else "")
+    return f"{key} = {show(value)}: {message}" + (f"; allowed: {allowed}" if allowed else "")
 
 
 def validate(raw: dict[str, Any]) -> Params:
-    """Validate a params mapping; raise :class:`ParamsError` listing every problem."""
+    """Validate a params mapping; raise :class:`ParamsError` listing every problem (at most 20)."""
     try:
         return Params.model_validate(raw or {})
     except ValidationError as exc:
-        problems = [_describe(err, Params) for err in exc.errors()]
-        raise ParamsError("invalid params.yaml:\n  - " + "\n  - ".join(problems)) from None
+        errors = exc.errors()
+        problems = [_describe(err, Params) for err in errors[:20]]
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        raise ParamsError("invalid params.yaml:\n  - " + "\n  - ".join(problems) + more) from None
+
+
+def read_yaml(path: Path) -> Any:
+    """``path`` parsed as YAML 1.2 (as DVC parses params.yaml, so ``1e-3`` is a number for both); a file that is
+    not UTF-8, not YAML, or repeats a key is a ParamsError naming the file and the place."""
+    from ruamel.yaml import YAML
+
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ParamsError(f"{path} is not UTF-8 text (byte {data[exc.start]:#04x} at line {line}); save it as UTF-8") from None
+    try:
+        return YAML(typ="safe", pure=True).load(text)
+    except Exception as exc:  # ruamel's YAMLError, DuplicateKeyError, ...
+        lines = [line for line in str(exc).splitlines() if line.strip()][:6]
+        raise ParamsError(f"{path} is not valid YAML ({type(exc).__name__}): " + " | ".join(l.strip() for l in lines)[:600]) from None
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
@@ -316,10 +409,7 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path} not found: run the stage from the repository root")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ParamsError(f"{path} is not valid YAML: {exc}") from None
+    raw = read_yaml(path)
     if raw is not None and not isinstance(raw, dict):
         raise ParamsError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
     return validate(raw or {})

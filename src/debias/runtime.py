@@ -20,19 +20,32 @@ import sys
 import numpy as np
 import torch
 
+from debias.errors import DeviceError
+
 
 def pick_device() -> torch.device:
-    """``DEBIAS_DEVICE`` if set, else CUDA, then MPS, then CPU."""
+    """``DEBIAS_DEVICE`` if set (it must exist on this machine), else CUDA, then MPS, then CPU."""
     wanted = os.environ.get("DEBIAS_DEVICE", "").strip().lower()
+    mps = getattr(torch.backends, "mps", None)
+    mps_available = mps is not None and mps.is_available()
     if wanted:
-        if wanted not in ("cuda", "mps", "cpu") and not wanted.startswith("cuda:"):
-            raise ValueError(f"DEBIAS_DEVICE = '{wanted}'; allowed: cuda, cuda:N, mps, cpu")
-        if wanted.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(f"DEBIAS_DEVICE = '{wanted}' but CUDA is not available on this machine")
+        if wanted not in ("cuda", "mps", "cpu") and not (wanted.startswith("cuda:") and wanted[5:].isdigit()):
+            raise DeviceError(f"DEBIAS_DEVICE = '{wanted[:40]}'; allowed: cuda, cuda:N, mps, cpu")
+        if wanted.startswith("cuda"):
+            if not torch.cuda.is_available():
+                raise DeviceError(f"DEBIAS_DEVICE = '{wanted}' but this machine has no usable CUDA device; "
+                                  "unset DEBIAS_DEVICE (picks the best available) or set it to cpu")
+            index = int(wanted[5:]) if ":" in wanted else 0
+            if index >= torch.cuda.device_count():
+                raise DeviceError(f"DEBIAS_DEVICE = '{wanted}' but this machine has {torch.cuda.device_count()} "
+                                  "CUDA device(s), numbered from 0")
+        if wanted == "mps" and not mps_available:
+            raise DeviceError("DEBIAS_DEVICE = 'mps' but this machine has no usable MPS (Apple GPU) device; "
+                              "unset DEBIAS_DEVICE (picks the best available) or set it to cpu")
         return torch.device(wanted)
     if torch.cuda.is_available():
         return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+    if mps_available:
         return torch.device("mps")
     return torch.device("cpu")
 

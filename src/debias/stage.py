@@ -1,33 +1,39 @@
-"""The harness every pipeline entrypoint runs in: params, threads, MLflow run, clean errors.
+"""The harness every pipeline entrypoint runs in: params, checks, threads, MLflow run, one-line errors.
 
 An entrypoint names its stage and the params it reads (exactly those dvc.yaml declares for
-it) and passes a body ``(params, run) -> None``. Expected failures (bad params, bad data,
-broken files, unreachable tracking) end the process with one clear message and exit code 2
-instead of a traceback; nothing already written is touched, since outputs are atomic.
+it) and passes a body ``(params, run) -> None``. Before the body starts, the params are
+validated, ``DEBIAS_DEVICE`` is checked and every folder the stage writes into is probed for
+writability, so none of these fails after minutes of work. Failures a user can act on end the
+process with one line naming the cause and what to do, and a non-zero exit code, instead of a
+traceback (``DEBIAS_DEBUG=1`` re-raises):
+
+- a :class:`debias.errors.DebiasError` (bad params, data, files, tracking, memory, divergence), or
+  ``FileNotFoundError`` / ``ValueError`` from the stage's own checks: exit 2;
+- a disk that is full or read-only, a file-size limit, a permission refused (``OSError``): exit 2;
+- an out-of-memory error: exit 2 with the params to lower;
+- Ctrl-C: exit 130, the MLflow run ended KILLED (as SIGTERM does).
+Every message is cut to :data:`MESSAGE_LIMIT` characters: no value is ever echoed unbounded.
+Outputs are written atomically, so a failed stage leaves the previous outputs intact.
 Under ``torchrun`` every rank runs the body; only rank 0 opens the MLflow run and writes the run
 record (:func:`debias.tracking.stage_run`), and the other ranks name themselves in error messages.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
-from debias import distributed
-from debias.data.bias import BiasProtocolError
-from debias.data.sources import DataSourceError
-from debias.io import CorruptFileError
-from debias.params import Params, ParamsError, as_dict, load_params
+from debias.errors import DebiasError, ResourceError
+from debias.params import Params, as_dict, load_params
 from debias.paths import RUNS
-from debias.runtime import configure_threads
-from debias.tracking import StageRun, TrackingError, stage_run
-from debias.training.memory import ResourceError, is_out_of_memory, out_of_memory_advice
 
-EXPECTED_ERRORS = (ParamsError, DataSourceError, BiasProtocolError, CorruptFileError, TrackingError, ResourceError,
-                   FileNotFoundError, ValueError)
+MESSAGE_LIMIT = 2000  # characters of an error message printed; the rest is cut with a note
 
-# The params each stage reads; dvc.yaml declares exactly these (tests/test_dvc_yaml.py checks).
+# The params each stage reads; dvc.yaml declares exactly these (tests/test_repo.py checks).
 STAGE_PARAMS: dict[str, list[str]] = {
     "download": ["seed", "data"],
     "inject_bias": ["seed", "bias"],
@@ -39,25 +45,97 @@ STAGE_PARAMS: dict[str, list[str]] = {
     "report": ["report"],  # plus params.yaml as a file dependency: the report shows every changed param
 }
 
+# OSError numbers a user fixes on the machine, with what to do.
+OS_ADVICE: dict[int, str] = {
+    errno.ENOSPC: "the disk is full: free space (or point TMPDIR / the repository elsewhere) and rerun",
+    errno.EDQUOT: "the disk quota is exhausted: free space and rerun",
+    errno.EFBIG: "a file-size limit (ulimit -f) stopped the write: raise it and rerun",
+    errno.EROFS: "the file system is read-only: make it writable or run from a writable copy",
+    errno.EACCES: "permission denied: make the folder writable for this user",
+    errno.EPERM: "operation not permitted: make the folder writable for this user",
+}
 
-def main(stage: str, body: Callable[[Params, StageRun], None]) -> None:
-    """Validate params, open the stage's MLflow run and run ``body``; exit 2 on an expected error."""
+
+def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``message`` cut to ``limit`` characters, saying how much was left out."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]} ... [{len(message) - limit:,} more characters cut]"
+
+
+def stage_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
+    """The paths dvc.yaml declares as the stage's outputs (outs, metrics, plots); [] without a dvc.yaml."""
+    if not dvc_yaml.exists():
+        return []
+    import yaml
+
+    entries = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {}).get(stage, {})
+    paths: list[Path] = []
+    for kind in ("outs", "metrics", "plots"):
+        for entry in entries.get(kind, []) or []:
+            paths.append(Path(next(iter(entry)) if isinstance(entry, dict) else entry))
+    return paths
+
+
+def check_writable(outputs: list[Path]) -> None:
+    """Create and delete a file in the folder of every output (made if missing): refuse a read-only or full
+    disk now, before any work, naming the folder. A real write, not ``os.access``, which ignores read-only
+    mounts and says yes to root."""
+    folders = sorted({(path if not path.suffix and not path.is_file() else path.parent) for path in outputs})
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle, probe = tempfile.mkstemp(prefix=".write-probe.", suffix=".tmp", dir=folder)
+            os.close(handle)
+            os.unlink(probe)
+        except OSError as exc:
+            advice = OS_ADVICE.get(exc.errno or 0, "fix the folder's permissions or disk")
+            raise ResourceError(f"cannot write into {folder}/ ({exc.strerror}): {advice}; "
+                                "nothing was run and the previous outputs are intact") from None
+
+
+def _fail(who: str, message: str, code: int = 2) -> None:
+    print(f"[{who}] error: {bounded(message)}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
+    sys.exit(code)
+
+
+def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noqa: F821 (StageRun: lazy import)
+    """Validate params, check device and outputs, open the stage's MLflow run and run ``body``."""
+    from debias import distributed
+    from debias.runtime import configure_threads, pick_device
+
     params = None
     who = ", ".join(filter(None, [stage, "" if distributed.is_main() else distributed.describe()]))
+    debug = bool(os.environ.get("DEBIAS_DEBUG"))
     try:
         params = load_params()
+        pick_device()  # a DEBIAS_DEVICE this machine lacks fails here, not after data loading
         configure_threads()
+        if distributed.is_main():
+            check_writable(stage_outputs(stage))
+        from debias.tracking import stage_run
+
         with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run:
             body(params, run)
-    except EXPECTED_ERRORS as exc:
-        if os.environ.get("DEBIAS_DEBUG"):
+    except KeyboardInterrupt:
+        if debug:
             raise
-        print(f"[{who}] error: {exc}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
-        sys.exit(2)
+        print(f"[{who}] interrupted (Ctrl-C); the previous outputs are intact", file=sys.stderr)
+        sys.exit(130)
+    except (DebiasError, FileNotFoundError, ValueError) as exc:
+        if debug:
+            raise
+        _fail(who, str(exc))
+    except OSError as exc:  # disk full, read-only, size limit, permission: the machine, not the code
+        if debug or exc.errno not in OS_ADVICE:
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        _fail(who, f"{exc.strerror}{where}: {OS_ADVICE[exc.errno]}; the previous outputs are intact")
     except (MemoryError, RuntimeError) as exc:  # a real out-of-memory error: say what to lower
-        if os.environ.get("DEBIAS_DEBUG") or not is_out_of_memory(exc):
+        from debias.training.memory import is_out_of_memory, out_of_memory_advice
+
+        if debug or not is_out_of_memory(exc):
             raise
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        print(f"[{who}] error: out of memory ({type(exc).__name__}: {first_line}); to reduce it, "
-              f"{out_of_memory_advice(stage, params)}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
-        sys.exit(2)
+        _fail(who, f"out of memory ({type(exc).__name__}: {first_line}); to reduce it, "
+                   f"{out_of_memory_advice(stage, params)}")

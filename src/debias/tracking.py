@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from debias.errors import TrackingError
 from debias.io import save_json
 from debias.params import flatten, params_hash
 
@@ -42,10 +43,6 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 
 DEFAULT_EXPERIMENT = "debias"
 TRACKING_MODES = ("required", "optional", "off")
-
-
-class TrackingError(RuntimeError):
-    """The tracking store cannot be reached or used."""
 
 
 class StageTerminated(SystemExit):
@@ -132,16 +129,65 @@ def ensure_experiment(uri: str, name: str, root: Path) -> str:
     return get_or_create()
 
 
-class StageRun:
-    """An MLflow run for one stage: params, metrics, artifacts, model; a no-op when tracking is off."""
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, else None."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
-    def __init__(self, client: Any, run_id: str | None) -> None:
+
+class StageRun:
+    """An MLflow run for one stage: params, metrics, artifacts, model; a no-op when tracking is off.
+
+    A store that breaks while the stage runs (its SQLite file deleted, replaced or corrupted, a
+    server gone) is noticed at the next call: ``required`` raises :class:`TrackingError` naming the
+    store, ``optional`` warns once and the stage goes on without logging.
+    """
+
+    def __init__(self, client: Any, run_id: str | None, uri: str | None = None, mode: str = "required") -> None:
         self.client = client
         self.run_id = run_id
+        self.uri = uri
+        self.mode = mode
+        self.lost: str | None = None  # why logging stopped, when it did
+        database = sqlite_path(uri) if uri else None
+        self._database = database
+        self._inode = database.stat().st_ino if database is not None and database.exists() else None
 
     @property
     def active(self) -> bool:
         return self.run_id is not None
+
+    def _store_problem(self) -> str | None:
+        """Why the store cannot be trusted any more (its SQLite file deleted or replaced), else None."""
+        if self._database is None or self._inode is None:
+            return None
+        try:
+            inode = self._database.stat().st_ino
+        except FileNotFoundError:
+            return f"its file {self._database} was deleted"
+        return None if inode == self._inode else f"its file {self._database} was replaced"
+
+    def _give_up(self, what: str, cause: str) -> None:
+        message = (f"MLflow tracking store {self.uri} broke while {what}: {cause}; the stage's files on disk are "
+                   "intact but this MLflow run is lost")
+        self.run_id, self.lost = None, message
+        if self.mode == "required":
+            raise TrackingError(message + "; restore or remove the store and rerun, or set DEBIAS_TRACKING=optional "
+                                "to run without logging")
+        warnings.warn(message + " (DEBIAS_TRACKING=optional: going on without logging)", stacklevel=3)
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on the store, turning a broken store into :meth:`_give_up`."""
+        if not self.active:
+            return None
+        problem = self._store_problem()
+        if problem is not None:
+            self._give_up(what, problem)
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            self._give_up(what, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}")
+            return None
 
     def log_params(self, values: dict[str, Any]) -> None:
         if not self.active:
@@ -151,7 +197,7 @@ class StageRun:
         flat = {k: str(v)[:6000] for k, v in flatten(values).items()}
         items = [Param(k, v) for k, v in sorted(flat.items())]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[start : start + 100])
+            self._call("logging params", self.client.log_batch, self.run_id, params=items[start : start + 100])
 
     def log_metrics(self, values: dict[str, float | None], step: int | None = None) -> None:
         if not self.active:
@@ -161,11 +207,11 @@ class StageRun:
         stamp = int(time.time() * 1000)
         items = [Metric(k.replace("/", "."), float(v), stamp, step or 0) for k, v in values.items() if v is not None]
         for start in range(0, len(items), 500):
-            self.client.log_batch(self.run_id, metrics=items[start : start + 500])
+            self._call("logging metrics", self.client.log_batch, self.run_id, metrics=items[start : start + 500])
 
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
         if self.active and Path(path).exists():
-            self.client.log_artifact(self.run_id, str(path), folder)
+            self._call(f"logging {path}", self.client.log_artifact, self.run_id, str(path), folder)
 
     def log_model(self, model: Any, name: str = "model") -> None:
         """Log a torch module as an MLflow pytorch model (pickle serialisation: no export needed)."""
@@ -177,12 +223,21 @@ class StageRun:
             target = Path(tmp) / name
             mlflow.pytorch.save_model(model, str(target), serialization_format="pickle",
                                       pip_requirements=model_requirements(model))
-            self.client.log_artifacts(self.run_id, str(target), name)
+            self._call("logging the model", self.client.log_artifacts, self.run_id, str(target), name)
 
     def set_tags(self, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self._call("tagging the run", self.client.set_tag, self.run_id, key, value)
+
+    def end(self, status: str) -> None:
+        """Log the workspace's params.yaml and dvc.lock and end the run with ``status``."""
+        if not self.active:
+            return
+        # Under `dvc exp run` the git tags name the baseline commit; these files name the experiment.
+        for name in ("params.yaml", "dvc.lock"):
+            self.log_artifact(Path.cwd() / name, "provenance")
         if self.active:
-            for key, value in tags.items():
-                self.client.set_tag(self.run_id, key, value)
+            self._call("ending the run", self.client.set_terminated, self.run_id, status)
 
 
 # Imported by loading a pickled torch model with mlflow.pytorch, besides the modules of the model's classes.
@@ -256,7 +311,7 @@ def stage_run(stage: str, params: dict[str, Any], record_path: str | Path | None
                 ) from exc
             warnings.warn(f"tracking disabled: {uri} unusable ({exc}); results of stage '{stage}' are NOT logged to MLflow")
             client, run_id = None, None
-    run = StageRun(client, run_id)
+    run = StageRun(client, run_id, uri, mode)
     run.log_params(params)
 
     previous = signal.getsignal(signal.SIGTERM)
@@ -264,35 +319,36 @@ def stage_run(stage: str, params: dict[str, Any], record_path: str | Path | None
     def on_term(signum: int, frame: Any) -> None:
         raise StageTerminated(128 + signum)  # unwinds the stage; the run is ended KILLED below
 
-    if run.active:
+    handling_term = run.active
+    if handling_term:
         signal.signal(signal.SIGTERM, on_term)
     status = "FINISHED"
     try:
         yield run
-    except StageTerminated:
+    except (StageTerminated, KeyboardInterrupt):  # SIGTERM or Ctrl-C: stopped, not failed
         status = "KILLED"
         raise
     except BaseException:
         status = "FAILED"
         raise
     finally:
-        if run.active:
+        if handling_term:
             signal.signal(signal.SIGTERM, previous)
-            # The workspace's own params.yaml and dvc.lock: under `dvc exp run` the git tags name the
-            # baseline commit, these name the experiment.
-            for name in ("params.yaml", "dvc.lock"):
-                with contextlib.suppress(Exception):
-                    run.log_artifact(Path.cwd() / name, "provenance")
-            client.set_terminated(run.run_id, status)
-        if status == "FINISHED" and record_path is not None:
-            save_json(record_path, {
-                "stage": stage,
-                "run_id": run.run_id,
-                "tracking_uri": uri if run.active else None,
-                "params_hash": params_hash(params),
-                "dvc_experiment": os.environ.get("DVC_EXP_NAME"),
-                "wall_time_s": round(time.time() - started, 3),
-            })
+        if status == "FINISHED":
+            run.end(status)
+        else:  # already unwinding: a broken store must not hide the error that stopped the stage
+            with contextlib.suppress(Exception):
+                run.end(status)
+    if status == "FINISHED" and record_path is not None:
+        save_json(record_path, {
+            "stage": stage,
+            "run_id": run.run_id,
+            "tracking_uri": uri if run.active else None,
+            "params_hash": params_hash(params),
+            "dvc_experiment": os.environ.get("DVC_EXP_NAME"),
+            "tracking_lost": run.lost,
+            "wall_time_s": round(time.time() - started, 3),
+        })
 
 
 def read_run_record(path: str | Path) -> dict[str, Any] | None:

@@ -20,15 +20,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from debias.errors import BiasProtocolError
 from debias.data.sources import RawSplits
 from debias.data.store import BiasedSplit
 from debias.params import BackgroundParams, BiasParams, ForegroundParams
 
 SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}
-
-
-class BiasProtocolError(ValueError):
-    """The data cannot be biased with the chosen protocol and parameters."""
 
 
 ProtocolFn = Callable[[RawSplits, BiasParams, int], dict[str, BiasedSplit]]

@@ -41,15 +41,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from debias.errors import ResourceError
 from debias import distributed
 
 BACKWARD_MARGIN = 1.75  # activations x this: gradients of activations and allocator slack during backward
 USABLE_FRACTION = 0.9  # of the free memory, the rest for the interpreter, data loading and fragmentation
 PROBE_SIZES = (2, 4)
-
-
-class ResourceError(RuntimeError):
-    """A run would not fit in the memory of its device; the message names the param to lower."""
 
 
 # --------------------------------------------------------------------------- what is free

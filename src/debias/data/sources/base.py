@@ -15,13 +15,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from debias.errors import DataSourceError
 from debias.params import DataParams
 
 SPLITS = ("train", "val", "test")
-
-
-class DataSourceError(RuntimeError):
-    """A data source cannot provide its data; the message says which parameter to change."""
 
 
 @dataclass
