@@ -1,7 +1,7 @@
 """Stage inject_bias: colour the splits with a bias protocol (data/biased/), summary and sample grid."""
 
 from debias import paths
-from debias.data.bias import inject_bias, summarise
+from debias.data.bias import check_colourable, inject_bias, summarise
 from debias.data.store import load_raw_splits, save_split
 from debias.io import save_json
 from debias.params import Params
@@ -11,10 +11,12 @@ from debias.tracking import StageRun
 
 
 def run(params: Params, run: StageRun) -> None:
-    biased = inject_bias(load_raw_splits(paths.RAW_SPLITS), params.bias, params.seed)
+    raw = load_raw_splits(paths.RAW_SPLITS)
+    uncolourable = check_colourable(raw, params.bias)  # images the colour does not show on (refused above a fraction)
+    biased = inject_bias(raw, params.bias, params.seed)
     for name, split in biased.items():
         save_split(paths.BIASED / f"{name}.pt", split)
-    summary = summarise(biased, params.bias)
+    summary = summarise(biased, params.bias, uncolourable)
     save_json(paths.BIAS_SUMMARY, summary)
     sample_grid(biased["train"], paths.SAMPLE_GRID, seed=params.seed)
     run.log_metrics({f"{name}.{key}": stats[key] for name, stats in summary["splits"].items()

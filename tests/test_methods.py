@@ -78,7 +78,7 @@ def _cnc_run(state_path, interrupt_at: int | None = None):
         setup.task.train_epoch = train_epoch
     check = stage2_validator(setup.model, {"train": tiny_split(120), "val": tiny_split(60, seed=1)}, "cnc", 64, CPU)
     result = fit(setup.task, setup.optimizer, 3, check, selection="best_worst_group", state_path=state_path,
-                 state_key="k")
+                 state_key={"params": "k"})
     return setup.model, result
 
 

@@ -42,7 +42,7 @@ def run(epochs: int, state_path=None, interrupt_at: int | None = None, selection
 
         task.train_epoch = train_epoch  # type: ignore[method-assign]
     result = fit(task, optimizer, epochs, validator(model, val, 64, torch.device("cpu")), selection=selection,
-                 state_path=state_path, state_key="k")
+                 state_path=state_path, state_key={"params": "k"})
     return model, result
 
 
@@ -83,5 +83,5 @@ def test_resume_state_from_other_params_is_ignored(tmp_path) -> None:
     optimizer = build_optimizer(model.parameters(), "adam", 3e-3, 0.9, 0.0)
     task = ClassifierTask(model, optimizer, tiny_split(), 16, generator, torch.device("cpu"), progress=False)
     result = fit(task, optimizer, 1, validator(model, tiny_split(seed=1), 64, torch.device("cpu")),
-                 state_path=state, state_key="other")
+                 state_path=state, state_key={"params": "other"})
     assert result.resumed_from is None

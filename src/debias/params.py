@@ -146,6 +146,9 @@ class BackgroundParams(Section):
 
 class BiasParams(Section):
     protocol: Literal["foreground", "background", "given"] = "foreground"
+    max_uncolourable: float = Field(0.01, ge=0, le=1, description="largest fraction of a split's images on which the "
+                                    "colour may not show (no stroke pixel >= threshold / no background); above it "
+                                    "inject_bias refuses")
     foreground: ForegroundParams = Field(default_factory=ForegroundParams)
     background: BackgroundParams = Field(default_factory=BackgroundParams)
 

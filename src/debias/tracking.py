@@ -148,6 +148,7 @@ class StageRun:
         self.uri = uri
         self.mode = mode
         self.lost: str | None = None  # why logging stopped, when it did
+        self.notes: dict[str, Any] = {}  # facts for the run record (see note)
         database = sqlite_path(uri) if uri else None
         self._database = database
         self._inode = database.stat().st_ino if database is not None and database.exists() else None
@@ -224,6 +225,12 @@ class StageRun:
             mlflow.pytorch.save_model(model, str(target), serialization_format="pickle",
                                       pip_requirements=model_requirements(model))
             self._call("logging the model", self.client.log_artifacts, self.run_id, str(target), name)
+
+    def note(self, key: str, value: Any) -> None:
+        """A fact about this run (e.g. it resumed an interrupted one): an MLflow tag ``debias.<key>`` and a
+        field of the stage's run record."""
+        self.notes[key] = value
+        self.set_tags({f"debias.{key}": str(value)})
 
     def set_tags(self, tags: dict[str, str]) -> None:
         for key, value in tags.items():
@@ -347,6 +354,7 @@ def stage_run(stage: str, params: dict[str, Any], record_path: str | Path | None
             "params_hash": params_hash(params),
             "dvc_experiment": os.environ.get("DVC_EXP_NAME"),
             "tracking_lost": run.lost,
+            **run.notes,
             "wall_time_s": round(time.time() - started, 3),
         })
 

@@ -187,6 +187,42 @@ def given(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSpl
     return out
 
 
+# --------------------------------------------------------------------------- colourability
+
+
+def colourable(grey: np.ndarray, protocol: str, bias: BiasParams) -> np.ndarray:
+    """Per image, whether the protocol's colour shows on it: foreground needs a pixel with grey >=
+    ``stroke_threshold``; background needs a background pixel (grey 0) and a stroke pixel (grey > 0)."""
+    flat = grey.reshape(len(grey), -1)
+    if protocol == "foreground":
+        return (flat >= bias.foreground.stroke_threshold).any(axis=1)
+    return (flat == 0).any(axis=1) & (flat > 0).any(axis=1)
+
+
+def check_colourable(splits: RawSplits, bias: BiasParams) -> dict[str, int]:
+    """Images per split on which the colour would not show; refuse a split where they exceed
+    ``bias.max_uncolourable`` (the experiment would be meaningless), naming the param and the data's range."""
+    counts: dict[str, int] = {}
+    if bias.protocol not in ("foreground", "background"):
+        return counts
+    for name, raw in splits.items():
+        grey = to_grey(raw.x)
+        missing = ~colourable(grey, bias.protocol, bias)
+        counts[name] = int(missing.sum())
+        if len(grey) and counts[name] / len(grey) > bias.max_uncolourable:
+            if bias.protocol == "foreground":
+                cause = (f"no pixel with grey >= bias.foreground.stroke_threshold = {bias.foreground.stroke_threshold} "
+                         f"(the brightest pixel of the split is {int(grey.max())})")
+                fix = "lower bias.foreground.stroke_threshold, or give images in 0..255"
+            else:
+                cause = f"no background pixel (grey 0) or no stroke (grey > 0); the split's grey range is {int(grey.min())}..{int(grey.max())}"
+                fix = "use images with a black background, or bias.protocol = foreground"
+            raise BiasProtocolError(
+                f"bias.protocol = {bias.protocol}: {counts[name]} of {len(grey)} {name} images have {cause}, so their "
+                f"colour would not show (allowed: a fraction up to bias.max_uncolourable = {bias.max_uncolourable:g}); {fix}")
+    return counts
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -203,6 +239,7 @@ def inject_bias(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, Bia
                 f"bias.foreground.class_digits names labels {missing} that the data does not have "
                 f"(labels present: {sorted(labels)})"
             )
+    check_colourable(splits, bias)
     biased = PROTOCOLS[bias.protocol](splits, bias, seed)
     for name, split in biased.items():
         if len(split) == 0:
@@ -213,12 +250,14 @@ def inject_bias(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, Bia
     return biased
 
 
-def summarise(splits: dict[str, BiasedSplit], bias: BiasParams) -> dict:
-    """Counts per group per split and the realised correlation (fraction of aligned images)."""
+def summarise(splits: dict[str, BiasedSplit], bias: BiasParams, uncolourable: dict[str, int] | None = None) -> dict:
+    """Counts per group per split, the realised correlation (fraction of aligned images) and, per split, the
+    images the colour does not show on (:func:`check_colourable`)."""
     summary: dict = {"protocol": bias.protocol, "splits": {}}
     for name, split in splits.items():
         counts = split.group_counts()
         summary["splits"][name] = {
+            "n_uncolourable": (uncolourable or {}).get(name, 0),
             "n": len(split),
             "n_classes": split.n_classes,
             "n_attrs": split.n_attrs,

@@ -23,11 +23,12 @@ from debias.data.store import BiasedSplit
 from debias.io import atomic_path, load_torch, save_json, save_torch
 from debias.metrics import accuracy_report, scalars
 from debias.models import Network, build_model, save_network
-from debias.params import OptimParams, params_hash
+from debias.params import OptimParams
 from debias.paths import embeddings_path
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
-from debias.training.loop import FitResult, GeneratorTask, build_optimizer, build_scheduler, finish, fit
+from debias.training.loop import (FitResult, GeneratorTask, build_optimizer, build_scheduler, ensure_finite, finish, fit,
+                                  resume_key)
 from debias.training.memory import check_classifier_fits
 
 
@@ -75,12 +76,13 @@ class ClassifierTask(GeneratorTask):
         batches = order.split(self.batch_size)
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
                    disable=None if self.progress and distributed.is_main() else True)
-        for index in bar:
+        for step, index in enumerate(bar):
             x = random_shift(self.train.x[index], self.augment_shift, self.generator)  # the global batch
             x = x[distributed.shard_slice(len(index))].to(self.device, non_blocking=True)
             y = self.train.y[index].to(self.device, non_blocking=True)
             logits = distributed.all_gather_rows(self.model(x), len(index))
             loss = F.cross_entropy(logits, y)
+            ensure_finite(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.sum_gradients(self.optimizer)
@@ -142,6 +144,18 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     return reports
 
 
+def split_tensors(splits: dict[str, BiasedSplit], names: tuple[str, ...] = ("train", "val")) -> dict[str, torch.Tensor]:
+    """The tensors training reads from ``splits`` (images, classes, attributes), named ``split.field``."""
+    return {f"{name}.{field}": getattr(splits[name], field) for name in names if name in splits
+            for field in ("x", "y", "a")}
+
+
+def note_resume(run: StageRun, result: FitResult) -> None:
+    """Record in the run's metadata (MLflow tag, run record) that training resumed an interrupted run."""
+    if result.resumed_from is not None:
+        run.note("resumed_from_epoch", result.resumed_from)
+
+
 @dataclass(frozen=True)
 class StageOutputs:
     """Where a training stage writes (paths dvc.yaml declares)."""
@@ -169,10 +183,12 @@ def train_erm(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParam
     task = ClassifierTask(model, optimizer, train, optim.batch_size, generator, device, augment_shift=optim.augment_shift)
     check_classifier_fits(model, optimizer, model_name, "erm", optim.batch_size, optim.eval_batch_size, len(train),
                           max(len(split) for split in splits.values()), tuple(train.x.shape[1:]), device)
-    key = params_hash({"model": model_name, "optim": optim.model_dump(mode="json"), "seed": seed, "n": len(train)})
+    key = resume_key({"seed": seed, "model": model_name, "erm": optim.model_dump(mode="json")}, split_tensors(splits))
     result = fit(task, optimizer, optim.epochs, validator(model, splits["val"], optim.eval_batch_size, device),
                  selection=optim.selection, scheduler=scheduler, state_path=out.resume, state_key=key,
-                 on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch))
+                 on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch), label="train_erm",
+                 divergence_advice=f"erm.lr (now {optim.lr:g})")
+    note_resume(run, result)
     reports: dict[str, dict] = {}
     if distributed.is_main():
         reports = write_outputs(model, model_name, result, splits, run, out, optim.eval_batch_size, device, "erm")

@@ -6,8 +6,14 @@ each, keeps the selected weights (``last`` or best validation worst-group accura
 the earlier epoch) and, after every epoch, atomically saves a resume state: modules,
 optimizer, scheduler, RNG states, the task's sampler state, history and the best weights.
 Rerunning after a kill continues from the last completed epoch and ends with the same
-result as an uninterrupted run (CPU, same seed). The resume state is tied to a hash of the
-params; a state from other params is ignored, and it is deleted on success.
+result as an uninterrupted run (CPU, same seed). The resume state is keyed by everything the
+result depends on (:func:`resume_key`: the params the stage reads, the content of its training
+inputs, the code version); a state saved for another key is ignored, saying which part differs,
+a resume says so in the log, and the state is deleted on success.
+
+Divergence stops training at once: a task checks every step's loss (:func:`ensure_finite`), and
+``fit`` checks the weights after every epoch; either raises :class:`TrainingDiverged` naming the
+epoch, the step and the params to lower (``divergence_advice``).
 
 Under ``torchrun`` (:mod:`debias.distributed`) every rank runs ``fit``: all ranks load the resume
 state (and must agree on the epoch it resumes from), only rank 0 saves or deletes it; each
@@ -30,6 +36,8 @@ import torch
 from torch import nn
 
 from debias import distributed
+from debias.errors import TrainingDiverged
+from debias.fingerprint import code_version, digest, tensor_digest
 from debias.io import CorruptFileError, load_torch, save_torch
 
 
@@ -57,6 +65,42 @@ class GeneratorTask:
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.generator.set_state(state["generator"])
+
+
+class NonFiniteLoss(ArithmeticError):
+    """Raised by a task when a step's loss is NaN or infinite; :func:`fit` adds the epoch and the advice."""
+
+    def __init__(self, step: int, value: float, what: str = "loss") -> None:
+        super().__init__(f"{what} = {value} at step {step}")
+        self.step, self.value, self.what = step, value, what
+
+
+def ensure_finite(loss: torch.Tensor, step: int, what: str = "loss") -> None:
+    """Raise :class:`NonFiniteLoss` if ``loss`` holds NaN or infinity (one host sync per step)."""
+    if not bool(torch.isfinite(loss.detach()).all()):
+        raise NonFiniteLoss(step, float(loss.detach().float().flatten()[0]), what)
+
+
+def nonfinite_weights(modules: dict[str, nn.Module]) -> list[str]:
+    """Names of the parameters and buffers (``module.name``) holding NaN or infinity."""
+    bad = []
+    for module_name, module in modules.items():
+        for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                bad.append(f"{module_name}.{name}")
+    return bad
+
+
+def resume_key(params: dict[str, Any], inputs: dict[str, Any]) -> dict[str, str]:
+    """What a training result depends on, hashed per part: ``params`` (every param the stage reads),
+    ``data`` (the content of its input tensors: splits, inferred labels, initial weights) and ``code``."""
+    return {"params": digest(params), "data": tensor_digest(inputs), "code": code_version()}
+
+
+def _key_difference(saved: Any, key: dict[str, str]) -> list[str]:
+    if not isinstance(saved, dict):
+        return ["format"]
+    return [part for part in key if saved.get(part) != key[part]]
 
 
 @dataclass
@@ -96,20 +140,30 @@ def selection_score(metrics: dict[str, float], selection: str) -> float:
 
 def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Callable[[], dict[str, float]],
         selection: str = "last", scheduler: Any | None = None, state_path: str | Path | None = None,
-        state_key: str = "", on_epoch: Callable[[int, dict[str, float]], None] | None = None) -> FitResult:
-    """Train ``epochs`` epochs; return the history and the selected weights."""
+        state_key: dict[str, str] | None = None, on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+        label: str = "training", divergence_advice: str = "the learning rate") -> FitResult:
+    """Train ``epochs`` epochs; return the history and the selected weights.
+
+    ``state_key`` (:func:`resume_key`) ties the resume state at ``state_path`` to its inputs; ``label`` names
+    the stage in messages, ``divergence_advice`` the params to lower when training diverges.
+    """
     history: list[dict[str, float]] = []
     best_epoch, best_score, best_state = -1, -float("inf"), None
     start, resumed_from = 0, None
     state_path = Path(state_path) if state_path else None
 
+    state_key = state_key or {}
     if state_path is not None and state_path.exists():
         try:
             saved = load_torch(state_path, "resume-state", ("epoch", "modules", "optimizer", "key"))
         except CorruptFileError as exc:
             warnings.warn(f"ignoring unreadable resume state ({exc}); training starts over")
             saved = None  # a torn resume state is not worth failing for: start over
-        if saved is not None and saved["key"] == state_key:
+        differs = _key_difference(saved["key"], state_key) if saved is not None else []
+        if saved is not None and differs and distributed.is_main():
+            print(f"[{label}] ignoring the resume state {state_path} of an interrupted run: it was saved for other "
+                  f"{' and '.join(differs)} than this run's; training starts over", flush=True)
+        if saved is not None and not differs:
             for name, module in task.modules().items():
                 module.load_state_dict(saved["modules"][name])
             optimizer.load_state_dict(saved["optimizer"])
@@ -120,13 +174,24 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
             history = saved["history"]
             best_epoch, best_score, best_state = saved["best_epoch"], saved["best_score"], saved["best_state"]
             start = resumed_from = saved["epoch"] + 1
+            if distributed.is_main():
+                print(f"[{label}] resuming an interrupted run from epoch {start} ({state_path}: same params, "
+                      f"training data and code)", flush=True)
     distributed.agree(start, "the epoch to resume from (every rank reads rank 0's resume state)")
     distributed.broadcast_modules(task.modules().values())
 
     for epoch in range(start, epochs):
         for module in task.modules().values():
             module.train()
-        metrics = {"epoch": float(epoch), **task.train_epoch(epoch)}
+        try:
+            metrics = {"epoch": float(epoch), **task.train_epoch(epoch)}
+        except NonFiniteLoss as exc:
+            raise TrainingDiverged(f"{label}: the training {exc.what} became {exc.value} at epoch {epoch}, step "
+                                   f"{exc.step}: training diverged; lower {divergence_advice}") from None
+        bad = nonfinite_weights(task.modules())
+        if bad:
+            raise TrainingDiverged(f"{label}: weights became NaN or infinite during epoch {epoch} ({', '.join(bad[:3])}"
+                                   f"{' ...' if len(bad) > 3 else ''}): training diverged; lower {divergence_advice}")
         if scheduler is not None:
             scheduler.step()
         for module in task.modules().values():

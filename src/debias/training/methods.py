@@ -45,11 +45,11 @@ from debias.models import Network, build_model
 from debias.params import Params
 from debias.sampling import CNCBatchSampler
 from debias.io import save_json
-from debias.params import params_hash
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
-from debias.training.erm import ClassifierTask, StageOutputs, predict, validator, write_outputs
-from debias.training.loop import GeneratorTask, build_optimizer, build_scheduler, finish, fit
+from debias.training.erm import (ClassifierTask, StageOutputs, note_resume, predict, split_tensors, validator,
+                                 write_outputs)
+from debias.training.loop import GeneratorTask, build_optimizer, build_scheduler, ensure_finite, finish, fit, resume_key
 from debias.training.memory import check_stage2_fits
 
 
@@ -177,7 +177,7 @@ class ContrastiveTask(GeneratorTask):
         progress = _Progress()
         bar = tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}", leave=False,
                    disable=None if distributed.is_main() else True)
-        for index in bar:
+        for step, index in enumerate(bar):
             if len(index) < 2:
                 continue  # a single sample has no pair
             x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
@@ -192,6 +192,7 @@ class ContrastiveTask(GeneratorTask):
                 reg = losses.fairkl(zn, y, self.bias[index].to(self.device), loss_params.fairkl.variant)
                 loss = loss + loss_params.fairkl.weight * reg
                 parts["fairkl"] = reg.detach()
+            ensure_finite(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.sum_gradients(self.optimizer)
@@ -268,6 +269,7 @@ class CNCTask(GeneratorTask):
                 count = min(cnc.forward_chunk, step_batches - done)
                 contrastive, ce, _ = self._chunk_loss(count)
                 loss = lam * contrastive + (1 - lam) * ce
+                ensure_finite(loss, progress.count)
                 (loss * (count / step_batches)).backward()
                 progress.add(loss=loss.detach(), contrastive=contrastive.detach(), ce=ce.detach())
                 done += count
@@ -314,8 +316,8 @@ class WCLTask(GeneratorTask):
         wcl = self.params.stage2.wcl
         order = torch.randperm(len(self.train), generator=self.generator)
         progress = _Progress()
-        for index in tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}", leave=False,
-                          disable=None if distributed.is_main() else True):
+        for step, index in enumerate(tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}",
+                                          leave=False, disable=None if distributed.is_main() else True)):
             if len(index) < 2:
                 continue
             images = self.train.x[index]
@@ -329,6 +331,7 @@ class WCLTask(GeneratorTask):
             _, weighted, triplet = losses.wcl_loss(z_d_a, z_d_p, z_b_a, z_b_p, self.params.loss.temperature,
                                                    wcl.tau_plus, return_parts=True)
             loss = weighted + wcl.triplet_weight * triplet
+            ensure_finite(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.sum_gradients(self.optimizer)
@@ -400,12 +403,18 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
     setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator))
     check_stage2_fits(s2.method, list(setup.task.modules().values()), setup.optimizer, params, len(splits["train"]),
                       max(len(split) for split in splits.values()), tuple(splits["train"].x.shape[1:]), device)
-    key = params_hash({"stage2": s2.model_dump(mode="json"), "loss": params.loss.model_dump(mode="json"),
-                       "model": params.model.name, "seed": params.seed, "inferred": inferred.tolist()})
+    key = resume_key({"seed": params.seed, "model": params.model.model_dump(mode="json"),
+                      "stage2": s2.model_dump(mode="json"), "loss": params.loss.model_dump(mode="json")},
+                     {**split_tensors(splits), "inferred": inferred, "minority": minority, "erm_state": erm_state})
+    advice = f"stage2.lr (now {s2.lr:g})"
+    if s2.method not in HEAD_TRAINED or s2.method == "cnc":
+        advice += f" or raise loss.temperature (now {params.loss.temperature:g})"
     result = fit(setup.task, setup.optimizer, s2.epochs,
                  stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device),
                  selection=s2.selection, scheduler=setup.scheduler, state_path=out.resume, state_key=key,
-                 on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch))
+                 on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch), label="train_contrastive",
+                 divergence_advice=advice)
+    note_resume(run, result)
     reports: dict[str, dict] = {}
     if distributed.is_main():
         reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
