@@ -44,7 +44,7 @@ def images(n: int = 6, h: int = 28, w: int = 28, seed: int = 0) -> torch.Tensor:
 def coloured_digit(colour: tuple[int, int, int], size: int = 28) -> torch.Tensor:
     """A Biased-MNIST-like image: a white bar (the stroke) on a background of the class colour."""
     x = torch.tensor(colour, dtype=torch.uint8)[:, None, None].repeat(1, size, size)
-    x[:, 6:22, 12:16] = 255
+    x[:, size // 4 : 3 * size // 4, size // 2 - 1 : size // 2 + 1] = 255
     return x
 
 
@@ -160,7 +160,7 @@ def test_full_strength_hue_jitter_removes_the_class_colour() -> None:
     hue_only = dict(OFF, jitter_p=1.0, brightness=0.0, contrast=0.0, saturation=0.0)
 
     def background_hues(colour, hue):
-        x = coloured_digit(colour)[None].expand(views, -1, -1, -1)
+        x = coloured_digit(colour, size=8)[None].expand(views, -1, -1, -1)  # small: one pixel is read
         v = simclr_view(x, torch.Generator().manual_seed(11), **hue_only, hue=hue)[:, :, 0, 0] / 255
         return torch.tensor([colorsys.rgb_to_hsv(*rgb)[0] for rgb in v.tolist()])
 
