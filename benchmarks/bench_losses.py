@@ -135,24 +135,55 @@ def base_triplet(a, p, tau_plus):
     return (d_pos - d_neg).mean()
 
 
-def base_weighted_infonce(a, p, w, tau, tau_plus):
-    """DCL-style code (Chuang et al.): exp, masked weighted sum, clamp, log."""
-    b = a.shape[0]
-    pos = torch.exp((a * p).sum(1) / tau)
-    neg = torch.exp(a @ a.T / tau) * w * (1 - torch.eye(b, device=a.device))
-    n = b - 1
-    ng = neg.sum(1)
+def _two_view_negatives(b, device):
+    mask = ~torch.eye(2 * b, dtype=torch.bool, device=device)
+    idx = torch.arange(b, device=device)
+    mask[idx, idx + b] = False
+    mask[idx + b, idx] = False
+    return mask
+
+
+def base_nt_xent(z1, z2, w, tau, tau_plus, beta=None):
+    """DCL / HCL code style (Chuang et al., Robinson et al.): exp of the 2B x 2B matrix,
+    masked_select of the 2B - 2 negatives, (importance-)weighted sum, clamp, log."""
+    b = z1.shape[0]
+    out = torch.cat([z1, z2])
+    mask = _two_view_negatives(b, z1.device)
+    neg = torch.exp(out @ out.T / tau).masked_select(mask).view(2 * b, -1)
+    pos = torch.exp((z1 * z2).sum(-1) / tau)
+    pos = torch.cat([pos, pos])
+    n = 2 * b - 2
+    if beta is not None:
+        imp = (beta * neg.log()).exp()
+        ng = (imp * neg).sum(-1) / imp.mean(-1)
+    else:
+        ng = (neg * w.masked_select(mask).view(2 * b, -1)).sum(-1)
     if tau_plus > 0:
         ng = ((ng - tau_plus * n * pos) / (1 - tau_plus)).clamp(min=n * math.exp(-1 / tau))
     return -torch.log(pos / (pos + ng)).mean()
 
 
+def base_triplet_2view(z1, z2, tau_plus):
+    """Full 2B x 2B squared-distance matrix, masked mean over the 2B - 2 negatives."""
+    b = z1.shape[0]
+    z = torch.cat([z1, z2])
+    d_pos = ((z1 - z2) ** 2).sum(1)
+    d_pos = torch.cat([d_pos, d_pos])
+    mask = _two_view_negatives(b, z1.device).float()
+    d_neg = (torch.cdist(z, z).pow(2) * mask).sum(1) / (2 * b - 2)
+    if tau_plus > 0:
+        d_neg = (d_neg - tau_plus * d_pos) / (1 - tau_plus)
+    return (d_pos - d_neg).mean()
+
+
 def base_wcl(zd_a, zd_p, zb_a, zb_p, tau, tau_plus):
     with torch.no_grad():
-        dd, db = torch.cdist(zd_a, zd_a), torch.cdist(zb_a, zb_a)
-        dd, db = dd / dd.max(), db / db.max()
+        mask = _two_view_negatives(zd_a.shape[0], zd_a.device)
+        zd, zb = torch.cat([zd_a, zd_p]), torch.cat([zb_a, zb_p])
+        dd, db = torch.cdist(zd, zd), torch.cdist(zb, zb)
+        dd, db = dd / dd[mask].max(), db / db[mask].max()
         w = 1 + dd / (dd + db).clamp_min(1e-12)
-    return base_weighted_infonce(zd_a, zd_p, w, tau, tau_plus) + base_triplet(zb_a, zb_p, tau_plus)
+    return base_nt_xent(zd_a, zd_p, w, tau, tau_plus) + base_triplet_2view(zb_a, zb_p, tau_plus)
 
 
 # --------------------------------------------------------------------------- cases
@@ -167,7 +198,7 @@ def make_cases(b: int, d: int, device: torch.device) -> list[tuple[str, Callable
     y = torch.randint(0, 10, (b,), generator=g).to(device)
     bias = torch.where(torch.rand(b, generator=g) < 0.9, y, torch.randint(0, 10, (b,), generator=g)).to(device)
     half = b // 2
-    w = (1 + torch.rand(half, half, generator=g)).to(device)
+    w = (1 + torch.rand(2 * half, 2 * half, generator=g)).to(device)
     k = max(1, b // (2 * M + 2 * N))
     cnc = [unit(k, M, d), unit(k, M, d), unit(k, N, d), unit(k, N, d)]
     return [
@@ -182,9 +213,15 @@ def make_cases(b: int, d: int, device: torch.device) -> list[tuple[str, Callable
          lambda *t: base_cnc_two_sided(*t, TAU), cnc),
         ("triplet (B/2 pairs)", lambda a, p: L.triplet(a, p, tau_plus=TAU_PLUS),
          lambda a, p: base_triplet(a, p, TAU_PLUS), [z[:half], z[half:]]),
-        ("weighted_infonce (B/2 pairs)", lambda a, p: L.weighted_infonce(a, p, w, 0.5, TAU_PLUS),
-         lambda a, p: base_weighted_infonce(a, p, w, 0.5, TAU_PLUS), [z[:half], z[half:]]),
-        ("wcl_loss (B/2 pairs, 2 encoders)", lambda *t: L.wcl_loss(*t, 0.5, TAU_PLUS),
+        ("weighted_infonce_2view (B/2 images x 2 views)", lambda a, p: L.weighted_infonce_2view(a, p, w, 0.5, TAU_PLUS),
+         lambda a, p: base_nt_xent(a, p, w, 0.5, TAU_PLUS), [z[:half], z[half:]]),
+        ("dcl (B/2 x 2)", lambda a, p: L.dcl(a, p, 0.5, TAU_PLUS),
+         lambda a, p: base_nt_xent(a, p, torch.ones_like(w), 0.5, TAU_PLUS), [z[:half], z[half:]]),
+        ("hcl (B/2 x 2, beta=1)", lambda a, p: L.hcl(a, p, 0.5, TAU_PLUS, 1.0),
+         lambda a, p: base_nt_xent(a, p, None, 0.5, TAU_PLUS, beta=1.0), [z[:half], z[half:]]),
+        ("triplet_2view (B/2 x 2)", lambda a, p: L.triplet_2view(a, p, TAU_PLUS),
+         lambda a, p: base_triplet_2view(a, p, TAU_PLUS), [z[:half], z[half:]]),
+        ("wcl_loss (B/2 x 2, 2 encoders)", lambda *t: L.wcl_loss(*t, 0.5, TAU_PLUS),
          lambda *t: base_wcl(*t, 0.5, TAU_PLUS), [z[:half], z[half:], unit(half, d), unit(half, d)]),
     ]
 

@@ -181,16 +181,69 @@ def ref_triplet(a, p, tau_plus, negatives=None):
     return sum(out) / b
 
 
-def ref_weighted_infonce(a, p, w, tau, tau_plus):
-    b, out = a.shape[0], []
-    n = b - 1
-    for i in range(b):
-        sp = float(a[i] @ p[i]) / tau
-        g = sum(float(w[i][j]) * math.exp(float(a[i] @ a[j]) / tau) for j in range(b) if j != i)
+def ref_two_view(z1, z2, tau, tau_plus, w=None, beta=None):
+    """Two-view NT-Xent / DCL / WCL / HCL straight from the formulas, looping over views and pairs.
+
+    Torch float64 scalars, so autograd through the loops gives the reference gradient.
+    View k of Z = [z1; z2] has positive k +- B and the other N = 2B - 2 views as negatives;
+    w[k][j] weights negative j (WCL); beta gives HCL's importance weights e^{beta s} / mean.
+    """
+    zs = torch.cat([z1, z2])
+    m = zs.shape[0]
+    b, n = m // 2, m - 2
+    out = []
+    for k in range(m):
+        p = (k + b) % m
+        e_pos = torch.exp(zs[k] @ zs[p] / tau)
+        negs = [j for j in range(m) if j not in (k, p)]
+        e_neg = [torch.exp(zs[k] @ zs[j] / tau) for j in negs]
+        if beta is not None:
+            imp = [torch.exp(beta * (zs[k] @ zs[j]) / tau) for j in negs]
+            mean_imp = sum(imp) / n
+            g = sum(v / mean_imp * e for v, e in zip(imp, e_neg))
+        else:
+            g = sum((1.0 if w is None else float(w[k][j])) * e for j, e in zip(negs, e_neg))
         if tau_plus > 0:
-            g = max((g - tau_plus * n * math.exp(sp)) / (1 - tau_plus), n * math.exp(-1 / tau))
-        out.append(-math.log(math.exp(sp) / (math.exp(sp) + g)))
-    return sum(out) / b
+            g = torch.clamp_min((g - tau_plus * n * e_pos) / (1 - tau_plus), n * math.exp(-1 / tau))
+        out.append(-torch.log(e_pos / (e_pos + g)))
+    return sum(out) / m
+
+
+def ref_triplet_2view(z1, z2, tau_plus):
+    zs = torch.cat([z1, z2])
+    m = zs.shape[0]
+    out = []
+    for k in range(m):
+        p = (k + m // 2) % m
+        dp = ((zs[k] - zs[p]) ** 2).sum()
+        negs = [j for j in range(m) if j not in (k, p)]
+        dn = sum(((zs[k] - zs[j]) ** 2).sum() for j in negs) / len(negs)
+        if tau_plus > 0:
+            dn = (dn - tau_plus * dp) / (1 - tau_plus)
+        out.append(dp - dn)
+    return sum(out) / m
+
+
+def ref_wcl_weights(zd1, zd2, zb1, zb2):
+    """w_kj = 1 + Dd~ / (Dd~ + Db~) over the (view, negative view) pairs; D~ = D / max over those pairs."""
+    zd, zb = torch.cat([zd1, zd2]).tolist(), torch.cat([zb1, zb2]).tolist()
+    m = len(zd)
+    pairs = [(k, j) for k in range(m) for j in range(m) if j not in (k, (k + m // 2) % m)]
+    dd = {kj: math.dist(zd[kj[0]], zd[kj[1]]) for kj in pairs}
+    db = {kj: math.dist(zb[kj[0]], zb[kj[1]]) for kj in pairs}
+    md, mb = max(dd.values()), max(db.values())
+    w = [[1.0] * m for _ in range(m)]
+    for kj in pairs:
+        w[kj[0]][kj[1]] = 1 + (dd[kj] / md) / (dd[kj] / md + db[kj] / mb)
+    return w
+
+
+def ref_gce(logits, y, q):
+    out = []
+    for row, label in zip(logits.tolist(), y.tolist()):
+        p = math.exp(row[label]) / sum(math.exp(v) for v in row)
+        out.append((1 - p**q) / q)
+    return sum(out) / len(out)
 
 
 def hard_same(bias):
@@ -515,45 +568,293 @@ def test_relative_difficulty():
     assert L.relative_difficulty(torch.zeros(3), torch.zeros(3)).tolist() == [1.5] * 3
 
 
-@pytest.mark.parametrize("b", [2, 5, 8])
-@pytest.mark.parametrize("tau", [0.1, 0.5])
+def test_relative_difficulty_normalises_over_the_mask_only():
+    dd = torch.tensor([[9.0, 1.0, 2.0], [4.0, 9.0, 1.0]])
+    db = torch.tensor([[9.0, 2.0, 1.0], [1.0, 9.0, 2.0]])
+    mask = torch.tensor([[False, True, True], [True, False, True]])
+    w = L.relative_difficulty(dd, db, mask)
+    ndd, ndb = dd / 4, db / 2  # maxima over the masked entries: 4 and 2, not 9
+    assert torch.allclose(w[mask], (1 + ndd / (ndd + ndb))[mask])
+
+
+def test_two_view_negatives_are_every_other_view_but_the_positive():
+    for b in (2, 3, 5):
+        neg = L.two_view_negatives(b)
+        assert neg.shape == (2 * b, 2 * b) and neg.sum(1).tolist() == [2 * b - 2] * (2 * b)
+        for k in range(2 * b):
+            assert not neg[k, k] and not neg[k, (k + b) % (2 * b)]
+
+
+# Tolerances: the library and the loop references both run in float64 but sum in different
+# orders and in log space (lse, log1mexp) vs directly; each step rounds at ~1e-16 relative,
+# a loss of O(1-10) from at most 2B = 16 terms of size <= e^{1/τ} = e^{10} stays within
+# ~1e-13 relative, so rel = 1e-9 is loose yet catches any formula slip (>= 1e-4).
+TWO_VIEW_CASES = [(b, tau, tp) for b in (2, 3, 8) for tau in (0.1, 0.5) for tp in (0.0, 0.1, 0.6)]
+
+
+@pytest.mark.parametrize("b,tau,tau_plus", TWO_VIEW_CASES)
+def test_two_view_losses_match_references(b, tau, tau_plus):
+    z1, z2 = unit(b, 4, seed=b * 3), unit(b, 4, seed=b * 3 + 1)
+    w = 1 + torch.rand(2 * b, 2 * b, generator=torch.Generator().manual_seed(b), dtype=DT)
+    cases = [
+        (L.nt_xent(z1, z2, tau, tau_plus), ref_two_view(z1, z2, tau, tau_plus)),
+        (L.weighted_infonce_2view(z1, z2, w, tau, tau_plus), ref_two_view(z1, z2, tau, tau_plus, w=w.tolist())),
+        (L.hcl(z1, z2, tau, tau_plus, 1.0), ref_two_view(z1, z2, tau, tau_plus, beta=1.0)),
+        (L.hcl(z1, z2, tau, tau_plus, 0.5), ref_two_view(z1, z2, tau, tau_plus, beta=0.5)),
+    ]
+    if tau_plus > 0:
+        cases.append((L.dcl(z1, z2, tau, tau_plus), ref_two_view(z1, z2, tau, tau_plus)))
+    for got, ref in cases:
+        assert got.item() == pytest.approx(ref.item(), rel=1e-9)
+
+
+@pytest.mark.parametrize("tau_plus", [0.0, 0.1])
+def test_two_view_losses_in_float32_agree_with_float64_references(tau_plus):
+    # float32 rounds z and s at ~6e-8 relative; s = z.z/τ at τ = 0.5 has absolute error
+    # ~1e-7 and the loss (an lse over 14 terms minus s+) inherits a few times that, so
+    # rel = 1e-5 on a loss of O(1) leaves two orders of margin.
+    z1, z2 = unit(8, 6, seed=40), unit(8, 6, seed=41)
+    w = 1 + torch.rand(16, 16, generator=torch.Generator().manual_seed(0), dtype=DT)
+    f1, f2 = z1.float(), z2.float()
+    for got, ref in (
+        (L.nt_xent(f1, f2, 0.5, tau_plus), ref_two_view(z1, z2, 0.5, tau_plus)),
+        (L.weighted_infonce_2view(f1, f2, w.float(), 0.5, tau_plus), ref_two_view(z1, z2, 0.5, tau_plus, w=w.tolist())),
+        (L.hcl(f1, f2, 0.5, tau_plus, 1.0), ref_two_view(z1, z2, 0.5, tau_plus, beta=1.0)),
+        (L.triplet_2view(f1, f2, tau_plus), ref_triplet_2view(z1, z2, tau_plus)),
+    ):
+        assert got.dtype == torch.float32
+        assert got.item() == pytest.approx(ref.item(), rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.parametrize("tau_plus", [0.0, 0.1, 0.6])
-def test_weighted_infonce_matches_reference(b, tau, tau_plus):
-    a, p = unit(b, 4, seed=b * 3), unit(b, 4, seed=b * 3 + 1)
-    g = torch.Generator().manual_seed(b)
-    w = 1 + torch.rand(b, b, generator=g, dtype=DT)
-    ref = ref_weighted_infonce(a, p, w.tolist(), tau, tau_plus)
-    got = L.weighted_infonce(a, p, w, tau, tau_plus)
-    assert got.item() == pytest.approx(ref, rel=1e-9)
-    ones = ref_weighted_infonce(a, p, [[1.0] * b] * b, tau, tau_plus)
-    assert L.weighted_infonce(a, p, None, tau, tau_plus).item() == pytest.approx(ones, rel=1e-9)
+def test_two_view_gradients_match_the_references(tau_plus):
+    # autograd through the loop references (float64) vs the library's vectorised backward
+    b = 4
+    w = 1 + torch.rand(2 * b, 2 * b, generator=torch.Generator().manual_seed(1), dtype=DT)
+    pairs = [
+        (lambda a, p: L.nt_xent(a, p, 0.5, tau_plus), lambda a, p: ref_two_view(a, p, 0.5, tau_plus)),
+        (lambda a, p: L.weighted_infonce_2view(a, p, w, 0.5, tau_plus),
+         lambda a, p: ref_two_view(a, p, 0.5, tau_plus, w=w.tolist())),
+        (lambda a, p: L.hcl(a, p, 0.5, tau_plus, 1.0), lambda a, p: ref_two_view(a, p, 0.5, tau_plus, beta=1.0)),
+        (lambda a, p: L.triplet_2view(a, p, tau_plus), lambda a, p: ref_triplet_2view(a, p, tau_plus)),
+    ]
+    for ours, ref in pairs:
+        grads = []
+        for fn in (ours, ref):
+            a, p = unit(b, 3, seed=7).requires_grad_(), unit(b, 3, seed=8).requires_grad_()
+            grads.append(torch.autograd.grad(fn(a, p), [a, p]))
+        for g_ours, g_ref in zip(*grads):
+            assert torch.allclose(g_ours, g_ref, rtol=1e-9, atol=1e-12)
 
 
-def test_weighted_infonce_clamp_is_active_and_matches():
-    # positives equal to the anchors and tau_plus large: the debiased sum goes negative,
-    # so g' is clamped at N e^{-1/tau}
-    a = unit(6, 4, seed=3)
-    ref = ref_weighted_infonce(a, a, [[1.0] * 6] * 6, 0.5, 0.9)
-    n = 5
-    assert ref == pytest.approx(-math.log(math.exp(2) / (math.exp(2) + n * math.exp(-2))), rel=1e-9)
-    assert L.weighted_infonce(a, a, None, 0.5, 0.9).item() == pytest.approx(ref, rel=1e-9)
+def test_nt_xent_without_debiasing_is_simclr_cross_entropy():
+    # independent form: softmax cross-entropy over each view's row of logits (self
+    # excluded) with the other view of its image as the target class
+    for b in (2, 6):
+        z1, z2 = unit(b, 5, seed=b), unit(b, 5, seed=b + 10)
+        zs = torch.cat([z1, z2])
+        logits = (zs @ zs.T / 0.5).fill_diagonal_(-math.inf)
+        target = (torch.arange(2 * b) + b) % (2 * b)
+        expected = torch.nn.functional.cross_entropy(logits, target).item()
+        assert L.nt_xent(z1, z2, 0.5).item() == pytest.approx(expected, rel=1e-12)
+        assert L.dcl(z1, z2, 0.5, 0.0).item() == pytest.approx(expected, rel=1e-12)
+        assert L.hcl(z1, z2, 0.5, 0.0, 0.0).item() == pytest.approx(expected, rel=1e-12)
+        ones = torch.ones(2 * b, 2 * b, dtype=DT)
+        assert L.weighted_infonce_2view(z1, z2, ones, 0.5, 0.0).item() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("tau_plus", [0.0, 0.1, 0.5])
+def test_hcl_at_beta_zero_is_dcl(tau_plus):
+    z1, z2 = unit(6, 4, seed=1), unit(6, 4, seed=2)
+    assert L.hcl(z1, z2, 0.5, tau_plus, 0.0).item() == pytest.approx(L.dcl(z1, z2, 0.5, tau_plus).item(), rel=1e-12)
+    # beta > 0 up-weights the hard negatives, so the estimate of the negative term grows
+    assert L.hcl(z1, z2, 0.5, tau_plus, 1.0).item() > L.dcl(z1, z2, 0.5, tau_plus).item()
+
+
+def test_two_view_losses_are_symmetric_in_the_views():
+    z1, z2 = unit(5, 4, seed=3), unit(5, 4, seed=4)
+    w = 1 + torch.rand(10, 10, generator=torch.Generator().manual_seed(3), dtype=DT)
+    swap = torch.cat([torch.arange(5, 10), torch.arange(5)])
+    w_swapped = w[swap][:, swap]  # the same pairs, in the swapped stacking order
+    for fn in (lambda a, p: L.dcl(a, p, 0.5, 0.1), lambda a, p: L.hcl(a, p, 0.5, 0.1), L.triplet_2view):
+        assert fn(z1, z2).item() == pytest.approx(fn(z2, z1).item(), rel=1e-12)
+    assert L.weighted_infonce_2view(z1, z2, w, 0.5, 0.1).item() == pytest.approx(
+        L.weighted_infonce_2view(z2, z1, w_swapped, 0.5, 0.1).item(), rel=1e-12
+    )
+
+
+def test_dcl_floor_is_active_and_matches_closed_form():
+    # identical views and tau_plus large: the debiased sum goes negative, so
+    # g = N e^{-1/τ} and every view's loss is -log(e^{1/τ} / (e^{1/τ} + N e^{-1/τ}))
+    z = unit(4, 3, seed=5)
+    n = 6
+    expected = -math.log(math.exp(2) / (math.exp(2) + n * math.exp(-2)))
+    assert ref_two_view(z, z, 0.5, 0.9).item() == pytest.approx(expected, rel=1e-12)
+    for got in (L.dcl(z, z, 0.5, 0.9), L.hcl(z, z, 0.5, 0.9, 1.0), L.nt_xent(z, z, 0.5, 0.9, torch.ones(8, 8))):
+        assert got.item() == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("b", [2, 3, 7])
+@pytest.mark.parametrize("tau_plus", [0.0, 0.2])
+def test_triplet_2view_matches_reference(b, tau_plus):
+    z1, z2 = unit(b, 5, seed=b), unit(b, 5, seed=b + 50)
+    ref = ref_triplet_2view(z1, z2, tau_plus).item()
+    assert L.triplet_2view(z1, z2, tau_plus).item() == pytest.approx(ref, rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.parametrize("b", [2, 5])
+def test_wcl_weights_match_reference(b):
+    zs = [unit(b, 4, seed=b + i) for i in range(4)]
+    w = L.wcl_weights(*(z.clone().requires_grad_() for z in zs))
+    assert w.shape == (2 * b, 2 * b) and not w.requires_grad
+    assert torch.allclose(w, torch.tensor(ref_wcl_weights(*zs), dtype=DT), rtol=1e-12, atol=1e-12)
+    assert ((w >= 1) & (w <= 2)).all()
+    # swapping the encoders' roles maps w - 1 to 1 - (w - 1) on the negative pairs
+    neg = L.two_view_negatives(b)
+    w_swapped = L.wcl_weights(zs[2], zs[3], zs[0], zs[1])
+    assert torch.allclose((w - 1)[neg], (2 - w_swapped)[neg], rtol=1e-12)
+    # antipodal positives are the farthest pairs: the maximum is still over negatives only
+    far = L.wcl_weights(zs[0], -zs[0], zs[2], -zs[2])
+    assert torch.allclose(far, torch.tensor(ref_wcl_weights(zs[0], -zs[0], zs[2], -zs[2]), dtype=DT), rtol=1e-12)
 
 
 def test_wcl_loss_composition_and_gradient_routing():
     zd_a, zd_p = unit(6, 4, seed=1).requires_grad_(), unit(6, 4, seed=2).requires_grad_()
     zb_a, zb_p = unit(6, 4, seed=3).requires_grad_(), unit(6, 4, seed=4).requires_grad_()
     total, l_wcl, l_tri = L.wcl_loss(zd_a, zd_p, zb_a, zb_p, 0.5, 0.1, return_parts=True)
-    dd = torch.cdist(zd_a.detach(), zd_a.detach())
-    db = torch.cdist(zb_a.detach(), zb_a.detach())
-    w = L.relative_difficulty(dd, db)
-    assert l_wcl.item() == pytest.approx(ref_weighted_infonce(zd_a.detach(), zd_p.detach(), w.tolist(), 0.5, 0.1))
-    assert l_tri.item() == pytest.approx(ref_triplet(zb_a.detach(), zb_p.detach(), 0.1))
-    assert l_tri.item() == pytest.approx(L.triplet(zb_a, zb_p, tau_plus=0.1).item())
+    w_ref = ref_wcl_weights(zd_a.detach(), zd_p.detach(), zb_a.detach(), zb_p.detach())
+    assert l_wcl.item() == pytest.approx(ref_two_view(zd_a.detach(), zd_p.detach(), 0.5, 0.1, w=w_ref).item(), rel=1e-9)
+    assert l_tri.item() == pytest.approx(ref_triplet_2view(zb_a.detach(), zb_p.detach(), 0.1).item(), rel=1e-9)
     assert total.item() == pytest.approx(l_wcl.item() + l_tri.item())
-    gd = torch.autograd.grad(l_wcl, [zb_a, zb_p], allow_unused=True)
-    assert all(g is None for g in gd)  # w carries no gradient to the biased encoder
-    gb = torch.autograd.grad(l_tri, [zd_a, zd_p], allow_unused=True)
+    # w carries no gradient: E_d's gradient is the weighted loss's at a constant w, and no
+    # gradient crosses between the encoders
+    gd = torch.autograd.grad(l_wcl, [zb_a, zb_p], allow_unused=True, retain_graph=True)
+    assert all(g is None for g in gd)
+    gb = torch.autograd.grad(l_tri, [zd_a, zd_p], allow_unused=True, retain_graph=True)
     assert all(g is None for g in gb)
+    w = L.wcl_weights(zd_a, zd_p, zb_a, zb_p)
+    g_total = torch.autograd.grad(total, [zd_a, zd_p, zb_a, zb_p])
+    g_parts = torch.autograd.grad(
+        L.weighted_infonce_2view(zd_a, zd_p, w, 0.5, 0.1) + L.triplet_2view(zb_a, zb_p, 0.1), [zd_a, zd_p, zb_a, zb_p]
+    )
+    for a, b in zip(g_total, g_parts):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_two_view_losses_finite_at_extreme_logits(dtype):
+    # τ = 1e-3 puts |s| up to 1000 (e^{1000} overflows float64), duplicated and antipodal
+    # views; the log-space evaluation must stay finite, with finite gradients
+    base = near_identical(16, 8, seed=2, dtype=torch.float32)
+    for z1, z2 in ((base[:8], base[8:]), (base[:8], -base[:8]), (base[:8], base[:8])):
+        for fn in (
+            lambda a, p: L.nt_xent(a, p, 1e-3),
+            lambda a, p: L.dcl(a, p, 1e-3, 0.1),
+            lambda a, p: L.hcl(a, p, 1e-3, 0.1, 4.0),
+            lambda a, p: L.weighted_infonce_2view(a, p, torch.full((16, 16), 2.0), 1e-3, 0.3),
+            lambda a, p: L.wcl_loss(a, p, p, a, 1e-3, 0.1),
+        ):
+            a, p = z1.to(dtype).requires_grad_(), z2.to(dtype).requires_grad_()
+            out = fn(a, p)
+            out.backward()
+            assert torch.isfinite(out) and torch.isfinite(a.grad.float()).all() and torch.isfinite(p.grad.float()).all()
+
+
+# --------------------------------------------------------------------------- LfF and GroupDRO
+
+
+@pytest.mark.parametrize("q", [0.1, 0.7, 1.0])
+def test_gce_matches_reference(q):
+    logits = torch.randn(9, 4, generator=torch.Generator().manual_seed(0), dtype=DT) * 3
+    y = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 3])
+    assert L.generalized_cross_entropy(logits, y, q).item() == pytest.approx(ref_gce(logits, y, q), rel=1e-12)
+    per = L.generalized_cross_entropy(logits, y, q, reduction="none")
+    assert per.shape == (9,) and per.mean().item() == pytest.approx(ref_gce(logits, y, q), rel=1e-12)
+    # float32 vs float64: softmax and pow round at ~1e-7 relative
+    assert L.generalized_cross_entropy(logits.float(), y, q).item() == pytest.approx(ref_gce(logits, y, q), rel=1e-5)
+
+
+@pytest.mark.parametrize("q", [0.2, 0.7, 1.0])
+def test_gce_gradient_is_p_y_to_the_q_times_the_ce_gradient(q):
+    logits = (torch.randn(6, 5, generator=torch.Generator().manual_seed(1), dtype=DT) * 2).requires_grad_()
+    y = torch.tensor([0, 4, 2, 2, 1, 3])
+    (grad,) = torch.autograd.grad(L.generalized_cross_entropy(logits, y, q, reduction="none").sum(), logits)
+    p = torch.softmax(logits.detach(), 1)
+    onehot = torch.nn.functional.one_hot(y, 5).to(DT)
+    expected = p.gather(1, y[:, None]) ** q * (p - onehot)
+    assert torch.allclose(grad, expected, rtol=1e-10, atol=1e-14)
+
+
+def test_gce_tends_to_cross_entropy_as_q_goes_to_zero():
+    logits = torch.randn(8, 3, generator=torch.Generator().manual_seed(2), dtype=DT) * 2
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    ce = torch.nn.functional.cross_entropy(logits, y).item()
+    assert L.generalized_cross_entropy(logits, y, 0.0).item() == pytest.approx(ce, rel=1e-14)
+    # (1 - p^q)/q = -log p - q (log p)^2 / 2 + O(q^2): the gap shrinks linearly in q
+    log_p = torch.log_softmax(logits, 1).gather(1, y[:, None]).squeeze(1)
+    for q in (1e-2, 1e-4, 1e-6):
+        gap = ce - L.generalized_cross_entropy(logits, y, q).item()
+        assert gap == pytest.approx(q * (log_p**2).mean().item() / 2, rel=10 * q)
+    with pytest.raises(ValueError):
+        L.generalized_cross_entropy(logits, y, 1.5)
+
+
+def test_lff_weights():
+    ce_b = torch.tensor([1.0, 3.0, 0.0, 0.0, 2.0], requires_grad=True)
+    ce_d = torch.tensor([1.0, 1.0, 2.0, 0.0, 6.0])
+    w = L.lff_weights(ce_b, ce_d)
+    assert w.tolist() == [0.5, 0.75, 0.0, 0.5, 0.25]  # 0 / 0 -> 0.5
+    assert not w.requires_grad
+
+
+def test_group_dro_weights_hand_computed():
+    # η = ln 2 makes every factor e^{η a} = 2^a.  Training sizes n = (4, 1, 16) and C = 2
+    # give adjustments 2/2 = 1, 2/1 = 2, 2/4 = 0.5; losses (0, 1, 1.5) -> a = (1, 3, 2).
+    q = torch.tensor([0.5, 0.25, 0.25], dtype=DT)
+    losses = torch.tensor([0.0, 1.0, 1.5], dtype=DT)
+    n = torch.tensor([4.0, 1.0, 16.0], dtype=DT)
+    new = L.group_dro_weights(q, losses, n, math.log(2), 2.0)
+    # q 2^a = (0.5 * 2, 0.25 * 8, 0.25 * 4) = (1, 2, 1), sum 4
+    assert new.tolist() == pytest.approx([0.25, 0.5, 0.25], rel=1e-12)
+    # without adjustment: 2^(0, 1, 1.5) = (1, 2, 2 sqrt 2); q 2^L = (0.5, 0.5, sqrt 2 / 2)
+    s2 = math.sqrt(2)
+    total = 1 + s2 / 2
+    assert L.group_dro_weights(q, losses, n, math.log(2)).tolist() == pytest.approx(
+        [0.5 / total, 0.5 / total, s2 / 2 / total], rel=1e-12
+    )
+    # step size 0 leaves q unchanged
+    assert torch.allclose(L.group_dro_weights(q, losses, n, 0.0, 2.0), q)
+
+
+def test_group_dro_absent_groups_keep_their_weight():
+    q = torch.tensor([0.5, 0.25, 0.25], dtype=DT)
+    losses = torch.tensor([0.0, 123.0, 1.5], dtype=DT)  # group 1's value is ignored: it is absent
+    n = torch.tensor([4.0, 1.0, 16.0], dtype=DT)
+    present = torch.tensor([3, 0, 5])
+    new = L.group_dro_weights(q, losses, n, math.log(2), 2.0, batch_counts=present)
+    # a = (1, -, 2): q 2^a = (1, -, 1) over the present mass 0.75 -> (0.375, 0.25, 0.375)
+    assert new.tolist() == pytest.approx([0.375, 0.25, 0.375], rel=1e-12)
+    assert new.sum().item() == pytest.approx(1.0)
+    # the same as the full update with the absent group's adjusted loss set to
+    # log2(sum_P q 2^a / sum_P q) = log2(2 / 0.75)
+    a = [1.0, math.log2(2 / 0.75), 2.0]
+    full = [qi * 2**ai for qi, ai in zip(q.tolist(), a)]
+    assert new.tolist() == pytest.approx([f / sum(full) for f in full], rel=1e-12)
+    # no group in the batch: q unchanged
+    none = L.group_dro_weights(q, losses, n, math.log(2), 2.0, batch_counts=torch.zeros(3))
+    assert torch.equal(none, q)
+
+
+def test_group_dro_loss_hand_computed():
+    per_sample = torch.tensor([1.0, 3.0, 2.0, 4.0, 5.0], dtype=DT, requires_grad=True)
+    groups = torch.tensor([0, 0, 1, 1, 1])
+    q = torch.tensor([0.5, 0.25, 0.25], dtype=DT)
+    means, counts = L.group_mean_losses(per_sample, groups, 3)
+    assert means.tolist() == pytest.approx([2.0, 11 / 3, 0.0]) and counts.tolist() == [2, 3, 0]
+    out = L.group_dro_loss(per_sample, groups, q)
+    assert out.item() == pytest.approx(0.5 * 2 + 0.25 * 11 / 3)  # group 2 absent: adds 0
+    (grad,) = torch.autograd.grad(out, per_sample)
+    assert grad.tolist() == pytest.approx([0.25, 0.25, 0.25 / 3, 0.25 / 3, 0.25 / 3])  # q_g / n_g
 
 
 def test_pair_view_losses_reject_bad_input():
@@ -563,11 +864,15 @@ def test_pair_view_losses_reject_bad_input():
     with pytest.raises(ValueError):
         L.triplet(a, a, a[:0])
     with pytest.raises(ValueError):
-        L.weighted_infonce(a, a[:3])
+        L.nt_xent(a, a[:3])
     with pytest.raises(ValueError):
-        L.weighted_infonce(a, a, tau_plus=1.0)
+        L.nt_xent(a[:1], a[:1])  # B = 1 has no negative
     with pytest.raises(ValueError):
-        L.weighted_infonce(a, a, torch.ones(3, 3))
+        L.dcl(a, a, tau_plus=1.0)
+    with pytest.raises(ValueError):
+        L.weighted_infonce_2view(a, a, torch.ones(4, 4))  # must be [2B, 2B]
+    with pytest.raises(ValueError):
+        L.triplet_2view(a[:1], a[:1])
     with pytest.raises(ValueError):
         L.supcon(a, torch.tensor([0, 1]), 0.1)
     with pytest.raises(ValueError):
@@ -586,8 +891,7 @@ def _gc_inputs():
 Y7 = torch.tensor([0, 0, 1, 1, 1, 2, 0])
 B7 = torch.tensor([0, 1, 0, 1, 1, 0, 0])
 P7 = torch.softmax(torch.randn(7, 2, generator=torch.Generator().manual_seed(1), dtype=DT), 1)
-ZD3 = torch.nn.functional.normalize(torch.randn(3, 3, generator=torch.Generator().manual_seed(3), dtype=DT), dim=1)
-ZB3 = torch.nn.functional.normalize(torch.randn(3, 3, generator=torch.Generator().manual_seed(4), dtype=DT), dim=1)
+Q3 = torch.tensor([0.5, 0.3, 0.2], dtype=DT)
 W6 = 1 + torch.rand(6, 6, generator=torch.Generator().manual_seed(2), dtype=DT)
 
 GRADCHECK = {
@@ -603,11 +907,17 @@ GRADCHECK = {
     "triplet": lambda z: L.triplet(z[:3], z[3:6]),
     "triplet_debiased": lambda z: L.triplet(z[:3], z[3:6], tau_plus=0.2),
     "triplet_pool": lambda z: L.triplet(z[:3], z[3:6], z[4:], 0.2),
-    "weighted_infonce": lambda z: L.weighted_infonce(z[:3], z[3:6], W6[:3, :3], 0.5, 0.0),
-    "weighted_infonce_debiased": lambda z: L.weighted_infonce(z[:3], z[3:6], W6[:3, :3], 0.5, 0.1),
-    # w is detached by design, so check wcl_loss w.r.t. the positive views (w does not
-    # depend on them); its anchor gradients are covered by weighted_infonce and triplet
-    "wcl_loss_positives": lambda z: L.wcl_loss(ZD3, z[:3], ZB3, z[3:6], 0.5, 0.1),
+    "nt_xent": lambda z: L.nt_xent(z[:3], z[3:6], 0.5),
+    "weighted_infonce_2view": lambda z: L.weighted_infonce_2view(z[:3], z[3:6], W6, 0.5, 0.0),
+    "weighted_infonce_2view_debiased": lambda z: L.weighted_infonce_2view(z[:3], z[3:6], W6, 0.5, 0.1),
+    "dcl": lambda z: L.dcl(z[:3], z[3:6], 0.5, 0.1),
+    "hcl": lambda z: L.hcl(z[:3], z[3:6], 0.5, 0.1, 1.0),
+    "triplet_2view": lambda z: L.triplet_2view(z[:3], z[3:6], 0.2),
+    # w is detached by design (it depends on every view of both encoders), so wcl_loss's
+    # gradient is checked against its parts' in test_wcl_loss_composition_and_gradient_routing
+    "gce": lambda z: L.generalized_cross_entropy(z, Y7 % 3, 0.7),
+    "gce_q1": lambda z: L.generalized_cross_entropy(z, Y7 % 3, 1.0),
+    "group_dro_loss": lambda z: L.group_dro_loss(z[:, 0] * z[:, 1], Y7, Q3),
 }
 
 
@@ -627,7 +937,12 @@ STABILITY = {
     "fairkl_authors": lambda z, y, b: L.fairkl(z, y, b, "authors", authors_temperature=0.05),
     "cnc": lambda z, y, b: L.cnc_two_sided(z[:8], z[8:16], z[16:24], z[24:32], 0.05),
     "triplet": lambda z, y, b: L.triplet(z[:32], z[32:], tau_plus=0.1),
-    "weighted_infonce": lambda z, y, b: L.weighted_infonce(z[:32], z[32:], None, 0.05, 0.1),
+    "nt_xent": lambda z, y, b: L.nt_xent(z[:32], z[32:], 0.05),
+    "weighted_infonce_2view": lambda z, y, b: L.weighted_infonce_2view(z[:32], z[32:], 1 + (y[:, None] == y).float(),
+                                                                       0.05, 0.1),
+    "dcl": lambda z, y, b: L.dcl(z[:32], z[32:], 0.05, 0.1),
+    "hcl": lambda z, y, b: L.hcl(z[:32], z[32:], 0.05, 0.1, 1.0),
+    "triplet_2view": lambda z, y, b: L.triplet_2view(z[:32], z[32:], 0.1),
     "wcl_loss": lambda z, y, b: L.wcl_loss(z[:32], z[32:], z[32:], z[:32], 0.05, 0.1),
 }
 

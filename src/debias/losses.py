@@ -11,7 +11,7 @@ Conventions
 * float16 / bfloat16 inputs are computed in float32 and the result is float32.
 * Every log of a sum of exponentials is a max-shifted log-sum-exp, ``softplus`` or ``logaddexp``;
   nothing loops over samples or pairs in Python; memory is O(B^2) at most
-  (``supcon``'s positive term and ``triplet`` are O(B D)).
+  (``supcon``'s positive term, ``triplet`` and ``triplet_2view`` are O(B D)).
 
 Functions (one-line formulas; ``lse`` = log-sum-exp)
 ----------------------------------------------------
@@ -40,15 +40,40 @@ Functions (one-line formulas; ``lse`` = log-sum-exp)
     Difficulty paper Eq. 5, batched: ``mean_i [ ||a_i - p_i||^2 - mean_{j != i} ||a_i - a_j||^2 ]``
     (or ``mean_n ||a_i - n||^2`` over a given negative pool); with ``tau_plus > 0`` the
     negative term becomes ``(mean_n ||a_i - n||^2 - tau_plus ||a_i - p_i||^2) / (1 - tau_plus)``.
-``relative_difficulty(dist_debiased, dist_biased)``
-    ``w = 1 + Dd~ / (Dd~ + Db~)``, ``D~ = D / max_batch D``; no gradient.
-``weighted_infonce(z_anchor, z_positive, weights, temperature, tau_plus=0.0)``
-    L_wcl: ``l_i = -log( e^{s_ii+} / (e^{s_ii+} + g_i) )`` with ``g_i = sum_{j != i} w_ij e^{s_ij}``,
-    or, with ``tau_plus > 0``,
-    ``g_i = max( (g_i - tau_plus (B-1) e^{s_ii+}) / (1 - tau_plus), (B-1) e^{-1/tau} )``.
+``relative_difficulty(dist_debiased, dist_biased, mask=None)``
+    ``w = 1 + Dd~ / (Dd~ + Db~)``, ``D~ = D / max_batch D`` (max over ``mask``); no gradient.
+
+Two-view objectives: ``Z = [z1; z2]`` stacks two augmented views of B images; view ``k``'s
+positive is the other view of its image (``k ± B``), its negatives ``N(k)`` the other
+``N = 2B - 2`` views (``two_view_negatives``); all take the mean over the 2B views.
+
+``nt_xent(z1, z2, temperature=0.5, tau_plus=0.0, weights=None)``
+    ``l_k = -log( e^{s_k+} / (e^{s_k+} + g_k) )``, ``g_k = sum_{j in N(k)} w_kj e^{s_kj}``; with
+    ``tau_plus > 0`` ``g_k = max( (g_k - tau_plus N e^{s_k+}) / (1 - tau_plus), N e^{-1/tau} )``.
+``weighted_infonce_2view(z1, z2, weights, temperature, tau_plus)``
+    WCL's L_wcl: ``nt_xent`` with the ``[2B, 2B]`` relative-difficulty weights.
+``dcl(z1, z2, temperature, tau_plus)``
+    Chuang et al.: ``nt_xent`` with ``w = 1`` and ``tau_plus > 0``.
+``hcl(z1, z2, temperature, tau_plus, beta)``
+    Robinson et al.: ``w_kj = e^{beta s_kj} / mean_{j' in N(k)} e^{beta s_kj'}`` (not detached).
+``triplet_2view(z1, z2, tau_plus=0.0)``
+    ``mean_k [ ||Z_k - Z_k+||^2 - mean_{j in N(k)} ||Z_k - Z_j||^2 ]`` (debiased like ``triplet``).
+``wcl_weights(z_d1, z_d2, z_b1, z_b2)``
+    ``relative_difficulty`` of the two encoders' distances on the ``[2B, 2B]`` pairs.
 ``wcl_loss(z_d_a, z_d_p, z_b_a, z_b_p, temperature, tau_plus)``
-    Difficulty paper's full objective ``L_wcl(E_d; w) + L_tri(E_b)`` with ``w`` from the two
-    encoders' anchor-to-negative distances.
+    Difficulty paper's full objective ``L_wcl(E_d; w) + L_tri(E_b)``, both over two views.
+
+Classification-side objectives (logits ``[B, C]``, per-sample losses ``[B]``):
+
+``generalized_cross_entropy(logits, y, q=0.7)``
+    LfF's biased-model loss: ``mean_i (1 - p_{i,y_i}^q) / q`` (``q = 0``: cross-entropy).
+``lff_weights(loss_biased, loss_debiased)``
+    ``W = CE_b / (CE_b + CE_d)`` per sample, detached.
+``group_dro_weights(q, group_losses, group_counts, step_size=0.01, adjustment=0.0, batch_counts=None)``
+    ``q_g <- q_g exp(eta (L_g + C / sqrt(n_g)))`` over the groups in the batch, renormalised
+    (absent groups keep ``q_g``).
+``group_dro_loss(per_sample_loss, groups, q)``
+    ``sum_g q_g mean_{i in g} loss_i``; ``group_mean_losses`` gives the per-group means.
 """
 
 from __future__ import annotations
@@ -70,8 +95,19 @@ __all__ = [
     "cnc_two_sided",
     "triplet",
     "relative_difficulty",
-    "weighted_infonce",
+    "two_view_negatives",
+    "nt_xent",
+    "weighted_infonce_2view",
+    "dcl",
+    "hcl",
+    "triplet_2view",
+    "wcl_weights",
     "wcl_loss",
+    "generalized_cross_entropy",
+    "lff_weights",
+    "group_mean_losses",
+    "group_dro_weights",
+    "group_dro_loss",
 ]
 
 FairKLVariant = Literal["kl", "mean", "authors"]
@@ -539,18 +575,26 @@ def triplet(
     return (d_pos - d_neg).mean()
 
 
-def relative_difficulty(dist_debiased: Tensor, dist_biased: Tensor) -> Tensor:
+def _positive_max(d: Tensor, mask: Tensor | None) -> Tensor:
+    """Maximum of ``d`` (over ``mask`` where given), at least the smallest positive float."""
+    m = d.max() if mask is None else d.masked_fill(~mask, float("-inf")).max()
+    return m.clamp_min(torch.finfo(d.dtype).tiny)
+
+
+def relative_difficulty(dist_debiased: Tensor, dist_biased: Tensor, mask: Tensor | None = None) -> Tensor:
     r"""``w = 1 + Dd~ / (Dd~ + Db~)`` with ``D~ = D / max_batch D`` (detached, in [1, 2]).
 
     Distances of the same (anchor, negative) pairs under the debiased and the biased
-    encoder, any matching shape; each is normalised by its own maximum over all entries.
+    encoder, any matching shape; each is normalised by its own maximum over all entries,
+    or over the entries where the boolean ``mask`` is True (the (anchor, negative) pairs;
+    the others are still returned, normalised by that maximum).
     Where both normalised distances are 0 (e.g. self-pairs) ``w = 1.5``.
     """
     if dist_debiased.shape != dist_biased.shape:
         raise ValueError("dist_debiased and dist_biased must have the same shape")
     with torch.no_grad():
-        dd = dist_debiased / dist_debiased.max().clamp_min(torch.finfo(dist_debiased.dtype).tiny)
-        db = dist_biased / dist_biased.max().clamp_min(torch.finfo(dist_biased.dtype).tiny)
+        dd = dist_debiased / _positive_max(dist_debiased, mask)
+        db = dist_biased / _positive_max(dist_biased, mask)
         den = dd + db
         ratio = torch.where(den > 0, dd / den.clamp_min(torch.finfo(den.dtype).tiny), 0.5)
         return 1 + ratio
@@ -564,52 +608,185 @@ def _log1mexp(x: Tensor) -> Tensor:
     return torch.where(near, a, b)
 
 
-def weighted_infonce(
-    z_anchor: Tensor,
-    z_positive: Tensor,
-    weights: Tensor | None = None,
-    temperature: float = 0.5,
-    tau_plus: float = 0.0,
-) -> Tensor:
-    r"""L_wcl: ``mean_i -log( e^{s_i+} / (e^{s_i+} + g_i) )``, ``g_i = sum_{j != i} w_ij e^{s_ij}``.
+def _check_two_views(z1: Tensor, z2: Tensor) -> None:
+    if z1.dim() != 2 or z1.shape != z2.shape:
+        raise ValueError(f"z1 and z2 must both be [B, D], got {tuple(z1.shape)} and {tuple(z2.shape)}")
+    if z1.shape[0] < 2:
+        raise ValueError("needs B >= 2: the negatives of a view are the 2B - 2 views of the other images")
 
-    ``s_i+ = a_i . p_i / τ`` (positive: the augmented view), ``s_ij = a_i . a_j / τ``
-    (negatives: all other batch items, N = B - 1).  ``weights [B, B]`` (diagonal ignored;
-    ``None`` = all ones = plain InfoNCE) must be positive and are constants (detached).  With
-    ``tau_plus > 0`` (Sec. 5.2, Chuang et al.'s debiased estimator):
-    ``g_i = max( (sum_{j != i} w_ij e^{s_ij} - tau_plus N e^{s_i+}) / (1 - tau_plus), N e^{-1/τ} )``.
-    Everything is evaluated in log space (``logsumexp``, ``log1mexp``).
+
+def two_view_negatives(batch: int, device: torch.device | str | None = None) -> Tensor:
+    """Boolean ``[2B, 2B]`` mask of the negative pairs of the stacked views ``[z1; z2]``.
+
+    Row ``k`` is one view; its positive is ``k ± B`` (the other view of the same image) and
+    its ``N = 2B - 2`` negatives are every other view; self and positive are False.
     """
-    _check_pair_views(z_anchor, z_positive)
-    _check_temperature(temperature)
-    _check_tau_plus(tau_plus)
-    a, p = _compute(z_anchor), _compute(z_positive)
-    batch = a.shape[0]
-    s_pos = (a * p).sum(1) / temperature
-    s_neg = _logits_no_self(a, temperature)
-    w = None
-    if weights is not None:
-        if weights.shape != (batch, batch):
-            raise ValueError(f"weights must be [B, B] = [{batch}, {batch}], got {tuple(weights.shape)}")
-        w = weights.detach().to(s_neg.dtype)
-    log_sum = _logsumexp(s_neg, dim=1, weights=w)  # log sum_{j != i} w_ij e^{s_ij}
+    idx = torch.arange(2 * batch, device=device)
+    positive = (idx + batch) % (2 * batch)
+    return (idx[:, None] != idx[None, :]) & (positive[:, None] != idx[None, :])
+
+
+def _two_view_logits(z1: Tensor, z2: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``s_k+`` ``[2B]``, the raw ``[2B, 2B]`` logits ``s = Z Z^T / τ`` of ``Z = [z1; z2]``, and the negative mask."""
+    z = torch.cat([z1, z2])
+    s = torch.mm(z / temperature, z.T)
+    s_pos_half = (z1 * z2).sum(1) / temperature
+    return torch.cat([s_pos_half, s_pos_half]), s, two_view_negatives(z1.shape[0], z.device)
+
+
+def _debiased_log_g(log_sum: Tensor, s_pos: Tensor, n_neg: int, temperature: float, tau_plus: float) -> Tensor:
+    r"""``log g``, ``g = max( (e^{log_sum} - τ+ N e^{s+}) / (1 - τ+), N e^{-1/τ} )`` (Chuang et al.), in log space.
+
+    ``tau_plus = 0`` returns ``log_sum`` unchanged (no floor: plain InfoNCE / NT-Xent).
+    """
     if tau_plus == 0:
-        return (torch.logaddexp(s_pos, log_sum) - s_pos).mean()
-    n_neg = batch - 1
+        return log_sum
     log_sub = math.log(tau_plus * n_neg) + s_pos
     gap = log_sub - log_sum  # log of (subtracted / sum); the difference is positive iff gap < 0
     ok = gap < 0
     safe_gap = torch.where(ok, gap, -1.0)
     log_diff = torch.where(ok, log_sum + _log1mexp(safe_gap), float("-inf"))
     log_floor = math.log(n_neg) - 1.0 / temperature
-    log_g = torch.clamp_min(log_diff - math.log(1 - tau_plus), log_floor)
+    return torch.clamp_min(log_diff - math.log(1 - tau_plus), log_floor)
+
+
+def nt_xent(
+    z1: Tensor,
+    z2: Tensor,
+    temperature: float = 0.5,
+    tau_plus: float = 0.0,
+    weights: Tensor | None = None,
+) -> Tensor:
+    r"""Two-view NT-Xent: ``mean_k -log( e^{s_k+} / (e^{s_k+} + g_k) )``, ``g_k = sum_{j in N(k)} w_kj e^{s_kj}``.
+
+    The core of the two-view objectives (SimCLR, DCL, WCL; HCL shares its parts).  ``Z = [z1; z2]`` stacks
+    the two views of B images (rows L2-normalised by the caller), ``s_kj = Z_k . Z_j / τ``;
+    view ``k``'s positive is the other view of its image (``k ± B``) and its negatives
+    ``N(k)`` are the other ``N = 2B - 2`` views; the mean runs over all 2B views, so the
+    loss is symmetric in ``z1`` and ``z2``.  ``weights [2B, 2B]`` (rows/columns in the
+    stacked order; self and positive entries ignored; ``None`` = all ones) must be positive
+    and are constants (detached).  With ``tau_plus > 0`` (class prior of Chuang et al.'s
+    debiased estimator) ``g_k = max( (g_k - τ+ N e^{s_k+}) / (1 - τ+), N e^{-1/τ} )``.
+    ``tau_plus = 0`` and no weights is SimCLR's NT-Xent; evaluated in log space throughout.
+    """
+    _check_two_views(z1, z2)
+    _check_temperature(temperature)
+    _check_tau_plus(tau_plus)
+    a, b = _compute(z1), _compute(z2)
+    s_pos, s, neg = _two_view_logits(a, b, temperature)
+    w = None
+    if weights is not None:
+        size = 2 * a.shape[0]
+        if weights.shape != (size, size):
+            raise ValueError(f"weights must be [2B, 2B] = [{size}, {size}], got {tuple(weights.shape)}")
+        w = weights.detach().to(device=s.device, dtype=s.dtype)
+    log_sum = _logsumexp(s.masked_fill(~neg, float("-inf")), dim=1, weights=w)
+    log_g = _debiased_log_g(log_sum, s_pos, 2 * a.shape[0] - 2, temperature, tau_plus)
     return (torch.logaddexp(s_pos, log_g) - s_pos).mean()
+
+
+def weighted_infonce_2view(
+    z1: Tensor, z2: Tensor, weights: Tensor, temperature: float = 0.5, tau_plus: float = 0.0
+) -> Tensor:
+    r"""WCL's L_wcl (difficulty paper Sec. 5.2), symmetric over both views:
+    ``mean_k -log( e^{s_k+} / (e^{s_k+} + g'_k) )``,
+    ``g'_k = max( (sum_{j in N(k)} w_kj e^{s_kj} - τ+ N e^{s_k+}) / (1 - τ+), N e^{-1/τ} )``.
+
+    ``N = 2B - 2`` (Sec. 6: M = 254 at batch 128); ``weights`` is the ``[2B, 2B]`` relative
+    difficulty of every (view, negative view) pair (``wcl_weights``), a constant.  The paper
+    writes ``g'`` without the floor; the floor ``N e^{-1/τ}`` (the smallest value the
+    negative sum can take on the sphere) is Chuang et al.'s and keeps ``g' > 0``.
+    Same as ``nt_xent(z1, z2, temperature, tau_plus, weights)``.
+    """
+    return nt_xent(z1, z2, temperature, tau_plus, weights)
+
+
+def dcl(z1: Tensor, z2: Tensor, temperature: float = 0.5, tau_plus: float = 0.1) -> Tensor:
+    r"""Debiased contrastive loss (Chuang et al. 2020, ``L^{N,M}_Debiased`` with M = 1 positive), two views:
+    ``mean_k -log( e^{s_k+} / (e^{s_k+} + g_k) )``,
+    ``g_k = max( (sum_{j in N(k)} e^{s_kj} - τ+ N e^{s_k+}) / (1 - τ+), N e^{-1/τ} )``.
+
+    ``N = 2B - 2``; ``tau_plus`` is the class prior τ+ (WCL paper: 0.1 CIFAR-10, 0.05
+    CIFAR-100, 0.3 CelebA / Waterbirds).  ``tau_plus = 0`` is NT-Xent.
+    """
+    return nt_xent(z1, z2, temperature, tau_plus)
+
+
+def hcl(
+    z1: Tensor, z2: Tensor, temperature: float = 0.5, tau_plus: float = 0.1, beta: float = 1.0
+) -> Tensor:
+    r"""Hard-negative contrastive loss (Robinson et al. 2021), two views:
+    ``g_k = max( (sum_{j in N(k)} v_kj e^{s_kj} - τ+ N e^{s_k+}) / (1 - τ+), N e^{-1/τ} )``,
+    ``v_kj = e^{β s_kj} / mean_{j' in N(k)} e^{β s_kj'}``.
+
+    Importance weights ``v`` (mean 1 over the ``N = 2B - 2`` negatives) estimate
+    ``E_{q_β}[e^{s-}]`` with ``q_β ∝ e^{β s} p``; with a single positive its
+    importance-weighted term is just ``e^{s_k+}``.  ``v`` is part of the estimator, so the
+    gradient flows through it (as in the authors' estimator; it is not a detached weight):
+    ``log sum_j v_kj e^{s_kj} = lse_j((1 + β) s_kj) - lse_j(β s_kj) + log N``.  ``β = 0`` is
+    ``dcl``; the WCL paper uses ``β = 1``.
+    """
+    _check_two_views(z1, z2)
+    _check_temperature(temperature)
+    _check_tau_plus(tau_plus)
+    a, b = _compute(z1), _compute(z2)
+    s_pos, s, neg = _two_view_logits(a, b, temperature)
+    n_neg = 2 * a.shape[0] - 2
+    log_sum = _logsumexp(((1 + beta) * s).masked_fill(~neg, float("-inf")), dim=1)
+    if beta != 0:
+        log_sum = log_sum - _logsumexp((beta * s).masked_fill(~neg, float("-inf")), dim=1) + math.log(n_neg)
+    log_g = _debiased_log_g(log_sum, s_pos, n_neg, temperature, tau_plus)
+    return (torch.logaddexp(s_pos, log_g) - s_pos).mean()
+
+
+def triplet_2view(z1: Tensor, z2: Tensor, tau_plus: float = 0.0) -> Tensor:
+    r"""Self-supervised triplet loss (difficulty paper Eq. 5) over both views:
+    ``mean_k [ ||Z_k - Z_k+||² - mean_{j in N(k)} ||Z_k - Z_j||² ]``, ``Z = [z1; z2]``.
+
+    The same (view, positive, ``N = 2B - 2`` negatives) sets as ``nt_xent``.  With
+    ``tau_plus > 0`` the negative term is Sec. 5.2's debiased one,
+    ``(mean_n ||Z_k - Z_n||² - τ+ ||Z_k - Z_k+||²) / (1 - τ+)``.  O(B D) through
+    ``sum_j ||Z_k - Z_j||² = 2B ||Z_k - Z̄||² + sum_j ||Z_j - Z̄||²`` (the sum over all 2B
+    rows, whose ``j = k`` term is 0) minus the positive's term.
+    """
+    _check_two_views(z1, z2)
+    _check_tau_plus(tau_plus)
+    a, b = _compute(z1), _compute(z2)
+    z = torch.cat([a, b])
+    rows = z.shape[0]
+    d_pos_half = (a - b).square().sum(1)
+    d_pos = torch.cat([d_pos_half, d_pos_half])
+    centred = (z - z.mean(0, keepdim=True)).square().sum(1)
+    d_neg = (rows * centred + centred.sum() - d_pos) / (rows - 2)
+    if tau_plus > 0:
+        d_neg = (d_neg - tau_plus * d_pos) / (1 - tau_plus)
+    return (d_pos - d_neg).mean()
 
 
 def _euclid(z: Tensor) -> Tensor:
     """Pairwise Euclidean distances ``[B, B]`` (no gradient)."""
     with torch.no_grad():
         return _sq_dists(z).clamp_min(0).sqrt()
+
+
+def wcl_weights(z_d1: Tensor, z_d2: Tensor, z_b1: Tensor, z_b2: Tensor) -> Tensor:
+    r"""WCL relative difficulty of every (view, negative view) pair, ``[2B, 2B]``, detached:
+    ``w_kj = 1 + Dd~_kj / (Dd~_kj + Db~_kj)``, ``D~ = D / max_{negative pairs} D``.
+
+    ``D`` is the Euclidean distance between stacked views ``[z1; z2]`` under the debiased
+    (``z_d*``) and the biased (``z_b*``) encoder; each is normalised by its maximum over
+    the batch's (view, negative) pairs only, as in the paper's ``max_{(x^a, x^-) in B}``.
+    Self and positive entries are 1 (``nt_xent`` ignores them).
+    """
+    _check_two_views(z_d1, z_d2)
+    _check_two_views(z_b1, z_b2)
+    if z_d1.shape[0] != z_b1.shape[0]:
+        raise ValueError("both encoders must embed the same batch")
+    dd = _euclid(torch.cat([_compute(z_d1), _compute(z_d2)]))
+    db = _euclid(torch.cat([_compute(z_b1), _compute(z_b2)]).to(dd.device))
+    neg = two_view_negatives(z_d1.shape[0], dd.device)
+    w = relative_difficulty(dd, db.to(dd.dtype), mask=neg)
+    return torch.where(neg, w, 1.0)
 
 
 def wcl_loss(
@@ -622,18 +799,146 @@ def wcl_loss(
     *,
     return_parts: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor, Tensor]:
-    r"""Difficulty paper's objective ``L = L_wcl(E_d; w) + L_tri(E_b)`` for one batch.
+    r"""Difficulty paper's objective ``L = L_wcl(E_d; w) + L_tri(E_b)`` for one batch of two views:
+    ``L_wcl = weighted_infonce_2view(z_d_a, z_d_p, w, τ, τ+)``, ``L_tri = triplet_2view(z_b_a, z_b_p, τ+)``.
 
-    ``w_ij = relative_difficulty(||zd_a_i - zd_a_j||, ||zb_a_i - zb_a_j||)`` (anchor-to-
-    negative distances of the debiased and the biased encoder, detached);
-    ``L_wcl = weighted_infonce(z_d_a, z_d_p, w, temperature, tau_plus)`` trains ``E_d``,
-    ``L_tri = triplet(z_b_a, z_b_p, tau_plus=tau_plus)`` trains ``E_b`` (no gradient crosses over).
+    ``z_?_a`` and ``z_?_p`` are the two augmented views (their roles are symmetric);
+    ``w = wcl_weights(z_d_a, z_d_p, z_b_a, z_b_p)`` (detached, so no gradient crosses
+    between the encoders).  Both terms use every view as an anchor and the other
+    ``2B - 2`` views as negatives: Algorithm 1 draws one (x^a, x^+, x^-) set that both
+    encoders embed (w compares their distances on the same pairs, so E_b is trained on
+    the pairs it is measured on) and Sec. 6 fixes M = 254 = 2B - 2 for all models.
+    (Algorithm 1 step 3 writes L_tri with z_d and L_w-ctr with z_b, a swap; Fig. 2 and
+    Sec. 5.2 train E_b with L_tri and E_d with L_wcl, as here.)
     ``return_parts=True`` returns ``(L, L_wcl, L_tri)``.
     """
-    w = relative_difficulty(_euclid(_compute(z_d_a)), _euclid(_compute(z_b_a)))
-    l_wcl = weighted_infonce(z_d_a, z_d_p, w, temperature, tau_plus)
-    l_tri = triplet(z_b_a, z_b_p, tau_plus=tau_plus)
+    w = wcl_weights(z_d_a, z_d_p, z_b_a, z_b_p)
+    l_wcl = weighted_infonce_2view(z_d_a, z_d_p, w, temperature, tau_plus)
+    l_tri = triplet_2view(z_b_a, z_b_p, tau_plus)
     total = l_wcl + l_tri
     if return_parts:
         return total, l_wcl, l_tri
     return total
+
+
+# --------------------------------------------------------------------------- LfF (GCE) and GroupDRO
+
+
+def _check_logits(logits: Tensor, y: Tensor) -> None:
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [B, C], got shape {tuple(logits.shape)}")
+    if y.dim() != 1 or y.shape[0] != logits.shape[0]:
+        raise ValueError(f"y must be [B] with B = {logits.shape[0]}, got shape {tuple(y.shape)}")
+
+
+def generalized_cross_entropy(
+    logits: Tensor, y: Tensor, q: float = 0.7, *, reduction: Literal["mean", "none"] = "mean"
+) -> Tensor:
+    r"""Generalised cross-entropy (Zhang & Sabuncu 2018; LfF's biased-model loss): ``mean_i (1 - p_{i,y_i}^q) / q``.
+
+    ``p = softmax(logits)``; computed as ``-expm1(q log p_y) / q`` (accurate for small
+    ``q``); ``q = 0`` is the limit, cross-entropy ``-log p_y``.  Its gradient is
+    ``p_y^q (softmax - onehot(y))`` per sample: cross-entropy's, scaled by how confident the
+    model already is, so easy (bias-aligned) samples dominate.  LfF and the WCL paper use
+    ``q = 0.7`` / a grid over ``(0, 1]``.  (LfF's released code trains with the surrogate
+    ``CE * detach(p_y^q) * q``, whose gradient is ``q`` times this one; this is the formula.)
+    ``reduction="none"`` returns the ``[B]`` per-sample losses.
+    """
+    _check_logits(logits, y)
+    if not 0 <= q <= 1:
+        raise ValueError(f"q must be in [0, 1], got {q}")
+    lc = _compute(logits)
+    log_p_y = torch.log_softmax(lc, dim=1).gather(1, y.to(lc.device)[:, None]).squeeze(1)
+    per_sample = -log_p_y if q == 0 else -torch.expm1(q * log_p_y) / q
+    if reduction == "none":
+        return per_sample
+    if reduction != "mean":
+        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
+    return per_sample.mean()
+
+
+def lff_weights(loss_biased: Tensor, loss_debiased: Tensor) -> Tensor:
+    r"""LfF relative difficulty ``W(x) = CE_b(x) / (CE_b(x) + CE_d(x))`` per sample (detached, in [0, 1]).
+
+    ``loss_biased`` / ``loss_debiased``: per-sample cross-entropies ``[B]`` of the biased
+    (GCE-trained) and the debiased model; ``0 / 0`` gives 0.5.  The debiased model then
+    minimises ``mean_i W(x_i) CE_d(x_i)`` (LfF Eq. 3; WCL paper Eq. 4).  LfF's released code
+    first smooths each sample's CE by a per-sample exponential moving average over epochs
+    (α = 0.7) and divides it by the maximum of that average over the sample's class in the
+    whole training set; both need state across steps and are the caller's job (pass the
+    smoothed, normalised losses here).
+    """
+    if loss_biased.shape != loss_debiased.shape:
+        raise ValueError("loss_biased and loss_debiased must have the same shape")
+    with torch.no_grad():
+        den = loss_biased + loss_debiased
+        ratio = loss_biased / den.clamp_min(torch.finfo(den.dtype).tiny)
+        return torch.where(den > 0, ratio, 0.5)
+
+
+def group_mean_losses(per_sample_loss: Tensor, groups: Tensor, num_groups: int) -> tuple[Tensor, Tensor]:
+    """Mean loss of each group in the batch ``[G]`` (0 for absent groups, with grad) and the batch counts ``[G]``."""
+    if per_sample_loss.dim() != 1 or groups.shape != per_sample_loss.shape:
+        raise ValueError("per_sample_loss and groups must both be [B]")
+    groups = groups.to(per_sample_loss.device)
+    counts = torch.bincount(groups, minlength=num_groups)
+    if counts.shape[0] != num_groups:
+        raise ValueError(f"group ids must be in [0, {num_groups}), got max {int(groups.max())}")
+    sums = per_sample_loss.new_zeros(num_groups).index_add(0, groups, per_sample_loss)
+    return sums / counts.clamp_min(1).to(sums.dtype), counts
+
+
+def group_dro_weights(
+    q: Tensor,
+    group_losses: Tensor,
+    group_counts: Tensor,
+    step_size: float = 0.01,
+    adjustment: float = 0.0,
+    *,
+    batch_counts: Tensor | None = None,
+) -> Tensor:
+    r"""GroupDRO online step (Sagawa et al. 2020, Alg. 1, with Sec. 3.3's group adjustment):
+    ``q_g <- q_g exp(η (L_g + C / sqrt(n_g)))`` for the groups present in the batch, renormalised.
+
+    ``q [G]``: current group weights (sum 1); ``group_losses [G]``: mean loss of each group in
+    the batch (detached here); ``group_counts [G]``: the groups' training-set sizes ``n_g``
+    of the adjustment ``C / sqrt(n_g)`` (``adjustment`` = C, 0 = none); ``step_size`` = η_q
+    (the paper's 0.01).  ``batch_counts [G]`` (``None`` = every group present) marks the
+    groups with no sample in the batch: they keep their weight exactly, and the present
+    groups are renormalised to the mass they held before,
+    ``q_P <- (sum_P q) q_P e^{η a_P} / sum_P q e^{η a}``.  This equals the full update with
+    each absent group's adjusted loss set to ``(1/η) log(sum_P q e^{η a} / sum_P q)``, a
+    soft maximum of the present ones: an unobserved group is neither rewarded nor penalised.
+    (The authors' code gives an absent group loss 0 but still its adjustment, so it loses
+    weight for not being drawn.)  With no group present ``q`` is returned unchanged.
+    Alg. 1: update ``q`` first, then step θ on ``group_dro_loss`` with the new ``q``.
+    """
+    if q.dim() != 1 or group_losses.shape != q.shape or group_counts.shape != q.shape:
+        raise ValueError("q, group_losses and group_counts must all be [G]")
+    if step_size < 0 or adjustment < 0:
+        raise ValueError("step_size and adjustment must be >= 0")
+    with torch.no_grad():
+        present = torch.ones_like(q, dtype=torch.bool) if batch_counts is None else batch_counts.to(q.device) > 0
+        adjusted = group_losses.detach().to(q.dtype)
+        if adjustment != 0:
+            adjusted = adjusted + adjustment / group_counts.to(q.dtype).sqrt()
+        adjusted = torch.where(present, adjusted, 0.0)
+        if not bool(present.any()):
+            return q.clone()
+        shift = adjusted[present].max()  # e^{η (a - shift)} <= 1: no overflow
+        scaled = torch.where(present, q * torch.exp(step_size * (adjusted - shift)), 0.0)
+        mass = torch.where(present, q, 0.0).sum()
+        total = scaled.sum()
+        renormalised = scaled * (mass / total.clamp_min(torch.finfo(q.dtype).tiny))
+        return torch.where(present, renormalised, q)
+
+
+def group_dro_loss(per_sample_loss: Tensor, groups: Tensor, q: Tensor) -> Tensor:
+    r"""GroupDRO objective ``sum_g q_g L_g``, ``L_g = mean_{i in batch: g_i = g} loss_i`` (absent groups add 0).
+
+    ``q [G]`` is a constant (detached); ``groups [B]`` are integer ids in ``[0, G)``.
+    """
+    if q.dim() != 1:
+        raise ValueError("q must be [G]")
+    means, _ = group_mean_losses(per_sample_loss, groups, q.shape[0])
+    return (q.detach().to(means.dtype) * means).sum()
