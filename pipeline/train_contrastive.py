@@ -3,7 +3,7 @@
 from debias import paths
 from debias.data.store import load_splits
 from debias.groups import GROUPS_TABLE, load_groups
-from debias.models import load_network
+from debias.models import load_initial_weights
 from debias.params import Params
 from debias.stage import main
 from debias.tracking import StageRun
@@ -18,7 +18,10 @@ OUTPUTS = StageOutputs(model=paths.STAGE2_MODEL, embeddings_dir=paths.STAGE2_DIR
 def run(params: Params, run: StageRun) -> None:
     splits = load_splits(paths.BIASED)
     groups = load_groups(GROUPS_TABLE, y=splits["train"].y)
-    erm_state = load_network(str(paths.ERM_MODEL))[0].state_dict() if params.stage2.cnc.init == "erm" else None
+    train = splits["train"]
+    erm_state = None
+    if params.stage2.method == "cnc" and params.stage2.cnc.init == "erm":
+        erm_state = load_initial_weights(str(paths.ERM_MODEL), params.model.name, train.n_classes, int(train.x.shape[-1]))
     train_stage2(params, splits, groups.inferred_label, groups.minority, erm_state, run, OUTPUTS)
 
 

@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from debias.errors import CorruptFileError
 
 FORMAT_KEY = "__debias_format__"
@@ -73,10 +71,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
+    if hasattr(value, "tolist"):  # tensors, numpy arrays and scalars (a 0-d one becomes a number)
         return value.tolist()
-    if hasattr(value, "item"):
-        return value.item()
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
@@ -115,6 +111,8 @@ def save_torch(path: str | Path, obj: dict[str, Any], kind: str) -> None:
     payload = dict(obj)
     payload[FORMAT_KEY] = kind
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        import torch
+
         # To a file object, not the path: torch names the archive inside the zip after the file it is
         # given, and the random temporary name would make every write of the same data differ in bytes
         # (a new DVC hash, and every downstream stage rerun, for identical outputs).
@@ -123,6 +121,8 @@ def save_torch(path: str | Path, obj: dict[str, Any], kind: str) -> None:
 
 def load_torch(path: str | Path, kind: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """Load a file written by :func:`save_torch`; a truncated or foreign file is a CorruptFileError."""
+    import torch
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run the stage that writes it first (dvc repro)")

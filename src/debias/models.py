@@ -201,3 +201,20 @@ def load_network(path: str) -> tuple[Network, dict]:
         raise CorruptFileError(f"{path}: weights do not fit {payload['model_name']} ({str(exc)[:200]})") from None
     model.eval()
     return model, payload
+
+
+def load_initial_weights(path: str, model_name: str, n_classes: int, image_size: int) -> dict[str, torch.Tensor]:
+    """The weights of the checkpoint at ``path`` to start another training from; it must hold ``model_name``
+    for the same classes and image size, else :class:`debias.errors.StaleInputError` says what to rerun."""
+    from debias.errors import StaleInputError
+
+    network, payload = load_network(path)
+    found = (payload["model_name"], int(payload["n_classes"]), int(payload["image_size"]))
+    wanted = (model_name, n_classes, image_size)
+    if found != wanted:
+        raise StaleInputError(
+            f"{path} holds a {found[0]} for {found[1]} classes at {found[2]} px, but this run trains a {wanted[0]} for "
+            f"{wanted[1]} classes at {wanted[2]} px (model.name, the data): rerun train_erm (dvc repro train_erm), "
+            "or use stage2.cnc.init: scratch")
+    return network.state_dict()
+

@@ -1,7 +1,9 @@
-"""Where each stage writes: the same paths dvc.yaml declares (a test keeps them in step)."""
+"""Where each stage writes: the same paths dvc.yaml declares (a test keeps them in step); the repository root."""
 
+import os
 from pathlib import Path
 
+SOURCE_FINGERPRINT = Path("data/source.json")
 RAW = Path("data/raw")
 RAW_SPLITS = RAW / "splits.pt"
 BIASED = Path("data/biased")
@@ -25,3 +27,26 @@ GROUPS_TABLE = GROUPS_DIR / "train.parquet"
 UMAP_TRAIN = GROUPS_DIR / "umap_train.pt"
 GROUPS_METRICS = METRICS / "groups.json"
 GROUPS_TIMINGS = RUNS / "infer_groups_timings.json"
+
+
+def repo_root(start: str | Path | None = None) -> Path:
+    """``$DVC_ROOT``, else the nearest ancestor of ``start`` (cwd) holding ``.dvc/``, else ``start``.
+
+    DVC sets ``DVC_ROOT`` to the main repository even in ``dvc exp run --temp`` and queued runs (whose
+    working folders are temporary copies without untracked files), so paths anchored here mean the same
+    thing under ``dvc repro``, ``--temp`` and the queue.
+    """
+    if os.environ.get("DVC_ROOT"):
+        return Path(os.environ["DVC_ROOT"]).resolve()
+    here = Path(start or os.getcwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / ".dvc").is_dir():
+            return folder
+    return here
+
+
+def resolve_data_path(path: str | Path) -> Path:
+    """A user's data path from params: absolute as given, relative to the repository root (:func:`repo_root`)."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else repo_root() / path
+

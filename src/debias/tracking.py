@@ -37,6 +37,7 @@ from typing import Any
 from debias.errors import TrackingError
 from debias.io import save_json
 from debias.params import flatten, params_hash
+from debias.paths import repo_root
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
@@ -47,17 +48,6 @@ TRACKING_MODES = ("required", "optional", "off")
 
 class StageTerminated(SystemExit):
     """SIGTERM arrived (``kill``, ``dvc queue kill``, a scheduler): the process exits 128 + 15."""
-
-
-def repo_root(start: str | Path | None = None) -> Path:
-    """``$DVC_ROOT``, else the nearest ancestor of ``start`` (cwd) holding ``.dvc/``, else ``start``."""
-    if os.environ.get("DVC_ROOT"):
-        return Path(os.environ["DVC_ROOT"]).resolve()
-    here = Path(start or os.getcwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / ".dvc").is_dir():
-            return folder
-    return here
 
 
 def tracking_uri(root: Path | None = None) -> str:

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from debias import distributed
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
-from debias.io import atomic_path, load_torch, save_json, save_torch
+from debias.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
 from debias.metrics import accuracy_report, scalars
 from debias.models import Network, build_model, save_network
 from debias.params import OptimParams
@@ -114,7 +114,14 @@ def export_embeddings(model: nn.Module, splits: dict[str, BiasedSplit], director
 
 
 def load_embeddings(directory: Path, split: str) -> dict[str, torch.Tensor]:
-    return load_torch(embeddings_path(directory, split), "embeddings", ("z", "logits"))
+    """``{"z", "logits"}`` of a split; non-finite values (a diverged model) are refused, naming the file."""
+    path = embeddings_path(directory, split)
+    payload = load_torch(path, "embeddings", ("z", "logits"))
+    for key in ("z", "logits"):
+        if not bool(torch.isfinite(payload[key]).all()):
+            raise CorruptFileError(f"{path}: {key} holds NaN or infinite values (the model that wrote it diverged); "
+                                   "rerun the stage that writes it with a lower learning rate")
+    return payload
 
 
 def write_outputs(model: Network, model_name: str, result: FitResult, splits: dict[str, BiasedSplit], run: StageRun,

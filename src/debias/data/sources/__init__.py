@@ -4,9 +4,10 @@ Importing this package registers every source family's module.
 """
 
 from debias.data.sources import mnist  # noqa: F401  (registers digits, mnist, npz)
-from debias.data.sources.base import (SOURCE_PROTOCOLS, SOURCES, SPLITS, DataSourceError, RawSplit, RawSplits, cap_splits,
-                                      load_source, register_source, resize_images, split_by_index,
+from debias.data.sources.base import (SOURCE_FILES, SOURCE_PROTOCOLS, SOURCES, SPLITS, DataSourceError, RawSplit,
+                                      RawSplits, cap_splits, external_files, load_source, register_source, resize_images, split_by_index,
                                       stratified_split)
 
-__all__ = ["SOURCE_PROTOCOLS", "SOURCES", "SPLITS", "DataSourceError", "RawSplit", "RawSplits", "cap_splits", "load_source",
+__all__ = ["SOURCE_FILES", "SOURCE_PROTOCOLS", "SOURCES", "SPLITS", "DataSourceError", "RawSplit", "RawSplits", "cap_splits",
+           "external_files", "load_source",
            "register_source", "resize_images", "split_by_index", "stratified_split"]

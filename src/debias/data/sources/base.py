@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from debias.errors import DataSourceError
 from debias.params import DataParams
@@ -38,20 +36,32 @@ class RawSplit:
 
 RawSplits = dict[str, RawSplit]
 SourceFn = Callable[[DataParams, Path, int], RawSplits]
+FilesFn = Callable[[DataParams], dict[str, Path]]
 SOURCES: dict[str, SourceFn] = {}
 # The bias protocol each source's data calls for (``bias.protocol: auto`` resolves through it):
 # ``foreground`` for grey digits, ``given`` where the data carries its own bias attribute.
 SOURCE_PROTOCOLS: dict[str, str] = {}
+# Files outside the pipeline a source reads, by the param naming them (npz: data.path); the ``source``
+# stage fingerprints their content so DVC reruns ``download`` when one changes in place.
+SOURCE_FILES: dict[str, FilesFn] = {}
 
 
-def register_source(name: str, protocol: str = "foreground") -> Callable[[SourceFn], SourceFn]:
-    """Register ``fn`` as ``data.source = name``; ``protocol`` is the bias protocol its data calls for."""
+def register_source(name: str, protocol: str = "foreground", files: FilesFn | None = None) -> Callable[[SourceFn], SourceFn]:
+    """Register ``fn`` as ``data.source = name``; ``protocol`` is the bias protocol its data calls for,
+    ``files(params)`` the external files (or folders) it reads, by the param that names each."""
     def decorate(fn: SourceFn) -> SourceFn:
         SOURCES[name] = fn
         SOURCE_PROTOCOLS[name] = protocol
+        if files is not None:
+            SOURCE_FILES[name] = files
         return fn
 
     return decorate
+
+
+def external_files(params: DataParams) -> dict[str, Path]:
+    """The external files (or folders) ``data.source`` reads, by the param naming each (resolved paths)."""
+    return SOURCE_FILES[params.source](params) if params.source in SOURCE_FILES else {}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -61,6 +71,9 @@ def resize_images(x: np.ndarray, size: int) -> np.ndarray:
     """Bilinear (antialiased) resize of uint8 ``[N,H,W]`` or ``[N,H,W,3]`` to ``size`` x ``size``."""
     if x.shape[1] == size and x.shape[2] == size:
         return x
+    import torch  # here: the source stage fingerprints files without importing torch
+    import torch.nn.functional as F
+
     t = torch.from_numpy(np.ascontiguousarray(x)).float()
     rgb = t.ndim == 4
     t = t.permute(0, 3, 1, 2) if rgb else t.unsqueeze(1)
@@ -102,15 +115,34 @@ def cap_splits(splits: RawSplits, cap: int | None, seed: int) -> RawSplits:
     return out
 
 
+def missing_classes(splits: RawSplits) -> dict[str, list[int]]:
+    """Per split, the classes of the whole dataset that the split holds no image of."""
+    classes = set(np.unique(np.concatenate([split.y for split in splits.values()])).tolist())
+    return {name: sorted(classes - set(np.unique(split.y).tolist())) for name, split in splits.items()}
+
+
 def load_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
-    """Run the registered source named by ``data.source``, then check every split is usable."""
+    """Run the registered source named by ``data.source``, then check every split is usable: not empty, and
+    holding every class (a class missing from a split makes its accuracies meaningless), naming the param."""
     if params.source not in SOURCES:
         raise DataSourceError(f"data.source = '{params.source}' is unknown; allowed: {sorted(SOURCES)}")
-    splits = cap_splits(SOURCES[params.source](params, raw_dir, seed), params.max_per_split, seed)
+    full = SOURCES[params.source](params, raw_dir, seed)
+    splits = cap_splits(full, params.max_per_split, seed)
     for name in SPLITS:
         if name not in splits or len(splits[name]) == 0:
             raise DataSourceError(
                 f"split '{name}' is empty for data.source = '{params.source}'; "
                 "raise data.val_fraction / data.test_fraction or provide more images"
             )
+    before, after = missing_classes(full), missing_classes(splits)
+    for name in SPLITS:
+        if after[name] and not before[name]:
+            raise DataSourceError(
+                f"data.max_per_split = {params.max_per_split} leaves split '{name}' without classes {after[name][:10]}: "
+                f"raise data.max_per_split (the capped split keeps {len(splits[name])} of {len(full[name])} images) "
+                "or set it to null")
+        if before[name]:
+            raise DataSourceError(
+                f"split '{name}' of data.source = '{params.source}' holds no image of classes {before[name][:10]}; "
+                "raise data.val_fraction / data.test_fraction, or provide more images of those classes")
     return splits

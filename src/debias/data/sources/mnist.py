@@ -18,6 +18,7 @@ import numpy as np
 from debias.data.sources.base import (DataSourceError, RawSplit, RawSplits, register_source, resize_images,
                                       split_by_index)
 from debias.params import DataParams
+from debias.paths import resolve_data_path
 
 @register_source("digits")
 def digits_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
@@ -95,10 +96,10 @@ def read_npz(path: Path) -> RawSplit:
     return RawSplit(x, y.astype(np.int64), None if a is None else a.astype(np.int64))
 
 
-@register_source("npz")
+@register_source("npz", protocol="foreground", files=lambda params: {"data.path": resolve_data_path(params.path or "")})
 def npz_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """A local .npz, split stratified by class."""
     assert params.path is not None  # the schema requires it for this source
-    data = read_npz(Path(params.path))
+    data = read_npz(resolve_data_path(params.path))
     data = RawSplit(resize_images(data.x, params.image_size), data.y, data.a)
     return split_by_index(data, params, seed)

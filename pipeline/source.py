@@ -1,0 +1,30 @@
+"""Stage source: fingerprint the external files ``data.source`` reads (e.g. the npz at ``data.path``) into
+data/source.json. DVC runs it every time (``always_changed``, well under a second: no torch, no MLflow)
+and reruns ``download`` only when the fingerprint changes, so a file overwritten in place is never stale."""
+
+import sys
+
+from debias.data.sources.base import DataSourceError, external_files
+from debias.fingerprint import file_digest, tree_digest
+from debias.io import save_json
+from debias.params import ParamsError, load_params
+from debias.paths import SOURCE_FINGERPRINT
+
+
+def fingerprint() -> dict:
+    params = load_params().data
+    files = {}
+    for key, path in external_files(params).items():
+        if not path.exists():
+            raise DataSourceError(f"{key} = '{path}' does not exist; point {key} at the file")
+        files[key] = {"value": str(getattr(params, key.removeprefix("data."), path)),
+                      "digest": tree_digest(path) if path.is_dir() else file_digest(path)}
+    return {"source": params.source, "files": files}
+
+
+if __name__ == "__main__":
+    try:
+        save_json(SOURCE_FINGERPRINT, fingerprint())
+    except (ParamsError, DataSourceError) as exc:
+        print(f"[source] error: {str(exc)[:2000]}", file=sys.stderr)
+        sys.exit(2)
