@@ -1,7 +1,8 @@
 """End to end: `dvc repro` in a temporary git clone on a tiny configuration, and what every stage wrote.
 
-Also: `dvc plots show` draws each declared plot once from the CSVs the stages wrote, offline; a second repro reruns nothing, a training param reruns only its stage and those after
-it, and `dvc exp run --temp` logs into the main repository's MLflow store.
+Also: `dvc plots show` draws each declared plot once from the CSVs the stages wrote, offline; a second
+repro reruns nothing, a training param reruns only its stage and those after it, and `dvc exp run --temp`
+logs into the main repository's MLflow store.
 """
 
 from __future__ import annotations
