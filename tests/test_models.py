@@ -26,7 +26,7 @@ def test_uint8_and_float_inputs_agree() -> None:
 
 
 def test_registry_and_errors() -> None:
-    assert set(ENCODERS) == {"lenet5", "simpleconv", "resnet18"}
+    assert set(ENCODERS) == {"lenet5", "simpleconv", "resnet18", "resnet50"}
     with pytest.raises(ValueError, match="model.name = 'vgg' is unknown"):
         build_model("vgg", 2, 28)
     with pytest.raises(ValueError, match="image_size >= 16"):
