@@ -216,7 +216,7 @@ def decode_images(paths: list[Path], size: int, fit: ImageFit, crop_fraction: fl
             pass
     if failures:
         failures.sort()
-        raise DataSourceError(f"{len(failures)} of {len(paths)} image file(s) could not be decoded: "
+        raise DataSourceError(f"{desc}: {len(failures)} of {len(paths)} image file(s) could not be decoded: "
                               f"{_shown([str(p) for p, _ in failures])} (first: {failures[0][1]})")
     return out
 
