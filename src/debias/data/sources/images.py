@@ -23,7 +23,8 @@ a progress bar; decoding runs on ``DEBIAS_THREADS`` threads (default: one per co
 ``data.max_per_split`` is applied before decoding, and loading is refused when the arrays would not
 fit in memory (:func:`~debias.data.sources.base.check_memory`): the stage contracts keep every
 split in one file, so there is no streaming.
-CNC trains ImageNet-pretrained ResNet-50s on both datasets at 224 x 224 (GroupDRO's transforms).
+CNC follows GroupDRO's setup on both datasets: torchvision's ImageNet-pretrained ResNet-50 on 224 x 224 images
+(``data.image_size: 224``, ``model.name: resnet50``, ``model.pretrained: true``).
 """
 
 from __future__ import annotations
