@@ -26,7 +26,7 @@ def test_uint8_and_float_inputs_agree() -> None:
 
 
 def test_registry_and_errors() -> None:
-    assert set(ENCODERS) == {"lenet5", "simpleconv", "resnet18"}
+    assert set(ENCODERS) == {"lenet5", "simpleconv", "resnet18", "resnet50"}
     with pytest.raises(ValueError, match="model.name = 'vgg' is unknown"):
         build_model("vgg", 2, 28)
     with pytest.raises(ValueError, match="image_size >= 16"):
@@ -90,3 +90,80 @@ def test_lenet_max_pool_matches_nn_max_pool_values_and_gradients() -> None:
         torch.nn.functional.cross_entropy(net(images), torch.arange(8) % 5).backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(p.grad, q.grad), name
+
+
+# --------------------------------------------------------------------------- real-image backbones
+
+
+@pytest.mark.parametrize(("name", "dim", "size"), [("resnet18", 512, 32), ("resnet50", 2048, 32)])
+def test_resnets_from_scratch_build_and_run_offline(name: str, dim: int, size: int, monkeypatch) -> None:
+    import torch.hub
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: pytest.fail("tried to download weights"))
+    model = build_model(name, n_classes=2, image_size=size).eval()
+    assert not model.encoder.pretrained and model.encoder.net.conv1.kernel_size == (3, 3)  # CIFAR stem at 32 px
+    with torch.no_grad():
+        z, logits = model.embed_and_classify(torch.randint(0, 256, (2, 3, size, size), dtype=torch.uint8))
+    assert z.shape == (2, dim) and logits.shape == (2, 2) and torch.isfinite(logits).all()
+
+
+def test_default_normalisation_is_the_papers_and_bitwise_unchanged() -> None:
+    model = build_model("lenet5", 5, 28)
+    x = torch.randint(0, 256, (2, 3, 28, 28), dtype=torch.uint8)
+    assert torch.equal(model.normalise(x), x.float().div(127.5).sub(1.0))
+    assert "input_scale" not in model.state_dict()  # checkpoints keep weights only
+
+
+def _fake_hub_weights(tmp_path, monkeypatch, name: str) -> dict:
+    """A random state dict stored where torch.hub looks for the ImageNet weights file ($TORCH_HOME/hub/checkpoints)."""
+    from debias.models import resnet_weights
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    folder = tmp_path / "torch" / "hub" / "checkpoints"
+    folder.mkdir(parents=True)
+    import torchvision.models
+
+    state = getattr(torchvision.models, name)(weights=None).state_dict()
+    torch.save(state, folder / resnet_weights(name).url.rsplit("/", 1)[-1])
+    return state
+
+
+def test_pretrained_weights_come_from_the_hub_cache_with_imagenet_statistics(tmp_path, monkeypatch) -> None:
+    import torch.hub
+
+    from debias.models import weights_preprocessing
+
+    state = _fake_hub_weights(tmp_path, monkeypatch, "resnet18")
+    monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: pytest.fail("tried to download weights"))
+    model = build_model("resnet18", n_classes=3, image_size=32, pretrained=True).eval()
+    assert torch.equal(model.encoder.net.conv1.weight, state["conv1.weight"])  # ImageNet stem, loaded weights
+    prep = weights_preprocessing("resnet18")
+    assert prep["mean"] == (0.485, 0.456, 0.406) and prep["crop_size"] == [224] and prep["resize_size"] == [256]
+    x = torch.full((1, 3, 32, 32), 124, dtype=torch.uint8)
+    expected = (124 / 255 - torch.tensor(prep["mean"])) / torch.tensor(prep["std"])
+    assert torch.allclose(model.normalise(x)[0, :, 0, 0], expected, atol=1e-6)
+    # a checkpoint of it reloads with the same stem and statistics, without fetching ImageNet weights again
+    save_network(str(tmp_path / "m.pt"), model, "resnet18", 3, 32)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "elsewhere"))
+    loaded, payload = load_network(str(tmp_path / "m.pt"))
+    assert payload["pretrained"] is True and torch.equal(loaded.input_scale, model.input_scale)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+
+
+def test_missing_pretrained_weights_name_the_cache_folder(tmp_path, monkeypatch) -> None:
+    import torch.hub
+
+    from debias.models import PretrainedWeightsError
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+
+    def offline(*args, **kwargs):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)  # torch.hub's download step, as without network
+    with pytest.raises(PretrainedWeightsError, match=r"resnet50 \(ResNet50_Weights.IMAGENET1K_V1\).*Network is unreachable.*"
+                                                     r"put resnet50-0676ba61.pth into .*torch/hub/checkpoints/"):
+        build_model("resnet50", 2, 224, pretrained=True)
+    with pytest.raises(ValueError, match="LeNet5 has no ImageNet weights"):
+        build_model("lenet5", 2, 28, pretrained=True)

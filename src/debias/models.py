@@ -3,10 +3,17 @@
 ``lenet5``      CNC's LeNet-5: conv6-k5, pool, conv16-k5, pool, fc120, fc84 -> 84-d features.
 ``simpleconv``  Bahng et al.'s SimpleConvNet: 4 x [conv k7 pad 3, BN, ReLU] (16, 32, 64, 128
                 channels, no downsampling), global average pool -> 128-d. Heavy on CPU.
-``resnet18``    torchvision's ResNet-18 (random init) -> 512-d; images of 64 px or less get a
-                3x3 stride-1 stem without max-pool (the usual CIFAR variant).
-A network takes uint8 images ``[N,3,H,W]`` and normalises them itself ((x/255 - 0.5) / 0.5,
-as in the papers' code), so every stage feeds it the stored tensors unchanged.
+``resnet18``    torchvision's ResNet-18 -> 512-d (FairKL paper: Corrupted CIFAR-10, from scratch).
+``resnet50``    torchvision's ResNet-50 -> 2048-d (CNC: Waterbirds and CelebA, ImageNet weights, 224 px).
+                From scratch, images of 64 px or less get a 3x3 stride-1 stem without max-pool (the
+                usual CIFAR variant); ``pretrained`` keeps the ImageNet stem and loads torchvision's
+                IMAGENET1K_V1 weights (what ``pretrained=True`` gave the papers), from the torch hub
+                cache (``$TORCH_HOME/hub/checkpoints``) or downloaded into it.
+A network takes uint8 images ``[N,3,H,W]`` and normalises them itself, ``(x/255 - mean) / std``
+with the encoder's ``input_mean`` / ``input_std``: 0.5 / 0.5 as in the papers' code, the weights'
+own ImageNet statistics for pretrained encoders; so every stage feeds it the stored tensors unchanged.
+The weights' transforms also resize to 256 and centre-crop 224: ``data.image_size: 224`` with
+``crop_fraction: 0.875`` (``fit: center_square``) reproduces them when the data is made.
 
 LeNet-5's 2x2 max-pools are :class:`MaxPool2x2`: on CPU, PyTorch's max_pool2d kernel took ~8 ms of
 a ~50 ms forward+backward at batch 256 (one thread); the same outputs and gradients from strided
@@ -16,6 +23,8 @@ a ~50 ms forward+backward at batch 256 (one thread); the same outputs and gradie
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +32,17 @@ from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 
+PAPERS_MEAN_STD = (0.5, 0.5, 0.5)  # the papers' code: inputs normalised with mean 0.5, std 0.5
+
+
 class Encoder(nn.Module):
-    """Maps images to features; ``dim`` is the feature size."""
+    """Maps images to features; ``dim`` is the feature size; inputs are normalised with ``input_mean`` /
+    ``input_std`` (per channel, 0..1 scale); ``pretrained`` says whether ImageNet weights shape it."""
 
     dim: int
+    input_mean: tuple[float, float, float] = PAPERS_MEAN_STD
+    input_std: tuple[float, float, float] = PAPERS_MEAN_STD
+    pretrained: bool = False
 
 
 class Network(nn.Module):
@@ -36,10 +52,15 @@ class Network(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.head = nn.Linear(encoder.dim, n_classes)
+        # (x/255 - mean) / std computed as x / (255 std) - mean / std: for 0.5 / 0.5 exactly x / 127.5 - 1.
+        # Buffers follow the model to its device; not persistent, so checkpoints hold weights only.
+        std, mean = torch.tensor(encoder.input_std), torch.tensor(encoder.input_mean)
+        self.register_buffer("input_scale", (std * 255.0).view(1, -1, 1, 1), persistent=False)
+        self.register_buffer("input_shift", (mean / std).view(1, -1, 1, 1), persistent=False)
 
-    @staticmethod
-    def normalise(x: torch.Tensor) -> torch.Tensor:
-        return x.float().div(127.5).sub(1.0)
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 (or 0..255 float) images to the encoder's input scale."""
+        return x.float().div(self.input_scale).sub(self.input_shift)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Encoder outputs z (unnormalised), ``[N, dim]``."""
@@ -144,49 +165,124 @@ class SimpleConvNet(Encoder):
         return self.features(x)
 
 
-class ResNet18(Encoder):
-    def __init__(self, image_size: int) -> None:
-        super().__init__()
-        from torchvision.models import resnet18
+class PretrainedWeightsError(RuntimeError):
+    """ImageNet weights could not be loaded; the message names the file and where to put it."""
 
-        net = resnet18(weights=None)
-        if image_size <= 64:
+
+# model.name -> (torchvision builder, weights enum, feature size, the weights the papers used)
+RESNETS: dict[str, tuple[str, str, int, str]] = {
+    "resnet18": ("resnet18", "ResNet18_Weights", 512, "IMAGENET1K_V1"),
+    "resnet50": ("resnet50", "ResNet50_Weights", 2048, "IMAGENET1K_V1"),
+}
+CIFAR_STEM_MAX_SIDE = 64  # from scratch, images up to this side get the 3x3 stride-1 stem without max-pool
+
+
+def resnet_weights(name: str) -> Any:
+    """torchvision's weights enum member that ``model.pretrained`` loads for ``name``."""
+    import torchvision.models
+
+    _, enum_name, _, tag = RESNETS[name]
+    return getattr(torchvision.models, enum_name)[tag]
+
+
+def weights_preprocessing(name: str) -> dict[str, Any]:
+    """The pretrained weights' own transforms: mean, std (0..1 scale), resize and crop sizes."""
+    transforms = resnet_weights(name).transforms()
+    return {"mean": tuple(transforms.mean), "std": tuple(transforms.std),
+            "resize_size": list(transforms.resize_size), "crop_size": list(transforms.crop_size)}
+
+
+def load_pretrained_state(name: str) -> dict[str, torch.Tensor]:
+    """The ImageNet state dict of ``name`` from the torch hub cache, downloaded there when absent."""
+    import torch.hub
+
+    weights = resnet_weights(name)
+    try:
+        return weights.get_state_dict(progress=False, check_hash=True)
+    except Exception as exc:  # URLError, HTTPError, hash mismatch, a truncated file, ...
+        folder = Path(torch.hub.get_dir()) / "checkpoints"
+        filename = weights.url.rsplit("/", 1)[-1]
+        raise PretrainedWeightsError(
+            f"model.pretrained = true: the ImageNet weights of {name} ({type(weights).__name__}.{weights.name}) could not "
+            f"be loaded ({type(exc).__name__}: {exc}). Without network, download {weights.url} elsewhere and put "
+            f"{filename} into {folder}/ (the torch hub cache, under $TORCH_HOME, default ~/.cache/torch), "
+            "or set model.pretrained = false") from None
+
+
+class ResNet(Encoder):
+    """torchvision ResNet without its classifier; ImageNet stem, weights and statistics when ``pretrained``."""
+
+    def __init__(self, name: str, image_size: int, pretrained: bool = False, load_weights: bool = True) -> None:
+        super().__init__()
+        import torchvision.models
+
+        builder, _, dim, _ = RESNETS[name]
+        net = getattr(torchvision.models, builder)(weights=None)
+        if pretrained:
+            if load_weights:
+                net.load_state_dict(load_pretrained_state(name))
+            preprocessing = weights_preprocessing(name)
+            self.input_mean, self.input_std = preprocessing["mean"], preprocessing["std"]
+        elif image_size <= CIFAR_STEM_MAX_SIDE:
             net.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
             net.maxpool = nn.Identity()
         net.fc = nn.Identity()
         self.net = net
-        self.dim = 512
+        self.dim = dim
+        self.pretrained = pretrained
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
 
-ENCODERS: dict[str, Callable[[int], Encoder]] = {
-    "lenet5": LeNet5,
-    "simpleconv": SimpleConvNet,
+class ResNet18(ResNet):
+    def __init__(self, image_size: int, pretrained: bool = False, load_weights: bool = True) -> None:
+        super().__init__("resnet18", image_size, pretrained, load_weights)
+
+
+class ResNet50(ResNet):
+    def __init__(self, image_size: int, pretrained: bool = False, load_weights: bool = True) -> None:
+        super().__init__("resnet50", image_size, pretrained, load_weights)
+
+
+def scratch_only(cls: Callable[[int], Encoder]) -> Callable[..., Encoder]:
+    """An encoder factory for a network without ImageNet weights: ``pretrained`` is an error."""
+    def build(image_size: int, pretrained: bool = False, load_weights: bool = True) -> Encoder:
+        if pretrained:
+            raise ValueError(f"model.pretrained = true: {cls.__name__} has no ImageNet weights; allowed: {sorted(RESNETS)}")
+        return cls(image_size)
+
+    return build
+
+
+# model.name -> factory(image_size, pretrained=False, load_weights=True)
+ENCODERS: dict[str, Callable[..., Encoder]] = {
+    "lenet5": scratch_only(LeNet5),
+    "simpleconv": scratch_only(SimpleConvNet),
     "resnet18": ResNet18,
+    "resnet50": ResNet50,
 }
 
 
-def build_model(name: str, n_classes: int, image_size: int) -> Network:
-    """A freshly initialised network from the registry."""
-    if name not in ENCODERS:
-        raise ValueError(f"model.name = '{name}' is unknown; allowed: {sorted(ENCODERS)}")
-    return Network(ENCODERS[name](image_size), n_classes)
+def build_model(name: str, n_classes: int, image_size: int, pretrained: bool = False, load_weights: bool = True) -> Network:
+    """A network from the registry: freshly initialised, or with ImageNet weights (``pretrained``; the
+    architecture and input statistics alone with ``load_weights = False``, for loading a checkpoint)."""
+    return Network(build_encoder(name, image_size, pretrained, load_weights), n_classes)
 
 
-def build_encoder(name: str, image_size: int) -> Encoder:
+def build_encoder(name: str, image_size: int, pretrained: bool = False, load_weights: bool = True) -> Encoder:
     if name not in ENCODERS:
         raise ValueError(f"model.name = '{name}' is unknown; allowed: {sorted(ENCODERS)}")
-    return ENCODERS[name](image_size)
+    return ENCODERS[name](image_size, pretrained=pretrained, load_weights=load_weights)
 
 
 def save_network(path: str, model: Network, name: str, n_classes: int, image_size: int, **meta: object) -> None:
-    """Checkpoint: registry name, shape facts and weights (atomic)."""
+    """Checkpoint: registry name, shape facts, whether ImageNet-initialised, and weights (atomic)."""
     from debias.io import save_torch
 
     save_torch(path, {"model_name": name, "n_classes": n_classes, "image_size": image_size,
-                      "state_dict": model.state_dict(), "meta": dict(meta)}, kind="checkpoint")
+                      "pretrained": bool(model.encoder.pretrained), "state_dict": model.state_dict(), "meta": dict(meta)},
+               kind="checkpoint")
 
 
 def load_network(path: str) -> tuple[Network, dict]:
@@ -194,7 +290,9 @@ def load_network(path: str) -> tuple[Network, dict]:
     from debias.io import CorruptFileError, load_torch
 
     payload = load_torch(path, "checkpoint", ("model_name", "n_classes", "image_size", "state_dict"))
-    model = build_model(payload["model_name"], int(payload["n_classes"]), int(payload["image_size"]))
+    # an ImageNet-initialised network is rebuilt with its stem and input statistics; its weights come from the file
+    model = build_model(payload["model_name"], int(payload["n_classes"]), int(payload["image_size"]),
+                        pretrained=bool(payload.get("pretrained", False)), load_weights=False)
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as exc:

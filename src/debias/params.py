@@ -80,14 +80,115 @@ class Section(BaseModel):
                               allow_inf_nan=False)
 
 
+# Where an image file's pixels come from before resizing to data.image_size x data.image_size:
+# ``stretch`` resizes the whole image to a square (GroupDRO's Waterbirds transform),
+# ``center_square`` keeps the central square of side min(H, W) (GroupDRO's CelebA transform,
+# torchvision's ImageNet transforms). ``crop_fraction`` then keeps the central fraction of that
+# square in each dimension: 224/256 = 0.875 is "resize to 256, centre-crop 224".
+ImageFit = Literal["stretch", "center_square"]
+SplitName = Literal["train", "val", "test"]
+# The 40 binary attributes of CelebA's list_attr_celeba.txt, in the file's order.
+CELEBA_ATTRIBUTES: tuple[str, ...] = (
+    "5_o_Clock_Shadow", "Arched_Eyebrows", "Attractive", "Bags_Under_Eyes", "Bald", "Bangs", "Big_Lips", "Big_Nose",
+    "Black_Hair", "Blond_Hair", "Blurry", "Brown_Hair", "Bushy_Eyebrows", "Chubby", "Double_Chin", "Eyeglasses",
+    "Goatee", "Gray_Hair", "Heavy_Makeup", "High_Cheekbones", "Male", "Mouth_Slightly_Open", "Mustache",
+    "Narrow_Eyes", "No_Beard", "Oval_Face", "Pale_Skin", "Pointy_Nose", "Receding_Hairline", "Rosy_Cheeks",
+    "Sideburns", "Smiling", "Straight_Hair", "Wavy_Hair", "Wearing_Earrings", "Wearing_Hat", "Wearing_Lipstick",
+    "Wearing_Necklace", "Wearing_Necktie", "Young",
+)
+# GroupDRO's Waterbirds archive (Sagawa et al. 2020), the data CNC and JTT use.
+WATERBIRDS_URL = "https://nlp.stanford.edu/data/dro/waterbird_complete95_forest2water2.tar.gz"
+
+
+class ImageFolderParams(Section):
+    """A folder of image files plus a metadata table (CSV or parquet), one row per image.
+
+    Defaults are the layout of Waterbirds' metadata.csv (GroupDRO and WILDS): ``img_filename``,
+    ``y``, ``place`` and ``split`` coded 0 / 1 / 2.
+    """
+
+    root: str | None = Field(None, description="folder the image paths are relative to (relative to the repository root or absolute)")
+    metadata: str = Field("metadata.csv", description="the table, relative to root or absolute; .csv or .parquet")
+    path_column: str = Field("img_filename", min_length=1)
+    label_column: str = Field("y", min_length=1)
+    attribute_column: str = Field("place", min_length=1)
+    split_column: str | None = Field("split", description="null: seeded stratified split (data.val_fraction / data.test_fraction)")
+    split_values: dict[SplitName, int | str] = Field(
+        default_factory=lambda: {"train": 0, "val": 1, "test": 2}, description="the split column's value for each split")
+    label_values: list[int | str] | None = Field(
+        None, description="class names in class order (class i = label_values[i]); needed when labels are not integers")
+    attribute_values: list[int | str] | None = Field(
+        None, description="attribute names in order (a = i for attribute_values[i]); needed when not integers")
+    fit: ImageFit = "stretch"
+    crop_fraction: float = Field(1.0, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ImageFolderParams":
+        if self.split_column is not None and set(self.split_values) != {"train", "val", "test"}:
+            raise ValueError(
+                f"data.imagefolder.split_values names {sorted(self.split_values)}; allowed: exactly train, val and test")
+        if len(set(map(str, self.split_values.values()))) != len(self.split_values):
+            raise ValueError(f"data.imagefolder.split_values {self.split_values} gives two splits the same value")
+        for name in ("label_values", "attribute_values"):
+            values = getattr(self, name)
+            if values is not None and (len(values) < 2 or len(set(map(str, values))) != len(values)):
+                raise ValueError(f"data.imagefolder.{name} = {values}; allowed: at least two distinct values")
+        columns = [self.path_column, self.label_column, self.attribute_column] + ([self.split_column] if self.split_column else [])
+        if len(set(columns)) != len(columns):
+            raise ValueError(f"data.imagefolder columns {columns} name one column twice; allowed: distinct columns")
+        return self
+
+
+class WaterbirdsParams(Section):
+    """Waterbirds (Sagawa et al. 2020): y = waterbird, a = water background; official splits."""
+
+    url: str = Field(WATERBIRDS_URL, description="the archive GroupDRO's README gives")
+    fit: ImageFit = Field("stretch", description="GroupDRO / CNC: Resize((256, 256)) then CenterCrop(224)")
+    crop_fraction: float = Field(0.875, gt=0, le=1)
+
+
+class CelebAParams(Section):
+    """CelebA (Liu et al. 2015) as in GroupDRO / JTT / CNC: target Blond_Hair, bias attribute Male."""
+
+    target: str = "Blond_Hair"
+    attribute: str = "Male"
+    fit: ImageFit = Field("center_square", description="GroupDRO / CNC: CenterCrop(178) of the 178x218 images, then Resize(224)")
+    crop_fraction: float = Field(1.0, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _known_and_distinct(self) -> "CelebAParams":
+        for name in ("target", "attribute"):
+            value = getattr(self, name)
+            if value not in CELEBA_ATTRIBUTES:
+                close = difflib.get_close_matches(value, CELEBA_ATTRIBUTES, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ValueError(f"data.celeba.{name} = '{value}' is not a CelebA attribute{hint}; "
+                                 f"allowed: {', '.join(CELEBA_ATTRIBUTES)}")
+        if self.target == self.attribute:
+            raise ValueError(f"data.celeba.target and data.celeba.attribute are both '{self.target}'; allowed: two different attributes")
+        return self
+
+
+class Cifar10Params(Section):
+    """CIFAR-10 (torchvision): validation carved from the official 50k training images."""
+
+    val_size: int = Field(5000, ge=1, le=49990, description="validation images carved from the official training split")
+
+
 class DataParams(Section):
-    source: Literal["digits", "mnist", "npz"] = "digits"
+    source: Literal["digits", "mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10"] = "digits"
     path: str | None = Field(None, description="npz source: path to a local .npz (relative to the repository root or absolute)")
     val_fraction: float = Field(0.15, gt=0, lt=1, description="digits/npz: stratified validation fraction")
     test_fraction: float = Field(0.25, gt=0, lt=1, description="digits/npz: stratified test fraction")
     mnist_val_size: int = Field(6000, ge=1, description="mnist: validation images carved from the official training split")
     image_size: int = Field(28, ge=8, le=512, description="side of the square images after resizing")
     max_per_split: int | None = Field(None, ge=1, description="optional cap on images per split (smoke runs)")
+    memory_gb: float | None = Field(
+        None, gt=0, description="image-file sources: memory the decoded splits may use (null: the memory available when loading)")
+    imagefolder: ImageFolderParams = Field(default_factory=ImageFolderParams)
+    waterbirds: WaterbirdsParams = Field(default_factory=WaterbirdsParams)
+    celeba: CelebAParams = Field(default_factory=CelebAParams)
+    cifar10: Cifar10Params = Field(default_factory=Cifar10Params)
 
     @model_validator(mode="after")
     def _fractions_leave_a_train_split(self) -> "DataParams":
@@ -101,6 +202,9 @@ class DataParams(Section):
         if self.source != "npz" and self.path:
             raise ValueError(f"path = {show(self.path)} is read only by source npz, but source is '{self.source}': "
                              "set source: npz, or path: null")
+        if self.source == "imagefolder" and not self.imagefolder.root:
+            raise ValueError("imagefolder.root is required when source is 'imagefolder' "
+                             "(the folder of images with its metadata table)")
         return self
 
 
@@ -144,17 +248,61 @@ class BackgroundParams(Section):
         return self
 
 
+# Corruptions the ``corruption`` protocol implements (debias.data.corruptions), Hendrycks &
+# Dietterich's CIFAR-10-C definitions.
+CorruptionName = Literal[
+    "brightness", "contrast", "saturate", "gaussian_noise", "shot_noise", "speckle_noise", "impulse_noise",
+    "gaussian_blur", "defocus_blur", "pixelate", "elastic_transform", "frost", "original",
+]
+# Corrupted CIFAR-10 as in DFA (Lee et al. 2021), whose data and numbers the FairKL paper's Table 4 uses;
+# indexed by class. (LfF's Type-0 / Type-1 lists add snow, fog, spatter, JPEG, glass, motion and zoom blur.)
+DFA_CORRUPTIONS: list[str] = [
+    "brightness", "contrast", "gaussian_noise", "frost", "elastic_transform",
+    "gaussian_blur", "defocus_blur", "impulse_noise", "saturate", "pixelate",
+]
+
+
+class CorruptionParams(Section):
+    """Corrupted CIFAR-10 (LfF / DFA protocol): each class correlated with one corruption type."""
+
+    rho: float = Field(0.99, gt=0, lt=1, description="training fraction with the class's corruption (FairKL Table 4: 0.995 ... 0.95)")
+    eval_rho: float = Field(0.1, gt=0, lt=1, description="validation/test fraction (0.1 = uniform over 10 types)")
+    types: list[CorruptionName] = Field(default_factory=lambda: list(DFA_CORRUPTIONS), description="corruption of class i = types[i]")
+    severity: int = Field(4, ge=1, le=5, description="Hendrycks & Dietterich's severity level")
+    frost_dir: str | None = Field(
+        None, description="folder with Hendrycks' frost1.png ... frost6.jpg (null: the copies inside the imagecorruptions package)")
+
+    @model_validator(mode="after")
+    def _distinct_types(self) -> "CorruptionParams":
+        if len(set(self.types)) != len(self.types) or len(self.types) < 2:
+            raise ValueError(f"bias.corruption.types = {self.types}; allowed: at least two distinct corruptions")
+        return self
+
+
 class BiasParams(Section):
-    protocol: Literal["foreground", "background", "given"] = "foreground"
+    protocol: Literal["foreground", "background", "given", "corruption"] = "foreground"
     max_uncolourable: float = Field(0.01, ge=0, le=1, description="largest fraction of a split's images on which the "
                                     "colour may not show (no stroke pixel >= threshold / no background); above it "
                                     "inject_bias refuses")
     foreground: ForegroundParams = Field(default_factory=ForegroundParams)
     background: BackgroundParams = Field(default_factory=BackgroundParams)
+    corruption: CorruptionParams = Field(default_factory=CorruptionParams)
+
+
+# Encoders with torchvision ImageNet weights (model.pretrained: true).
+PRETRAINABLE = ("resnet18", "resnet50")
 
 
 class ModelParams(Section):
-    name: Literal["lenet5", "simpleconv", "resnet18"] = "lenet5"
+    name: Literal["lenet5", "simpleconv", "resnet18", "resnet50"] = "lenet5"
+    pretrained: bool = Field(False, description="resnet18 / resnet50: start from torchvision's ImageNet weights (CNC: ResNet-50)")
+
+    @model_validator(mode="after")
+    def _weights_exist(self) -> "ModelParams":
+        if self.pretrained and self.name not in PRETRAINABLE:
+            raise ValueError(f"model.pretrained = true needs ImageNet weights, which model.name = {self.name} does not have; "
+                             f"allowed: {', '.join(PRETRAINABLE)}")
+        return self
 
 
 class OptimParams(Section):
@@ -287,6 +435,12 @@ class ReportParams(Section):
     dpi: int = Field(110, ge=50, le=400)
 
 
+# Source / protocol combinations that make no sense (Params._protocol_fits_source).
+PHOTO_SOURCES = ("imagefolder", "waterbirds", "celeba")  # carry their own attribute
+STROKE_PROTOCOLS = ("foreground", "background")  # paint grey digit strokes or backgrounds
+UNATTRIBUTED_SOURCES = ("cifar10",)  # photos without a bias attribute
+
+
 class Params(Section):
     seed: int = Field(0, ge=0, lt=2**31)
     data: DataParams = Field(default_factory=DataParams)
@@ -307,6 +461,17 @@ class Params(Section):
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError("seed must be a whole number")
         return value
+
+    @model_validator(mode="after")
+    def _protocol_fits_source(self) -> "Params":
+        source, protocol = self.data.source, self.bias.protocol
+        if source in PHOTO_SOURCES and protocol in STROKE_PROTOCOLS:
+            raise ValueError(f"bias.protocol = {protocol} recolours grey digit strokes; data.source = {source} holds photos "
+                             "that carry their own bias attribute; allowed: bias.protocol = given (or corruption)")
+        if source in UNATTRIBUTED_SOURCES and protocol == "given":
+            raise ValueError(f"bias.protocol = given needs a bias attribute that data.source = {source} does not have; "
+                             "allowed: bias.protocol = corruption (Corrupted CIFAR-10)")
+        return self
 
 
 # --------------------------------------------------------------------------- loading

@@ -2,7 +2,8 @@
 
 ``DEBIAS_DEVICE``   cuda | mps | cpu (default: CUDA, then MPS, then CPU)
 ``DEBIAS_THREADS``  CPU threads of torch and of the BLAS / OpenMP pools under numpy, scipy and
-                    scikit-learn (default: each library's choice, usually one per core); per process
+                    scikit-learn (default: each library's choice, usually one per core); per process;
+                    also the image-decoding threads of the image-file sources (default: one per core)
 ``DEBIAS_NPROC``    training processes on this machine (default 1): the training stages start through
                     ``python -m debias.launch``, which runs ``torchrun --standalone
                     --nproc_per_node=$DEBIAS_NPROC`` when it is above 1 (one per GPU on CUDA, nccl; any

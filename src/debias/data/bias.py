@@ -11,6 +11,12 @@
                 (size ceil(rest / (K-1))) over the other colours; val/test use eval_rho.
 ``given``       the source supplies the attribute ``a`` (bring-your-own biased data); the
                 attribute aligned with a class is its most frequent one in training.
+``corruption``  Corrupted CIFAR-10 (LfF, Nam et al. 2020; DFA, Lee et al. 2021; FairKL paper Table 4):
+                class i is correlated with corruption ``types[i]``. LfF's count rule: per class a
+                share rho (train) or eval_rho (val/test; 0.1 = uniform over ten types) of its
+                shuffled images takes the class's corruption and the rest is divided equally over the
+                other types (rounded cumulative milestones); corruptions from
+                :mod:`debias.data.corruptions` at ``severity``, seeded per split and type.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from debias.errors import BiasProtocolError
+from debias.data import corruptions
 from debias.data.sources import RawSplits
 from debias.data.store import BiasedSplit
+from debias.errors import BiasProtocolError
 from debias.params import BackgroundParams, BiasParams, ForegroundParams
 
 SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}
@@ -223,6 +230,61 @@ def check_colourable(splits: RawSplits, bias: BiasParams) -> dict[str, int]:
     return counts
 
 
+# --------------------------------------------------------------------------- corruption
+
+CORRUPT_CHUNK = 2048  # images corrupted at once: bounds the float copies (2048 x 3 x 224 x 224 x 4 B = 1.2 GB)
+
+
+def corruption_indices(y: np.ndarray, rho: float, n_types: int, rng: np.random.Generator) -> np.ndarray:
+    """LfF's rule: per class, round(n * cumulative shares) of its shuffled images per type, the class's own type
+    taking ``rho`` and every other type ``(1 - rho) / (n_types - 1)``."""
+    types = np.empty_like(y)
+    for label in np.unique(y):  # a loop over classes, not samples
+        members = rng.permutation(np.flatnonzero(y == label))
+        shares = np.full(n_types, (1 - rho) / (n_types - 1))
+        shares[label] = rho
+        milestones = np.round(len(members) * np.cumsum(shares)).astype(np.int64)
+        milestones[-1] = len(members)
+        types[members] = np.searchsorted(milestones, np.arange(len(members)), side="right")
+    return types
+
+
+def channels_first(x: np.ndarray) -> torch.Tensor:
+    """uint8 ``[N,H,W]`` (grey, repeated) or ``[N,H,W,3]`` as a contiguous ``[N,3,H,W]`` tensor."""
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    return t[:, None].expand(-1, 3, -1, -1).contiguous() if t.ndim == 3 else t.permute(0, 3, 1, 2).contiguous()
+
+
+@register_protocol("corruption")
+def corruption(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
+    params = bias.corruption
+    n_types = len(params.types)
+    n_classes = int(max(split.y.max() for split in splits.values())) + 1
+    if n_classes > n_types:
+        raise BiasProtocolError(
+            f"bias.protocol = corruption has {n_types} corruption types (bias.corruption.types) for {n_classes} classes; "
+            "allowed: at least one type per class — add types or use fewer classes")
+    side = int(next(iter(splits.values())).x.shape[1])
+    try:
+        fns = [corruptions.resolve(name, params.frost_dir, side, torch.device("cpu")) for name in params.types]
+    except corruptions.CorruptionError as exc:
+        raise BiasProtocolError(f"bias.protocol = corruption: {exc}") from None
+    out: dict[str, BiasedSplit] = {}
+    for name, raw in splits.items():
+        rng = np.random.default_rng([seed, SPLIT_SEED_OFFSET[name], 31])
+        types = corruption_indices(raw.y, params.rho if name == "train" else params.eval_rho, n_types, rng)
+        x = channels_first(raw.x)
+        for k, fn in enumerate(fns):
+            rows = torch.from_numpy(np.flatnonzero(types == k))
+            if len(rows):
+                generator = torch.Generator().manual_seed(int(np.random.SeedSequence([seed, SPLIT_SEED_OFFSET[name], 31, k])
+                                                              .generate_state(1)[0]))
+                x[rows] = corruptions.corrupt(x[rows], fn, params.severity, generator, CORRUPT_CHUNK)
+        out[name] = BiasedSplit(x, torch.from_numpy(raw.y), torch.from_numpy(types), torch.from_numpy(types == raw.y),
+                                n_classes, n_types)
+    return out
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -273,4 +335,8 @@ def summarise(splits: dict[str, BiasedSplit], bias: BiasParams, uncolourable: di
     elif bias.protocol == "background":
         summary["target_correlation"] = {"train": bias.background.rho, "val": bias.background.eval_rho,
                                          "test": bias.background.eval_rho}
+    elif bias.protocol == "corruption":
+        summary["target_correlation"] = {"train": bias.corruption.rho, "val": bias.corruption.eval_rho,
+                                         "test": bias.corruption.eval_rho}
+        summary["corruptions"] = {"types": list(bias.corruption.types), "severity": bias.corruption.severity}
     return summary

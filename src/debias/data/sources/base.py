@@ -7,6 +7,7 @@ package (``mnist``: digits, MNIST, npz) and :mod:`debias.data.sources` imports t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +120,50 @@ def missing_classes(splits: RawSplits) -> dict[str, list[int]]:
     """Per split, the classes of the whole dataset that the split holds no image of."""
     classes = set(np.unique(np.concatenate([split.y for split in splits.values()])).tolist())
     return {name: sorted(classes - set(np.unique(split.y).tolist())) for name, split in splits.items()}
+
+
+def cap_index(index: dict[str, np.ndarray], cap: int | None, seed: int) -> dict[str, np.ndarray]:
+    """The rows :func:`cap_splits` would keep, chosen before any image is decoded (same seeded draws)."""
+    if cap is None:
+        return index
+    rng = np.random.default_rng(seed)
+    return {name: rows[np.sort(rng.choice(len(rows), cap, replace=False))] if len(rows) > cap else rows
+            for name, rows in index.items()}
+
+
+# The download stage decodes into one array per split, then inject_bias holds the raw arrays and their
+# channels-first copy at once: the peak is about two copies of the uint8 images.
+PEAK_COPIES = 2
+GIB = 2**30
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), else free physical pages; None where neither is known."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(n_images: int, size: int, params: DataParams) -> None:
+    """Refuse (DataSourceError) when PEAK_COPIES x the RGB uint8 arrays would exceed data.memory_gb or the memory available."""
+    needed = PEAK_COPIES * n_images * size * size * 3
+    budget = int(params.memory_gb * GIB) if params.memory_gb is not None else available_memory_bytes()
+    if budget is None or needed <= budget:
+        return
+    where = f"data.memory_gb = {params.memory_gb:g}" if params.memory_gb is not None else "the memory available now"
+    fitting = int((budget / (PEAK_COPIES * 3 * n_images)) ** 0.5)
+    raise DataSourceError(
+        f"data.source={params.source}: {n_images} images at {size}x{size} need about {needed / GIB:.1f} GiB "
+        f"({PEAK_COPIES} copies of {n_images} x {size} x {size} x 3 bytes, held by inject_bias), more than {where} "
+        f"({budget / GIB:.1f} GiB); lower data.image_size (at most {max(fitting, 1)} fits), cap data.max_per_split, "
+        "or raise data.memory_gb on a machine with more memory")
 
 
 def load_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
