@@ -42,14 +42,38 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
 
 
+class TabularParams(Section):
+    """adult / compas (WCL Sec. 6.2): plain random train/val/test splits (70/15/15 by default)."""
+
+    val_fraction: float = Field(0.15, gt=0, lt=1, description="adult/compas: random validation fraction (WCL: 15 %)")
+    test_fraction: float = Field(0.15, gt=0, lt=1, description="adult/compas: random test fraction (WCL: 15 %)")
+    keep_sensitive_feature: bool = Field(
+        True, description="the sensitive attribute (adult: sex, compas: race) stays one of the input features")
+    compas_races: list[str] = Field(
+        default_factory=lambda: ["African-American", "Caucasian"], min_length=2,
+        description="compas: the races kept, in attribute order (a = position); rows of other races are dropped")
+
+    @model_validator(mode="after")
+    def _fractions_leave_a_train_split(self) -> "TabularParams":
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise ValueError(
+                f"data.tabular.val_fraction + data.tabular.test_fraction = {self.val_fraction + self.test_fraction:g} "
+                "leaves too little training data; allowed: a sum below 0.9"
+            )
+        if len(set(self.compas_races)) != len(self.compas_races):
+            raise ValueError(f"data.tabular.compas_races {self.compas_races} names a race twice; allowed: distinct races")
+        return self
+
+
 class DataParams(Section):
-    source: Literal["digits", "mnist", "npz"] = "digits"
+    source: Literal["digits", "mnist", "npz", "adult", "compas"] = "digits"
     path: str | None = Field(None, description="npz source: path to a local .npz (relative to the repository root or absolute)")
-    val_fraction: float = Field(0.15, gt=0, lt=1, description="digits/npz: stratified validation fraction")
-    test_fraction: float = Field(0.25, gt=0, lt=1, description="digits/npz: stratified test fraction")
+    val_fraction: float = Field(0.15, gt=0, lt=1, description="digits/npz: stratified validation fraction (adult/compas: data.tabular)")
+    test_fraction: float = Field(0.25, gt=0, lt=1, description="digits/npz: stratified test fraction (adult/compas: data.tabular)")
     mnist_val_size: int = Field(6000, ge=1, description="mnist: validation images carved from the official training split")
-    image_size: int = Field(28, ge=8, le=512, description="side of the square images after resizing")
-    max_per_split: int | None = Field(None, ge=1, description="optional cap on images per split (smoke runs)")
+    image_size: int = Field(28, ge=8, le=512, description="side of the square images after resizing (unused by adult/compas)")
+    max_per_split: int | None = Field(None, ge=1, description="optional cap on images (rows) per split (smoke runs)")
+    tabular: TabularParams = Field(default_factory=TabularParams, description="adult / compas only")
 
     @model_validator(mode="after")
     def _fractions_leave_a_train_split(self) -> "DataParams":
@@ -95,7 +119,9 @@ class BackgroundParams(Section):
 
 
 class BiasParams(Section):
-    protocol: Literal["foreground", "background", "given"] = "foreground"
+    protocol: Literal["auto", "foreground", "background", "given"] = Field(
+        "auto", description="auto: given where the raw data carries its own attribute a (adult, compas, an npz with a), "
+                            "else the source's registered protocol (foreground for the digit sources)")
     foreground: ForegroundParams = Field(default_factory=ForegroundParams)
     background: BackgroundParams = Field(default_factory=BackgroundParams)
 
