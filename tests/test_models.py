@@ -12,7 +12,7 @@ from debias.models import ENCODERS, build_model, load_network, save_network
 @pytest.mark.parametrize(("name", "dim", "size"), [("lenet5", 84, 28), ("lenet5", 84, 32), ("simpleconv", 128, 16),
                                                    ("resnet18", 512, 16)])
 def test_shapes(name: str, dim: int, size: int) -> None:
-    model = build_model(name, n_classes=7, image_size=size).eval()
+    model = build_model(name, n_classes=7, input_shape=size).eval()
     x = torch.randint(0, 256, (3, 3, size, size), dtype=torch.uint8)
     z, logits = model.embed_and_classify(x)
     assert z.shape == (3, dim) and logits.shape == (3, 7)
@@ -26,7 +26,7 @@ def test_uint8_and_float_inputs_agree() -> None:
 
 
 def test_registry_and_errors() -> None:
-    assert set(ENCODERS) == {"lenet5", "simpleconv", "resnet18"}
+    assert set(ENCODERS) == {"lenet5", "simpleconv", "resnet18", "mlp"}
     with pytest.raises(ValueError, match="model.name = 'vgg' is unknown"):
         build_model("vgg", 2, 28)
     with pytest.raises(ValueError, match="image_size >= 16"):

@@ -5,8 +5,16 @@
                 channels, no downsampling), global average pool -> 128-d. Heavy on CPU.
 ``resnet18``    torchvision's ResNet-18 (random init) -> 512-d; images of 64 px or less get a
                 3x3 stride-1 stem without max-pool (the usual CIFAR variant).
-A network takes uint8 images ``[N,3,H,W]`` and normalises them itself ((x/255 - 0.5) / 0.5,
-as in the papers' code), so every stage feeds it the stored tensors unchanged.
+``mlp``         [Linear, ReLU, BatchNorm1d] x len(model.mlp.hidden) (WCL Sec. 6.2: "MLP with ReLU
+                activation followed by batch normalization"; widths 3 x 100 as LfF's MLP) on the
+                flattened input -> last hidden width; feature vectors, and images too (LfF's
+                Colored-MNIST MLP).
+A network takes the stored tensors unchanged and normalises them itself: uint8 images ``[N,3,H,W]``
+to (x/255 - 0.5) / 0.5 (as in the papers' code); float32 feature vectors ``[N,F]`` (standardised by
+their source) pass as they are. ``input_shape`` is the shape of one sample: ``(3, H, W)`` or ``(F,)``
+(an int ``s`` means square images, ``(3, s, s)``). The image encoders take images only: asked for
+feature vectors, :func:`build_model` uses ``mlp`` instead and warns once (``model.name`` is then an
+image-only param, ignored as ``augment_shift`` is); the checkpoint records the encoder used.
 
 LeNet-5's 2x2 max-pools are :class:`MaxPool2x2`: on CPU, PyTorch's max_pool2d kernel took ~8 ms of
 a ~50 ms forward+backward at batch 256 (one thread); the same outputs and gradients from strided
@@ -15,22 +23,58 @@ a ~50 ms forward+backward at batch 256 (one thread); the same outputs and gradie
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from debias.params import MLPParams, ModelParams
+
+InputShape = tuple[int, ...]  # one sample: (3, H, W) images or (F,) feature vectors
+INPUT_MODALITIES = {3: "image", 1: "tabular"}  # by the number of dimensions of one sample
+
+
+def as_input_shape(shape: int | Sequence[int]) -> InputShape:
+    """``(3, s, s)`` for an int ``s`` (square images), else the tuple; only images and feature vectors are allowed."""
+    shape = (3, int(shape), int(shape)) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    if len(shape) not in INPUT_MODALITIES or any(d < 1 for d in shape):
+        raise ValueError(f"input shape {shape} is neither images (3, H, W) nor feature vectors (F,)")
+    return shape
+
+
+def input_modality(shape: int | Sequence[int]) -> str:
+    """'image' or 'tabular' for the shape of one sample."""
+    return INPUT_MODALITIES[len(as_input_shape(shape))]
+
+
+def _scale_images(x: torch.Tensor) -> torch.Tensor:
+    return x.float().div(127.5).sub(1.0)
+
+
+def _as_float(x: torch.Tensor) -> torch.Tensor:
+    return x.float()
+
+
+# How a batch is normalised, by its number of dimensions: [N,3,H,W] images in 0..255 to -1..1,
+# [N,F] feature vectors (standardised by their source) unchanged.
+NORMALISERS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {4: _scale_images, 2: _as_float}
+
 
 class Encoder(nn.Module):
-    """Maps images to features; ``dim`` is the feature size."""
+    """Maps inputs to features; ``dim`` is the feature size, ``options`` its architecture settings (checkpointed)."""
 
     dim: int
+    options: dict[str, Any] = {}
 
 
 class Network(nn.Module):
-    """``encoder`` then linear ``head``; input uint8 (or float in 0..255) ``[N,3,H,W]``."""
+    """``encoder`` then linear ``head``; input uint8 (or float in 0..255) ``[N,3,H,W]`` or float features ``[N,F]``."""
 
     def __init__(self, encoder: Encoder, n_classes: int) -> None:
         super().__init__()
@@ -39,7 +83,10 @@ class Network(nn.Module):
 
     @staticmethod
     def normalise(x: torch.Tensor) -> torch.Tensor:
-        return x.float().div(127.5).sub(1.0)
+        """Images to (x/255 - 0.5) / 0.5; feature vectors as float, values unchanged."""
+        if x.ndim not in NORMALISERS:
+            raise ValueError(f"input of shape {tuple(x.shape)}: allowed: images [N,3,H,W] or feature vectors [N,F]")
+        return NORMALISERS[x.ndim](x)
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Encoder outputs z (unnormalised), ``[N, dim]``."""
@@ -111,6 +158,28 @@ class MaxPool2x2(nn.Module):
         return _MaxPool2x2Function.apply(x)
 
 
+class MLP(Encoder):
+    """Flatten, then [Linear, ReLU, BatchNorm1d] per width of ``hidden`` (no BN when ``batch_norm`` is false)."""
+
+    def __init__(self, input_shape: InputShape, hidden: Sequence[int] = (100, 100, 100), batch_norm: bool = True) -> None:
+        super().__init__()
+        if not hidden:
+            raise ValueError("model.mlp.hidden needs at least one layer width")
+        layers: list[nn.Module] = [nn.Flatten()]
+        width_in = math.prod(input_shape)
+        for width in hidden:
+            layers += [nn.Linear(width_in, width), nn.ReLU()]
+            if batch_norm:
+                layers.append(nn.BatchNorm1d(width))
+            width_in = width
+        self.features = nn.Sequential(*layers)
+        self.dim = int(hidden[-1])
+        self.options = {"hidden": [int(w) for w in hidden], "batch_norm": bool(batch_norm)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+
 class LeNet5(Encoder):
     def __init__(self, image_size: int) -> None:
         super().__init__()
@@ -161,43 +230,93 @@ class ResNet18(Encoder):
         return self.net(x)
 
 
-ENCODERS: dict[str, Callable[[int], Encoder]] = {
-    "lenet5": LeNet5,
-    "simpleconv": SimpleConvNet,
-    "resnet18": ResNet18,
+@dataclass(frozen=True)
+class EncoderSpec:
+    """A registered encoder: ``build(input_shape, **options)``, the modalities it takes, its params section."""
+
+    build: Callable[..., Encoder]
+    modalities: tuple[str, ...]
+    options: type[MLPParams] | None = None  # the pydantic section under model.<name> holding its options
+
+
+ENCODERS: dict[str, EncoderSpec] = {
+    "lenet5": EncoderSpec(lambda shape: LeNet5(shape[-1]), ("image",)),
+    "simpleconv": EncoderSpec(lambda shape: SimpleConvNet(shape[-1]), ("image",)),
+    "resnet18": EncoderSpec(lambda shape: ResNet18(shape[-1]), ("image",)),
+    "mlp": EncoderSpec(MLP, ("image", "tabular"), MLPParams),
 }
+FEATURE_ENCODER = "mlp"  # used for feature vectors when model.name names an image-only encoder
 
 
-def build_model(name: str, n_classes: int, image_size: int) -> Network:
-    """A freshly initialised network from the registry."""
+def resolve_encoder(name: str, input_shape: int | Sequence[int]) -> str:
+    """``name`` if it takes this input, else (feature vectors with an image encoder) ``mlp``, with a warning."""
     if name not in ENCODERS:
         raise ValueError(f"model.name = '{name}' is unknown; allowed: {sorted(ENCODERS)}")
-    return Network(ENCODERS[name](image_size), n_classes)
+    modality = input_modality(input_shape)
+    if modality in ENCODERS[name].modalities:
+        return name
+    warnings.warn(f"model.name = {name} takes images; the data holds feature vectors {tuple(as_input_shape(input_shape))}, "
+                  f"so the {FEATURE_ENCODER} encoder (model.{FEATURE_ENCODER}) is used instead", stacklevel=3)
+    return FEATURE_ENCODER
 
 
-def build_encoder(name: str, image_size: int) -> Encoder:
-    if name not in ENCODERS:
-        raise ValueError(f"model.name = '{name}' is unknown; allowed: {sorted(ENCODERS)}")
-    return ENCODERS[name](image_size)
+def encoder_options(model: str | ModelParams, name: str) -> dict[str, Any]:
+    """The options of encoder ``name``: its section of ``model`` (a ModelParams), else its params defaults."""
+    section = ENCODERS[name].options
+    if section is None:
+        return {}
+    chosen = getattr(model, name) if isinstance(model, ModelParams) else section()
+    return chosen.model_dump(mode="json")
 
 
-def save_network(path: str, model: Network, name: str, n_classes: int, image_size: int, **meta: object) -> None:
-    """Checkpoint: registry name, shape facts and weights (atomic)."""
+def _build(name: str, n_classes: int, shape: InputShape, options: dict[str, Any]) -> Network:
+    network = Network(ENCODERS[name].build(shape, **options), n_classes)
+    network.encoder_name = name  # the registry name actually built (checkpoints record it)
+    return network
+
+
+def build_model(model: str | ModelParams, n_classes: int, input_shape: int | Sequence[int]) -> Network:
+    """A freshly initialised network from the registry for samples of ``input_shape`` (``(3,H,W)``, ``(F,)`` or a side).
+
+    ``model`` is a registry name (the encoder's default options) or ``params.model`` (options from its section)."""
+    shape = as_input_shape(input_shape)
+    name = resolve_encoder(model if isinstance(model, str) else model.name, shape)
+    return _build(name, n_classes, shape, encoder_options(model, name))
+
+
+def build_encoder(model: str | ModelParams, input_shape: int | Sequence[int]) -> Encoder:
+    return build_model(model, 1, input_shape).encoder
+
+
+def save_network(path: str, model: Network, name: str, n_classes: int, input_shape: int | Sequence[int],
+                 **meta: object) -> None:
+    """Checkpoint: the encoder built (``name`` as resolved for the input), its options, shapes and weights (atomic)."""
     from debias.io import save_torch
 
-    save_torch(path, {"model_name": name, "n_classes": n_classes, "image_size": image_size,
-                      "state_dict": model.state_dict(), "meta": dict(meta)}, kind="checkpoint")
+    shape = as_input_shape(input_shape)
+    built = getattr(model, "encoder_name", None) or resolve_encoder(name, shape)
+    save_torch(path, {"model_name": built, "n_classes": n_classes, "input_shape": list(shape),
+                      "options": dict(model.encoder.options), "state_dict": model.state_dict(), "meta": dict(meta)},
+               kind="checkpoint")
 
 
 def load_network(path: str) -> tuple[Network, dict]:
-    """Rebuild a network from :func:`save_network`; a foreign or truncated file is a CorruptFileError."""
+    """Rebuild a network from :func:`save_network`; a foreign or truncated file is a CorruptFileError.
+
+    Checkpoints written before ``input_shape`` was recorded hold ``image_size`` (square images)."""
     from debias.io import CorruptFileError, load_torch
 
-    payload = load_torch(path, "checkpoint", ("model_name", "n_classes", "image_size", "state_dict"))
-    model = build_model(payload["model_name"], int(payload["n_classes"]), int(payload["image_size"]))
+    payload = load_torch(path, "checkpoint", ("model_name", "n_classes", "state_dict"))
+    if "input_shape" not in payload and "image_size" not in payload:
+        raise CorruptFileError(f"{path} lacks ['input_shape']; it was written by another version: rerun its stage")
+    name = str(payload["model_name"])
+    if name not in ENCODERS:
+        raise CorruptFileError(f"{path}: model {name!r} is not in the registry ({sorted(ENCODERS)}); rerun its stage")
     try:
+        shape = as_input_shape(payload["input_shape"] if "input_shape" in payload else int(payload["image_size"]))
+        model = _build(name, int(payload["n_classes"]), shape, dict(payload.get("options") or {}))
         model.load_state_dict(payload["state_dict"])
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError, TypeError) as exc:
         raise CorruptFileError(f"{path}: weights do not fit {payload['model_name']} ({str(exc)[:200]})") from None
     model.eval()
     return model, payload

@@ -126,8 +126,20 @@ class BiasParams(Section):
     background: BackgroundParams = Field(default_factory=BackgroundParams)
 
 
+class MLPParams(Section):
+    """The ``mlp`` encoder: [Linear, ReLU, BatchNorm1d] per hidden layer (WCL Sec. 6.2: "MLP with ReLU
+    activation followed by batch normalization"); widths 3 x 100 as LfF's MLP (alinlab/LfF module/mlp.py)."""
+
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=lambda: [100, 100, 100], min_length=1, max_length=64,
+        description="width of each hidden layer; its length is the depth; the last width is the feature size")
+    batch_norm: bool = Field(True, description="BatchNorm1d after each ReLU (WCL); false: LfF's plain MLP")
+
+
 class ModelParams(Section):
-    name: Literal["lenet5", "simpleconv", "resnet18"] = "lenet5"
+    name: Literal["lenet5", "simpleconv", "resnet18", "mlp"] = Field(
+        "lenet5", description="image encoders (lenet5, simpleconv, resnet18) are replaced by mlp for feature vectors")
+    mlp: MLPParams = Field(default_factory=MLPParams)
 
 
 class OptimParams(Section):
@@ -141,7 +153,7 @@ class OptimParams(Section):
     lr_gamma: float = Field(0.1, gt=0, le=1)
     selection: Literal["last", "best_worst_group"] = "last"
     eval_batch_size: int = Field(1024, ge=1)
-    augment_shift: int = Field(0, ge=0, le=16, description="random translation of training images in pixels (CNC's code: random crops); 0: off")
+    augment_shift: int = Field(0, ge=0, le=16, description="random translation of training images in pixels (CNC's code: random crops); 0: off; ignored for feature vectors")
 
 
 class ClusterParams(Section):

@@ -90,7 +90,7 @@ def register_method(name: str) -> Callable[[MethodFn], MethodFn]:
 
 def _fresh_model(inputs: Stage2Inputs) -> Network:
     train = inputs.splits["train"]
-    return build_model(inputs.params.model.name, train.n_classes, int(train.x.shape[-1])).to(inputs.device)
+    return build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:])).to(inputs.device)
 
 
 def _optimiser(inputs: Stage2Inputs, parameters: Any) -> tuple[torch.optim.Optimizer, Any | None]:
@@ -401,7 +401,8 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
     check_stage2_fits(s2.method, list(setup.task.modules().values()), setup.optimizer, params, len(splits["train"]),
                       max(len(split) for split in splits.values()), tuple(splits["train"].x.shape[1:]), device)
     key = params_hash({"stage2": s2.model_dump(mode="json"), "loss": params.loss.model_dump(mode="json"),
-                       "model": params.model.name, "seed": params.seed, "inferred": inferred.tolist()})
+                       "model": params.model.name, "options": setup.model.encoder.options, "seed": params.seed,
+                       "inferred": inferred.tolist()})
     result = fit(setup.task, setup.optimizer, s2.epochs,
                  stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device),
                  selection=s2.selection, scheduler=setup.scheduler, state_path=out.resume, state_key=key,
