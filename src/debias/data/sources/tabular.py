@@ -191,6 +191,11 @@ def adult_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
 # --------------------------------------------------------------------------- COMPAS
 
 
+def read_compas(path: Path) -> pd.DataFrame:
+    """ProPublica's CSV as a table; only empty fields are missing ("N/A" is a score_text value the filter drops)."""
+    return _read_csv(path, "compas", keep_default_na=False, na_values=[""])
+
+
 def propublica_filter(frame: pd.DataFrame) -> pd.Series:
     """ProPublica's rows: screening within 30 days of the arrest, a known recidivism outcome, no ordinary
     traffic offence ('O') and a COMPAS score (boolean mask; a missing days value fails the window)."""
@@ -222,9 +227,7 @@ def clean_compas(frame: pd.DataFrame, races: Sequence[str], where: str = "compas
 def compas_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """ProPublica COMPAS two-year recidivism, sensitive attribute race; see the module docstring."""
     (path,) = fetch_files(raw_dir / "compas", COMPAS_FILES, "compas")
-    # "N/A" is a value of score_text that the filter drops, not a missing value: only empty fields are missing
-    table = _read_csv(path, "compas", keep_default_na=False, na_values=[""])
-    frame, y, a = clean_compas(table, params.tabular.compas_races, str(path))
+    frame, y, a = clean_compas(read_compas(path), params.tabular.compas_races, str(path))
     return tabular_splits(frame, y, a, COMPAS_SPEC, params.tabular, seed, "compas")
 
 
