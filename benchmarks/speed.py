@@ -493,7 +493,8 @@ def time_throughput(config: dict, npz: Path, methods: list[str], repeats: int, n
     base = fill_npz(config["base"], npz)
     params = validate(base)
     with tempfile.TemporaryDirectory() as raw_dir:
-        train = inject_bias(load_source(params.data, Path(raw_dir), params.seed), params.bias, params.seed)["train"]
+        train = inject_bias(load_source(params.data, Path(raw_dir), params.seed), params.bias, params.seed,
+                            source=params.data.source)["train"]
     rows = []
     for name in methods:
         method, steps = method_params(base, config["methods"][name], config["steps"], name)

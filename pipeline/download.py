@@ -10,10 +10,12 @@ from debias.tracking import StageRun
 
 def run(params: Params, run: StageRun) -> None:
     splits = load_source(params.data, paths.RAW, params.seed)
-    save_raw_splits(paths.RAW_SPLITS, splits)
+    save_raw_splits(paths.RAW_SPLITS, splits, source=params.data.source)  # inject_bias resolves bias.protocol auto by it
     counts = {f"n_{name}": len(split) for name, split in splits.items()}
     run.log_metrics(counts)
-    print(f"[download] {params.data.source}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    train = splits["train"]
+    print(f"[download] {params.data.source} ({train.modality}, sample shape {tuple(train.x.shape[1:])}): "
+          + ", ".join(f"{k}={v}" for k, v in counts.items()))
 
 
 if __name__ == "__main__":

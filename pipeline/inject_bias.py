@@ -1,30 +1,43 @@
-"""Stage inject_bias: colour the splits with a bias protocol (data/biased/), summary and sample grid."""
+"""Stage inject_bias: bias the splits with a protocol (data/biased/), summary and sample grid."""
+
+from pathlib import Path
 
 from debias import paths
-from debias.data.bias import check_colourable, inject_bias, summarise
-from debias.data.store import load_raw_splits, save_split
+from debias.data.bias import check_colourable, inject_bias, resolve_protocol, summarise
+from debias.data.store import BiasedSplit, load_raw_data, save_split
 from debias.io import save_json
 from debias.params import Params
-from debias.report.figures import sample_grid
+from debias.report.figures import placeholder, sample_grid
 from debias.stage import main
 from debias.tracking import StageRun
 
 
+def feature_note(split: BiasedSplit, path: Path, seed: int) -> None:
+    """Feature vectors have no picture: the declared figure says so."""
+    placeholder(path, f"tabular data ({split.x.shape[1]} features per row): no sample images")
+
+
+SAMPLE_FIGURES = {"image": sample_grid, "tabular": feature_note}
+
+
 def run(params: Params, run: StageRun) -> None:
-    raw = load_raw_splits(paths.RAW_SPLITS)
-    uncolourable = check_colourable(raw, params.bias)  # images the colour does not show on (refused above a fraction)
-    biased = inject_bias(raw, params.bias, params.seed)
+    raw = load_raw_data(paths.RAW_SPLITS)
+    protocol = resolve_protocol(params.bias.protocol, raw.splits, raw.source)
+    uncolourable = check_colourable(raw.splits, params.bias, protocol)  # refused above bias.max_uncolourable
+    biased = inject_bias(raw.splits, params.bias, params.seed, source=raw.source)
     for name, split in biased.items():
         save_split(paths.BIASED / f"{name}.pt", split)
-    summary = summarise(biased, params.bias, uncolourable)
+    summary = summarise(biased, params.bias, protocol, uncolourable)
     save_json(paths.BIAS_SUMMARY, summary)
-    sample_grid(biased["train"], paths.SAMPLE_GRID, seed=params.seed)
+    SAMPLE_FIGURES[biased["train"].modality](biased["train"], paths.SAMPLE_GRID, seed=params.seed)
     run.log_metrics({f"{name}.{key}": stats[key] for name, stats in summary["splits"].items()
                      for key in ("n", "realised_correlation", "n_conflicting", "empty_groups")})
     run.log_artifact(paths.BIAS_SUMMARY)
     run.log_artifact(paths.SAMPLE_GRID, "figures")
     train = summary["splits"]["train"]
-    print(f"[inject_bias] {params.bias.protocol}: train correlation {train['realised_correlation']:.4f}, "
+    requested = "" if protocol == params.bias.protocol else f" (bias.protocol = {params.bias.protocol})"
+    print(f"[inject_bias] {protocol}{requested} on {raw.source or 'unrecorded source'} ({summary['modality']}): "
+          f"train correlation {train['realised_correlation']:.4f}, "
           f"{train['n_conflicting']} bias-conflicting of {train['n']}, {train['empty_groups']} empty groups")
 
 

@@ -21,7 +21,7 @@ def run(params: Params, run: StageRun) -> None:
     train = splits["train"]
     erm_state = None
     if params.stage2.method == "cnc" and params.stage2.cnc.init == "erm":
-        erm_state = load_initial_weights(str(paths.ERM_MODEL), params.model.name, train.n_classes, int(train.x.shape[-1]))
+        erm_state = load_initial_weights(str(paths.ERM_MODEL), params.model, train.n_classes, tuple(train.x.shape[1:]))
     train_stage2(params, splits, groups.inferred_label, groups.minority, erm_state, run, OUTPUTS)
 
 

@@ -337,9 +337,9 @@ def test_cifar10_bad_batch_and_download_failure(tmp_path, monkeypatch) -> None:
 
 @pytest.mark.parametrize(("override", "expected"), [
     ({"data": {"source": "imagefolder"}}, "data.imagefolder.root is required"),
-    ({"data": {"source": "waterbirds"}}, "bias.protocol = foreground recolours grey digit strokes"),
+    ({"data": {"source": "waterbirds"}, "bias": {"protocol": "foreground"}}, "bias.protocol = foreground recolours grey digit strokes"),
     ({"data": {"source": "cifar10"}, "bias": {"protocol": "given"}}, "bias.protocol = given needs a bias attribute"),
-    ({"model": {"name": "lenet5", "pretrained": True}}, "model.name = lenet5 does not have; allowed: resnet18, resnet50"),
+    ({"model": {"name": "lenet5", "pretrained": True}}, "which name = lenet5 does not have; allowed: resnet18, resnet50"),
     ({"data": {"celeba": {"target": "Blonde_Hair"}}}, "did you mean 'Blond_Hair'"),
     ({"data": {"celeba": {"target": "Male"}}}, "both 'Male'"),
     ({"data": {"imagefolder": {"split_values": {"train": 0, "test": 2}}}}, "exactly train, val and test"),

@@ -7,12 +7,13 @@ import torch
 
 from debias.io import CorruptFileError, save_torch
 from debias.models import ENCODERS, build_model, load_network, save_network
+from debias.params import ModelParams
 
 
 @pytest.mark.parametrize(("name", "dim", "size"), [("lenet5", 84, 28), ("lenet5", 84, 32), ("simpleconv", 128, 16),
                                                    ("resnet18", 512, 16)])
 def test_shapes(name: str, dim: int, size: int) -> None:
-    model = build_model(name, n_classes=7, image_size=size).eval()
+    model = build_model(name, n_classes=7, input_shape=size).eval()
     x = torch.randint(0, 256, (3, 3, size, size), dtype=torch.uint8)
     z, logits = model.embed_and_classify(x)
     assert z.shape == (3, dim) and logits.shape == (3, 7)
@@ -26,7 +27,7 @@ def test_uint8_and_float_inputs_agree() -> None:
 
 
 def test_registry_and_errors() -> None:
-    assert set(ENCODERS) == {"lenet5", "simpleconv", "resnet18", "resnet50"}
+    assert set(ENCODERS) == {"lenet5", "simpleconv", "resnet18", "resnet50", "mlp"}
     with pytest.raises(ValueError, match="model.name = 'vgg' is unknown"):
         build_model("vgg", 2, 28)
     with pytest.raises(ValueError, match="image_size >= 16"):
@@ -100,7 +101,7 @@ def test_resnets_from_scratch_build_and_run_offline(name: str, dim: int, size: i
     import torch.hub
 
     monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: pytest.fail("tried to download weights"))
-    model = build_model(name, n_classes=2, image_size=size).eval()
+    model = build_model(name, n_classes=2, input_shape=size).eval()
     assert not model.encoder.pretrained and model.encoder.net.conv1.kernel_size == (3, 3)  # CIFAR stem at 32 px
     with torch.no_grad():
         z, logits = model.embed_and_classify(torch.randint(0, 256, (2, 3, size, size), dtype=torch.uint8))
@@ -135,7 +136,7 @@ def test_pretrained_weights_come_from_the_hub_cache_with_imagenet_statistics(tmp
 
     state = _fake_hub_weights(tmp_path, monkeypatch, "resnet18")
     monkeypatch.setattr(torch.hub, "download_url_to_file", lambda *a, **k: pytest.fail("tried to download weights"))
-    model = build_model("resnet18", n_classes=3, image_size=32, pretrained=True).eval()
+    model = build_model(ModelParams(name="resnet18", pretrained=True), n_classes=3, input_shape=32).eval()
     assert torch.equal(model.encoder.net.conv1.weight, state["conv1.weight"])  # ImageNet stem, loaded weights
     prep = weights_preprocessing("resnet18")
     assert prep["mean"] == (0.485, 0.456, 0.406) and prep["crop_size"] == [224] and prep["resize_size"] == [256]
@@ -146,7 +147,7 @@ def test_pretrained_weights_come_from_the_hub_cache_with_imagenet_statistics(tmp
     save_network(str(tmp_path / "m.pt"), model, "resnet18", 3, 32)
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "elsewhere"))
     loaded, payload = load_network(str(tmp_path / "m.pt"))
-    assert payload["pretrained"] is True and torch.equal(loaded.input_scale, model.input_scale)
+    assert payload["options"]["pretrained"] is True and torch.equal(loaded.input_scale, model.input_scale)
     with torch.no_grad():
         assert torch.equal(loaded(x), model(x))
 
@@ -164,6 +165,6 @@ def test_missing_pretrained_weights_name_the_cache_folder(tmp_path, monkeypatch)
     monkeypatch.setattr(torch.hub, "download_url_to_file", offline)  # torch.hub's download step, as without network
     with pytest.raises(PretrainedWeightsError, match=r"resnet50 \(ResNet50_Weights.IMAGENET1K_V1\).*Network is unreachable.*"
                                                      r"put resnet50-0676ba61.pth into .*torch/hub/checkpoints/"):
-        build_model("resnet50", 2, 224, pretrained=True)
-    with pytest.raises(ValueError, match="LeNet5 has no ImageNet weights"):
-        build_model("lenet5", 2, 28, pretrained=True)
+        build_model(ModelParams(name="resnet50", pretrained=True), 2, 224)
+    with pytest.raises(ValueError, match="pretrained = true needs ImageNet weights, which name = lenet5 does not have"):
+        ModelParams(name="lenet5", pretrained=True)

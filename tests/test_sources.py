@@ -133,4 +133,5 @@ def test_unknown_source_is_named(tmp_path, monkeypatch) -> None:
     object.__setattr__(params, "source", "imagenet")  # bypass the schema, as a plugin might
     with pytest.raises(DataSourceError, match="data.source = 'imagenet' is unknown; allowed"):
         load_source(params, tmp_path, seed=0)
-    assert set(sources.SOURCES) == {"digits", "mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10"}
+    assert set(sources.SOURCES) == {"digits", "mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10", "adult",
+                                    "compas"}

@@ -6,14 +6,21 @@
 ``resnet18``    torchvision's ResNet-18 -> 512-d (FairKL paper: Corrupted CIFAR-10, from scratch).
 ``resnet50``    torchvision's ResNet-50 -> 2048-d (CNC: Waterbirds and CelebA, ImageNet weights, 224 px).
                 From scratch, images of 64 px or less get a 3x3 stride-1 stem without max-pool (the
-                usual CIFAR variant); ``pretrained`` keeps the ImageNet stem and loads torchvision's
+                usual CIFAR variant); ``model.pretrained`` keeps the ImageNet stem and loads torchvision's
                 IMAGENET1K_V1 weights (what ``pretrained=True`` gave the papers), from the torch hub
                 cache (``$TORCH_HOME/hub/checkpoints``) or downloaded into it.
-A network takes uint8 images ``[N,3,H,W]`` and normalises them itself, ``(x/255 - mean) / std``
-with the encoder's ``input_mean`` / ``input_std``: 0.5 / 0.5 as in the papers' code, the weights'
-own ImageNet statistics for pretrained encoders; so every stage feeds it the stored tensors unchanged.
-The weights' transforms also resize to 256 and centre-crop 224: ``data.image_size: 224`` with
-``crop_fraction: 0.875`` (``fit: center_square``) reproduces them when the data is made.
+``mlp``         [Linear, ReLU, BatchNorm1d] x len(model.mlp.hidden) (WCL Sec. 6.2: "MLP with ReLU
+                activation followed by batch normalization"; widths 3 x 100 as LfF's MLP) on the
+                flattened input -> last hidden width; feature vectors, and images too (LfF's
+                Colored-MNIST MLP).
+A network takes the stored tensors unchanged and normalises them itself: uint8 images ``[N,3,H,W]``
+to ``(x/255 - mean) / std`` with the encoder's ``input_mean`` / ``input_std`` (0.5 / 0.5 as in the
+papers' code; the weights' own ImageNet statistics for pretrained encoders); float32 feature vectors
+``[N,F]`` (standardised by their source) pass as they are. ``input_shape`` is the shape of one sample:
+``(3, H, W)`` or ``(F,)`` (an int ``s`` means square images, ``(3, s, s)``). The image encoders take
+images only: asked for feature vectors, :func:`build_model` uses ``mlp`` instead and warns once
+(``model.name`` is then an image-only param, ignored as ``augment_shift`` is); the checkpoint
+records the encoder built and its options.
 
 LeNet-5's 2x2 max-pools are :class:`MaxPool2x2`: on CPU, PyTorch's max_pool2d kernel took ~8 ms of
 a ~50 ms forward+backward at batch 256 (one thread); the same outputs and gradients from strided
@@ -22,7 +29,10 @@ a ~50 ms forward+backward at batch 256 (one thread); the same outputs and gradie
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,22 +41,39 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from debias.errors import CorruptFileError, DataSourceError, StaleInputError
+from debias.params import ModelParams
 
+InputShape = tuple[int, ...]  # one sample: (3, H, W) images or (F,) feature vectors
+INPUT_MODALITIES = {3: "image", 1: "tabular"}  # by the number of dimensions of one sample
 PAPERS_MEAN_STD = (0.5, 0.5, 0.5)  # the papers' code: inputs normalised with mean 0.5, std 0.5
 
 
+def as_input_shape(shape: int | Sequence[int]) -> InputShape:
+    """``(3, s, s)`` for an int ``s`` (square images), else the tuple; only images and feature vectors are allowed."""
+    shape = (3, int(shape), int(shape)) if isinstance(shape, int) else tuple(int(d) for d in shape)
+    if len(shape) not in INPUT_MODALITIES or any(d < 1 for d in shape):
+        raise ValueError(f"input shape {shape} is neither images (3, H, W) nor feature vectors (F,)")
+    return shape
+
+
+def input_modality(shape: int | Sequence[int]) -> str:
+    """'image' or 'tabular' for the shape of one sample."""
+    return INPUT_MODALITIES[len(as_input_shape(shape))]
+
+
 class Encoder(nn.Module):
-    """Maps images to features; ``dim`` is the feature size; inputs are normalised with ``input_mean`` /
-    ``input_std`` (per channel, 0..1 scale); ``pretrained`` says whether ImageNet weights shape it."""
+    """Maps inputs to features; ``dim`` is the feature size, ``options`` its architecture settings (checkpointed);
+    images are normalised with ``input_mean`` / ``input_std`` (per channel, 0..1 scale)."""
 
     dim: int
+    options: dict[str, Any] = {}
     input_mean: tuple[float, float, float] = PAPERS_MEAN_STD
     input_std: tuple[float, float, float] = PAPERS_MEAN_STD
-    pretrained: bool = False
 
 
 class Network(nn.Module):
-    """``encoder`` then linear ``head``; input uint8 (or float in 0..255) ``[N,3,H,W]``."""
+    """``encoder`` then linear ``head``; input uint8 (or float in 0..255) ``[N,3,H,W]`` or float features ``[N,F]``."""
 
     def __init__(self, encoder: Encoder, n_classes: int) -> None:
         super().__init__()
@@ -59,8 +86,12 @@ class Network(nn.Module):
         self.register_buffer("input_shift", (mean / std).view(1, -1, 1, 1), persistent=False)
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 (or 0..255 float) images to the encoder's input scale."""
-        return x.float().div(self.input_scale).sub(self.input_shift)
+        """Images (uint8 or 0..255 float) to the encoder's input scale; feature vectors as float, unchanged."""
+        if x.ndim == 4:
+            return x.float().div(self.input_scale).sub(self.input_shift)
+        if x.ndim == 2:
+            return x.float()
+        raise ValueError(f"input of shape {tuple(x.shape)}: allowed: images [N,3,H,W] or feature vectors [N,F]")
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Encoder outputs z (unnormalised), ``[N, dim]``."""
@@ -165,7 +196,29 @@ class SimpleConvNet(Encoder):
         return self.features(x)
 
 
-class PretrainedWeightsError(RuntimeError):
+class MLP(Encoder):
+    """Flatten, then [Linear, ReLU, BatchNorm1d] per width of ``hidden`` (no BN when ``batch_norm`` is false)."""
+
+    def __init__(self, input_shape: InputShape, hidden: Sequence[int] = (100, 100, 100), batch_norm: bool = True) -> None:
+        super().__init__()
+        if not hidden:
+            raise ValueError("model.mlp.hidden needs at least one layer width")
+        layers: list[nn.Module] = [nn.Flatten()]
+        width_in = math.prod(input_shape)
+        for width in hidden:
+            layers += [nn.Linear(width_in, width), nn.ReLU()]
+            if batch_norm:
+                layers.append(nn.BatchNorm1d(width))
+            width_in = width
+        self.features = nn.Sequential(*layers)
+        self.dim = int(hidden[-1])
+        self.options = {"hidden": [int(w) for w in hidden], "batch_norm": bool(batch_norm)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+
+class PretrainedWeightsError(DataSourceError):
     """ImageNet weights could not be loaded; the message names the file and where to put it."""
 
 
@@ -245,74 +298,127 @@ class ResNet50(ResNet):
         super().__init__("resnet50", image_size, pretrained, load_weights)
 
 
-def scratch_only(cls: Callable[[int], Encoder]) -> Callable[..., Encoder]:
-    """An encoder factory for a network without ImageNet weights: ``pretrained`` is an error."""
-    def build(image_size: int, pretrained: bool = False, load_weights: bool = True) -> Encoder:
-        if pretrained:
-            raise ValueError(f"model.pretrained = true: {cls.__name__} has no ImageNet weights; allowed: {sorted(RESNETS)}")
-        return cls(image_size)
+def _resnet(cls: type[ResNet]) -> Callable[..., Encoder]:
+    def build(shape: InputShape, load_weights: bool = True, pretrained: bool = False) -> Encoder:
+        encoder = cls(shape[-1], pretrained, load_weights)
+        encoder.options = {"pretrained": bool(pretrained)}
+        return encoder
 
     return build
 
 
-# model.name -> factory(image_size, pretrained=False, load_weights=True)
-ENCODERS: dict[str, Callable[..., Encoder]] = {
-    "lenet5": scratch_only(LeNet5),
-    "simpleconv": scratch_only(SimpleConvNet),
-    "resnet18": ResNet18,
-    "resnet50": ResNet50,
+@dataclass(frozen=True)
+class EncoderSpec:
+    """A registered encoder: ``build(input_shape, load_weights=True, **options)``, the modalities it takes,
+    and ``options(params.model)``: its architecture settings from params (checkpointed with the weights)."""
+
+    build: Callable[..., Encoder]
+    modalities: tuple[str, ...]
+    options: Callable[[ModelParams], dict[str, Any]] = lambda model: {}
+
+
+ENCODERS: dict[str, EncoderSpec] = {
+    "lenet5": EncoderSpec(lambda shape, load_weights=True: LeNet5(shape[-1]), ("image",)),
+    "simpleconv": EncoderSpec(lambda shape, load_weights=True: SimpleConvNet(shape[-1]), ("image",)),
+    "resnet18": EncoderSpec(_resnet(ResNet18), ("image",), lambda model: {"pretrained": model.pretrained}),
+    "resnet50": EncoderSpec(_resnet(ResNet50), ("image",), lambda model: {"pretrained": model.pretrained}),
+    "mlp": EncoderSpec(lambda shape, load_weights=True, **options: MLP(shape, **options), ("image", "tabular"),
+                       lambda model: model.mlp.model_dump(mode="json")),
 }
+FEATURE_ENCODER = "mlp"  # used for feature vectors when model.name names an image-only encoder
 
 
-def build_model(name: str, n_classes: int, image_size: int, pretrained: bool = False, load_weights: bool = True) -> Network:
-    """A network from the registry: freshly initialised, or with ImageNet weights (``pretrained``; the
-    architecture and input statistics alone with ``load_weights = False``, for loading a checkpoint)."""
-    return Network(build_encoder(name, image_size, pretrained, load_weights), n_classes)
-
-
-def build_encoder(name: str, image_size: int, pretrained: bool = False, load_weights: bool = True) -> Encoder:
+def resolve_encoder(name: str, input_shape: int | Sequence[int]) -> str:
+    """``name`` if it takes this input, else (feature vectors with an image encoder) ``mlp``, with a warning."""
     if name not in ENCODERS:
         raise ValueError(f"model.name = '{name}' is unknown; allowed: {sorted(ENCODERS)}")
-    return ENCODERS[name](image_size, pretrained=pretrained, load_weights=load_weights)
+    modality = input_modality(input_shape)
+    if modality in ENCODERS[name].modalities:
+        return name
+    warnings.warn(f"model.name = {name} takes images; the data holds feature vectors {tuple(as_input_shape(input_shape))}, "
+                  f"so the {FEATURE_ENCODER} encoder (model.{FEATURE_ENCODER}) is used instead", stacklevel=3)
+    return FEATURE_ENCODER
 
 
-def save_network(path: str, model: Network, name: str, n_classes: int, image_size: int, **meta: object) -> None:
-    """Checkpoint: registry name, shape facts, whether ImageNet-initialised, and weights (atomic)."""
+def encoder_options(model: str | ModelParams, name: str) -> dict[str, Any]:
+    """The options of encoder ``name`` from ``params.model`` (a ModelParams), else the params' defaults."""
+    params = model if isinstance(model, ModelParams) else ModelParams()
+    return ENCODERS[name].options(params)
+
+
+def _build(name: str, n_classes: int, shape: InputShape, options: dict[str, Any], load_weights: bool = True) -> Network:
+    network = Network(ENCODERS[name].build(shape, load_weights=load_weights, **options), n_classes)
+    network.encoder_name = name  # the registry name actually built (checkpoints record it)
+    return network
+
+
+def build_model(model: str | ModelParams, n_classes: int, input_shape: int | Sequence[int]) -> Network:
+    """A network from the registry for samples of ``input_shape`` (``(3,H,W)``, ``(F,)`` or a side): freshly
+    initialised, or with ImageNet weights (``model.pretrained``). ``model`` is a registry name (the encoder's
+    default options) or ``params.model`` (options from params)."""
+    shape = as_input_shape(input_shape)
+    name = resolve_encoder(model if isinstance(model, str) else model.name, shape)
+    return _build(name, n_classes, shape, encoder_options(model, name))
+
+
+def build_encoder(model: str | ModelParams, input_shape: int | Sequence[int]) -> Encoder:
+    return build_model(model, 1, input_shape).encoder
+
+
+def save_network(path: str, model: Network, name: str, n_classes: int, input_shape: int | Sequence[int],
+                 **meta: object) -> None:
+    """Checkpoint: the encoder built (``name`` as resolved for the input), its options, shapes and weights (atomic)."""
     from debias.io import save_torch
 
-    save_torch(path, {"model_name": name, "n_classes": n_classes, "image_size": image_size,
-                      "pretrained": bool(model.encoder.pretrained), "state_dict": model.state_dict(), "meta": dict(meta)},
+    shape = as_input_shape(input_shape)
+    built = getattr(model, "encoder_name", None) or resolve_encoder(name, shape)
+    save_torch(path, {"model_name": built, "n_classes": n_classes, "input_shape": list(shape),
+                      "options": dict(model.encoder.options), "state_dict": model.state_dict(), "meta": dict(meta)},
                kind="checkpoint")
 
 
 def load_network(path: str) -> tuple[Network, dict]:
-    """Rebuild a network from :func:`save_network`; a foreign or truncated file is a CorruptFileError."""
-    from debias.io import CorruptFileError, load_torch
+    """Rebuild a network from :func:`save_network` (a pretrained one from its own weights, without downloading);
+    a foreign or truncated file is a CorruptFileError. Older checkpoints hold ``image_size`` (square images)."""
+    from debias.io import load_torch
 
-    payload = load_torch(path, "checkpoint", ("model_name", "n_classes", "image_size", "state_dict"))
-    # an ImageNet-initialised network is rebuilt with its stem and input statistics; its weights come from the file
-    model = build_model(payload["model_name"], int(payload["n_classes"]), int(payload["image_size"]),
-                        pretrained=bool(payload.get("pretrained", False)), load_weights=False)
+    payload = load_torch(path, "checkpoint", ("model_name", "n_classes", "state_dict"))
+    if "input_shape" not in payload and "image_size" not in payload:
+        raise CorruptFileError(f"{path} lacks ['input_shape']; it was written by another version: rerun its stage")
+    name = str(payload["model_name"])
+    if name not in ENCODERS:
+        raise CorruptFileError(f"{path}: model {name!r} is not in the registry ({sorted(ENCODERS)}); rerun its stage")
+    options = dict(payload.get("options") or {})
+    if "pretrained" in payload:  # written before options held it
+        options["pretrained"] = bool(payload["pretrained"])
     try:
+        shape = as_input_shape(payload["input_shape"] if "input_shape" in payload else int(payload["image_size"]))
+        model = _build(name, int(payload["n_classes"]), shape, options, load_weights=False)
         model.load_state_dict(payload["state_dict"])
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError, TypeError) as exc:
         raise CorruptFileError(f"{path}: weights do not fit {payload['model_name']} ({str(exc)[:200]})") from None
     model.eval()
     return model, payload
 
 
-def load_initial_weights(path: str, model_name: str, n_classes: int, image_size: int) -> dict[str, torch.Tensor]:
-    """The weights of the checkpoint at ``path`` to start another training from; it must hold ``model_name``
-    for the same classes and image size, else :class:`debias.errors.StaleInputError` says what to rerun."""
-    from debias.errors import StaleInputError
-
+def load_initial_weights(path: str, model: ModelParams, n_classes: int,
+                         input_shape: int | Sequence[int]) -> dict[str, torch.Tensor]:
+    """The weights of the checkpoint at ``path`` to start another training from; it must hold the encoder
+    ``params.model`` builds, for the same classes and input shape, else :class:`StaleInputError` says what to rerun."""
     network, payload = load_network(path)
-    found = (payload["model_name"], int(payload["n_classes"]), int(payload["image_size"]))
-    wanted = (model_name, n_classes, image_size)
+    shape = as_input_shape(input_shape)
+    name = resolve_encoder(model.name, shape)
+    found = (payload["model_name"], int(payload["n_classes"]), tuple(network_input_shape(payload)),
+             dict(payload.get("options") or {}))
+    wanted = (name, n_classes, shape, encoder_options(model, name))
     if found != wanted:
         raise StaleInputError(
-            f"{path} holds a {found[0]} for {found[1]} classes at {found[2]} px, but this run trains a {wanted[0]} for "
-            f"{wanted[1]} classes at {wanted[2]} px (model.name, the data): rerun train_erm (dvc repro train_erm), "
-            "or use stage2.cnc.init: scratch")
+            f"{path} holds a {found[0]} {found[3] or ''} for {found[1]} classes and inputs {found[2]}, but this run "
+            f"trains a {wanted[0]} {wanted[3] or ''} for {wanted[1]} classes and inputs {wanted[2]} (params.model, the "
+            "data): rerun train_erm (dvc repro train_erm), or use stage2.cnc.init: scratch")
     return network.state_dict()
 
+
+def network_input_shape(payload: dict[str, Any]) -> InputShape:
+    """The input shape a checkpoint payload was trained for."""
+    return as_input_shape(payload["input_shape"] if "input_shape" in payload else int(payload["image_size"]))

@@ -175,20 +175,44 @@ class Cifar10Params(Section):
     val_size: int = Field(5000, ge=1, le=49990, description="validation images carved from the official training split")
 
 
+class TabularParams(Section):
+    """adult / compas (WCL Sec. 6.2): plain random train/val/test splits (70/15/15 by default)."""
+
+    val_fraction: float = Field(0.15, gt=0, lt=1, description="adult/compas: random validation fraction (WCL: 15 %)")
+    test_fraction: float = Field(0.15, gt=0, lt=1, description="adult/compas: random test fraction (WCL: 15 %)")
+    keep_sensitive_feature: bool = Field(
+        True, description="the sensitive attribute (adult: sex, compas: race) stays one of the input features")
+    compas_races: list[str] = Field(
+        default_factory=lambda: ["African-American", "Caucasian"], min_length=2,
+        description="compas: the races kept, in attribute order (a = position); rows of other races are dropped")
+
+    @model_validator(mode="after")
+    def _fractions_leave_a_train_split(self) -> "TabularParams":
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise ValueError(
+                f"data.tabular.val_fraction + data.tabular.test_fraction = {self.val_fraction + self.test_fraction:g} "
+                "leaves too little training data; allowed: a sum below 0.9"
+            )
+        if len(set(self.compas_races)) != len(self.compas_races):
+            raise ValueError(f"data.tabular.compas_races {self.compas_races} names a race twice; allowed: distinct races")
+        return self
+
+
 class DataParams(Section):
-    source: Literal["digits", "mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10"] = "digits"
+    source: Literal["digits", "mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10", "adult", "compas"] = "digits"
     path: str | None = Field(None, description="npz source: path to a local .npz (relative to the repository root or absolute)")
-    val_fraction: float = Field(0.15, gt=0, lt=1, description="digits/npz: stratified validation fraction")
-    test_fraction: float = Field(0.25, gt=0, lt=1, description="digits/npz: stratified test fraction")
+    val_fraction: float = Field(0.15, gt=0, lt=1, description="digits/npz: stratified validation fraction (adult/compas: data.tabular)")
+    test_fraction: float = Field(0.25, gt=0, lt=1, description="digits/npz: stratified test fraction (adult/compas: data.tabular)")
     mnist_val_size: int = Field(6000, ge=1, description="mnist: validation images carved from the official training split")
-    image_size: int = Field(28, ge=8, le=512, description="side of the square images after resizing")
-    max_per_split: int | None = Field(None, ge=1, description="optional cap on images per split (smoke runs)")
+    image_size: int = Field(28, ge=8, le=512, description="side of the square images after resizing (unused by adult/compas)")
+    max_per_split: int | None = Field(None, ge=1, description="optional cap on images (rows) per split (smoke runs)")
     memory_gb: float | None = Field(
         None, gt=0, description="image-file sources: memory the decoded splits may use (null: the memory available when loading)")
     imagefolder: ImageFolderParams = Field(default_factory=ImageFolderParams)
     waterbirds: WaterbirdsParams = Field(default_factory=WaterbirdsParams)
     celeba: CelebAParams = Field(default_factory=CelebAParams)
     cifar10: Cifar10Params = Field(default_factory=Cifar10Params)
+    tabular: TabularParams = Field(default_factory=TabularParams, description="adult / compas only")
 
     @model_validator(mode="after")
     def _fractions_leave_a_train_split(self) -> "DataParams":
@@ -280,7 +304,10 @@ class CorruptionParams(Section):
 
 
 class BiasParams(Section):
-    protocol: Literal["foreground", "background", "given", "corruption"] = "foreground"
+    protocol: Literal["auto", "foreground", "background", "given", "corruption"] = Field(
+        "auto", description="auto: given where the raw data carries its own attribute a (adult, compas, imagefolder, "
+                            "waterbirds, celeba, an npz with a), else the source's registered protocol (foreground for "
+                            "the digit sources, corruption for cifar10)")
     max_uncolourable: float = Field(0.01, ge=0, le=1, description="largest fraction of a split's images on which the "
                                     "colour may not show (no stroke pixel >= threshold / no background); above it "
                                     "inject_bias refuses")
@@ -293,14 +320,26 @@ class BiasParams(Section):
 PRETRAINABLE = ("resnet18", "resnet50")
 
 
+class MLPParams(Section):
+    """The ``mlp`` encoder: [Linear, ReLU, BatchNorm1d] per hidden layer (WCL Sec. 6.2: "MLP with ReLU
+    activation followed by batch normalization"); widths 3 x 100 as LfF's MLP (alinlab/LfF module/mlp.py)."""
+
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=lambda: [100, 100, 100], min_length=1, max_length=64,
+        description="width of each hidden layer; its length is the depth; the last width is the feature size")
+    batch_norm: bool = Field(True, description="BatchNorm1d after each ReLU (WCL); false: LfF's plain MLP")
+
+
 class ModelParams(Section):
-    name: Literal["lenet5", "simpleconv", "resnet18", "resnet50"] = "lenet5"
+    name: Literal["lenet5", "simpleconv", "resnet18", "resnet50", "mlp"] = Field(
+        "lenet5", description="image encoders (lenet5, simpleconv, resnet18, resnet50) are replaced by mlp for feature vectors")
     pretrained: bool = Field(False, description="resnet18 / resnet50: start from torchvision's ImageNet weights (CNC: ResNet-50)")
+    mlp: MLPParams = Field(default_factory=MLPParams)
 
     @model_validator(mode="after")
     def _weights_exist(self) -> "ModelParams":
         if self.pretrained and self.name not in PRETRAINABLE:
-            raise ValueError(f"model.pretrained = true needs ImageNet weights, which model.name = {self.name} does not have; "
+            raise ValueError(f"pretrained = true needs ImageNet weights, which name = {self.name} does not have; "
                              f"allowed: {', '.join(PRETRAINABLE)}")
         return self
 
@@ -316,7 +355,7 @@ class OptimParams(Section):
     lr_gamma: float = Field(0.1, gt=0, le=1)
     selection: Literal["last", "best_worst_group"] = "last"
     eval_batch_size: int = Field(1024, ge=1)
-    augment_shift: int = Field(0, ge=0, le=16, description="random translation of training images in pixels (CNC's code: random crops); 0: off")
+    augment_shift: int = Field(0, ge=0, le=16, description="random translation of training images in pixels (CNC's code: random crops); 0: off; ignored for feature vectors")
 
     @model_validator(mode="after")
     def _milestones_fire(self) -> "OptimParams":
@@ -439,6 +478,7 @@ class ReportParams(Section):
 PHOTO_SOURCES = ("imagefolder", "waterbirds", "celeba")  # carry their own attribute
 STROKE_PROTOCOLS = ("foreground", "background")  # paint grey digit strokes or backgrounds
 UNATTRIBUTED_SOURCES = ("cifar10",)  # photos without a bias attribute
+TABULAR_SOURCES = ("adult", "compas")  # feature vectors with their sensitive attribute
 
 
 class Params(Section):
@@ -467,10 +507,13 @@ class Params(Section):
         source, protocol = self.data.source, self.bias.protocol
         if source in PHOTO_SOURCES and protocol in STROKE_PROTOCOLS:
             raise ValueError(f"bias.protocol = {protocol} recolours grey digit strokes; data.source = {source} holds photos "
-                             "that carry their own bias attribute; allowed: bias.protocol = given (or corruption)")
+                             "that carry their own bias attribute; allowed: bias.protocol = auto, given (or corruption)")
+        if source in TABULAR_SOURCES and protocol not in ("auto", "given"):
+            raise ValueError(f"bias.protocol = {protocol} biases images; data.source = {source} holds feature vectors "
+                             "with their own sensitive attribute; allowed: bias.protocol = auto or given")
         if source in UNATTRIBUTED_SOURCES and protocol == "given":
             raise ValueError(f"bias.protocol = given needs a bias attribute that data.source = {source} does not have; "
-                             "allowed: bias.protocol = corruption (Corrupted CIFAR-10)")
+                             "allowed: bias.protocol = auto or corruption (Corrupted CIFAR-10)")
         return self
 
 

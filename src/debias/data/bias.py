@@ -1,4 +1,4 @@
-"""Bias protocols behind a registry: colour grey digits so that colour predicts the class.
+"""Bias protocols behind a registry: colour grey digits so that colour predicts the class, or use the data's own attribute.
 
 ``foreground``  CMNIST* (CNC App. D.1 and its code): classes are digit pairs; stroke pixels
                 with grey >= threshold take a colour in all channels, fainter strokes keep
@@ -17,6 +17,13 @@
                 shuffled images takes the class's corruption and the rest is divided equally over the
                 other types (rounded cumulative milestones); corruptions from
                 :mod:`debias.data.corruptions` at ``severity``, seeded per split and type.
+``auto``        (the default) resolved per dataset by :func:`resolve_protocol`: ``given`` when the
+                raw data carries its own attribute ``a`` (adult, compas, an npz with ``a``), else the
+                protocol the source registered (:data:`SOURCE_PROTOCOLS`: ``foreground`` for the
+                digit sources, ``corruption`` for cifar10). The raw splits file records its source, so
+                inject_bias resolves ``auto`` from its own inputs (its params are ``seed`` and ``bias`` only).
+Feature vectors ``[N,F]`` (adult, compas) pass through ``given`` unchanged (nothing to colour); each
+protocol names the modalities it can bias: foreground, background and corruption take images only.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import numpy as np
 import torch
 
 from debias.data import corruptions
-from debias.data.sources import RawSplits
+from debias.data.sources import SOURCE_PROTOCOLS, RawSplits
 from debias.data.store import BiasedSplit
 from debias.errors import BiasProtocolError
 from debias.params import BackgroundParams, BiasParams, ForegroundParams
@@ -37,14 +44,32 @@ SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}
 
 ProtocolFn = Callable[[RawSplits, BiasParams, int], dict[str, BiasedSplit]]
 PROTOCOLS: dict[str, ProtocolFn] = {}
+PROTOCOL_MODALITIES: dict[str, tuple[str, ...]] = {}  # the data each protocol can bias: 'image', 'tabular'
+AUTO = "auto"
 
 
-def register_protocol(name: str) -> Callable[[ProtocolFn], ProtocolFn]:
+def register_protocol(name: str, modalities: tuple[str, ...] = ("image",)) -> Callable[[ProtocolFn], ProtocolFn]:
+    """Register ``fn`` as ``bias.protocol = name``; ``modalities`` are the kinds of ``x`` it can bias."""
     def decorate(fn: ProtocolFn) -> ProtocolFn:
         PROTOCOLS[name] = fn
+        PROTOCOL_MODALITIES[name] = modalities
         return fn
 
     return decorate
+
+
+def resolve_protocol(requested: str, splits: RawSplits, source: str | None) -> str:
+    """``requested`` itself, or for ``auto``: ``given`` when every split carries ``a``, else the source's protocol."""
+    if requested != AUTO:
+        return requested
+    if all(split.a is not None for split in splits.values()):
+        return "given"
+    if source in SOURCE_PROTOCOLS:
+        return SOURCE_PROTOCOLS[source]
+    raise BiasProtocolError(
+        f"bias.protocol = auto cannot tell which protocol the data calls for: the raw splits carry no attribute a "
+        f"and record {'no source' if source is None else f'the unknown source {source!r}'}; rerun the download stage "
+        f"(dvc repro -f download) or name the protocol (allowed: {sorted(PROTOCOLS)})")
 
 
 def to_grey(x: np.ndarray) -> np.ndarray:
@@ -88,7 +113,7 @@ def colour_foreground(grey: np.ndarray, colour: np.ndarray, params: ForegroundPa
     return paint(g, torch.from_numpy(colour), palette, stroke, g[:, None].expand(-1, 3, -1, -1))
 
 
-@register_protocol("foreground")
+@register_protocol("foreground", modalities=("image",))
 def foreground(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
     params = bias.foreground
     # label -> class by sorted lookup, not a dense table sized by the largest label (a stray label such
@@ -139,7 +164,7 @@ def colour_background(grey: np.ndarray, colour: np.ndarray, params: BackgroundPa
     return paint(g, torch.from_numpy(colour), palette, g == 0, white)
 
 
-@register_protocol("background")
+@register_protocol("background", modalities=("image",))
 def background(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
     params = bias.background
     n_colours = len(params.colours)
@@ -163,13 +188,21 @@ def background(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, Bias
 # --------------------------------------------------------------------------- given
 
 
-@register_protocol("given")
+def channels_first(x: np.ndarray) -> torch.Tensor:
+    """Raw images as RGB ``[N,3,H,W]`` (grey repeated); feature vectors ``[N,F]`` unchanged."""
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    if t.ndim == 2:
+        return t
+    return t[:, None].expand(-1, 3, -1, -1).contiguous() if t.ndim == 3 else t.permute(0, 3, 1, 2).contiguous()
+
+
+@register_protocol("given", modalities=("image", "tabular"))
 def given(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
     """Use the source's own attribute ``a``; aligned = the class's most frequent training attribute."""
     if any(split.a is None for split in splits.values()):
         raise BiasProtocolError(
             "bias.protocol = given needs a bias attribute from the source: an npz with an array 'a' "
-            "(data.source = npz); otherwise use bias.protocol = foreground or background"
+            "(data.source = npz), or data.source = adult / compas; otherwise use bias.protocol = foreground or background"
         )
     n_classes = int(max(split.y.max() for split in splits.values())) + 1
     n_attrs = int(max(split.a.max() for split in splits.values())) + 1  # type: ignore[union-attr]
@@ -185,12 +218,10 @@ def given(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSpl
     majority = counts.argmax(axis=1)
     out: dict[str, BiasedSplit] = {}
     for name, raw in splits.items():
-        x = torch.from_numpy(np.ascontiguousarray(raw.x))
-        x = x[:, None].expand(-1, 3, -1, -1).contiguous() if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()
         a = raw.a
         assert a is not None
-        out[name] = BiasedSplit(x, torch.from_numpy(raw.y), torch.from_numpy(a), torch.from_numpy(a == majority[raw.y]),
-                                n_classes, n_attrs)
+        out[name] = BiasedSplit(channels_first(raw.x), torch.from_numpy(raw.y), torch.from_numpy(a),
+                                torch.from_numpy(a == majority[raw.y]), n_classes, n_attrs, raw.feature_names)
     return out
 
 
@@ -206,18 +237,18 @@ def colourable(grey: np.ndarray, protocol: str, bias: BiasParams) -> np.ndarray:
     return (flat == 0).any(axis=1) & (flat > 0).any(axis=1)
 
 
-def check_colourable(splits: RawSplits, bias: BiasParams) -> dict[str, int]:
-    """Images per split on which the colour would not show; refuse a split where they exceed
-    ``bias.max_uncolourable`` (the experiment would be meaningless), naming the param and the data's range."""
+def check_colourable(splits: RawSplits, bias: BiasParams, protocol: str) -> dict[str, int]:
+    """Images per split on which the colour of ``protocol`` (resolved) would not show; refuse a split where they
+    exceed ``bias.max_uncolourable`` (the experiment would be meaningless), naming the param and the data's range."""
     counts: dict[str, int] = {}
-    if bias.protocol not in ("foreground", "background"):
+    if protocol not in ("foreground", "background"):
         return counts
     for name, raw in splits.items():
         grey = to_grey(raw.x)
-        missing = ~colourable(grey, bias.protocol, bias)
+        missing = ~colourable(grey, protocol, bias)
         counts[name] = int(missing.sum())
         if len(grey) and counts[name] / len(grey) > bias.max_uncolourable:
-            if bias.protocol == "foreground":
+            if protocol == "foreground":
                 cause = (f"no pixel with grey >= bias.foreground.stroke_threshold = {bias.foreground.stroke_threshold} "
                          f"(the brightest pixel of the split is {int(grey.max())})")
                 fix = "lower bias.foreground.stroke_threshold, or give images in 0..255"
@@ -225,7 +256,7 @@ def check_colourable(splits: RawSplits, bias: BiasParams) -> dict[str, int]:
                 cause = f"no background pixel (grey 0) or no stroke (grey > 0); the split's grey range is {int(grey.min())}..{int(grey.max())}"
                 fix = "use images with a black background, or bias.protocol = foreground"
             raise BiasProtocolError(
-                f"bias.protocol = {bias.protocol}: {counts[name]} of {len(grey)} {name} images have {cause}, so their "
+                f"bias.protocol = {protocol}: {counts[name]} of {len(grey)} {name} images have {cause}, so their "
                 f"colour would not show (allowed: a fraction up to bias.max_uncolourable = {bias.max_uncolourable:g}); {fix}")
     return counts
 
@@ -247,12 +278,6 @@ def corruption_indices(y: np.ndarray, rho: float, n_types: int, rng: np.random.G
         milestones[-1] = len(members)
         types[members] = np.searchsorted(milestones, np.arange(len(members)), side="right")
     return types
-
-
-def channels_first(x: np.ndarray) -> torch.Tensor:
-    """uint8 ``[N,H,W]`` (grey, repeated) or ``[N,H,W,3]`` as a contiguous ``[N,3,H,W]`` tensor."""
-    t = torch.from_numpy(np.ascontiguousarray(x))
-    return t[:, None].expand(-1, 3, -1, -1).contiguous() if t.ndim == 3 else t.permute(0, 3, 1, 2).contiguous()
 
 
 @register_protocol("corruption")
@@ -288,11 +313,19 @@ def corruption(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, Bias
 # --------------------------------------------------------------------------- entry point
 
 
-def inject_bias(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
-    """Apply the registered protocol ``bias.protocol``; every split must keep at least one image."""
-    if bias.protocol not in PROTOCOLS:
-        raise BiasProtocolError(f"bias.protocol = '{bias.protocol}' is unknown; allowed: {sorted(PROTOCOLS)}")
-    if bias.protocol == "foreground":
+def inject_bias(splits: RawSplits, bias: BiasParams, seed: int, source: str | None = None) -> dict[str, BiasedSplit]:
+    """Apply ``bias.protocol`` (``auto`` resolved with ``source``, see :func:`resolve_protocol`); every split
+    must keep at least one sample."""
+    protocol = resolve_protocol(bias.protocol, splits, source)
+    if protocol not in PROTOCOLS:
+        raise BiasProtocolError(f"bias.protocol = '{protocol}' is unknown; allowed: {sorted(PROTOCOLS)} or {AUTO}")
+    modality = splits["train"].modality
+    if modality not in PROTOCOL_MODALITIES[protocol]:
+        users = sorted(name for name, kinds in PROTOCOL_MODALITIES.items() if modality in kinds)
+        raise BiasProtocolError(
+            f"bias.protocol = {protocol} biases {' or '.join(PROTOCOL_MODALITIES[protocol])} data, but the splits hold "
+            f"{modality} data{f' (data.source = {source})' if source else ''}; allowed: {', '.join(users)} or {AUTO}")
+    if protocol == "foreground":
         labels = set(np.unique(np.concatenate([s.y for s in splits.values()])).tolist())
         wanted = {d for group in bias.foreground.class_digits for d in group}
         missing = sorted(wanted - labels)
@@ -301,21 +334,28 @@ def inject_bias(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, Bia
                 f"bias.foreground.class_digits names labels {missing} that the data does not have "
                 f"(labels present: {sorted(labels)})"
             )
-    check_colourable(splits, bias)
-    biased = PROTOCOLS[bias.protocol](splits, bias, seed)
+    check_colourable(splits, bias, protocol)
+    biased = PROTOCOLS[protocol](splits, bias, seed)
     for name, split in biased.items():
         if len(split) == 0:
-            raise BiasProtocolError(f"split '{name}' is empty after bias.protocol = {bias.protocol}")
+            raise BiasProtocolError(f"split '{name}' is empty after bias.protocol = {protocol}")
         missing_classes = sorted(set(range(split.n_classes)) - set(split.y.unique().tolist()))
         if name == "train" and missing_classes:
             raise BiasProtocolError(f"classes {missing_classes} have no training images after bias injection")
     return biased
 
 
-def summarise(splits: dict[str, BiasedSplit], bias: BiasParams, uncolourable: dict[str, int] | None = None) -> dict:
-    """Counts per group per split, the realised correlation (fraction of aligned images) and, per split, the
-    images the colour does not show on (:func:`check_colourable`)."""
-    summary: dict = {"protocol": bias.protocol, "splits": {}}
+def summarise(splits: dict[str, BiasedSplit], bias: BiasParams, protocol: str | None = None,
+              uncolourable: dict[str, int] | None = None) -> dict:
+    """Counts per group per split, the realised correlation (fraction of aligned samples) and, per split, the
+    images the colour does not show on (:func:`check_colourable`).
+
+    ``protocol`` is the protocol used (``bias.protocol`` resolved; default ``bias.protocol``); the summary
+    names it and the requested one, the modality and the shape of one sample."""
+    protocol = protocol or bias.protocol
+    train = splits["train"]
+    summary: dict = {"protocol": protocol, "requested_protocol": bias.protocol, "modality": train.modality,
+                     "sample_shape": list(train.x.shape[1:]), "splits": {}}
     for name, split in splits.items():
         counts = split.group_counts()
         summary["splits"][name] = {
@@ -329,10 +369,10 @@ def summarise(splits: dict[str, BiasedSplit], bias: BiasParams, uncolourable: di
             "empty_groups": int((counts == 0).sum()),
             "group_counts": counts.tolist(),
         }
-    if bias.protocol == "foreground":
+    if protocol == "foreground":
         summary["target_correlation"] = {"train": bias.foreground.p_corr, "val": 1 / len(bias.foreground.class_digits),
                                          "test": 1 / len(bias.foreground.class_digits)}
-    elif bias.protocol == "background":
+    elif protocol == "background":
         summary["target_correlation"] = {"train": bias.background.rho, "val": bias.background.eval_rho,
                                          "test": bias.background.eval_rho}
     elif bias.protocol == "corruption":

@@ -1,7 +1,12 @@
-"""Biased split files: uint8 images ``[N,3,H,W]`` with class, bias attribute, group and alignment.
+"""Split files: raw splits (``download``) and biased splits (``inject_bias``), checked on save and load.
 
-``g = y * n_attrs + a``; ``aligned`` is true where ``a`` equals the attribute correlated
-with ``y``. Raw splits (before bias) hold grey or RGB images and labels only.
+The modality lives in the data: ``x`` is either images or feature vectors, one code path for both.
+- raw splits (one file, ``data/raw/splits.pt``): ``x`` uint8 ``[N,H,W]`` / ``[N,H,W,3]`` or float32
+  ``[N,F]``, labels ``y``, optional attribute ``a`` and feature names; the file records which
+  ``data.source`` produced it (``bias.protocol: auto`` resolves through it).
+- biased splits (``data/biased/{split}.pt``): ``x`` uint8 ``[N,3,H,W]`` (``image``) or float32 ``[N,F]``
+  (``tabular``), class ``y``, bias attribute ``a``, group ``g = y * n_attrs + a`` and ``aligned``
+  (``a`` equals the attribute correlated with ``y``), optional feature names.
 """
 
 from __future__ import annotations
@@ -12,22 +17,46 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from debias.data.sources import RawSplit, RawSplits
+from debias.data.sources import RAW_LAYOUTS, SPLITS, RawSplit, RawSplits, raw_modality
 from debias.io import CorruptFileError, load_torch, save_torch
 
 SPLIT_KEYS = ("x", "y", "a", "g", "aligned", "n_classes", "n_attrs")
+# What ``x`` of a biased split may be, per modality (the checks quote these).
+BIASED_LAYOUTS = {"image": "uint8 images [N,3,H,W]", "tabular": "float32 features [N,F] (finite)"}
+
+
+def biased_modality(x: torch.Tensor) -> str | None:
+    """'image' for uint8 ``[N,3,H,W]``, 'tabular' for float32 ``[N,F]``, else None."""
+    if x.dtype == torch.uint8 and x.ndim == 4 and x.shape[1] == 3:
+        return "image"
+    if x.dtype == torch.float32 and x.ndim == 2:
+        return "tabular"
+    return None
+
+
+def check_x(x: torch.Tensor | np.ndarray, n: int, where: str | Path, layouts: dict[str, str]) -> str:
+    """The modality of ``x`` (N rows, a layout of ``layouts``, finite features); else a CorruptFileError naming ``where``."""
+    modality = raw_modality(x) if isinstance(x, np.ndarray) else biased_modality(x)
+    allowed = " or ".join(layouts.values())
+    if modality is None or x.shape[0] != n:
+        raise CorruptFileError(f"{where}: x is {x.dtype} {tuple(x.shape)}; allowed: {allowed}, with N = {n} (one per label)")
+    finite = np.isfinite(x).all() if isinstance(x, np.ndarray) else torch.isfinite(x).all()
+    if modality == "tabular" and not bool(finite):
+        raise CorruptFileError(f"{where}: x holds NaN or infinite features; allowed: {allowed}")
+    return modality
 
 
 @dataclass
 class BiasedSplit:
     """One split of a biased dataset, held in memory as tensors."""
 
-    x: torch.Tensor  # uint8 [N, 3, H, W]
+    x: torch.Tensor  # uint8 [N, 3, H, W] images or float32 [N, F] features
     y: torch.Tensor  # int64 [N] class
     a: torch.Tensor  # int64 [N] bias attribute
     aligned: torch.Tensor  # bool [N]
     n_classes: int
     n_attrs: int
+    feature_names: tuple[str, ...] | None = None  # tabular: one name per feature column
 
     @property
     def g(self) -> torch.Tensor:
@@ -38,6 +67,14 @@ class BiasedSplit:
     def n_groups(self) -> int:
         return self.n_classes * self.n_attrs
 
+    @property
+    def modality(self) -> str:
+        """'image' (uint8 ``[N,3,H,W]``) or 'tabular' (float32 ``[N,F]``); anything else is a ValueError."""
+        modality = biased_modality(self.x)
+        if modality is None:
+            raise ValueError(f"x is {self.x.dtype} {tuple(self.x.shape)}; allowed: {' or '.join(BIASED_LAYOUTS.values())}")
+        return modality
+
     def __len__(self) -> int:
         return int(self.y.numel())
 
@@ -46,29 +83,47 @@ class BiasedSplit:
         return torch.bincount(self.g, minlength=self.n_groups).reshape(self.n_classes, self.n_attrs)
 
     def subset(self, index: torch.Tensor) -> "BiasedSplit":
-        return BiasedSplit(self.x[index], self.y[index], self.a[index], self.aligned[index], self.n_classes, self.n_attrs)
+        return BiasedSplit(self.x[index], self.y[index], self.a[index], self.aligned[index], self.n_classes, self.n_attrs,
+                           self.feature_names)
+
+
+def _names_or_none(names: object, n_features: int | None, where: str | Path) -> tuple[str, ...] | None:
+    """Stored feature names as a tuple; they must name every feature column."""
+    if names is None:
+        return None
+    names = tuple(str(name) for name in names)  # type: ignore[union-attr]
+    if n_features is None or len(names) != n_features:
+        raise CorruptFileError(f"{where}: {len(names)} feature names for x with {n_features} feature columns; "
+                               "allowed: one name per column of float32 features [N,F]")
+    return names
+
+
+def _n_features(x: torch.Tensor | np.ndarray) -> int | None:
+    return int(x.shape[1]) if len(x.shape) == 2 else None
 
 
 def save_split(path: str | Path, split: BiasedSplit) -> None:
-    save_torch(
-        path,
-        {
-            "x": split.x, "y": split.y, "a": split.a, "g": split.g, "aligned": split.aligned,
-            "n_classes": split.n_classes, "n_attrs": split.n_attrs,
-        },
-        kind="biased-split",
-    )
+    """Write a biased split after checking ``x`` is images or features with one row per label."""
+    check_x(split.x, len(split), path, BIASED_LAYOUTS)
+    _names_or_none(split.feature_names, _n_features(split.x), path)
+    payload = {
+        "x": split.x, "y": split.y, "a": split.a, "g": split.g, "aligned": split.aligned,
+        "n_classes": split.n_classes, "n_attrs": split.n_attrs,
+    }
+    if split.feature_names is not None:
+        payload["feature_names"] = list(split.feature_names)
+    save_torch(path, payload, kind="biased-split")
 
 
 def load_split(path: str | Path) -> BiasedSplit:
     """Load a biased split file and check its tensors agree with each other."""
     payload = load_torch(path, "biased-split", SPLIT_KEYS)
     split = BiasedSplit(
-        payload["x"], payload["y"], payload["a"], payload["aligned"], int(payload["n_classes"]), int(payload["n_attrs"])
+        payload["x"], payload["y"], payload["a"], payload["aligned"], int(payload["n_classes"]), int(payload["n_attrs"]),
+        _names_or_none(payload.get("feature_names"), _n_features(payload["x"]), path),
     )
     n = len(split)
-    if split.x.dtype != torch.uint8 or split.x.ndim != 4 or split.x.shape[0] != n:
-        raise CorruptFileError(f"{path}: x must be uint8 [N,3,H,W] with N = {n}, found {tuple(split.x.shape)} {split.x.dtype}")
+    check_x(split.x, n, path, BIASED_LAYOUTS)
     if not torch.equal(payload["g"], split.g):
         raise CorruptFileError(f"{path}: stored groups disagree with y * n_attrs + a; rerun inject_bias")
     if n == 0:
@@ -81,18 +136,46 @@ def load_splits(directory: str | Path, names: tuple[str, ...] = ("train", "val",
     return {name: load_split(directory / f"{name}.pt") for name in names}
 
 
-def save_raw_splits(path: str | Path, splits: RawSplits) -> None:
-    payload = {}
+# --------------------------------------------------------------------------- raw splits
+
+
+@dataclass
+class RawData:
+    """The raw splits and the ``data.source`` that produced them (None in files written before it was recorded)."""
+
+    splits: RawSplits
+    source: str | None
+
+
+def save_raw_splits(path: str | Path, splits: RawSplits, source: str | None = None) -> None:
+    """Write the raw splits (checked: images or features, one row per label) and the source that made them."""
+    payload: dict = {"source": source}
     for name, split in splits.items():
+        check_x(split.x, len(split), f"{path} (split '{name}')", RAW_LAYOUTS)
+        _names_or_none(split.feature_names, _n_features(split.x), f"{path} (split '{name}')")
         payload[name] = {"x": torch.from_numpy(np.ascontiguousarray(split.x)), "y": torch.from_numpy(split.y)}
         if split.a is not None:
             payload[name]["a"] = torch.from_numpy(split.a)
+        if split.feature_names is not None:
+            payload[name]["feature_names"] = list(split.feature_names)
     save_torch(path, payload, kind="raw-splits")
 
 
+def load_raw_data(path: str | Path) -> RawData:
+    """The raw splits file, checked, with the source recorded in it."""
+    payload = load_torch(path, "raw-splits", SPLITS)
+    splits: RawSplits = {}
+    for name in SPLITS:
+        stored = payload[name]
+        x = stored["x"].numpy()
+        where = f"{path} (split '{name}')"
+        check_x(x, len(stored["y"]), where, RAW_LAYOUTS)
+        splits[name] = RawSplit(x, stored["y"].numpy(), stored["a"].numpy() if "a" in stored else None,
+                                _names_or_none(stored.get("feature_names"), _n_features(x), where))
+    source = payload.get("source")
+    return RawData(splits, None if source is None else str(source))
+
+
 def load_raw_splits(path: str | Path) -> RawSplits:
-    payload = load_torch(path, "raw-splits", ("train", "val", "test"))
-    return {
-        name: RawSplit(v["x"].numpy(), v["y"].numpy(), v["a"].numpy() if "a" in v else None)
-        for name, v in payload.items()
-    }
+    """The raw splits of :func:`load_raw_data`, without the source."""
+    return load_raw_data(path).splits

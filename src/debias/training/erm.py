@@ -23,7 +23,7 @@ from debias.data.store import BiasedSplit
 from debias.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
 from debias.metrics import accuracy_report, scalars
 from debias.models import Network, build_model, save_network
-from debias.params import OptimParams
+from debias.params import ModelParams, OptimParams
 from debias.paths import embeddings_path
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
@@ -137,8 +137,8 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
               {split: {k: report[k] for k in ("per_group", "group_counts", "empty_groups")}
                for split, report in reports.items()})
     write_curves(out.curves, result.history)
-    image_size = int(splits["train"].x.shape[-1])
-    save_network(str(out.model), model, model_name, splits["train"].n_classes, image_size,
+    input_shape = tuple(splits["train"].x.shape[1:])
+    save_network(str(out.model), model, model_name, splits["train"].n_classes, input_shape,
                  selected_epoch=result.selected_epoch, **(meta or {}))
     run.log_metrics({f"{split}.{k}": v for split, report in reports.items() for k, v in scalars(report).items()})
     run.log_metrics({"selected_epoch": result.selected_epoch})
@@ -174,9 +174,11 @@ class StageOutputs:
     resume: Path
 
 
-def train_erm(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParams, seed: int, run: StageRun,
-              out: StageOutputs) -> dict[str, dict]:
+def train_erm(splits: dict[str, BiasedSplit], model_params: str | ModelParams, optim: OptimParams, seed: int,
+              run: StageRun, out: StageOutputs) -> dict[str, dict]:
     """Cross-entropy training from scratch, selection by ``optim.selection``, then every output.
+
+    ``model_params`` is ``params.model`` (or just a registry name, with the encoder's default options).
 
     Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
     outputs and returns the accuracy reports, the other ranks return ``{}``.
@@ -184,13 +186,15 @@ def train_erm(splits: dict[str, BiasedSplit], model_name: str, optim: OptimParam
     device = distributed.init_from_env(pick_device())
     generator = seed_everything(seed)
     train = splits["train"]
-    model = build_model(model_name, train.n_classes, int(train.x.shape[-1])).to(device)
+    model_name = model_params if isinstance(model_params, str) else model_params.name
+    model = build_model(model_params, train.n_classes, tuple(train.x.shape[1:])).to(device)
     optimizer = build_optimizer(model.parameters(), optim.optimizer, optim.lr, optim.momentum, optim.weight_decay)
     scheduler = build_scheduler(optimizer, optim.lr_milestones, optim.lr_gamma)
     task = ClassifierTask(model, optimizer, train, optim.batch_size, generator, device, augment_shift=optim.augment_shift)
     check_classifier_fits(model, optimizer, model_name, "erm", optim.batch_size, optim.eval_batch_size, len(train),
                           max(len(split) for split in splits.values()), tuple(train.x.shape[1:]), device)
-    key = resume_key({"seed": seed, "model": model_name, "erm": optim.model_dump(mode="json")}, split_tensors(splits))
+    key = resume_key({"seed": seed, "model": model_name, "options": model.encoder.options,
+                      "erm": optim.model_dump(mode="json")}, split_tensors(splits))
     result = fit(task, optimizer, optim.epochs, validator(model, splits["val"], optim.eval_batch_size, device),
                  selection=optim.selection, scheduler=scheduler, state_path=out.resume, state_key=key,
                  on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch), label="train_erm",

@@ -90,7 +90,7 @@ def register_method(name: str) -> Callable[[MethodFn], MethodFn]:
 
 def _fresh_model(inputs: Stage2Inputs) -> Network:
     train = inputs.splits["train"]
-    return build_model(inputs.params.model.name, train.n_classes, int(train.x.shape[-1])).to(inputs.device)
+    return build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:])).to(inputs.device)
 
 
 def _optimiser(inputs: Stage2Inputs, parameters: Any) -> tuple[torch.optim.Optimizer, Any | None]:
@@ -403,7 +403,7 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
     setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator))
     check_stage2_fits(s2.method, list(setup.task.modules().values()), setup.optimizer, params, len(splits["train"]),
                       max(len(split) for split in splits.values()), tuple(splits["train"].x.shape[1:]), device)
-    key = resume_key({"seed": params.seed, "model": params.model.model_dump(mode="json"),
+    key = resume_key({"seed": params.seed, "model": params.model.name, "options": setup.model.encoder.options,
                       "stage2": s2.model_dump(mode="json"), "loss": params.loss.model_dump(mode="json")},
                      {**split_tensors(splits), "inferred": inferred, "minority": minority, "erm_state": erm_state})
     advice = f"stage2.lr (now {s2.lr:g})"

@@ -3,11 +3,11 @@
 Importing this package registers every source family's module.
 """
 
-from debias.data.sources import cifar, images, mnist  # noqa: F401  (register cifar10; imagefolder, waterbirds, celeba; digits, mnist, npz)
-from debias.data.sources.base import (SOURCE_FILES, SOURCE_PROTOCOLS, SOURCES, SPLITS, DataSourceError, RawSplit,
-                                      RawSplits, cap_splits, external_files, load_source, register_source, resize_images, split_by_index,
-                                      stratified_split)
+from debias.data.sources import cifar, images, mnist, tabular  # noqa: F401  (register every source family)
+from debias.data.sources.base import (RAW_LAYOUTS, SOURCE_FILES, SOURCE_PROTOCOLS, SOURCES, SPLITS, DataSourceError,
+                                      RawSplit, RawSplits, cap_splits, external_files, load_source, random_split,
+                                      raw_modality, register_source, resize_images, split_by_index, stratified_split)
 
-__all__ = ["SOURCE_FILES", "SOURCE_PROTOCOLS", "SOURCES", "SPLITS", "DataSourceError", "RawSplit", "RawSplits", "cap_splits",
-           "external_files", "load_source",
+__all__ = ["RAW_LAYOUTS", "SOURCE_FILES", "SOURCE_PROTOCOLS", "SOURCES", "SPLITS", "DataSourceError", "RawSplit",
+           "RawSplits", "cap_splits", "external_files", "load_source", "random_split", "raw_modality",
            "register_source", "resize_images", "split_by_index", "stratified_split"]

@@ -2,7 +2,12 @@
 
 A source is a function ``(DataParams, raw_dir, seed) -> {"train", "val", "test"}`` registered under
 its ``data.source`` name with :func:`register_source`; each family lives in its own module of this
-package (``mnist``: digits, MNIST, npz) and :mod:`debias.data.sources` imports them all.
+package (``mnist``: digits, MNIST, npz; ``tabular``: adult, compas) and :mod:`debias.data.sources`
+imports them all.
+
+The modality lives in the data: a split's ``x`` is either uint8 images (``image``) or float32
+feature vectors ``[N, F]`` (``tabular``, with optional ``feature_names``); :data:`RAW_LAYOUTS`
+says what each modality allows and :func:`raw_modality` tells them apart.
 """
 
 from __future__ import annotations
@@ -20,19 +25,42 @@ from debias.params import DataParams
 SPLITS = ("train", "val", "test")
 
 
+# What ``x`` of a raw split may be, per modality (the store's checks quote these).
+RAW_LAYOUTS = {"image": "uint8 images [N,H,W] or [N,H,W,3]", "tabular": "float32 features [N,F] (finite)"}
+
+
+def raw_modality(x: np.ndarray) -> str | None:
+    """'image' for uint8 ``[N,H,W]`` / ``[N,H,W,3]``, 'tabular' for float32 ``[N,F]``, else None."""
+    if x.dtype == np.uint8 and (x.ndim == 3 or (x.ndim == 4 and x.shape[-1] == 3)):
+        return "image"
+    if x.dtype == np.float32 and x.ndim == 2:
+        return "tabular"
+    return None
+
+
 @dataclass
 class RawSplit:
-    """Images ``x`` uint8 ``[N,H,W]`` (grey) or ``[N,H,W,3]`` (RGB), labels ``y`` int64, optional attribute ``a``."""
+    """``x`` uint8 images ``[N,H,W]`` / ``[N,H,W,3]`` or float32 features ``[N,F]``; labels ``y`` int64;
+    optional attribute ``a`` int64; optional ``feature_names`` (one per feature column)."""
 
     x: np.ndarray
     y: np.ndarray
     a: np.ndarray | None = None
+    feature_names: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.y)
 
+    @property
+    def modality(self) -> str:
+        """'image' or 'tabular' (see :data:`RAW_LAYOUTS`); anything else is a ValueError."""
+        modality = raw_modality(self.x)
+        if modality is None:
+            raise ValueError(f"x is {self.x.dtype} {self.x.shape}; allowed: {' or '.join(RAW_LAYOUTS.values())}")
+        return modality
+
     def take(self, index: np.ndarray) -> "RawSplit":
-        return RawSplit(self.x[index], self.y[index], None if self.a is None else self.a[index])
+        return RawSplit(self.x[index], self.y[index], None if self.a is None else self.a[index], self.feature_names)
 
 
 RawSplits = dict[str, RawSplit]
@@ -98,13 +126,21 @@ def stratified_split(y: np.ndarray, val_fraction: float, test_fraction: float, s
     return {name: np.sort(np.concatenate(idx)) for name, idx in parts.items()}
 
 
+def random_split(n: int, val_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
+    """Indices per split from one seeded permutation of ``range(n)`` (not stratified), each sorted."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_test, n_val = int(round(n * test_fraction)), int(round(n * val_fraction))
+    parts = {"test": order[:n_test], "val": order[n_test : n_test + n_val], "train": order[n_test + n_val :]}
+    return {name: np.sort(parts[name]) for name in SPLITS}
+
+
 def split_by_index(data: RawSplit, params: DataParams, seed: int) -> RawSplits:
     index = stratified_split(data.y, params.val_fraction, params.test_fraction, seed)
     return {name: data.take(idx) for name, idx in index.items()}
 
 
 def cap_splits(splits: RawSplits, cap: int | None, seed: int) -> RawSplits:
-    """Keep at most ``cap`` images per split (a seeded random subset, order preserved)."""
+    """Keep at most ``cap`` images (rows) per split (a seeded random subset, order preserved)."""
     if cap is None:
         return splits
     rng = np.random.default_rng(seed)
@@ -177,7 +213,8 @@ def load_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
         if name not in splits or len(splits[name]) == 0:
             raise DataSourceError(
                 f"split '{name}' is empty for data.source = '{params.source}'; "
-                "raise data.val_fraction / data.test_fraction or provide more images"
+                "raise data.val_fraction / data.test_fraction (adult, compas: data.tabular.val_fraction / "
+                "test_fraction) or provide more data"
             )
     before, after = missing_classes(full), missing_classes(splits)
     for name in SPLITS:

@@ -1,0 +1,464 @@
+"""Tabular fairness data end to end: adult and compas sources on small files in their own formats,
+feature vectors through the store and the ``given`` / ``auto`` protocols, the mlp encoder, SCARF
+views and the fairness metrics. Offline always: urlopen fails unless a test serves the bytes."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from debias.cli import main as cli_main
+from debias.data.augment import feature_groups, random_shift, tabular_view, view
+from debias.data.bias import BiasProtocolError, inject_bias, resolve_protocol, summarise
+from debias.data.sources import DataSourceError, RawSplit, load_source, random_split, tabular
+from debias.data.sources.tabular import RemoteFile, clean_compas, read_compas
+from debias.data.store import BiasedSplit, load_raw_data, load_split, save_raw_splits, save_split
+from debias.io import CorruptFileError, save_torch
+from debias.metrics import fairness_report, fairness_scalars
+from debias.models import Network, build_model, load_network, save_network
+from debias.params import BiasParams, DataParams, MLPParams, ModelParams, TabularParams
+from tests.conftest import REPO, SHARED_DATASETS, tiny_grey_digits
+from tests.faults.conftest import make_workspace, run_entrypoint_in_process
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_network(*args, **kwargs):
+        raise urllib.error.URLError("the test is offline")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+
+
+# --------------------------------------------------------------------------- Adult in its own format
+
+ADULT_VALUES = {  # a few real values per categorical column
+    "workclass": ["Private", "State-gov", "Self-emp-not-inc"],
+    "education": ["Bachelors", "HS-grad", "11th"],
+    "marital-status": ["Never-married", "Married-civ-spouse"],
+    "occupation": ["Adm-clerical", "Exec-managerial", "Machine-op-inspct"],
+    "relationship": ["Not-in-family", "Husband", "Own-child"],
+    "race": ["White", "Black"],
+    "sex": ["Female", "Male"],
+    "native-country": ["United-States", "Mexico"],
+}
+MISSING_IN = ["workclass", "occupation", "native-country"]  # the columns that hold '?' in the real files
+
+
+def adult_records(n: int, start: int) -> list[dict]:
+    """Rows i = start..start+n-1; every fifth (i % 5 == 2) has a '?' in one of the columns that have them."""
+    records = []
+    for i in range(start, start + n):
+        record = {column: values[i % len(values)] for column, values in ADULT_VALUES.items()}
+        record.update({"age": 20 + (i * 7) % 50, "fnlwgt": 50_000 + 1_013 * i, "education-num": 5 + i % 11,
+                       "capital-gain": (i % 4) * 1_000, "capital-loss": 0, "hours-per-week": 20 + (i * 3) % 40,
+                       "income": ">50K" if i % 3 == 0 else "<=50K"})
+        if i % 5 == 2:
+            record[MISSING_IN[i % 3]] = "?"
+        records.append(record)
+    return records
+
+
+ADULT_ORDER = ["age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
+               "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country", "income"]
+
+
+def write_adult(folder: Path, n_data: int = 36, n_test: int = 14) -> list[dict]:
+    """adult.data and adult.test as UCI ships them ('x, y' separators, the test file's '|1x3' first line,
+    labels ending in '.', a blank last line); returns the records, data file first."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data, test = adult_records(n_data, 0), adult_records(n_test, n_data)
+    line = lambda r, dot: ", ".join(str(r[c]) for c in ADULT_ORDER) + dot  # noqa: E731
+    (folder / "adult.data").write_text("\n".join(line(r, "") for r in data) + "\n\n")
+    (folder / "adult.test").write_text("|1x3 Cross validator\n" + "\n".join(line(r, ".") for r in test) + "\n\n")
+    return data + test
+
+
+def test_adult_from_placed_files_offline(tmp_path, offline) -> None:
+    records = write_adult(tmp_path / "adult")
+    kept = [r for r in records if "?" not in r.values()]
+    assert len(records) == 50 and len(kept) == 40  # ten rows with a '?' are dropped
+    splits = load_source(DataParams(source="adult"), tmp_path, seed=3)
+    assert {name: len(s) for name, s in splits.items()} == {"train": 28, "val": 6, "test": 6}  # 70/15/15
+    index = random_split(40, 0.15, 0.15, seed=3)
+    names = splits["train"].feature_names
+    numeric = ["age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week"]
+    assert names[:6] == tuple(numeric)
+    assert names[6:9] == ("workclass=Private", "workclass=Self-emp-not-inc", "workclass=State-gov")  # sorted, no '?'
+    assert ("sex=Female" in names and "sex=Male" in names) and len(names) == 6 + sum(map(len, ADULT_VALUES.values()))
+    raw = np.array([[r[c] for c in numeric] for r in kept], dtype=np.float64)
+    mean, std = raw[index["train"]].mean(0), raw[index["train"]].std(0)
+    std[std == 0] = 1  # capital-loss is constant
+    for name, split in splits.items():
+        assert split.x.dtype == np.float32 and split.modality == "tabular"
+        rows = [kept[i] for i in index[name]]
+        assert split.y.tolist() == [int(r["income"] == ">50K") for r in rows]  # the test file's '.' stripped
+        assert split.a.tolist() == [int(r["sex"] == "Male") for r in rows]  # 0 Female, 1 Male
+        np.testing.assert_allclose(split.x[:, :6], (raw[index[name]] - mean) / std, rtol=1e-5, atol=1e-6)
+        onehot = split.x[:, 6:]
+        assert set(np.unique(onehot).tolist()) <= {0.0, 1.0} and (onehot.sum(1) == len(ADULT_VALUES)).all()
+        sex = split.x[:, names.index("sex=Male")]
+        assert sex.tolist() == split.a.astype(np.float32).tolist()  # sex stays a feature by default
+    np.testing.assert_allclose(splits["train"].x[:, :3].mean(0), 0, atol=1e-6)  # statistics from train only
+    np.testing.assert_allclose(splits["train"].x[:, :3].std(0), 1, atol=1e-5)
+
+
+def test_adult_without_the_sensitive_feature_and_capped(tmp_path, offline) -> None:
+    write_adult(tmp_path / "adult")
+    params = DataParams(source="adult", max_per_split=5, tabular=TabularParams(keep_sensitive_feature=False))
+    splits = load_source(params, tmp_path, seed=1)  # seed 0 leaves the 6-row validation split without class 1
+    assert all(len(s) == 5 for s in splits.values())
+    assert not any(name.startswith("sex=") for name in splits["train"].feature_names)
+    assert splits["train"].a is not None and splits["train"].x.shape[1] == len(splits["train"].feature_names)
+
+
+def test_a_missing_dataset_names_the_folder_and_files(tmp_path, offline) -> None:
+    with pytest.raises(DataSourceError, match=rf"into {tmp_path / 'adult'}.*\(adult.data, adult.test\) into"):
+        load_source(DataParams(source="adult"), tmp_path, seed=0)
+    with pytest.raises(DataSourceError, match=r"compas-scores-two-years.csv\) into .*compas/"):
+        load_source(DataParams(source="compas"), tmp_path, seed=0)
+
+
+# --------------------------------------------------------------------------- COMPAS in its own format
+
+# ProPublica's compas-scores-two-years.csv header, in its order (decile_score and priors_count twice)
+COMPAS_HEADER = (
+    "id,name,first,last,compas_screening_date,sex,dob,age,age_cat,race,juv_fel_count,decile_score,juv_misd_count,"
+    "juv_other_count,priors_count,days_b_screening_arrest,c_jail_in,c_jail_out,c_case_number,c_offense_date,"
+    "c_arrest_date,c_days_from_compas,c_charge_degree,c_charge_desc,is_recid,r_case_number,r_charge_degree,"
+    "r_days_from_arrest,r_offense_date,r_charge_desc,r_jail_in,r_jail_out,violent_recid,is_violent_recid,"
+    "vr_case_number,vr_charge_degree,vr_offense_date,vr_charge_desc,type_of_assessment,decile_score,score_text,"
+    "screening_date,v_type_of_assessment,v_decile_score,v_score_text,v_screening_date,in_custody,out_custody,"
+    "priors_count,start,end,event,two_year_recid").split(",")
+
+# id -> the fields that differ from a defendant who passes the filter (AA, days -1, F, Low score)
+COMPAS_ROWS = {
+    1: {"days_b_screening_arrest": "0"},
+    2: {"days_b_screening_arrest": "31"},                        # outside the 30-day window
+    3: {"days_b_screening_arrest": "-30", "race": "Caucasian"},  # on the window's edge: kept
+    4: {"days_b_screening_arrest": ""},                          # no value: dropped
+    5: {"is_recid": "-1"},                                       # unknown outcome
+    6: {"c_charge_degree": "O"},                                 # ordinary traffic offence
+    7: {"score_text": "N/A"},                                    # no COMPAS score
+    8: {"race": "Hispanic"},                                     # not one of the two races
+    9: {"days_b_screening_arrest": "30", "race": "Caucasian", "c_charge_degree": "M", "two_year_recid": "1"},
+    10: {"days_b_screening_arrest": "-31"},
+    **{i: {"race": "Caucasian" if i % 3 else "African-American", "two_year_recid": str(i % 2),
+           "sex": "Female" if i % 4 == 0 else "Male", "age": str(20 + i), "priors_count": str(i % 5)}
+       for i in range(11, 21)},
+}
+COMPAS_KEPT = [1, 3, 9, *range(11, 21)]
+
+
+def compas_row(index: int, changes: dict) -> list[str]:
+    row = dict.fromkeys(COMPAS_HEADER, "")
+    row.update({"id": str(index), "sex": "Male", "age": "30", "age_cat": "25 - 45", "race": "African-American",
+                "juv_fel_count": "0", "juv_misd_count": "1", "juv_other_count": "0", "priors_count": "2",
+                "days_b_screening_arrest": "-1", "c_charge_degree": "F", "is_recid": "0", "decile_score": "3",
+                "score_text": "Low", "two_year_recid": "0"})
+    row.update(changes)
+    return [row[column] for column in COMPAS_HEADER]
+
+
+def write_compas(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "compas-scores-two-years.csv"
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(COMPAS_HEADER)
+        writer.writerows(compas_row(i, changes) for i, changes in COMPAS_ROWS.items())
+    return path
+
+
+def test_propublica_filter_keeps_exactly_the_rows_it_should(tmp_path) -> None:
+    frame, y, a = clean_compas(read_compas(write_compas(tmp_path)), ["African-American", "Caucasian"])
+    assert frame["id"].tolist() == COMPAS_KEPT
+    assert a.tolist() == [int(COMPAS_ROWS[i].get("race") == "Caucasian") for i in COMPAS_KEPT]  # 0 AA, 1 Caucasian
+    assert y.tolist() == [int(COMPAS_ROWS[i].get("two_year_recid") == "1") for i in COMPAS_KEPT]
+    # a third race, in the order given: a = its position
+    frame, _, a = clean_compas(read_compas(tmp_path / "compas-scores-two-years.csv"),
+                               ["Caucasian", "African-American", "Hispanic"])
+    assert 8 in frame["id"].tolist() and a[frame["id"].tolist().index(8)] == 2 and a[0] == 1
+
+
+def test_compas_source_features_and_splits(tmp_path, offline) -> None:
+    write_compas(tmp_path / "compas")
+    splits = load_source(DataParams(source="compas"), tmp_path, seed=0)
+    assert {name: len(s) for name, s in splits.items()} == {"train": 9, "val": 2, "test": 2}  # 13 rows, 70/15/15
+    assert splits["train"].feature_names == (
+        "age", "priors_count", "juv_fel_count", "juv_misd_count", "juv_other_count",
+        "sex=Female", "sex=Male", "race=African-American", "race=Caucasian", "c_charge_degree=F", "c_charge_degree=M")
+    x = np.concatenate([s.x for s in splits.values()])
+    caucasian = sum(COMPAS_ROWS[i].get("race") == "Caucasian" for i in COMPAS_KEPT)
+    assert sorted(np.concatenate([s.a for s in splits.values()]).tolist()) == [0] * (13 - caucasian) + [1] * caucasian
+    np.testing.assert_array_equal(x[:, 2:5], 0)  # constant juvenile counts: centred, std counted as 1
+    np.testing.assert_allclose(splits["train"].x[:, :2].mean(0), 0, atol=1e-6)
+
+
+def test_download_is_checked_and_written_once(tmp_path, monkeypatch) -> None:
+    payload = write_compas(tmp_path / "served").read_bytes()
+    calls = []
+
+    def serve(url, timeout=None):
+        calls.append(url)
+        return io.BytesIO(payload)
+
+    monkeypatch.setattr(urllib.request, "urlopen", serve)
+    monkeypatch.setattr(tabular, "COMPAS_FILES", (RemoteFile("compas-scores-two-years.csv", "https://example.invalid/c.csv",
+                                                             hashlib.sha256(payload).hexdigest()),))
+    raw = tmp_path / "raw"
+    assert sum(len(s) for s in load_source(DataParams(source="compas"), raw, seed=0).values()) == 13
+    assert (raw / "compas" / "compas-scores-two-years.csv").read_bytes() == payload
+    load_source(DataParams(source="compas"), raw, seed=0)
+    assert calls == ["https://example.invalid/c.csv"]  # the second run uses the file in place
+    monkeypatch.setattr(tabular, "COMPAS_FILES", (RemoteFile("compas-scores-two-years.csv", "https://example.invalid/c.csv",
+                                                             "0" * 64),))
+    with pytest.raises(DataSourceError, match="has sha256 .* expected 0000"):
+        load_source(DataParams(source="compas"), tmp_path / "other", seed=0)
+    assert not (tmp_path / "other" / "compas" / "compas-scores-two-years.csv").exists()
+
+
+@pytest.mark.skipif(not (SHARED_DATASETS / "adult" / "adult.data").exists(),
+                    reason="shared datasets are not beside the repository")
+def test_real_adult_and_compas_files(tmp_path, offline) -> None:
+    """The original files: 45,222 Adult rows without '?', 5,278 COMPAS rows (ProPublica's 6,172, two races)."""
+    for name in ("adult", "compas"):
+        (tmp_path / name).mkdir()
+        for path in (SHARED_DATASETS / name).iterdir():
+            os.symlink(path, tmp_path / name / path.name)
+    expected = {  # (train, val, test), positives, a = 0 rows, features
+        "adult": ((31_656, 6_783, 6_783), 11_208, 14_695, 104),
+        "compas": ((3_694, 792, 792), 2_483, 3_175, 11),
+    }
+    for name, (sizes, positives, attr_zero, n_features) in expected.items():
+        splits = load_source(DataParams(source=name), tmp_path, seed=0)
+        assert tuple(len(splits[s]) for s in ("train", "val", "test")) == sizes
+        assert sum(int(s.y.sum()) for s in splits.values()) == positives
+        assert sum(int((s.a == 0).sum()) for s in splits.values()) == attr_zero
+        assert splits["train"].x.shape[1] == n_features and np.isfinite(splits["train"].x).all()
+
+
+def test_tabular_fractions_are_validated() -> None:
+    from debias.params import ParamsError, validate
+
+    with pytest.raises(ParamsError, match="data.tabular.val_fraction \\+ data.tabular.test_fraction = 0.9"):
+        validate({"data": {"source": "adult", "tabular": {"val_fraction": 0.5, "test_fraction": 0.4}}})
+    with pytest.raises(ParamsError, match="names a race twice"):
+        validate({"data": {"tabular": {"compas_races": ["Caucasian", "Caucasian"]}}})
+
+
+def test_check_params_accepts_adult_with_every_other_default(tmp_path, capsys) -> None:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["data"]["source"] = "adult"  # what dvc exp run -S data.source=adult writes
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    assert cli_main(["check-params", str(tmp_path / "params.yaml")]) == 0
+    assert "source=adult, protocol=auto" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- store and protocols
+
+
+def _feature_splits(tmp_path: Path) -> dict[str, RawSplit]:
+    write_compas(tmp_path / "compas")
+    return load_source(DataParams(source="compas"), tmp_path, seed=0)
+
+
+def test_feature_splits_round_trip_through_the_store(tmp_path, offline) -> None:
+    splits = _feature_splits(tmp_path)
+    save_raw_splits(tmp_path / "splits.pt", splits, source="compas")
+    loaded = load_raw_data(tmp_path / "splits.pt")
+    assert loaded.source == "compas"
+    for name, split in splits.items():
+        again = loaded.splits[name]
+        assert np.array_equal(again.x, split.x) and np.array_equal(again.a, split.a)
+        assert again.feature_names == split.feature_names and again.modality == "tabular"
+    biased = inject_bias(loaded.splits, BiasParams(), seed=0, source=loaded.source)
+    save_split(tmp_path / "train.pt", biased["train"])
+    train = load_split(tmp_path / "train.pt")
+    assert train.modality == "tabular" and train.x.dtype == torch.float32
+    assert torch.equal(train.x, torch.from_numpy(splits["train"].x))
+    assert train.feature_names == splits["train"].feature_names
+
+
+def test_the_store_names_the_file_and_what_is_allowed(tmp_path) -> None:
+    y = torch.zeros(4, dtype=torch.long)
+    bad = BiasedSplit(torch.zeros(4, 3, dtype=torch.float64), y, y, y.bool(), 2, 2)
+    with pytest.raises(CorruptFileError, match=r"bad.pt: x is torch.float64 \(4, 3\); allowed: uint8 images \[N,3,H,W\] "
+                                               r"or float32 features \[N,F\]"):
+        save_split(tmp_path / "bad.pt", bad)
+    nan = BiasedSplit(torch.tensor([[0.0], [float("nan")], [1.0], [2.0]]), y, y, y.bool(), 2, 2)
+    with pytest.raises(CorruptFileError, match="NaN or infinite"):
+        save_split(tmp_path / "nan.pt", nan)
+    named = BiasedSplit(torch.zeros(4, 3), y, y, y.bool(), 2, 2, ("a", "b"))
+    with pytest.raises(CorruptFileError, match="2 feature names for x with 3 feature columns"):
+        save_split(tmp_path / "named.pt", named)
+    grey = {"x": torch.zeros(4, 5, dtype=torch.float64), "y": y}
+    save_torch(tmp_path / "raw.pt", {"source": "adult", "train": grey, "val": grey, "test": grey}, kind="raw-splits")
+    with pytest.raises(CorruptFileError, match=r"raw.pt \(split 'train'\): x is float64 .*uint8 images \[N,H,W\]"):
+        load_raw_data(tmp_path / "raw.pt")
+
+
+def test_auto_protocol_resolution() -> None:
+    x, y = tiny_grey_digits(n_per_class=2)
+    digits = {name: RawSplit(x, y) for name in ("train", "val", "test")}
+    with_a = {name: RawSplit(x, y, y % 2) for name in ("train", "val", "test")}
+    assert resolve_protocol("auto", digits, "digits") == "foreground"  # the source's registered protocol
+    assert resolve_protocol("auto", digits, "npz") == "foreground"
+    assert resolve_protocol("auto", with_a, "npz") == "given"  # the data carries its attribute
+    assert resolve_protocol("auto", with_a, None) == "given"
+    assert resolve_protocol("background", with_a, "adult") == "background"  # a named protocol is kept
+    with pytest.raises(BiasProtocolError, match="record no source.*dvc repro -f download"):
+        resolve_protocol("auto", digits, None)
+
+
+def test_given_keeps_feature_vectors_and_colour_protocols_refuse_them(tmp_path, offline) -> None:
+    splits = _feature_splits(tmp_path)
+    biased = inject_bias(splits, BiasParams(), seed=0, source="compas")
+    train = biased["train"]
+    assert train.x.shape == splits["train"].x.shape and train.n_classes == 2 and train.n_attrs == 2
+    counts = np.zeros((2, 2), dtype=int)
+    np.add.at(counts, (splits["train"].y, splits["train"].a), 1)
+    assert torch.equal(train.aligned, train.a == torch.from_numpy(counts.argmax(1))[train.y])
+    summary = summarise(biased, BiasParams(), "given")
+    assert (summary["protocol"], summary["requested_protocol"], summary["modality"]) == ("given", "auto", "tabular")
+    assert summary["sample_shape"] == [11]
+    with pytest.raises(BiasProtocolError, match="foreground biases image data, but the splits hold tabular data "
+                                                r"\(data.source = compas\); allowed: given or auto"):
+        inject_bias(splits, BiasParams(protocol="foreground"), seed=0, source="compas")
+
+
+def test_compas_through_the_data_stages_and_erm_with_every_other_default(tmp_path, monkeypatch, capsys) -> None:
+    """data.source=compas and nothing else changed (lenet5, augment_shift 2, protocol auto): the stages run."""
+    workspace = make_workspace(tmp_path / "ws", {"data": {"source": "compas"}, "erm": {"epochs": 1}})
+    write_compas(workspace / "data" / "raw" / "compas")
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("the stage tried the network"))
+    download = run_entrypoint_in_process(workspace, "download", monkeypatch, capsys)
+    assert download.returncode == 0, download.stderr
+    assert "[download] compas (tabular, sample shape (11,)): n_train=9, n_val=2, n_test=2" in download.stdout
+    done = run_entrypoint_in_process(workspace, "inject_bias", monkeypatch, capsys)
+    assert done.returncode == 0, done.stderr
+    assert "[inject_bias] given (bias.protocol = auto) on compas (tabular)" in done.stdout
+    summary = json.loads((workspace / "data/biased/summary.json").read_text())
+    assert summary["protocol"] == "given" and summary["modality"] == "tabular"
+    assert (workspace / "reports/figures/samples.png").stat().st_size > 0
+    with pytest.warns(UserWarning) as warned:
+        erm = run_entrypoint_in_process(workspace, "train_erm", monkeypatch, capsys)
+    assert erm.returncode == 0, erm.stderr
+    messages = " ".join(str(w.message) for w in warned)
+    assert "model.name = lenet5 takes images" in messages and "ignored for feature vectors" in messages
+    network, payload = load_network(str(workspace / "models/erm.pt"))
+    assert payload["model_name"] == "mlp" and payload["input_shape"] == [11]
+
+
+# --------------------------------------------------------------------------- the mlp encoder
+
+
+def test_mlp_is_linear_relu_batchnorm_and_trains() -> None:
+    model = build_model(ModelParams(name="mlp", mlp=MLPParams(hidden=[16, 8])), 2, (11,))
+    kinds = [type(layer).__name__ for layer in model.encoder.features]
+    assert kinds == ["Flatten", "Linear", "ReLU", "BatchNorm1d", "Linear", "ReLU", "BatchNorm1d"]
+    x = torch.randn(6, 11, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.normalise(x), x)  # standardised features pass unchanged
+    z, logits = model.embed_and_classify(x)
+    assert z.shape == (6, 8) and logits.shape == (6, 2)
+    torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 0, 1, 1, 0])).backward()
+    first = model.encoder.features[1].weight.grad
+    assert first is not None and torch.isfinite(first).all() and first.abs().sum() > 0
+    default = build_model("mlp", 2, (11,))
+    assert default.encoder.dim == 100 and sum(isinstance(m, torch.nn.Linear) for m in default.encoder.features) == 3
+    images = build_model("mlp", 5, 28).eval()  # LfF's MLP on (flattened) images
+    assert images(torch.randint(0, 256, (2, 3, 28, 28), dtype=torch.uint8)).shape == (2, 5)
+
+
+def test_image_encoders_give_way_to_mlp_for_features_and_checkpoints_keep_the_options(tmp_path) -> None:
+    with pytest.warns(UserWarning, match=r"model.name = lenet5 takes images; the data holds feature vectors \(11,\)"):
+        model = build_model(ModelParams(name="lenet5", mlp=MLPParams(hidden=[12])), 2, (11,))
+    assert model.encoder_name == "mlp" and model.encoder.dim == 12
+    save_network(str(tmp_path / "m.pt"), model, "lenet5", 2, (11,), method="erm")
+    loaded, payload = load_network(str(tmp_path / "m.pt"))
+    assert payload["model_name"] == "mlp" and payload["options"] == {"hidden": [12], "batch_norm": True}
+    x = torch.randn(4, 11)
+    assert torch.equal(loaded(x), model.eval()(x))
+
+
+# --------------------------------------------------------------------------- augmentation
+
+
+def test_tabular_view_is_scarf_corruption_from_the_marginals() -> None:
+    n, n_features, m = 8, 10, 5
+    x = torch.zeros(n, n_features)
+    pool = torch.arange(1, m + 1).float()[:, None] * 1000 + torch.arange(n_features).float()[None, :]
+    out = tabular_view(x, torch.Generator().manual_seed(1), corruption_rate=0.6, pool=pool)
+    changed = out != 0
+    assert (changed.sum(1) == 6).all()  # round(0.6 * 10) features of every row
+    column = torch.arange(n_features).expand(n, -1)
+    assert torch.equal(torch.remainder(out - column, 1000)[changed], torch.zeros(int(changed.sum())))  # same column
+    again = tabular_view(x, torch.Generator().manual_seed(1), corruption_rate=0.6, pool=pool)
+    other = tabular_view(x, torch.Generator().manual_seed(2), corruption_rate=0.6, pool=pool)
+    assert torch.equal(out, again) and not torch.equal(out, other)
+    assert torch.equal(tabular_view(pool, torch.Generator(), corruption_rate=0.0), pool)
+
+
+def test_tabular_view_replaces_one_hot_blocks_together() -> None:
+    names = ["age", "sex=F", "sex=M", "race=A", "race=B", "race=C"]
+    groups = feature_groups(names)
+    assert groups.tolist() == [0, 1, 1, 2, 2, 2]
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.cat([torch.randn(50, 1, generator=generator),
+                      torch.nn.functional.one_hot(torch.randint(0, 2, (50,), generator=generator), 2).float(),
+                      torch.nn.functional.one_hot(torch.randint(0, 3, (50,), generator=generator), 3).float()], 1)
+    out = tabular_view(rows, generator, corruption_rate=1.0, groups=groups)
+    assert (out[:, 1:3].sum(1) == 1).all() and (out[:, 3:].sum(1) == 1).all()  # still valid one-hot rows
+    with pytest.raises(ValueError, match="one index per feature column"):
+        tabular_view(rows, generator, groups=torch.tensor([0, 2, 2, 2, 2, 2]))
+    with pytest.raises(ValueError, match="corruption_rate = 1.5"):
+        tabular_view(rows, generator, corruption_rate=1.5)
+
+
+def test_pixel_augmentations_leave_feature_vectors_alone() -> None:
+    x = torch.randn(4, 7)
+    with pytest.warns(UserWarning, match="ignored for feature vectors"):
+        assert torch.equal(random_shift(x, 2, torch.Generator()), x)
+    with pytest.raises(ValueError, match="tabular_view"):
+        view(x, 2, 8.0, torch.Generator())
+
+
+# --------------------------------------------------------------------------- fairness metrics
+
+
+def test_fairness_metrics_on_a_hand_made_case() -> None:
+    # group a=0: y 1 1 1 0 0 0, pred 1 1 0 0 0 1 -> TPR 2/3, FPR 1/3, selection 3/6, accuracy 4/6
+    # group a=1: y 1 1 0 0,     pred 1 0 0 0     -> TPR 1/2, FPR 0,   selection 1/4, accuracy 3/4
+    y = torch.tensor([1, 1, 1, 0, 0, 0, 1, 1, 0, 0])
+    pred = torch.tensor([1, 1, 0, 0, 0, 1, 1, 0, 0, 0])
+    a = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1, 1, 1])
+    report = fairness_report(pred, y, a, n_classes=2)
+    assert report["equalized_odds_difference"] == pytest.approx(1 / 3)  # max(|2/3 - 1/2|, |1/3 - 0|)
+    assert report["equalized_odds_mean"] == pytest.approx(1 / 4)  # (1/6 + 1/3) / 2
+    assert report["demographic_parity_difference"] == pytest.approx(1 / 4)  # 1/2 - 1/4
+    assert report["accuracy_difference"] == pytest.approx(1 / 12)  # 3/4 - 2/3
+    assert report["per_group"]["0"] == pytest.approx({"n": 6, "positives": 3, "negatives": 3, "tpr": 2 / 3, "fpr": 1 / 3,
+                                                      "selection_rate": 0.5, "accuracy": 2 / 3})
+    assert report["per_group"]["1"]["tpr"] == 0.5 and report["per_group"]["1"]["fpr"] == 0.0
+    assert report["reason"] is None and report["notes"] == []
+    assert fairness_scalars(report, "test/")["test/equalized_odds_difference"] == pytest.approx(1 / 3)
+    # a group without positives: its TPR is undefined, and the report says how fairlearn counts it
+    lonely = fairness_report(torch.tensor([1, 0, 1]), torch.tensor([1, 0, 0]), torch.tensor([0, 0, 1]), n_classes=2)
+    assert lonely["notes"] == ["a=1 has no positives: fairlearn counts its TPR as 0"]
+
+
+def test_fairness_metrics_are_none_with_a_reason_for_multiclass_tasks() -> None:
+    report = fairness_report(torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2]), torch.tensor([0, 1, 0]), n_classes=5)
+    assert report["equalized_odds_difference"] is None and report["per_group"] is None
+    assert "binary task" in report["reason"] and "5 classes" in report["reason"]
+    assert fairness_scalars(report) == {}
