@@ -48,3 +48,35 @@ def test_stage_outputs_are_the_paths_the_code_writes() -> None:
     for path in (paths.RAW, paths.BIAS_SUMMARY, paths.SAMPLE_GRID, paths.ERM_MODEL, paths.ERM_DIR):
         assert str(path) in declared, path
     assert not any(re.search(r"/(work|home|root|tmp)/", line) for line in (REPO / "params.yaml").read_text().splitlines())
+
+
+def test_every_stage_depends_on_exactly_the_code_its_entrypoint_imports() -> None:
+    """dvc.yaml's code deps are derived from the imports (`debias deps --write`): a stage never keeps a stale
+    result after a change to code it runs, and lists no file it does not run."""
+    from debias.deps import stage_differences
+
+    assert stage_differences(REPO / "dvc.yaml") == {}
+
+
+def test_the_import_walk_follows_lazy_submodule_and_relative_imports(tmp_path) -> None:
+    from debias.deps import code_deps
+
+    package = tmp_path / "src" / "debias"
+    (package / "sub").mkdir(parents=True)
+    (tmp_path / "pipeline").mkdir()
+    files = {
+        "src/debias/__init__.py": "",
+        "src/debias/sub/__init__.py": "",
+        "src/debias/sub/a.py": "from . import b\n",  # relative
+        "src/debias/sub/b.py": "import json\n",
+        "src/debias/sub/c.py": "",
+        "src/debias/lazy.py": "def f():\n    from debias.sub import c  # inside a function\n",
+        "src/debias/unused.py": "",
+        "pipeline/stage.py": "from debias.sub import a\nfrom debias import lazy\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    deps = code_deps("python -m debias.launch pipeline/stage.py  # a comment", tmp_path)
+    assert deps == sorted(["pipeline/stage.py", "src/debias/__init__.py", "src/debias/lazy.py",
+                           "src/debias/sub/__init__.py", "src/debias/sub/a.py", "src/debias/sub/b.py",
+                           "src/debias/sub/c.py"])
