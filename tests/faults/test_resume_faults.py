@@ -37,6 +37,7 @@ import torch
 torch.set_num_threads(1)
 import debias.training.erm as erm_mod
 import debias.training.methods as methods_mod
+import debias.training.methods.base as methods_base  # fresh_model() builds every stage-2 network
 from debias.data.store import load_split
 from debias.params import validate
 from debias.tracking import StageRun
@@ -72,7 +73,7 @@ if kill_marker is not None:
         return build_model
 
     erm_mod.build_model = hooked(erm_mod.build_model)
-    methods_mod.build_model = hooked(methods_mod.build_model)
+    methods_base.build_model = hooked(methods_base.build_model)
 
 def recording(fit):
     def wrapped(*args, **kwargs):
