@@ -228,6 +228,22 @@ def test_download_is_checked_and_written_once(tmp_path, monkeypatch) -> None:
     assert not (tmp_path / "other" / "compas" / "compas-scores-two-years.csv").exists()
 
 
+def test_data_path_reads_the_original_files_in_place_and_never_downloads(tmp_path, monkeypatch) -> None:
+    """data.path: how dvc exp run (which checks data/raw out from the cache) and queued runs reach offline files."""
+    from debias.data.sources.base import external_files
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("the source tried the network"))
+    folder = tmp_path / "mine"
+    write_compas(folder)
+    params = DataParams(source="compas", path=str(folder))
+    assert sum(len(s) for s in load_source(params, tmp_path / "raw", seed=0).values()) == 13
+    assert not (tmp_path / "raw").exists()
+    assert external_files(params) == {"data.path": folder}  # fingerprinted by the source stage
+    assert external_files(DataParams(source="compas")) == {}
+    with pytest.raises(DataSourceError, match=r"data.path = '.*empty' lacks adult.data; put the original files"):
+        load_source(DataParams(source="adult", path=str(tmp_path / "empty")), tmp_path / "raw", seed=0)
+
+
 @pytest.mark.skipif(not (SHARED_DATASETS / "adult" / "adult.data").exists(),
                     reason="shared datasets are not beside the repository")
 def test_real_adult_and_compas_files(tmp_path, offline) -> None:

@@ -198,9 +198,16 @@ class TabularParams(Section):
         return self
 
 
+# Sources that read data.path: npz (the .npz file), adult / compas (a folder holding the dataset's original files,
+# read in place instead of data/raw/<source>/: how offline machines and queued experiments, which run in temporary
+# copies of the repository without data/raw, reach them).
+PATH_SOURCES = ("npz", "adult", "compas")
+
+
 class DataParams(Section):
     source: Literal["digits", "mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10", "adult", "compas"] = "digits"
-    path: str | None = Field(None, description="npz source: path to a local .npz (relative to the repository root or absolute)")
+    path: str | None = Field(None, description="npz: path to a local .npz; adult / compas: a folder holding the original "
+                                               "files (relative to the repository root or absolute)")
     val_fraction: float = Field(0.15, gt=0, lt=1, description="digits/npz: stratified validation fraction (adult/compas: data.tabular)")
     test_fraction: float = Field(0.25, gt=0, lt=1, description="digits/npz: stratified test fraction (adult/compas: data.tabular)")
     mnist_val_size: int = Field(6000, ge=1, description="mnist: validation images carved from the official training split")
@@ -223,9 +230,9 @@ class DataParams(Section):
             )
         if self.source == "npz" and not self.path:
             raise ValueError("path is required when source is 'npz' (a local .npz with x and y)")
-        if self.source != "npz" and self.path:
-            raise ValueError(f"path = {show(self.path)} is read only by source npz, but source is '{self.source}': "
-                             "set source: npz, or path: null")
+        if self.source not in PATH_SOURCES and self.path:
+            raise ValueError(f"path = {show(self.path)} is read only by source npz (a .npz file) and adult / compas "
+                             f"(a folder of the original files), but source is '{self.source}': set path: null")
         if self.source == "imagefolder" and not self.imagefolder.root:
             raise ValueError("imagefolder.root is required when source is 'imagefolder' "
                              "(the folder of images with its metadata table)")

@@ -8,6 +8,10 @@ Files. ``data/raw/<name>/`` holds the dataset's original files. Missing ones are
 urllib from their public locations (:data:`ADULT_FILES`, :data:`COMPAS_FILES`) and their sha256
 checked; files already there are used as they are, so a machine without network runs once
 they are placed (a failed download is a :class:`DataSourceError` naming the folder and files).
+``data.path`` (optional) names another folder holding the original files, read in place and never
+downloaded into: ``dvc exp run`` checks ``data/raw`` out from DVC's cache (removing files placed there
+by hand) and queued experiments run in temporary copies without it, so offline experiments point
+``data.path`` at the files (e.g. ``../shared/datasets/adult``); the ``source`` stage fingerprints them.
 
 ``adult``   ``adult.data`` (32,561 rows) and ``adult.test`` (16,281 rows; first line
             ``|1x3 Cross validator``, labels end in ``.``), pooled. Rows with a missing value
@@ -59,6 +63,7 @@ import pandas as pd
 from debias.data.sources.base import DataSourceError, RawSplit, RawSplits, random_split, register_source
 from debias.io import atomic_path
 from debias.params import DataParams, TabularParams
+from debias.paths import resolve_data_path
 
 DOWNLOAD_TIMEOUT_S = 60
 
@@ -116,12 +121,31 @@ COMPAS_SCREENING_WINDOW = 30  # ProPublica: charge within 30 days of the COMPAS 
 # --------------------------------------------------------------------------- files
 
 
-def fetch_files(folder: Path, files: Sequence[RemoteFile], source: str) -> list[Path]:
-    """The files' paths in ``folder``; missing ones are downloaded (sha256 checked), present ones used as they are."""
+def source_folder(params: DataParams, raw_dir: Path, source: str) -> tuple[Path, bool]:
+    """Where the original files are: ``data.path`` (read in place, never downloaded into) or ``raw_dir/<source>``
+    (missing files downloaded); and whether missing files may be downloaded."""
+    if params.path:
+        return resolve_data_path(params.path), False
+    return raw_dir / source, True
+
+
+def path_files(params: DataParams) -> dict[str, Path]:
+    """The external folder the source stage fingerprints: ``data.path`` when set."""
+    return {"data.path": resolve_data_path(params.path)} if params.path else {}
+
+
+def fetch_files(folder: Path, files: Sequence[RemoteFile], source: str, download: bool = True) -> list[Path]:
+    """The files' paths in ``folder``; missing ones are downloaded (sha256 checked), present ones used as they are.
+
+    ``download=False`` (``data.path``): a missing file is an error naming it."""
     for remote in files:
         target = folder / remote.name
         if target.exists():
             continue
+        if not download:
+            raise DataSourceError(f"data.source={source}: data.path = '{folder}' lacks {remote.name}; put the original "
+                                  f"files ({', '.join(f.name for f in files)}) there, or set data.path: null to use "
+                                  f"data/raw/{source}/ (downloaded when missing)")
         try:
             with urllib.request.urlopen(remote.url, timeout=DOWNLOAD_TIMEOUT_S) as response:
                 payload = response.read()
@@ -178,11 +202,11 @@ def clean_adult(frame: pd.DataFrame, where: str = "adult") -> tuple[pd.DataFrame
     return frame, y, a
 
 
-@register_source("adult", protocol="given")
+@register_source("adult", protocol="given", files=path_files)
 def adult_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """UCI Adult (adult.data + adult.test pooled), sensitive attribute sex; see the module docstring."""
-    folder = raw_dir / "adult"
-    paths = fetch_files(folder, ADULT_FILES, "adult")
+    folder, download = source_folder(params, raw_dir, "adult")
+    paths = fetch_files(folder, ADULT_FILES, "adult", download)
     frame, y, a = clean_adult(pd.concat([read_adult(path) for path in paths], ignore_index=True),
                               " + ".join(str(p) for p in paths))
     return tabular_splits(frame, y, a, ADULT_SPEC, params.tabular, seed, "adult")
@@ -223,10 +247,11 @@ def clean_compas(frame: pd.DataFrame, races: Sequence[str], where: str = "compas
     return frame, y, a
 
 
-@register_source("compas", protocol="given")
+@register_source("compas", protocol="given", files=path_files)
 def compas_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """ProPublica COMPAS two-year recidivism, sensitive attribute race; see the module docstring."""
-    (path,) = fetch_files(raw_dir / "compas", COMPAS_FILES, "compas")
+    folder, download = source_folder(params, raw_dir, "compas")
+    (path,) = fetch_files(folder, COMPAS_FILES, "compas", download)
     frame, y, a = clean_compas(read_compas(path), params.tabular.compas_races, str(path))
     return tabular_splits(frame, y, a, COMPAS_SPEC, params.tabular, seed, "compas")
 
