@@ -33,7 +33,16 @@ def run(params: Params, run: StageRun) -> None:
             continue
         test = result["probe"]["test"]
         print(f"[linear_probe] {name} ({result['method']}): C = {result['probe']['c']:g}; test avg {test['avg']:.3f}, "
-              f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
+              f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}" + fairness_note(test))
+        post = result["probe"].get("equalized_odds", {})
+        if post.get("test"):
+            print(f"[linear_probe] {name} + equalized-odds post-processing: test avg {post['test']['avg']:.3f}"
+                  + fairness_note(post["test"]))
+
+
+def fairness_note(report: dict) -> str:
+    fairness = report.get("fairness")
+    return f", equalized-odds difference {fairness['equalized_odds_difference']:.3f}" if fairness else ""
 
 
 if __name__ == "__main__":

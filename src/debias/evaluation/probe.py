@@ -11,7 +11,13 @@ Training split (``probe.train_split``):
   first, choose ``C`` on the second. The reported ``val`` accuracies are then those of the
   second (selection) half, never of the points the probe was fitted on.
 Accuracies are :func:`debias.metrics.accuracy_report`; a network whose own head was trained
-with cross-entropy also reports that head (``head``: accuracy of its own logits).
+with cross-entropy also reports that head (``head``: accuracy of its own logits). Binary tasks add a
+``fairness`` block to every accuracy report (:func:`debias.metrics.fairness_report`: equalized-odds and
+demographic-parity differences; per-group TPR/FPR go to the tables file).
+
+``probe.method: dfr`` replaces the probe by DFR's last-layer retraining on group-balanced validation data
+(:mod:`debias.evaluation.dfr`); ``probe.postprocess: equalized_odds`` adds Hardt et al.'s post-processing of
+the chosen probe (:mod:`debias.evaluation.postprocess`) under ``probe.equalized_odds``.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from debias.data.store import BiasedSplit
-from debias.metrics import accuracy_report
+from debias.metrics import accuracy_report, fairness_report
 from debias.models import Network, load_network
 from debias.params import ProbeParams
 from debias.training.erm import predict
@@ -39,7 +45,7 @@ from debias.training.erm import predict
 # Methods whose network head is trained with cross-entropy together with the encoder.
 HEAD_TRAINED_METHODS = frozenset({"erm", "jtt", "cnc"})
 # Keys of an accuracy report that hold per-group tables (moved out of the scalar metrics file).
-TABLE_KEYS = ("per_group", "group_counts", "empty_groups")
+TABLE_KEYS = ("per_group", "group_counts", "empty_groups", "notes")
 FEATURE_BATCH = 1024
 
 
@@ -135,12 +141,18 @@ def predict_proba(model: Pipeline, features: torch.Tensor) -> np.ndarray:
 # --------------------------------------------------------------------------- the probe
 
 
-def split_report(split: BiasedSplit, pred: torch.Tensor, index: torch.Tensor | None = None) -> dict:
-    """:func:`accuracy_report` of ``pred`` on ``split`` (or on its rows ``index``, ``pred`` given for those rows)."""
+def split_report(split: BiasedSplit, pred: torch.Tensor, index: torch.Tensor | None = None,
+                 fairness: bool = True) -> dict:
+    """:func:`accuracy_report` of ``pred`` on ``split`` (or on its rows ``index``, ``pred`` given for those rows),
+    plus (``fairness`` and a binary task) the ``fairness`` block."""
     y, a, aligned = split.y, split.a, split.aligned
     if index is not None:
         y, a, aligned = y[index], a[index], aligned[index]
-    return accuracy_report(pred, y, a, aligned, split.n_classes, split.n_attrs)
+    report = accuracy_report(pred, y, a, aligned, split.n_classes, split.n_attrs)
+    if fairness and split.n_classes == 2:  # binary tasks: equalized odds and friends beside the accuracies
+        fairness = fairness_report(pred, y, a, split.n_classes)
+        report["fairness"] = {k: v for k, v in fairness.items() if k != "reason"}
+    return report
 
 
 def select_c(scores: list[dict[str, float]]) -> int:
@@ -154,8 +166,19 @@ def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bias
 
     ``features[name]`` are the frozen encoder outputs of ``splits[name]`` (``train`` needed only when it
     is the probe's training split). Returns ``{c, train_split, n_fit, n_select, val_scores, val, test}``
-    where ``val``/``test`` are full accuracy reports (per-group tables included).
+    where ``val``/``test`` are full accuracy reports (per-group tables included). ``probe.method: dfr``:
+    :func:`debias.evaluation.dfr.dfr_probe`'s report.
     """
+    return fit_probe(features, splits, params, seed)[0]
+
+
+def fit_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
+              seed: int) -> tuple[dict, Pipeline, torch.Tensor]:
+    """:func:`probe_report`'s report, the chosen classifier and the validation indices that chose it."""
+    if params.method == "dfr":
+        from debias.evaluation.dfr import dfr_probe
+
+        return dfr_probe(features, splits, params, seed)
     val = splits["val"]
     if params.train_split == "train":
         fit_x, fit_y = features["train"], splits["train"].y
@@ -169,7 +192,7 @@ def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bias
     models, scores = [], []
     for c in params.c_grid:
         model = fit_logistic(fit_x, fit_y, c, params.max_iter, params.standardize, seed)
-        report = split_report(val, predict_labels(model, select_x), select_index)
+        report = split_report(val, predict_labels(model, select_x), select_index, fairness=False)
         models.append(model)
         scores.append({"c": float(c), "worst_group": report["worst_group"], "avg": report["avg"],
                        "unbiased": report["unbiased"]})
@@ -183,12 +206,12 @@ def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bias
         "val_scores": scores,
         "test": split_report(splits["test"], predict_labels(chosen, features["test"])),
         "val": split_report(val, predict_labels(chosen, select_x), select_index),
-    }
+    }, chosen, select_index
 
 
 def probe_splits(params: ProbeParams) -> tuple[str, ...]:
     """The biased splits the probe reads."""
-    return ("train", "val", "test") if params.train_split == "train" else ("val", "test")
+    return ("train", "val", "test") if params.train_split == "train" and params.method != "dfr" else ("val", "test")
 
 
 def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], params: ProbeParams, seed: int,
@@ -202,11 +225,13 @@ def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], par
         return {"trained": False, "note": encoder.note}
     names = [name for name in probe_splits(params) if name in splits]
     encoded = {name: encode(encoder.network, splits[name].x, device, batch_size) for name in names}
-    result: dict[str, Any] = {
-        "trained": True,
-        "method": encoder.method,
-        "probe": probe_report({name: z for name, (z, _) in encoded.items()}, splits, params, seed),
-    }
+    features = {name: z for name, (z, _) in encoded.items()}
+    report, chosen, select_index = fit_probe(features, splits, params, seed)
+    if params.postprocess == "equalized_odds":
+        from debias.evaluation.postprocess import equalized_odds_report
+
+        report["equalized_odds"] = equalized_odds_report(chosen, features, splits, select_index, seed)
+    result: dict[str, Any] = {"trained": True, "method": encoder.method, "probe": report}
     if head_is_trained(encoder):
         result["head"] = {name: split_report(splits[name], encoded[name][1].argmax(1)) for name in ("test", "val")}
     return result

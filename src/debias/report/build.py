@@ -442,6 +442,41 @@ def results_section(rows: list[ResultRow], inputs: ReportInputs) -> Section:
     return Section("Results", blocks)
 
 
+FAIRNESS_HEADERS = ("", "average %", "equalized-odds diff.", "equalized-odds mean", "demographic-parity diff.",
+                    "accuracy diff.", "TPR / FPR per a")
+
+
+def fairness_blocks(rows: list[ResultRow], inputs: ReportInputs) -> list[Block]:
+    """The fairness block of binary tasks (test split): one row per results row that has it, plus each probe's
+    equalized-odds post-processing; empty for tasks without it."""
+    table = []
+    for row in rows:
+        fairness = (row.accuracy or {}).get("fairness")
+        if not fairness:
+            continue
+        per_group = (((inputs.get(f"{row.model}_groups") or {}).get("test") or {}).get("fairness") or {}).get(
+            "per_group") if not row.label.endswith("probe") else None
+        rates = " · ".join(f"a={a}: {pct(g.get('tpr'))} / {pct(g.get('fpr'))}" for a, g in (per_group or {}).items())
+        table.append(_fairness_cells(row.label, row.accuracy, rates or "–"))
+        post = (((_trained_entry(inputs.get("probe"), row.model) or {}).get("probe") or {}).get("equalized_odds")
+                or {}).get("test") if row.label.endswith("probe") else None
+        if post and post.get("fairness"):
+            table.append(_fairness_cells(f"{row.label} + equalized-odds post-processing", post, "–"))
+    if not table:
+        return []
+    return [Heading("Fairness (binary task: sensitive attribute a)"), Table(list(FAIRNESS_HEADERS), table, caption=(
+        "Test split, fairlearn's definitions: equalized-odds difference = the larger of the between-group ranges of "
+        "TPR and FPR (Hardt et al.; the WCL paper's EOd, lower is better), its mean variant, demographic-parity "
+        "difference (range of the selection rate) and the range of accuracy over a. TPR / FPR in percent."))]
+
+
+def _fairness_cells(label: str, report: dict[str, Any], rates: str) -> list[str]:
+    fairness = report["fairness"]
+    return [label, pct(report.get("avg")), num(fairness.get("equalized_odds_difference")),
+            num(fairness.get("equalized_odds_mean")), num(fairness.get("demographic_parity_difference")),
+            num(fairness.get("accuracy_difference")), rates]
+
+
 def per_group_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str, bool]) -> Section:
     """The per-group accuracy heatmaps of ERM and stage 2."""
     blocks: list[Block] = []
@@ -769,10 +804,12 @@ def report_sections(inputs: ReportInputs, params: Params, root: Path, run_id: st
                     labels: dict[str, str], drawn: dict[str, bool]) -> list[Section]:
     """The report's sections, in :data:`SECTIONS` order."""
     rows = result_rows(inputs, labels)
+    results = results_section(rows, inputs)
+    results.blocks.extend(fairness_blocks(rows, inputs))
     return [
         provenance_section(inputs, params, root, run_id),
         dataset_section(inputs, params, root),
-        results_section(rows, inputs),
+        results,
         per_group_section(inputs, labels, drawn),
         representation_section(inputs, labels, drawn),
         curves_section(inputs, labels, drawn),

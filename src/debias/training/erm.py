@@ -21,7 +21,7 @@ from debias import distributed
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
-from debias.metrics import accuracy_report, scalars
+from debias.metrics import accuracy_report, fairness_report, fairness_scalars, scalars
 from debias.models import Network, build_model, save_network
 from debias.params import ModelParams, OptimParams
 from debias.paths import embeddings_path
@@ -110,7 +110,26 @@ def export_embeddings(model: nn.Module, splits: dict[str, BiasedSplit], director
         z, logits = predict(model, split.x, batch_size, device)
         save_torch(embeddings_path(directory, name), {"z": z, "logits": logits}, kind="embeddings")
         reports[name] = accuracy_report(logits.argmax(1), split.y, split.a, split.aligned, split.n_classes, split.n_attrs)
+        if split.n_classes == 2:  # binary tasks: equalized odds and friends (fairlearn) beside the accuracies
+            reports[name]["fairness"] = fairness_report(logits.argmax(1), split.y, split.a, split.n_classes)
     return reports
+
+
+def metrics_entry(report: dict) -> dict:
+    """A split's entry of a metrics JSON: the scalar accuracies, plus ``fairness`` (its scalar differences) for
+    binary tasks; the per-group tables (accuracies, TPR/FPR and notes) go to the ``*_groups.json`` file."""
+    entry: dict = scalars(report)
+    if report.get("fairness") is not None:
+        entry["fairness"] = fairness_scalars(report["fairness"])
+    return entry
+
+
+def groups_entry(report: dict) -> dict:
+    """A split's entry of a ``*_groups.json`` file: per-group accuracies and counts (+ per-group fairness rates)."""
+    entry = {k: report[k] for k in ("per_group", "group_counts", "empty_groups")}
+    if report.get("fairness") is not None:
+        entry["fairness"] = {k: report["fairness"][k] for k in ("per_group", "notes")}
+    return entry
 
 
 def load_embeddings(directory: Path, split: str) -> dict[str, torch.Tensor]:
@@ -131,16 +150,17 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     model.load_state_dict(result.selected_state["model"])
     reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device)
     metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {})}
-    metrics.update({split: scalars(report) for split, report in reports.items()})
+    metrics.update({split: metrics_entry(report) for split, report in reports.items()})
     save_json(out.metrics, metrics)
     save_json(out.metrics.with_name(f"{out.metrics.stem}_groups.json"),
-              {split: {k: report[k] for k in ("per_group", "group_counts", "empty_groups")}
-               for split, report in reports.items()})
+              {split: groups_entry(report) for split, report in reports.items()})
     write_curves(out.curves, result.history)
     input_shape = tuple(splits["train"].x.shape[1:])
     save_network(str(out.model), model, model_name, splits["train"].n_classes, input_shape,
                  selected_epoch=result.selected_epoch, **(meta or {}))
     run.log_metrics({f"{split}.{k}": v for split, report in reports.items() for k, v in scalars(report).items()})
+    run.log_metrics({f"{split}.fairness.{k}": v for split, report in reports.items() if report.get("fairness")
+                     for k, v in fairness_scalars(report["fairness"]).items()})
     run.log_metrics({"selected_epoch": result.selected_epoch})
     for path in (out.metrics, out.curves):
         run.log_artifact(path)
