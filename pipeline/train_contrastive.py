@@ -22,7 +22,8 @@ def run(params: Params, run: StageRun) -> None:
     erm_state = None
     if params.stage2.method == "cnc" and params.stage2.cnc.init == "erm":
         erm_state = load_initial_weights(str(paths.ERM_MODEL), params.model, train.n_classes, tuple(train.x.shape[1:]))
-    train_stage2(params, splits, groups.inferred_label, groups.minority, erm_state, run, OUTPUTS)
+    train_stage2(params, splits, groups.inferred_label, groups.minority, erm_state, run, OUTPUTS,
+                 inferred_group=groups.inferred_group, bias_scores=groups.bias_scores)
 
 
 if __name__ == "__main__":

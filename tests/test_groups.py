@@ -115,7 +115,7 @@ def test_group_quality_recall_and_precision_by_hand() -> None:
 # ------------------------------------------------------------------ pred and true
 
 def test_registry_holds_the_params_methods() -> None:
-    assert set(METHODS) == {"pred", "cluster", "true"}
+    assert set(METHODS) == {"pred", "cluster", "true", "soft"}
     assert set(METHODS) == set(GroupsParams.model_fields["method"].annotation.__args__)
 
 

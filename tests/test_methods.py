@@ -23,7 +23,7 @@ def inputs(method: str, inferred: torch.Tensor | None = None, **overrides) -> St
                        "loss": {"temperature": 0.1, "fairkl": {"weight": 0.5}}})
     inferred = train.a.clone() if inferred is None else inferred
     return Stage2Inputs({"train": train, "val": val, "test": val}, inferred, inferred != train.y, None, params, CPU,
-                        seed_everything(0))
+                        seed_everything(0), inferred_group=train.y * 3 + inferred)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -36,7 +36,8 @@ def test_every_method_lowers_its_loss(method: str) -> None:
 
 
 def test_registry_holds_every_method_of_the_papers() -> None:
-    assert set(METHODS) == {"cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm"}
+    assert set(METHODS) == {"cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm",
+                            "lff", "groupdro", "dcl", "hcl"}
 
 
 def test_cnc_without_inferred_minority_names_the_class() -> None:

@@ -387,9 +387,17 @@ class ClusterParams(Section):
     n_init: int = Field(10, ge=1, le=100)
 
 
+class SoftParams(Section):
+    """Soft bias scores (FairKL paper App. B.2.4): softmax of the bias-capturing (ERM) model's logits / temperature."""
+
+    temperature: float = Field(1.0, gt=0, le=1000, description="softmax temperature of the ERM logits (1: its softmax; "
+                                                               "higher: softer scores)")
+
+
 class GroupsParams(Section):
-    method: Literal["pred", "cluster", "true"] = "pred"
+    method: Literal["pred", "cluster", "true", "soft"] = "pred"
     cluster: ClusterParams = Field(default_factory=ClusterParams)
+    soft: SoftParams = Field(default_factory=SoftParams)
 
     @field_validator("method", mode="before")
     @classmethod
@@ -425,11 +433,51 @@ class WCLParams(Section):
     triplet_weight: float = Field(1.0, ge=0, le=100)
 
 
+class LfFParams(Section):
+    """Learning from Failure (Nam et al. 2020): GCE-trained biased model, relative-difficulty weighted debiased model."""
+
+    q: float = Field(0.7, gt=0, le=1, description="GCE exponent of the biased model (LfF paper and CNC's CMNIST* runs: 0.7)")
+    ema_alpha: float = Field(0.7, ge=0, lt=1, description="per-sample EMA of the losses in the weight (LfF code: 0.7)")
+
+
+class GroupDROParams(Section):
+    """Group DRO (Sagawa et al. 2020, Alg. 1) on the groups table's groups (true with groups.method: true)."""
+
+    step_size: float = Field(0.01, gt=0, le=100, description="eta_q of the group-weight update (Sagawa et al.: 0.01)")
+    adjustment: float = Field(0.0, ge=0, le=100, description="C of the group adjustment C / sqrt(n_g) (CNC's CMNIST*: 0)")
+
+
+class DCLParams(Section):
+    """Debiased contrastive loss (Chuang et al. 2020), WCL paper's comparison row."""
+
+    temperature: float = Field(0.5, ge=MIN_TEMPERATURE, le=10, description="t (WCL paper Sec. 6.1: 0.5 for all methods)")
+    tau_plus: float = Field(0.1, ge=0, lt=1, description="class prior tau+ (WCL paper / DCL: 0.1 on CIFAR-10)")
+
+
+class HCLParams(DCLParams):
+    """Hard-negative contrastive loss (Robinson et al. 2021), WCL paper's comparison row."""
+
+    beta: float = Field(1.0, ge=0, le=100, description="hardness beta (WCL paper Sec. 6.1: 1)")
+
+
+class TabularViewParams(Section):
+    """SCARF views of feature vectors (Bahri et al. 2022) for the self-supervised methods (wcl, dcl, hcl)."""
+
+    corruption_rate: float = Field(0.6, ge=0, le=1, description="share of each row's features replaced from the "
+                                                               "marginals (SCARF: 0.6)")
+
+
 class Stage2Params(OptimParams):
-    method: Literal["cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm"] = "cnc"
+    method: Literal["cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm", "lff", "groupdro", "dcl",
+                    "hcl"] = "cnc"
     cnc: CNCParams = Field(default_factory=CNCParams)
     jtt: JTTParams = Field(default_factory=JTTParams)
     wcl: WCLParams = Field(default_factory=WCLParams)
+    lff: LfFParams = Field(default_factory=LfFParams)
+    groupdro: GroupDROParams = Field(default_factory=GroupDROParams)
+    dcl: DCLParams = Field(default_factory=DCLParams)
+    hcl: HCLParams = Field(default_factory=HCLParams)
+    tabular_view: TabularViewParams = Field(default_factory=TabularViewParams)
 
 
 class FairKLParams(Section):

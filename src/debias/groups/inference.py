@@ -16,7 +16,14 @@ Methods live in :data:`METHODS` (name -> function); every one returns a :class:`
       labels comparable across classes (CNC's sampler pairs "same label, other class").
       minority = label != y (= rank > 0); group = y * k + rank.
 - ``true``    (oracle) label = the true bias attribute a; minority = ~aligned; group = y * A + a.
+- ``soft``    (FairKL paper App. B.2.4) soft bias scores from a bias-capturing model instead of hard labels:
+              the ERM model (trained on the biased data, it captures the bias) gives every point the
+              scores ``softmax(logits / groups.soft.temperature)`` over the C bias labels of ``pred`` (a
+              class's colour is the bias label ERM maps it to); FairKL then weights a pair's membership of
+              the same-bias sets by ``p_i . p_j`` instead of ``1[b_i = b_j]``. label, group and minority as
+              ``pred`` (the scores' argmax), for the methods that need hard labels.
 
+The table's optional columns ``bias_score_0 .. bias_score_{K-1}`` hold soft bias scores (``soft`` only).
 UMAP is imported through :func:`import_umap`, which turns on numba's on-disk cache so a fresh
 process reuses compiled code. Results are stored as a parquet table (:func:`save_groups`,
 :func:`load_groups`) plus the UMAP coordinates (:func:`save_embedding`) for the report's figures.
@@ -54,6 +61,7 @@ class GroupInference:
     embedding2d: torch.Tensor | None = None  # float [N, umap_components] UMAP coordinates (cluster only)
     timings: dict[str, float] = field(default_factory=dict)  # seconds per step
     y: torch.Tensor | None = None  # int64 [N] class, filled by infer_groups and load_groups
+    bias_scores: torch.Tensor | None = None  # float32 [N, K] soft bias scores, rows sum to 1 (soft only)
 
     def __len__(self) -> int:
         return int(self.inferred_label.numel())
@@ -173,8 +181,17 @@ def infer_cluster(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, par
     return GroupInference(label, group, label != train.y, embedding, timings)
 
 
+def infer_soft(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams, seed: int) -> GroupInference:
+    """Soft bias scores softmax(logits / T) of the bias-capturing ERM model; hard label, group, minority as pred."""
+    scores = torch.softmax(logits.double() / params.soft.temperature, dim=1).float()
+    hard = infer_pred(train, z, logits, params, seed)
+    hard.bias_scores = scores
+    return hard
+
+
 InferenceFn = Callable[[BiasedSplit, torch.Tensor, torch.Tensor, GroupsParams, int], GroupInference]
-METHODS: dict[str, InferenceFn] = {"pred": infer_pred, "cluster": infer_cluster, "true": infer_true}
+METHODS: dict[str, InferenceFn] = {"pred": infer_pred, "cluster": infer_cluster, "true": infer_true, "soft": infer_soft}
+SCORE_PREFIX = "bias_score_"
 
 
 def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams,
@@ -201,6 +218,8 @@ def groups_report(method: str, inference: GroupInference, train: BiasedSplit) ->
     """The metrics file: method and :func:`group_quality` vs the true attribute (no wall-clock time:
     a metrics file must be identical across identical runs; timings go to their own file)."""
     quality = group_quality(inference.inferred_label, inference.minority, train.a, train.aligned, train.y, train.n_classes)
+    if inference.bias_scores is not None:  # soft: how peaked the scores are (1: hard labels)
+        quality["bias_score_mean_max"] = float(inference.bias_scores.max(1).values.mean())
     return {"method": method, **quality}
 
 
@@ -224,6 +243,9 @@ def save_groups(path: str | Path, inference: GroupInference) -> None:
         "inferred_group": inference.inferred_group.numpy().astype(np.int64),
         "minority": inference.minority.numpy().astype(bool),
     })
+    if inference.bias_scores is not None:
+        for k, column in enumerate(inference.bias_scores.float().numpy().T):
+            table[f"{SCORE_PREFIX}{k}"] = column
     with atomic_path(path) as tmp:
         table.to_parquet(tmp, engine="pyarrow", index=False)
 
@@ -259,11 +281,19 @@ def load_groups(path: str | Path, y: torch.Tensor | None = None) -> GroupInferen
     if y is not None and (len(y) != len(stored_y) or not torch.equal(stored_y, y.detach().cpu().long())):
         raise CorruptFileError(f"{path} was written for another training split ({len(stored_y)} rows, this split "
                                f"{len(y)} or other classes); rerun infer_groups")
+    score_columns = sorted((c for c in table.columns if str(c).startswith(SCORE_PREFIX)),
+                           key=lambda c: int(str(c).removeprefix(SCORE_PREFIX)))
+    scores = None
+    if score_columns:
+        scores = torch.stack([_column(table, c, np.float32, path) for c in score_columns], dim=1)
+        if not bool(torch.isfinite(scores).all()) or bool((scores < 0).any()):
+            raise CorruptFileError(f"{path}: the bias scores hold negative or non-finite values; rerun infer_groups")
     return GroupInference(
         inferred_label=_column(table, "inferred_label", np.int64, path),
         inferred_group=_column(table, "inferred_group", np.int64, path),
         minority=_column(table, "minority", bool, path),
         y=stored_y,
+        bias_scores=scores,
     )
 
 

@@ -308,7 +308,11 @@ def check_stage2_fits(method: str, networks: list[nn.Module], optimizer: torch.o
     elif method in ("supcon", "eps_supcon", "eps_supinfonce"):
         pairwise = 8 + (8 if params.loss.fairkl.weight > 0 else 0)
         plan = StepPlan("stage2.batch_size", s2.batch_size, max_value=n_train, pairwise=pairwise)
-    else:  # erm, jtt
+    elif method in ("dcl", "hcl"):  # two views of the batch through one encoder, a 2B x 2B similarity matrix
+        plan = StepPlan("stage2.batch_size", s2.batch_size, forwards=2, max_value=n_train, pairwise=12)
+    elif method == "lff":  # the biased and the debiased model forward the same batch
+        plan = StepPlan("stage2.batch_size", s2.batch_size, forwards=2, max_value=n_train)
+    else:  # erm, jtt, groupdro
         plan = StepPlan("stage2.batch_size", s2.batch_size, max_value=n_train)
     check_fits(prof, distributed_plan(plan, device), fixed, device, params.model.name, "stage2.eval_batch_size",
                s2.eval_batch_size, n_eval, hint_if_none_fits=hint)

@@ -11,6 +11,14 @@ One module per method family, each registering its methods (:func:`base.register
                 loss = lambda * cnc_two_sided + (1 - lambda) * CE on every batch point.
 ``selfsup``     ``wcl``: difficulty-weighted contrastive learning between two augmented views, with a
                 jointly trained triplet (biased) encoder; labels unused.
+``lff``         ``lff``: Learning from Failure, a GCE-trained biased model and a relative-difficulty weighted
+                debiased model trained together (the debiased one is the stage's model).
+``groupdro``    ``groupdro``: Group DRO on the groups table's ``inferred_group`` (true groups with
+                ``groups.method: true``, else the inferred ones).
+``dclhcl``      ``dcl`` / ``hcl``: WCL's comparison rows, self-supervised two-view InfoNCE with debiased (and
+                hard) negatives; labels unused.
+``views``       augmented views by the data's modality (images: the method's image views; feature vectors:
+                SCARF), for ``wcl``, ``dcl`` and ``hcl``.
 ``head``        the per-epoch linear head of methods that learn no classifier themselves: fitted on the
                 frozen training features after every epoch, so every epoch has a validation worst-group
                 accuracy for checkpoint selection.
@@ -45,6 +53,7 @@ from debias.training.erm import StageOutputs, note_resume, split_tensors, write_
 from debias.training.loop import finish, fit, resume_key
 from debias.training.memory import check_stage2_fits
 from debias.training.methods import classifier, cnc, selfsup, supcon  # noqa: F401  (each registers its methods)
+from debias.training.methods import dclhcl, groupdro, lff  # noqa: F401  (each registers its methods)
 from debias.training.methods.base import (METHODS, MethodSpec, Stage2Inputs, Stage2Setup, head_trained_methods,
                                           method_spec, register_method, setup_method)
 from debias.training.methods.classifier import jtt_pool
@@ -61,8 +70,11 @@ def stage2_validator(model: Network, splits: dict[str, BiasedSplit], method: str
 
 
 def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch.Tensor, minority: torch.Tensor,
-                 erm_state: dict[str, torch.Tensor] | None, run: StageRun, out: StageOutputs) -> dict[str, dict]:
+                 erm_state: dict[str, torch.Tensor] | None, run: StageRun, out: StageOutputs,
+                 inferred_group: torch.Tensor | None = None, bias_scores: torch.Tensor | None = None) -> dict[str, dict]:
     """Train ``stage2.method``, keep the selected epoch (best validation worst-group by default), write outputs.
+
+    ``inferred_group`` and ``bias_scores`` are the groups table's other columns (:class:`Stage2Inputs`).
 
     Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
     outputs and returns the accuracy reports, the other ranks return ``{}``.
@@ -71,12 +83,15 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
     spec = method_spec(s2.method)
     device = distributed.init_from_env(pick_device())
     generator = seed_everything(params.seed)
-    setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator))
+    setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator,
+                                      inferred_group, bias_scores))
     check_stage2_fits(s2.method, list(setup.task.modules().values()), setup.optimizer, params, len(splits["train"]),
                       max(len(split) for split in splits.values()), tuple(splits["train"].x.shape[1:]), device)
     key = resume_key({"seed": params.seed, "model": params.model.name, "options": setup.model.encoder.options,
                       "stage2": s2.model_dump(mode="json"), "loss": params.loss.model_dump(mode="json")},
-                     {**split_tensors(splits), "inferred": inferred, "minority": minority, "erm_state": erm_state})
+                     {**split_tensors(splits), "inferred": inferred, "minority": minority, "erm_state": erm_state,
+                      **{k: v for k, v in (("inferred_group", inferred_group), ("bias_scores", bias_scores))
+                         if v is not None}})
     advice = f"stage2.lr (now {s2.lr:g})"
     if spec.temperature is not None:
         temperature_key, temperature = spec.temperature(params)

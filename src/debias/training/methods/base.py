@@ -36,6 +36,8 @@ class Stage2Inputs:
     params: Params
     device: torch.device
     generator: torch.Generator
+    inferred_group: torch.Tensor | None = None  # int64 [N] group per training point (groups table; GroupDRO)
+    bias_scores: torch.Tensor | None = None  # float [N, K] soft bias scores (groups.method soft; FairKL)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from debias.params import Params
 from debias.training.loop import GeneratorTask, ensure_finite
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, normalise, register_method,
                                           stage2_optimiser)
+from debias.training.methods.views import Views
 
 
 class WCLTask(GeneratorTask):
@@ -26,6 +27,8 @@ class WCLTask(GeneratorTask):
                  params: Params, generator: torch.Generator, device: torch.device) -> None:
         self.model, self.biased, self.optimizer, self.train = model, biased, optimizer, train
         self.params, self.generator, self.device = params, generator, device
+        wcl = params.stage2.wcl
+        self.views = Views(train, params, lambda x, g: view(x, wcl.max_shift, wcl.noise_std, g))  # by modality
 
     def modules(self) -> dict[str, nn.Module]:
         return {"model": self.model, "biased": self.biased}
@@ -40,8 +43,8 @@ class WCLTask(GeneratorTask):
                 continue
             images = self.train.x[index]
             local = distributed.shard_slice(len(index))
-            anchor = view(images, wcl.max_shift, wcl.noise_std, self.generator)[local].to(self.device)
-            positive = view(images, wcl.max_shift, wcl.noise_std, self.generator)[local].to(self.device)
+            anchor = self.views(images, self.generator)[local].to(self.device)
+            positive = self.views(images, self.generator)[local].to(self.device)
             z_d_a, z_d_p = self.model.embed(anchor), self.model.embed(positive)
             z_b_a, z_b_p = self.biased.embed(anchor), self.biased.embed(positive)
             z_d_a, z_d_p, z_b_a, z_b_p = (distributed.all_gather_rows(normalise(z), len(index))

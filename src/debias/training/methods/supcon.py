@@ -72,8 +72,8 @@ class ContrastiveTask(GeneratorTask):
 def contrastive_method(inputs: Stage2Inputs) -> Stage2Setup:
     model = fresh_model(inputs)
     optimizer, scheduler = stage2_optimiser(inputs, model.encoder.parameters())
-    task = ContrastiveTask(model, optimizer, inputs.splits["train"], inputs.inferred, inputs.params,
-                           inputs.generator, inputs.device)
+    bias = inputs.bias_scores if inputs.bias_scores is not None else inputs.inferred  # soft scores (groups: soft)
+    task = ContrastiveTask(model, optimizer, inputs.splits["train"], bias, inputs.params, inputs.generator, inputs.device)
     return Stage2Setup(task, model, optimizer, scheduler)
 
 

@@ -1,0 +1,106 @@
+"""``groupdro``: Group DRO (Sagawa et al. 2020, Alg. 1 with Sec. 3.3's group adjustment; the CNC paper's oracle
+row, CMNIST* 78.5 / 90.6 with training group labels).
+
+Groups come from the groups table's ``inferred_group`` column, so the one method covers both rows of the tables:
+with ``groups.method: true`` they are the true (class, attribute) groups ``y * A + a`` (the oracle GroupDRO); with
+inferred groups they are the groups stage's (``pred``: (class, ERM prediction); ``cluster`` with ``per_class: k``:
+GEORGE-style (class, cluster) groups). Group ids are renumbered to ``0 .. G-1`` over the groups present in the
+training split (empty ids are never groups). Per shuffled batch: the mean cross-entropy of each group present,
+``q_g <- q_g exp(η (L_g + C / sqrt(n_g)))`` over the groups present, renormalised to the mass they held
+(:func:`debias.losses.group_dro_weights`; an absent group keeps its weight), then a step on ``sum_g q_g L_g``
+(:func:`debias.losses.group_dro_loss`). ``η`` = ``stage2.groupdro.step_size`` (the paper's 0.01), ``C`` =
+``stage2.groupdro.adjustment`` (CNC's CMNIST* runs: 0), ``n_g`` the training size of group g. ``q`` is training
+state, saved and restored on resume; the stage's info file reports the final ``q`` per group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from debias import distributed, losses
+from debias.data.augment import random_shift
+from debias.data.store import BiasedSplit
+from debias.models import Network
+from debias.params import Params
+from debias.training.loop import GeneratorTask, ensure_finite
+from debias.training.methods.base import Progress, Stage2Inputs, Stage2Setup, fresh_model, register_method, stage2_optimiser
+
+
+def compact_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids in 0 .. G-1, the original id of each)``: groups renumbered over the ids present, in increasing order."""
+    original, compact = torch.unique(groups.long().cpu(), return_inverse=True)
+    return compact, original
+
+
+class GroupDROTask(GeneratorTask):
+    """Shuffled batches; online group weights ``q``; cross-entropy head trained with the encoder."""
+
+    def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit, groups: torch.Tensor,
+                 params: Params, generator: torch.Generator, device: torch.device) -> None:
+        self.model, self.optimizer, self.train = model, optimizer, train
+        self.params, self.generator, self.device = params, generator, device
+        self.groups, self.group_ids = compact_groups(groups)
+        self.n_groups = len(self.group_ids)
+        self.group_counts = torch.bincount(self.groups, minlength=self.n_groups).double()
+        self.q = torch.full((self.n_groups,), 1.0 / self.n_groups, dtype=torch.float64)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {**super().extra_state(), "q": self.q.clone()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        self.q = state["q"].clone()
+
+    def step(self, index: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
+        """Update ``q`` from the batch's group losses, then one optimiser step on ``sum_g q_g L_g``."""
+        dro = self.params.stage2.groupdro
+        x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
+        x = x[distributed.shard_slice(len(index))].to(self.device)
+        y = self.train.y[index].to(self.device)
+        groups = self.groups[index].to(self.device)
+        logits = distributed.all_gather_rows(self.model(x), len(index))
+        per_sample = F.cross_entropy(logits, y, reduction="none")
+        group_losses, batch_counts = losses.group_mean_losses(per_sample, groups, self.n_groups)
+        self.q = losses.group_dro_weights(self.q, group_losses.detach().cpu().double(), self.group_counts,
+                                          dro.step_size, dro.adjustment, batch_counts=batch_counts.cpu())
+        loss = losses.group_dro_loss(per_sample, groups, self.q.to(self.device))
+        ensure_finite(loss, step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        distributed.sum_gradients(self.optimizer)
+        self.optimizer.step()
+        present = batch_counts > 0
+        return {"loss": loss.detach(), "ce": per_sample.detach().mean(),
+                "worst_group_loss": group_losses.detach()[present].max(), "q_max": self.q.max()}
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        order = torch.randperm(len(self.train), generator=self.generator)
+        progress = Progress()
+        for step, index in enumerate(tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}",
+                                          leave=False, disable=None if distributed.is_main() else True)):
+            progress.add(**self.step(index, step))
+        return progress.means()
+
+
+@register_method("groupdro", head_trained=True)
+def groupdro_method(inputs: Stage2Inputs) -> Stage2Setup:
+    if inputs.inferred_group is None:
+        raise ValueError("stage2.method = groupdro needs the groups table's inferred_group column (run infer_groups; "
+                         "groups.method: true for the true groups)")
+    train = inputs.splits["train"]
+    if len(inputs.inferred_group) != len(train):
+        raise ValueError(f"stage2.method = groupdro: {len(inputs.inferred_group)} group ids for {len(train)} training "
+                         "points; rerun infer_groups")
+    model = fresh_model(inputs)
+    optimizer, scheduler = stage2_optimiser(inputs, model.parameters())
+    task = GroupDROTask(model, optimizer, train, inputs.inferred_group, inputs.params, inputs.generator, inputs.device)
+
+    def report() -> dict[str, Any]:
+        return {"groupdro_groups": task.group_ids.tolist(), "groupdro_group_counts": task.group_counts.long().tolist(),
+                "groupdro_q": [round(float(v), 6) for v in task.q]}
+
+    return Stage2Setup(task, model, optimizer, scheduler, report=report)

@@ -1,0 +1,173 @@
+"""The comparison baselines' training steps (LfF, GroupDRO, DCL/HCL), the views by modality, soft bias scores."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from debias import losses
+from debias.data.store import BiasedSplit
+from debias.groups import infer_groups, load_groups, save_groups
+from debias.params import validate
+from debias.runtime import seed_everything
+from debias.training.methods import Stage2Inputs, setup_method
+from debias.training.methods import dclhcl, views
+from debias.training.methods.groupdro import compact_groups
+from debias.training.methods.lff import LossEMA
+from tests.test_training import tiny_split
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tabular_split(n: int = 64, seed: int = 0) -> BiasedSplit:
+    """Feature vectors: two numeric columns and a 3-value one-hot column; y from the first, a from the one-hot."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 2, (n,), generator=g)
+    a = torch.randint(0, 2, (n,), generator=g)
+    colour = torch.randint(0, 3, (n,), generator=g)
+    x = torch.cat([(2 * y.float() - 1)[:, None] + 0.3 * torch.randn(n, 1, generator=g), torch.randn(n, 1, generator=g),
+                   F.one_hot(colour, 3).float()], 1)
+    return BiasedSplit(x, y, a, a == y, 2, 2, ("age", "hours", "colour=a", "colour=b", "colour=c"))
+
+
+def stage2_inputs(method: str, train: BiasedSplit, overrides: dict | None = None, **extra) -> Stage2Inputs:
+    params = validate({"model": {"name": "mlp", "mlp": {"hidden": [16, 8]}} if train.modality == "tabular" else {},
+                       "stage2": {"method": method, "optimizer": "adam", "lr": 3e-3, "batch_size": 16,
+                                  "augment_shift": 0, **(overrides or {})}})
+    inferred = train.a.clone()
+    return Stage2Inputs({"train": train, "val": train, "test": train}, inferred, inferred != train.y, None, params,
+                        CPU, seed_everything(0), **extra)
+
+
+# --------------------------------------------------------------------------- LfF
+
+
+def test_lff_loss_ema_starts_at_the_first_loss_and_normalises_by_the_class_maximum() -> None:
+    ema = LossEMA(torch.tensor([0, 0, 1, 1]), 2, alpha=0.7)
+    ema.update(torch.tensor([0, 1, 2]), torch.tensor([1.0, 2.0, 4.0]))
+    assert ema.value.tolist() == [1.0, 2.0, 4.0, 0.0]  # first losses set the average
+    ema.update(torch.tensor([0]), torch.tensor([3.0]))
+    assert ema.value[0].item() == pytest.approx(0.7 * 1.0 + 0.3 * 3.0)  # 1.6
+    assert ema.normalised(torch.tensor([0, 1, 2, 3])).tolist() == pytest.approx([1.6 / 2.0, 1.0, 1.0, 0.0])
+    restored = LossEMA(torch.tensor([0, 0, 1, 1]), 2, alpha=0.7)
+    restored.load_state_dict(ema.state_dict())
+    assert torch.equal(restored.value, ema.value) and torch.equal(restored.seen, ema.seen)
+
+
+def test_lff_step_weights_the_debiased_ce_by_relative_difficulty() -> None:
+    train = tabular_split()
+    setup = setup_method(stage2_inputs("lff", train, {"lff": {"q": 0.7, "ema_alpha": 0.7}}))
+    task = setup.task
+    index = torch.arange(16)
+    with torch.no_grad():
+        ce_b = F.cross_entropy(task.biased(train.x[index]), train.y[index], reduction="none")
+        ce_d = F.cross_entropy(task.model(train.x[index]), train.y[index], reduction="none")
+        gce = losses.generalized_cross_entropy(task.biased(train.x[index]), train.y[index], 0.7)
+    # first step: the EMAs are the batch's losses; every other point of the class is 0, so the class maximum is
+    # the batch's maximum per class
+    top_b = torch.stack([ce_b[train.y[index] == c].max() for c in (0, 1)])[train.y[index]]
+    top_d = torch.stack([ce_d[train.y[index] == c].max() for c in (0, 1)])[train.y[index]]
+    weight = (ce_b / top_b) / (ce_b / top_b + ce_d / top_d)
+    parts = task.step(index, 0)
+    assert parts["weight"].item() == pytest.approx(weight.mean().item(), rel=1e-5)
+    assert parts["loss"].item() == pytest.approx((gce + (weight * ce_d).mean()).item(), rel=1e-5)
+    assert set(task.extra_state()) >= {"ema_biased", "ema_debiased", "generator"}
+    assert set(task.modules()) == {"model", "biased"} and setup.model is task.model  # the debiased one is kept
+
+
+# --------------------------------------------------------------------------- GroupDRO
+
+
+def test_groupdro_step_moves_weight_to_the_worst_group_as_alg_1() -> None:
+    assert [t.tolist() for t in compact_groups(torch.tensor([7, 2, 7, 9]))] == [[1, 0, 1, 2], [2, 7, 9]]
+    train = tabular_split()
+    groups = train.y * 2 + train.a
+    setup = setup_method(stage2_inputs("groupdro", train, {"groupdro": {"step_size": 0.5, "adjustment": 1.0}},
+                                       inferred_group=groups))
+    task = setup.task
+    assert task.q.tolist() == [0.25] * 4
+    index = torch.arange(16)
+    with torch.no_grad():
+        per_sample = F.cross_entropy(task.model(train.x[index]), train.y[index], reduction="none").double()
+    batch = groups[index]
+    present = torch.tensor([bool((batch == g).any()) for g in range(4)])
+    mean = torch.tensor([per_sample[batch == g].mean().item() if present[g] else 0.0 for g in range(4)],
+                        dtype=torch.float64)
+    adjusted = mean + 1.0 / torch.bincount(groups, minlength=4).double().sqrt()
+    expected = torch.where(present, 0.25 * torch.exp(0.5 * adjusted), 0.0)  # Alg. 1, then renormalised
+    expected = torch.where(present, expected / expected.sum() * 0.25 * present.sum(), 0.25)
+    parts = task.step(index, 0)
+    assert torch.allclose(task.q, expected, atol=1e-6)
+    assert parts["loss"].item() == pytest.approx(float((expected * mean).sum()), rel=1e-5)
+    assert torch.equal(task.extra_state()["q"], task.q)
+    with pytest.raises(ValueError, match="groupdro needs the groups table's inferred_group"):
+        setup_method(stage2_inputs("groupdro", train))
+
+
+# --------------------------------------------------------------------------- views by modality
+
+
+@pytest.mark.parametrize("method", ["dcl", "hcl", "wcl"])
+def test_self_supervised_methods_use_scarf_views_on_feature_vectors(method, monkeypatch) -> None:
+    train = tabular_split()
+    calls = []
+    original = views.tabular_view
+
+    def recording(x, generator, **options):
+        calls.append(options)
+        return original(x, generator, **options)
+
+    monkeypatch.setattr(views, "tabular_view", recording)
+    setup = setup_method(stage2_inputs(method, train, {"tabular_view": {"corruption_rate": 0.4}}))
+    metrics = setup.task.train_epoch(0)
+    assert math.isfinite(metrics["train/loss"])
+    assert len(calls) == 2 * 4  # two views of each of the 4 batches
+    assert all(c["corruption_rate"] == 0.4 and c["pool"] is train.x for c in calls)
+    assert calls[0]["groups"].tolist() == [0, 1, 2, 2, 2]  # the one-hot columns are one feature
+
+
+def test_dcl_and_hcl_use_simclr_views_on_images(monkeypatch) -> None:
+    shapes = []
+    original = dclhcl.simclr_view
+    monkeypatch.setattr(dclhcl, "simclr_view", lambda x, g: shapes.append(tuple(x.shape)) or original(x, g))
+    monkeypatch.setattr(views, "tabular_view", lambda *a, **k: pytest.fail("images took tabular views"))
+    setup = setup_method(stage2_inputs("hcl", tiny_split(32), {"batch_size": 16}))
+    setup.task.train_epoch(0)
+    assert shapes == [(16, 3, 28, 28)] * 4
+
+
+# --------------------------------------------------------------------------- soft bias scores
+
+
+def test_soft_groups_store_the_bias_capturing_models_scores_and_fairkl_reads_them(tmp_path, monkeypatch) -> None:
+    train = tiny_split(24)
+    logits = torch.randn(24, 3, generator=torch.Generator().manual_seed(0)) * 3
+    params = validate({"groups": {"method": "soft", "soft": {"temperature": 2.0}}}).groups
+    soft = infer_groups("soft", train, torch.zeros(24, 4), logits, params, seed=0)
+    assert torch.allclose(soft.bias_scores, torch.softmax(logits / 2.0, 1), atol=1e-6)
+    assert torch.equal(soft.inferred_label, logits.argmax(1)) and torch.equal(soft.minority, logits.argmax(1) != train.y)
+    save_groups(tmp_path / "g.parquet", soft)
+    loaded = load_groups(tmp_path / "g.parquet", y=train.y)
+    assert torch.allclose(loaded.bias_scores, soft.bias_scores) and torch.equal(loaded.inferred_label, soft.inferred_label)
+    hard = infer_groups("pred", train, torch.zeros(24, 4), logits, params, seed=0)
+    save_groups(tmp_path / "h.parquet", hard)
+    assert load_groups(tmp_path / "h.parquet").bias_scores is None
+
+    seen = []
+    original = losses.fairkl
+    monkeypatch.setattr(losses, "fairkl", lambda z, y, bias, variant: seen.append(bias) or original(z, y, bias, variant))
+    inputs = stage2_inputs("eps_supinfonce", train, bias_scores=loaded.bias_scores)
+    inputs.params.loss.fairkl.weight = 1.0
+    setup_method(inputs).task.train_epoch(0)
+    assert seen and all(b.dtype == torch.float32 and b.shape[1] == 3 for b in seen)
