@@ -78,8 +78,17 @@ def experiment_name(setting: str, seed: int, method: str) -> str:
     return f"{setting}-s{seed}-{method}".replace("_", "-")
 
 
+# Keys of a method's config entry that are not params: ``targets`` (the stages its experiment runs; default
+# linear_probe and evaluate) and ``result`` (where its row's test accuracies are: default the stage-2 model,
+# stage2_train.json; ``{file: probe, encoder: erm}``: that encoder's linear probe in probe.json, e.g. DFR's
+# last-layer retraining of the ERM encoder).
+JOB_KEYS = ("targets", "result")
+METHOD_TARGETS = ["linear_probe", "evaluate"]
+
+
 def plan(config: dict, settings: list[str], seeds: list[int], methods: list[str], forced: dict | None = None) -> list[dict]:
-    """Every experiment to run, seed by seed, upstream ones first: name, setting, seed, method, overrides, targets.
+    """Every experiment to run, seed by seed, upstream ones first: name, setting, seed, method, overrides, targets
+    (and ``result``, see :data:`JOB_KEYS`).
 
     Overrides merge setting <- method <- seed <- ``forced`` (command-line ``--set``, e.g. for a smoke run).
     """
@@ -94,10 +103,11 @@ def plan(config: dict, settings: list[str], seeds: list[int], methods: list[str]
                                             forced)})
         for setting in settings:
             for method in methods:
-                overrides = merge(merge(config["settings"][setting], config["methods"][method]), {"seed": seed})
+                entry = {k: v for k, v in config["methods"][method].items() if k not in JOB_KEYS}
+                overrides = merge(merge(config["settings"][setting], entry), {"seed": seed})
                 jobs.append({"name": experiment_name(setting, seed, method), "setting": setting, "seed": seed,
-                             "method": method, "targets": ["linear_probe", "evaluate"],
-                             "overrides": merge(overrides, forced)})
+                             "method": method, "targets": list(config["methods"][method].get("targets", METHOD_TARGETS)),
+                             "result": config["methods"][method].get("result"), "overrides": merge(overrides, forced)})
     return jobs
 
 
@@ -268,6 +278,12 @@ def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[st
             rep = representation.get((job["setting"], job["seed"]), {})
             stage_time = seconds.get(name, {}).get("train_erm")
             row["method"] = "erm"
+        elif job.get("result"):  # a linear probe's result (e.g. DFR on the ERM encoder)
+            encoder = job["result"].get("encoder", "stage2")
+            test = ((metrics.get("reports/metrics/probe.json", {}).get(encoder) or {}).get("probe") or {}).get("test", {})
+            rep = metrics.get("reports/metrics/representation.json", {}).get(encoder, {})
+            stage_time = seconds.get(name, {}).get("linear_probe")
+            row["method"] = job["method"]
         else:
             test = metrics.get("reports/metrics/stage2_train.json", {}).get("test", {})
             rep = metrics.get("reports/metrics/representation.json", {}).get("stage2", {})

@@ -32,7 +32,7 @@ def _plan(seeds=(0, 1, 2), forced=None):
 def test_plan_is_seed_major_with_each_upstream_before_its_methods() -> None:
     jobs = _plan()
     per_seed = len(CONFIG["settings"]) * (1 + len(CONFIG["methods"]))
-    assert len(jobs) == 3 * per_seed == 108
+    assert len(jobs) == 3 * per_seed == 156
     assert [job["seed"] for job in jobs] == [s for s in (0, 1, 2) for _ in range(per_seed)]
     assert len({job["name"] for job in jobs}) == len(jobs)
     seen_upstream = set()
@@ -43,7 +43,8 @@ def test_plan_is_seed_major_with_each_upstream_before_its_methods() -> None:
             assert job["targets"] == ["infer_groups"]
         else:
             assert key in seen_upstream, job["name"]
-            assert job["targets"] == ["linear_probe", "evaluate"]
+            assert job["targets"] == CONFIG["methods"][job["method"]].get("targets", ["linear_probe", "evaluate"])
+            assert not set(quality.JOB_KEYS) & set(job["overrides"])  # never passed to dvc as params
 
 
 def test_every_planned_experiment_passes_the_params_schema() -> None:

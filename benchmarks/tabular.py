@@ -1,0 +1,212 @@
+"""The WCL paper's Table 3 (Adult, COMPAS: accuracy and equalized-odds violation) through the pipeline itself.
+
+For every setting (adult, compas) x seed x method of ``benchmarks/tabular.yaml`` this queues ``dvc exp run -S ...``
+in a scratch clone and runs the queue with ``dvc queue start -j JOBS``, exactly as ``benchmarks/quality.py`` does
+(its plan, queue and collection helpers are imported from it): per (setting, seed) the shared upstream (download ->
+inject_bias -> train_erm -> infer_groups) first, then the methods, which reuse it from DVC's run-cache. The seed
+draws the random 70/15/15 split (5 seeds: the paper's 5 repetitions). Rows: the ERM baseline (the upstream's ERM),
+each stage-2 method (its selected model's test accuracy and fairness block, stage2_train.json) and the derived
+Eq. Odds row (the ERM encoder's probe after equalized-odds post-processing, probe.json). Written as per-run CSV
+and a Markdown table of mean +- sample std over seeds beside the paper's numbers.
+
+The original files are read in place through ``data.path`` (``--data-dir``/<source>/: adult.data, adult.test;
+compas-scores-two-years.csv), so the benchmark runs offline:
+
+    python benchmarks/tabular.py --data-dir ../shared/datasets --settings compas --seeds 0 1 2 3 4 --jobs 2
+
+``--workdir`` keeps the clone and resumes it; ``--collect-only`` rebuilds the tables from an existing workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import quality  # noqa: E402  (benchmarks/quality.py: plan, queue, collection)
+
+FILES = {"adult": ("adult.data", "adult.test"), "compas": ("compas-scores-two-years.csv",)}
+METRICS = ("avg", "worst_group")
+FAIRNESS = ("equalized_odds_difference", "demographic_parity_difference")
+
+
+def with_data_paths(config: dict, data_dir: Path) -> dict:
+    """The config with each setting's ``data.path`` pointing at ``data_dir/<source>`` (checked to hold its files)."""
+    config = quality.merge(config, {})
+    for setting, overrides in config["settings"].items():
+        source = overrides["data"]["source"]
+        folder = (data_dir / source).resolve()
+        missing = [name for name in FILES[source] if not (folder / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{folder} lacks {missing}: --data-dir must hold {source}/ with the original files")
+        overrides["data"]["path"] = str(folder)
+    return config
+
+
+def result_of(metrics: dict, job: dict, derived: dict | None = None) -> dict:
+    """A row's test report (accuracies + ``fairness``): the upstream's ERM, a method's stage-2 model, or a derived
+    row's post-processed probe."""
+    if derived is not None:
+        probe = (metrics.get("reports/metrics/probe.json", {}).get(derived.get("encoder", "erm")) or {}).get("probe") or {}
+        return (probe.get("equalized_odds") or {}).get("test") or {}
+    if job["method"] == quality.UPSTREAM:
+        return metrics.get("reports/metrics/erm.json", {}).get("test") or {}
+    return metrics.get("reports/metrics/stage2_train.json", {}).get("test") or {}
+
+
+def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]], config: dict) -> list[dict]:
+    """One row per (setting, seed, method) with a result: accuracies, EOd, DP difference, training seconds."""
+    rows = []
+    by_name = {job["name"]: job for job in jobs}
+    for job in jobs:
+        got = shown.get(job["name"])
+        entries = []
+        if job["method"] == quality.UPSTREAM:
+            entries.append(("erm", got, None, "train_erm"))
+        else:
+            entries.append((job["method"], got, None, "train_contrastive"))
+        for label, spec in (config.get("derived") or {}).items():
+            if spec["experiment"] == job["method"]:
+                entries.append((label, got, spec, "linear_probe"))
+        for method, found, derived, stage in entries:
+            test = result_of(found["metrics"], job, derived) if found else {}
+            if not test:
+                continue  # queued, failed or stopped at the time limit
+            fairness = test.get("fairness") or {}
+            val = {} if derived else (found["metrics"].get("reports/metrics/stage2_train.json", {}).get("val") or {})
+            rows.append({"setting": job["setting"], "seed": job["seed"], "method": method,
+                         **{f"test_{k}": test.get(k) for k in METRICS},
+                         **{f"test_{k}": fairness.get(k) for k in FAIRNESS},
+                         "val_avg": val.get("avg"),
+                         "train_seconds": seconds.get(job["name"], {}).get(stage),
+                         "experiment_seconds": sum(seconds.get(job["name"], {}).values()) or None,
+                         "experiment": job["name"], "chosen": None})
+    assert all(row["experiment"] in by_name for row in rows)
+    return rows + grid_rows(rows, config)
+
+
+def grid_rows(rows: list[dict], config: dict) -> list[dict]:
+    """Per (setting, seed) and grid of ``config['grids']``: a copy of the candidate row with the best validation
+    accuracy (ties: the earlier candidate), named after the grid, with the chosen experiment's method in ``chosen``."""
+    chosen = []
+    for grid, candidates in (config.get("grids") or {}).items():
+        for key in sorted({(r["setting"], r["seed"]) for r in rows}):
+            found = [r for c in candidates for r in rows if (r["setting"], r["seed"]) == key and r["method"] == c
+                     and r["val_avg"] is not None]
+            if found:
+                best = max(found, key=lambda r: (r["val_avg"], -candidates.index(r["method"])))
+                chosen.append({**best, "method": grid, "chosen": best["method"]})
+    return chosen
+
+
+def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[str]) -> str:
+    """Mean ± sample std over seeds per (setting, method): accuracy and worst-group in %, EOd and DP difference."""
+    labels = config.get("labels", {})
+    order = ["erm", *(config.get("derived") or {}), *(config.get("grids") or {}), *methods]
+    lines = ["| setting | method | test accuracy % | EOd | DP difference | test worst-group % | train s | seeds | "
+             "paper: accuracy % / EOd |", "|---|---|---|---|---|---|---:|---:|---|"]
+    for setting in settings:
+        paper = config.get("paper", {}).get(setting, {})
+        for method in order:
+            group = [r for r in rows if r["setting"] == setting and r["method"] == method]
+            if not group:
+                continue
+            seconds = [r["train_seconds"] for r in group if r["train_seconds"] is not None]
+            cells = [quality.mean_std([r["test_avg"] for r in group], 100),
+                     quality.mean_std([r["test_equalized_odds_difference"] for r in group], digits=3),
+                     quality.mean_std([r["test_demographic_parity_difference"] for r in group], digits=3),
+                     quality.mean_std([r["test_worst_group"] for r in group], 100),
+                     f"{sum(seconds) / len(seconds):.0f}" if seconds else "–", str(len(group)), paper.get(method, "")]
+            picks = sorted({r["chosen"] for r in group if r.get("chosen")})
+            note = (" — chosen: " + ", ".join(f"{labels.get(c, c)} ×{sum(r['chosen'] == c for r in group)}" for c in picks)
+                    if picks else "")
+            lines.append(f"| {setting} | {labels.get(method, method)}{note} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + ["", "Paper: WCL paper (difficulty-based sampling for debiased contrastive learning), "
+                              "Table 3, 5 random 70/15/15 splits, MLP; EOd = equalized-odds violation (lower is better)."])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", required=True, help="folder holding adult/ and compas/ with the original files")
+    parser.add_argument("--config", default=str(HERE / "tabular.yaml"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--settings", nargs="*", help="subset of the config's settings (adult, compas)")
+    parser.add_argument("--methods", nargs="*", help="subset of the config's methods")
+    parser.add_argument("--jobs", type=int, default=2, help="DVC queue workers (dvc queue start -j)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (DEBIAS_THREADS)")
+    parser.add_argument("--workdir", help="scratch clone to create or resume (default: a temporary folder)")
+    parser.add_argument("--max-minutes", type=float, help="stop the queue after this long and report what finished")
+    parser.add_argument("--collect-only", action="store_true", help="only rebuild the tables from --workdir")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="extra overrides of every experiment (YAML values), e.g. for a smoke run: stage2.epochs=1")
+    parser.add_argument("--out", default=str(HERE / "results" / "tabular"))
+    args = parser.parse_args(argv)
+
+    config = yaml.safe_load(Path(args.config).read_text())
+    unknown = [s for s in args.settings or [] if s not in config["settings"]]
+    unknown += [m for m in args.methods or [] if m not in config["methods"]]
+    if unknown:
+        parser.error(f"unknown settings/methods {unknown}; allowed: {sorted(config['settings'])}, "
+                     f"{sorted(config['methods'])}")
+    settings = args.settings or list(config["settings"])
+    methods = args.methods or list(config["methods"])
+    try:
+        config = with_data_paths(config, Path(args.data_dir))
+    except FileNotFoundError as exc:
+        parser.error(str(exc))
+    forced: dict[str, Any] = {}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        node = forced
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    jobs = quality.plan(config, settings, args.seeds, methods, forced)
+    command = "python benchmarks/tabular.py " + " ".join(sys.argv[1:] if argv is None else argv)
+
+    workdir = Path(args.workdir).resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="debias-tabular-"))
+    started = time.time()
+    unfinished: list[str] = []
+    if not args.collect_only:
+        if not (workdir / ".dvc").is_dir():
+            if workdir.exists() and any(workdir.iterdir()):
+                parser.error(f"--workdir {workdir} exists and is not a benchmark clone")
+            workdir.rmdir() if workdir.exists() else None
+            quality.make_workspace(workdir, config["base"])
+        deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
+        unfinished = quality.run_queue(workdir, jobs, args.jobs, quality.stage_env(args.threads, workdir), deadline)
+    wall = time.time() - started
+    seconds, span = quality.stage_runs(workdir)
+    rows = rows_of(jobs, quality.shown_experiments(workdir), seconds, config)
+    if not rows:
+        print("[tabular] no results", file=sys.stderr)
+        return 1
+    import torch
+
+    commit = quality.run(["git", "rev-parse", "--short", "HEAD~1"], cwd=workdir).strip()  # HEAD: the base params
+    header = (f"Command: `{command}` (pipeline code at commit {commit})\n\nMachine: {os.cpu_count()} CPUs "
+              f"({platform.processor() or platform.machine()}), torch {torch.__version__}, {args.jobs} queue workers x "
+              f"{args.threads} thread(s). " + ("" if args.collect_only else f"Benchmark wall time: {wall / 60:.1f} min; ")
+              + f"first stage run's start to last one's end: {span / 60:.1f} min; {len(rows)} result rows, "
+              f"{len(jobs)} experiments" + (f", {len(unfinished)} unfinished." if unfinished else "."))
+    text = markdown(rows, config, settings, methods)
+    quality.write_results(Path(args.out), rows, text, header)
+    print(header + "\n\n" + text)
+    if not args.workdir and not args.collect_only:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""benchmarks/tabular.py: its plan passes the params schema, rows come from the right files, grids pick by
+validation accuracy (offline: no experiment runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import yaml
+
+from debias.params import validate
+from tests.conftest import REPO, SHARED_DATASETS
+
+
+def _load(name: str, file: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+tabular = _load("bench_tabular", "tabular.py")
+CONFIG = yaml.safe_load((REPO / "benchmarks" / "tabular.yaml").read_text())
+
+
+def test_every_planned_experiment_passes_the_params_schema(tmp_path) -> None:
+    for source, names in tabular.FILES.items():
+        (tmp_path / source).mkdir()
+        for name in names:
+            (tmp_path / source / name).write_text("")
+    config = tabular.with_data_paths(CONFIG, tmp_path)
+    base = tabular.quality.merge(yaml.safe_load((REPO / "params.yaml").read_text()), config["base"])
+    jobs = tabular.quality.plan(config, list(config["settings"]), [0, 1], list(config["methods"]))
+    assert len(jobs) == 2 * 2 * (1 + len(CONFIG["methods"]))
+    for job in jobs:
+        params = validate(tabular.quality.merge(base, job["overrides"]))
+        assert params.data.source in ("adult", "compas") and params.data.path == str(tmp_path / params.data.source)
+        assert params.model.name == "mlp" and params.probe.postprocess == "equalized_odds"
+        if job["method"] != tabular.quality.UPSTREAM:
+            assert job["targets"] == ["linear_probe"]
+    assert set(CONFIG["labels"]) == {"erm", *CONFIG["methods"], *CONFIG["derived"], *CONFIG["grids"]}
+    with pytest.raises(FileNotFoundError, match="lacks"):
+        tabular.with_data_paths(CONFIG, tmp_path / "nowhere")
+
+
+def test_rows_read_erm_methods_derived_and_grids() -> None:
+    config = {**CONFIG, "derived": {"eq_odds": {"experiment": "lff_q07", "encoder": "erm"}},
+              "grids": {"lff": ["lff_q01", "lff_q07"]}}
+    fair = lambda eod: {"equalized_odds_difference": eod, "demographic_parity_difference": 0.1}  # noqa: E731
+    jobs = [{"name": "up", "setting": "compas", "seed": 0, "method": tabular.quality.UPSTREAM},
+            {"name": "a", "setting": "compas", "seed": 0, "method": "lff_q01"},
+            {"name": "b", "setting": "compas", "seed": 0, "method": "lff_q07"}]
+    shown = {
+        "up": {"metrics": {"reports/metrics/erm.json": {"test": {"avg": 0.65, "worst_group": 0.3, "fairness": fair(0.3)}}}},
+        "a": {"metrics": {"reports/metrics/stage2_train.json": {"test": {"avg": 0.62, "worst_group": 0.2,
+                                                                         "fairness": fair(0.2)}, "val": {"avg": 0.66}}}},
+        "b": {"metrics": {"reports/metrics/stage2_train.json": {"test": {"avg": 0.40, "worst_group": 0.1,
+                                                                         "fairness": fair(0.1)}, "val": {"avg": 0.31}},
+                          "reports/metrics/probe.json": {"erm": {"probe": {"equalized_odds": {"test": {
+                              "avg": 0.61, "worst_group": 0.4, "fairness": fair(0.05)}}}}}}},
+    }
+    rows = {r["method"]: r for r in tabular.rows_of(jobs, shown, {"a": {"train_contrastive": 12.0}}, config)}
+    assert set(rows) == {"erm", "lff_q01", "lff_q07", "eq_odds", "lff"}
+    assert rows["erm"]["test_avg"] == 0.65 and rows["erm"]["test_equalized_odds_difference"] == 0.3
+    assert rows["eq_odds"]["test_equalized_odds_difference"] == 0.05 and rows["eq_odds"]["experiment"] == "b"
+    assert rows["lff"]["chosen"] == "lff_q01" and rows["lff"]["test_avg"] == 0.62  # best validation accuracy
+    text = tabular.markdown(list(rows.values()), config, ["compas"], ["lff_q01", "lff_q07"])
+    assert "| compas | Baseline (ERM) | 65.0 | 0.300 | 0.100 | 30.0 | – | 1 | 65.2 / 0.289 |" in text
+    assert "chosen: LfF, q = 0.1 ×1" in text
+
+
+@pytest.mark.skipif(not (SHARED_DATASETS / "compas").is_dir(), reason="shared datasets not present")
+def test_shared_datasets_hold_the_files_the_benchmark_reads() -> None:
+    config = tabular.with_data_paths(CONFIG, SHARED_DATASETS)
+    assert config["settings"]["compas"]["data"]["path"].endswith("compas")
