@@ -171,3 +171,42 @@ def test_soft_groups_store_the_bias_capturing_models_scores_and_fairkl_reads_the
     inputs.params.loss.fairkl.weight = 1.0
     setup_method(inputs).task.train_epoch(0)
     assert seen and all(b.dtype == torch.float32 and b.shape[1] == 3 for b in seen)
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def _fit(method: str, state_path, interrupt_at: int | None = None):
+    from debias.training.loop import fit
+    from debias.training.methods import stage2_validator
+
+    train = tabular_split()
+    setup = setup_method(stage2_inputs(method, train, inferred_group=train.y * 2 + train.a))
+    if interrupt_at is not None:
+        original = setup.task.train_epoch
+
+        def train_epoch(epoch: int):
+            if epoch == interrupt_at:
+                raise KeyboardInterrupt
+            return original(epoch)
+
+        setup.task.train_epoch = train_epoch
+    check = stage2_validator(setup.model, {"train": train, "val": train}, method, 64, CPU)
+    result = fit(setup.task, setup.optimizer, 3, check, state_path=state_path, state_key={"params": "k"})
+    return setup.task, result
+
+
+@pytest.mark.parametrize("method", ["lff", "groupdro"])
+def test_lff_and_groupdro_resume_with_their_state(method, tmp_path) -> None:
+    reference, ref = _fit(method, None)
+    with pytest.raises(KeyboardInterrupt):
+        _fit(method, tmp_path / "state.pt", interrupt_at=2)
+    resumed, result = _fit(method, tmp_path / "state.pt")
+    assert result.resumed_from == 2
+    assert [h["train/loss"] for h in result.history] == [h["train/loss"] for h in ref.history]
+    for name, module in reference.modules().items():
+        assert all(torch.equal(v, resumed.modules()[name].state_dict()[k]) for k, v in module.state_dict().items())
+    if method == "lff":
+        assert torch.equal(resumed.ema_biased.value, reference.ema_biased.value)
+    else:
+        assert torch.equal(resumed.q, reference.q)
