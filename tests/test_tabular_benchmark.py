@@ -75,3 +75,17 @@ def test_rows_read_erm_methods_derived_and_grids() -> None:
 def test_shared_datasets_hold_the_files_the_benchmark_reads() -> None:
     config = tabular.with_data_paths(CONFIG, SHARED_DATASETS)
     assert config["settings"]["compas"]["data"]["path"].endswith("compas")
+
+
+def test_quality_rows_read_a_probe_result_for_methods_that_name_one() -> None:
+    quality = tabular.quality
+    config = yaml.safe_load((REPO / "benchmarks" / "quality.yaml").read_text())
+    (job,) = [j for j in quality.plan(config, ["cmnist_096"], [0], ["dfr"]) if j["method"] == "dfr"]
+    assert job["targets"] == ["linear_probe"] and job["result"] == {"file": "probe", "encoder": "erm"}
+    assert job["overrides"]["probe"] == {"method": "dfr"} and "result" not in job["overrides"]
+    probe = {"erm": {"trained": True, "probe": {"test": {"avg": 0.9, "unbiased": 0.88, "worst_group": 0.7}}}}
+    shown = {job["name"]: {"metrics": {"reports/metrics/probe.json": probe,
+                                       "reports/metrics/stage2_train.json": {"test": {"avg": 0.1}}}}}
+    (row,) = quality.rows_of([job], shown, {job["name"]: {"linear_probe": 4.0}})
+    assert row["method"] == "dfr" and row["test_avg"] == 0.9 and row["test_worst_group"] == 0.7
+    assert row["train_seconds"] == 4.0
