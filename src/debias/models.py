@@ -86,11 +86,13 @@ class Network(nn.Module):
         self.register_buffer("input_shift", (mean / std).view(1, -1, 1, 1), persistent=False)
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (uint8 or 0..255 float) to the encoder's input scale; feature vectors as float, unchanged."""
+        """Images (uint8 or 0..255 float) to the encoder's input scale; feature vectors unchanged; both in the
+        default float dtype (float32 unless a caller, e.g. a float64 test, changed it)."""
+        dtype = torch.get_default_dtype()
         if x.ndim == 4:
-            return x.float().div(self.input_scale).sub(self.input_shift)
+            return x.to(dtype).div(self.input_scale.to(dtype)).sub(self.input_shift.to(dtype))
         if x.ndim == 2:
-            return x.float()
+            return x.to(dtype)
         raise ValueError(f"input of shape {tuple(x.shape)}: allowed: images [N,3,H,W] or feature vectors [N,F]")
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:

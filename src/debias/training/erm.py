@@ -40,8 +40,8 @@ def predict(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.de
     zs, logits = [], []
     for start in range(0, len(x), batch_size):
         z, out = model.embed_and_classify(x[start : start + batch_size].to(device, non_blocking=True))
-        zs.append(z.float().cpu())
-        logits.append(out.float().cpu())
+        zs.append(z.to(torch.get_default_dtype()).cpu())  # float32 (from bf16 too), float64 in float64 tests
+        logits.append(out.to(torch.get_default_dtype()).cpu())
     model.train(was_training)
     return torch.cat(zs), torch.cat(logits)
 
