@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from debias.params import validate
-from tests.conftest import REPO
+from tests.conftest import REPO, committed_text
 
 
 def _load_quality():
@@ -47,7 +47,7 @@ def test_plan_is_seed_major_with_each_upstream_before_its_methods() -> None:
 
 
 def test_every_planned_experiment_passes_the_params_schema() -> None:
-    base_params = yaml.safe_load((REPO / "params.yaml").read_text())
+    base_params = yaml.safe_load(committed_text("params.yaml"))
     base = quality.merge(base_params, quality.merge(CONFIG["base"], {"data": {"path": "mnist10k.npz"}}))
     for job in _plan(seeds=(0,)):
         params = validate(quality.merge(base, job["overrides"]))

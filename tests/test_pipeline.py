@@ -32,7 +32,7 @@ TINY = {
     "probe": {"c_grid": [0.1, 1.0]},
     "evaluate": {"splits": ["test"], "umap": {"max_points": 150}},
 }
-STAGES = ["download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate",
+STAGES = ["source", "download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate",
           "report"]
 
 
@@ -165,7 +165,7 @@ def test_one_mlflow_run_per_stage_with_provenance_tags(pipeline) -> None:
     client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
     by_stage = {r.data.tags["debias.stage"]: r for r in runs}
-    assert set(by_stage) == set(STAGES)
+    assert set(by_stage) == set(STAGES) - {"source"}  # the fingerprint stage logs nothing
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     for stage, run in by_stage.items():
         assert run.data.tags["debias.git_commit"] == head
@@ -177,17 +177,17 @@ def test_one_mlflow_run_per_stage_with_provenance_tags(pipeline) -> None:
 
 def test_second_repro_reruns_nothing_and_params_rerun_only_downstream(pipeline) -> None:
     clone, _ = pipeline
-    assert ran(dvc(clone, "repro")) == []
+    assert ran(dvc(clone, "repro")) == ["source"]  # it always runs (fingerprints external files), nothing after it
     params = yaml.safe_load((clone / "params.yaml").read_text())
     original = (clone / "params.yaml").read_text()
     try:
         params["bias"]["foreground"]["p_corr"] = 0.8
         (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        assert ran(dvc(clone, "repro", "--dry", "inject_bias")) == ["inject_bias"]  # download is not rerun
+        assert ran(dvc(clone, "repro", "--dry", "inject_bias")) == ["source", "inject_bias"]  # download is not rerun
     finally:
         (clone / "params.yaml").write_text(original)
-    for key, stages in (("stage2.epochs=3", STAGES[4:]), ("loss.epsilon=0.3", STAGES[4:]),
-                        ("groups.method=true", STAGES[3:]), ("report.dpi=90", ["report"])):
+    for key, stages in (("stage2.epochs=3", STAGES[5:]), ("loss.epsilon=0.3", STAGES[5:]),
+                        ("groups.method=true", STAGES[4:]), ("report.dpi=90", ["report"])):
         section, value = key.split("=")
         outer, inner = section.split(".")
         changed = yaml.safe_load(original)
@@ -195,8 +195,8 @@ def test_second_repro_reruns_nothing_and_params_rerun_only_downstream(pipeline) 
         (clone / "params.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
         status = dvc(clone, "status", "--json")
         (clone / "params.yaml").write_text(original)
-        # the first stage that reads the param, and the report (it shows every changed param)
-        assert set(json.loads(status.strip().splitlines()[-1])) == {stages[0], "report"}, key
+        # the first stage that reads the param, the report (it shows every changed param), and source (always)
+        assert set(json.loads(status.strip().splitlines()[-1])) == {"source", stages[0], "report"}, key
 
 
 def test_temp_experiment_reruns_only_downstream_and_logs_to_the_main_store(pipeline) -> None:
@@ -204,7 +204,7 @@ def test_temp_experiment_reruns_only_downstream_and_logs_to_the_main_store(pipel
 
     clone, _ = pipeline
     output = dvc(clone, "exp", "run", "--temp", "-S", "probe.max_iter=500", "-n", "lr002")
-    assert ran(output) == ["linear_probe", "report"]
+    assert ran(output) == ["source", "linear_probe", "report"]  # source always runs, changing nothing
     client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string="tags.`debias.dvc_experiment` = 'lr002'")

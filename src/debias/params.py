@@ -479,6 +479,7 @@ PHOTO_SOURCES = ("imagefolder", "waterbirds", "celeba")  # carry their own attri
 STROKE_PROTOCOLS = ("foreground", "background")  # paint grey digit strokes or backgrounds
 UNATTRIBUTED_SOURCES = ("cifar10",)  # photos without a bias attribute
 TABULAR_SOURCES = ("adult", "compas")  # feature vectors with their sensitive attribute
+MIN_IMAGE_SIZE = {"lenet5": 16}  # smallest image side an encoder can take (LeNet-5: two 5x5 convs and 2x2 pools)
 
 
 class Params(Section):
@@ -514,6 +515,10 @@ class Params(Section):
         if source in UNATTRIBUTED_SOURCES and protocol == "given":
             raise ValueError(f"bias.protocol = given needs a bias attribute that data.source = {source} does not have; "
                              "allowed: bias.protocol = auto or corruption (Corrupted CIFAR-10)")
+        smallest = MIN_IMAGE_SIZE.get(self.model.name)
+        if smallest and source not in TABULAR_SOURCES and self.data.image_size < smallest:
+            raise ValueError(f"model.name = {self.model.name} needs data.image_size >= {smallest} (its two 5x5 "
+                             f"convolutions and pools), got {self.data.image_size}")
         return self
 
 

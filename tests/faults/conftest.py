@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, copy_worktree
+from tests.conftest import REPO, committed_text, copy_worktree
 
 PYTHON = sys.executable
 
@@ -50,7 +50,8 @@ def deep_update(base: dict, changes: dict) -> dict:
 
 
 def shipped_params() -> dict:
-    return yaml.safe_load((REPO / "params.yaml").read_text())
+    """The committed params.yaml (never the workspace's: a `dvc exp run` may have changed it)."""
+    return yaml.safe_load(committed_text("params.yaml"))
 
 
 def write_params(folder: Path, changes: dict | None = None, base: dict | None = None) -> dict:
@@ -62,9 +63,11 @@ def write_params(folder: Path, changes: dict | None = None, base: dict | None = 
 
 
 def make_workspace(target: Path, changes: dict | None = None) -> Path:
-    """A plain (non-git, non-DVC) workspace: the stage entrypoints and a tiny params.yaml."""
+    """A plain (non-git, non-DVC) workspace: the stage entrypoints, dvc.yaml (the stages' declared outputs)
+    and a tiny params.yaml."""
     target.mkdir(parents=True, exist_ok=True)
     shutil.copytree(REPO / "pipeline", target / "pipeline", dirs_exist_ok=True)
+    shutil.copy(REPO / "dvc.yaml", target / "dvc.yaml")
     write_params(target, changes)
     return target
 
