@@ -8,7 +8,8 @@ The stage harness (:mod:`debias.stage`) writes a stage's headline file from the 
 stages (DVC prefixes a column with its file's path only when a key repeats) and never start like a param
 section, so ``dvc exp show --keep/--drop`` patterns can tell metrics from params:
 
-    inject_bias        bias_corr, bias_conflicting        training split: realised correlation, bias-conflicting images
+    inject_bias        bias_corr, bias_conflicting, bias_n   training split: realised correlation, bias-conflicting
+                                                          images, images
     train_erm          erm_avg, erm_unbiased, erm_worst    ERM on the test split (fractions)
     infer_groups       groups_matched, groups_recall       inferred bias labels: matched accuracy, minority recall
     train_contrastive  s2_avg, s2_unbiased, s2_worst       the stage-2 model on the test split
@@ -51,7 +52,7 @@ ACCURACIES = {"avg": "avg", "unbiased": "unbiased", "worst": "worst_group"}
 
 # Short labels of the headline keys (tables, the comparison page, README).
 LABELS: dict[str, str] = {
-    "bias_corr": "train correlation", "bias_conflicting": "bias-conflicting (train)",
+    "bias_corr": "train correlation", "bias_conflicting": "bias-conflicting (train)", "bias_n": "training images",
     "erm_avg": "ERM avg", "erm_unbiased": "ERM unbiased", "erm_worst": "ERM worst-group",
     "groups_matched": "groups matched acc.", "groups_recall": "minority recall",
     "s2_avg": "stage-2 avg", "s2_unbiased": "stage-2 unbiased", "s2_worst": "stage-2 worst-group",
@@ -85,7 +86,8 @@ def _accuracies(prefix: str, split: dict | None) -> dict[str, float]:
 
 def _inject_bias(summary: dict) -> dict[str, Any]:
     train = (summary.get("splits") or {}).get("train") or {}
-    return {"bias_corr": _number(train.get("realised_correlation")), "bias_conflicting": _number(train.get("n_conflicting"))}
+    return {"bias_corr": _number(train.get("realised_correlation")), "bias_conflicting": _number(train.get("n_conflicting")),
+            "bias_n": _number(train.get("n"))}
 
 
 def _train_erm(metrics: dict) -> dict[str, Any]:
