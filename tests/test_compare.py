@@ -51,12 +51,14 @@ def sweep() -> list[Experiment]:
             experiment("cnc-s2", 2, "cnc", 0.7, "03"), experiment("eps", 0, "eps_supinfonce", 0.3, "04")]
     workspace = experiment("workspace", 2, "cnc", 0.7, "03", kind="workspace")
     queued = Experiment("q9", "experiment", {"seed": 9}, {}, status="queued")
-    return [workspace, *runs, queued]
+    running = experiment("r7", 7, "cnc", 0.9, "05")  # a running experiment shows its baseline's metrics
+    running.status = "running"
+    return [workspace, *runs, queued, running]
 
 
 def test_duplicates_go_queued_are_left_out_and_filters_choose(sweep) -> None:
     chosen = compare.select(sweep)
-    assert [e.name for e in chosen] == ["cnc-s0", "cnc-s1", "cnc-s2", "eps"]  # workspace = cnc-s2, q9 has no results
+    assert [e.name for e in chosen] == ["cnc-s0", "cnc-s1", "cnc-s2", "eps"]  # workspace = cnc-s2, q9 and r7 unfinished
     assert [e.name for e in compare.select(sweep, method="cnc")] == ["cnc-s0", "cnc-s1", "cnc-s2"]
     assert [e.name for e in compare.select(sweep, param_filters=["seed=0"])] == ["cnc-s0", "eps"]
     assert [e.name for e in compare.select(sweep, param_filters=["probe.c_grid=[0.1, 1.0]", "loss.epsilon=0.25"],
@@ -79,7 +81,7 @@ def test_groups_by_everything_but_the_seed_with_mean_std_and_seed_count(sweep) -
     assert groups.loc["cnc", "experiments"] == "cnc-s0, cnc-s1, cnc-s2"
     [difference] = comparison.differences
     assert difference["difference"] == pytest.approx(-30.0) and difference["p"] is None  # one eps seed: no test
-    assert [e.name for e in comparison.without_results] == ["q9"]
+    assert [e.name for e in comparison.without_results] == ["q9", "r7"]
 
 
 def test_welch_p_value_says_whether_seeds_explain_a_difference() -> None:
@@ -93,7 +95,7 @@ def test_terminal_table_is_at_most_160_characters_and_shows_mean_and_std(sweep) 
     assert max(map(len, narrow.splitlines())) <= 160 and "not shown here" not in narrow
     assert "60.0±10.0" in narrow and "   30.0" in narrow  # cnc's mean±std over 3 seeds; one eps seed: its value
     assert "the same in every experiment: ERM avg 50.0" in narrow  # constant columns leave the table
-    assert "without results: queued: q9" in narrow
+    assert "not finished or without results: queued: q9; running: r7" in narrow
     runs = compare.select(sweep)
     for i, run in enumerate(runs):  # long names, params and differing metrics: the table must still fit
         run.name = f"an-experiment-with-a-very-long-generated-name-{i}"

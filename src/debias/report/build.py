@@ -398,6 +398,8 @@ def provenance_section(inputs: ReportInputs, params: Params, root: Path, run_id:
         ["git commit", git_commit(root) or "unknown (not a git repository)"],
         ["DVC experiment", dvc_experiment(records)],
         ["MLflow tracking URI", ", ".join(uris) or "none (tracking was off)"],
+        ["MLflow pipeline (parent) run", ", ".join(sorted({r["parent_run_id"] for r in records.values()
+                                                           if r.get("parent_run_id")})) or "none"],
     ])]
     diff = params_diff(params)
     blocks.append(Heading("Params that differ from the defaults"))
@@ -795,8 +797,9 @@ figcaption { color: #555; font-size: 12px; }
 """
 
 
-def render_html(title: str, sections: list[Section], root: Path) -> str:
-    """The report as one self-contained HTML page: inline CSS, images as data URIs, only in-page links."""
+def render_html(title: str, sections: list[Section], root: Path, style: str = "") -> str:
+    """The report as one self-contained HTML page: inline CSS (``style`` added to it), images as data URIs, only
+    in-page links."""
     toc = "".join(f'<li><a href="#{anchor(s.title)}">{html.escape(s.title)}</a></li>' for s in sections)
     body = []
     for section in sections:
@@ -805,7 +808,7 @@ def render_html(title: str, sections: list[Section], root: Path) -> str:
         body.append("</section>")
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<main>\n"
+            f"<title>{html.escape(title)}</title>\n<style>{STYLE}{style}</style>\n</head>\n<body>\n<main>\n"
             f"<h1>{html.escape(title)}</h1>\n<nav><ol>{toc}</ol></nav>\n" + "\n".join(body) + "\n</main>\n</body>\n</html>\n")
 
 

@@ -15,7 +15,7 @@ import io
 import json
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,9 @@ from debias.params import flatten
 
 GROUP_FILES = {"erm": paths.METRICS / "erm_groups.json", "stage2": paths.METRICS / "stage2_train_groups.json"}
 CURVE_FILES = {"erm": paths.PLOTS / "erm_curves.csv", "stage2": paths.PLOTS / "stage2_curves.csv"}
+# Every file the comparison reads of an experiment (warnings, selection, figures), fetched together.
+DETAIL_FILES = (*headline.DETAILED.values(), *(p for ps in headline.EXTRA_WARNING_FILES.values() for p in ps),
+                *GROUP_FILES.values(), *CURVE_FILES.values())
 HEADLINE_FILES = {str(headline.headline_path(stage)): stage for stage in headline.STAGES}
 
 
@@ -69,6 +72,8 @@ class Experiment:
         """Warnings and selection blocks from the run's detailed metrics files (skipped when already known)."""
         if self.reader is None or self.warnings or self.selection:
             return
+        if hasattr(self.reader, "prefetch"):
+            self.reader.prefetch(DETAIL_FILES)
         documents = headline.stage_documents(self.read_json)
         self.warnings = headline.collect_warnings(documents)
         self.selection = headline.collect_selection(documents)
@@ -107,7 +112,7 @@ def _params(data: dict[str, Any]) -> dict[str, Any]:
 def _status(revision: dict[str, Any], experiment: dict[str, Any], data: dict[str, Any]) -> str:
     executor = experiment.get("executor") or revision.get("executor") or {}
     state = str(executor.get("state") or (data.get("meta") or {}).get("state") or "").lower()
-    if state in ("queued", "running", "failed"):
+    if state in ("queued", "running", "failed"):  # "success" (a finished queued run) is done
         return state
     if revision.get("error") or state == "failed":
         return "failed"
@@ -136,27 +141,43 @@ def parse_exp_show(shown: list[dict[str, Any]]) -> list[Experiment]:
     return found
 
 
-def dvc_reader(root: Path, experiment: Experiment, repo: Any) -> Callable[[Path], str | None]:
-    """Read a file of ``experiment``: from disk for the workspace, else from DVC's cache at its revision."""
-    if experiment.kind == "workspace":
-        def read_disk(path: Path) -> str | None:
-            try:
-                return (root / path).read_text(encoding="utf-8")
-            except OSError:
-                return None
-        return read_disk
-    cache: dict[str, str | None] = {}
+class DvcReader:
+    """Reads files of one experiment: from disk for the workspace, else from DVC's cache at its revision.
+    :meth:`prefetch` reads many files in one switch to the revision (a switch costs ~0.5 s)."""
 
-    def read_rev(path: Path) -> str | None:
-        key = str(path)
-        if key not in cache:
-            try:
-                with repo.switch(experiment.rev):
-                    cache[key] = repo.dvcfs.read_text(key)
-            except Exception:  # not an output at that revision, or not in this cache
-                cache[key] = None
-        return cache[key]
-    return read_rev
+    def __init__(self, root: Path, experiment: Experiment, repo: Any) -> None:
+        self.root, self.experiment, self.repo = root, experiment, repo
+        self.cache: dict[str, str | None] = {}
+
+    def _read_here(self, key: str) -> str | None:
+        try:
+            if self.experiment.kind == "workspace":
+                return (self.root / key).read_text(encoding="utf-8")
+            return self.repo.dvcfs.read_text(key)
+        except Exception:  # not an output at that revision, or not in this cache
+            return None
+
+    def prefetch(self, paths: Iterable[Path]) -> None:
+        keys = [str(p) for p in paths if str(p) not in self.cache]
+        if not keys:
+            return
+        if self.experiment.kind == "workspace":
+            self.cache.update({key: self._read_here(key) for key in keys})
+            return
+        try:
+            with self.repo.switch(self.experiment.rev):
+                self.cache.update({key: self._read_here(key) for key in keys})
+        except Exception:  # the revision is gone (an experiment removed meanwhile)
+            self.cache.update({key: None for key in keys})
+
+    def __call__(self, path: Path) -> str | None:
+        self.prefetch([path])
+        return self.cache.get(str(path))
+
+
+def dvc_reader(root: Path, experiment: Experiment, repo: Any) -> DvcReader:
+    """A reader of ``experiment``'s files (see :class:`DvcReader`)."""
+    return DvcReader(root, experiment, repo)
 
 
 def from_dvc(root: Path) -> list[Experiment]:
@@ -181,6 +202,7 @@ def from_mlflow(uri: str, experiment_name: str, tags: dict[str, str] | None = No
 
     from debias.tracking import KIND_TAG, PARENT_TAG
 
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a command line tool: no bar per small file
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment_name)
     if found is None:
@@ -212,28 +234,37 @@ def _iso(millis: int | None) -> str | None:
 
 
 def mlflow_reader(client: Any, experiment_id: str, parent_id: str, parent_tag: str) -> Callable[[Path], str | None]:
-    """Read ``outputs/<path>`` from the stage runs nested under ``parent_id`` (the newest that has it)."""
-    children: list[Any] | None = None
+    """Read ``outputs/<path>`` from the stage runs nested under ``parent_id`` (listed once, newest first)."""
+    index: dict[str, str] | None = None  # path -> the stage run that logged it
     cache: dict[str, str | None] = {}
 
+    def listing(run_id: str, folder: str) -> list[str]:
+        found = []
+        for item in client.list_artifacts(run_id, folder):
+            found += listing(run_id, item.path) if item.is_dir else [item.path]
+        return found
+
     def read(path: Path) -> str | None:
-        nonlocal children
+        nonlocal index
         key = str(path)
         if key in cache:
             return cache[key]
-        if children is None:
+        if index is None:
+            index = {}
             children = client.search_runs([experiment_id], filter_string=f"tags.`{parent_tag}` = '{parent_id}'",
                                           max_results=100)
+            for child in reversed(children):  # oldest first: a later run's copy wins
+                index.update({name.removeprefix("outputs/"): child.info.run_id
+                              for name in listing(child.info.run_id, "outputs")})
         cache[key] = None
-        import tempfile
+        if key in index:
+            import tempfile
 
-        for child in children:
-            try:
-                with tempfile.TemporaryDirectory() as tmp:
-                    local = client.download_artifacts(child.info.run_id, f"outputs/{key}", tmp)
-                    cache[key] = Path(local).read_text(encoding="utf-8")
-                    break
-            except Exception:
-                continue
+            import mlflow.artifacts
+
+            with tempfile.TemporaryDirectory() as tmp:
+                local = mlflow.artifacts.download_artifacts(run_id=index[key], artifact_path=f"outputs/{key}",
+                                                            dst_path=tmp, tracking_uri=client._tracking_client.tracking_uri)
+                cache[key] = Path(local).read_text(encoding="utf-8")
         return cache[key]
     return read

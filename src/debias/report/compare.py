@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from debias import paths
 from debias.headline import LABELS, warning_code
 from debias.io import atomic_path
 from debias.report import figures
@@ -60,6 +61,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("mi_a_erm", "Î(A;Z)", "ERM", percent=False, priority=3), Metric("mi_a_s2", "Î(A;Z)", "S2", percent=False, priority=7),
 )
 METRIC_KEYS = tuple(m.key for m in METRICS)
+# The page holds wide tables: a wider column, and cells that do not wrap ("85.4 ± 3.6" stays on one line).
+PAGE_STYLE = "main { max-width: 1500px; } td, th { white-space: nowrap; }"
 LEGEND = ("test split; accuracies in %: avg = sample-weighted, unb = unbiased (mean over groups), wg = worst-group; "
           "align = alignment loss (CNC Eq. 2-3); Î(A;Z) in nats; ! = warnings (listed in the page)")
 
@@ -90,13 +93,13 @@ def parse_filter(text: str) -> tuple[str, str]:
 
 def select(experiments: list[Experiment], method: str | None = None, param_filters: Iterable[str] = (),
            last: int | None = None) -> list[Experiment]:
-    """The experiments with results whose ``stage2.method`` is ``method`` and whose params equal every
+    """The finished experiments with results whose ``stage2.method`` is ``method`` and whose params equal every
     ``key=value``; of those the ``last`` most recent. Duplicates (the same params and metrics, e.g. the workspace
     holding the last experiment's results) are kept once, under the experiment's name."""
     wanted = [parse_filter(f) for f in param_filters]
     chosen = []
     for experiment in experiments:
-        if not experiment.has_results:
+        if not experiment.has_results or experiment.status != "done":  # a running experiment shows its baseline's
             continue
         if method is not None and param_text(experiment.params.get("stage2.method")) != method:
             continue
@@ -166,11 +169,15 @@ def groups_frame(frame: pd.DataFrame, group_params: list[str]) -> pd.DataFrame:
     return out.drop(columns=["_all"], errors="ignore")
 
 
+RANK_ORDER = (RANK_METRIC, "s2_unbiased", "s2_avg", "erm_worst", "erm_unbiased", "erm_avg")
+
+
 def rank_metric(frame: pd.DataFrame) -> str | None:
-    for key in (RANK_METRIC, "erm_worst"):
-        if key in frame and frame[key].notna().any():
-            return key
-    return None
+    """The metric groups are ranked by: stage-2 worst-group accuracy, unless it is the same everywhere (e.g. 0
+    in every experiment) or missing; then stage-2 unbiased, average, then ERM's."""
+    present = [key for key in RANK_ORDER if key in frame and frame[key].notna().any()]
+    varying = [key for key in present if frame[key].nunique(dropna=True) > 1]
+    return (varying or present or [None])[0]
 
 
 def welch(values_a: list[float], values_b: list[float]) -> float | None:
@@ -393,7 +400,7 @@ def build_comparison(experiments: list[Experiment], all_experiments: list[Experi
         order = {name: i for i, name in enumerate(frame["experiment"])}
         experiments = sorted(experiments, key=lambda e: order.get(e.name, 0))
     groups = groups_frame(frame, group_params)
-    others = [e for e in (all_experiments or []) if not e.has_results]
+    others = [e for e in (all_experiments or []) if not e.has_results or e.status != "done"]
     return Comparison(experiments, params, group_params, frame, groups, differences(frame, groups, group_params),
                       others, source, filters)
 
@@ -443,7 +450,8 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
         out += wrap("not shown here for width (see the page): " + ", ".join(LABELS.get(c.key, c.key) for c in dropped),
                     max_width)
     if comparison.without_results:
-        out += wrap(f"without results: {describe_without_results(comparison.without_results)}", max_width)
+        out += wrap(f"not finished or without results: {describe_without_results(comparison.without_results)}",
+                    max_width)
     return "\n".join(line[:max_width] for line in out) + "\n"
 
 
@@ -490,7 +498,8 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
                              caption="Each group against the best one: p < 0.05 says the difference is unlikely to be "
                                      "seed noise (two-sided Welch t-test over seeds; no p with fewer than 2 seeds)."))
     if c.without_results:
-        summary.append(Text(f"Without results (not compared): {describe_without_results(c.without_results)}.", note=True))
+        summary.append(Text(f"Not finished or without results (not compared): {describe_without_results(c.without_results)}.",
+                            note=True))
 
     warnings: list[Block] = []
     rows = [[e.name, stage, warning_code(m), m] for e in c.experiments for stage, ms in e.warnings.items() for m in ms]
@@ -536,7 +545,7 @@ def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, l
         old.unlink()
     rank = rank_metric(comparison.frame)
     if rank is not None:
-        prefix = "s2" if rank == RANK_METRIC else "erm"
+        prefix = rank.split("_")[0]
         points = {}
         for _, row in comparison.groups.iterrows():
             label = group_label(row, comparison.group_params)
@@ -563,7 +572,7 @@ def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, l
         else:
             drawn["missing"].append(f"per-group accuracy of {experiment.name}")
         if aligned is None:
-            summary = experiment.read_json(Path("data/biased/summary.json"))
+            summary = experiment.read_json(paths.BIAS_SUMMARY)
             counts = (((summary or {}).get("splits") or {}).get("train") or {}).get("group_counts")
             aligned = [max(range(len(row)), key=row.__getitem__) for row in counts] if counts else None
         for model, title in (("erm", "ERM"), ("stage2", "stage 2")):
@@ -591,7 +600,7 @@ def write_page(comparison: Comparison, out: Path, title: str = "debias: experime
     written = {"html": out / "index.html", "md": out / "compare.md", "experiments": out / "experiments.csv",
                "groups": out / "groups.csv", "text": out / "table.txt"}
     with atomic_path(written["html"]) as tmp:
-        tmp.write_text(render_html(title, sections, out), encoding="utf-8")
+        tmp.write_text(render_html(title, sections, out, PAGE_STYLE), encoding="utf-8")
     with atomic_path(written["md"]) as tmp:
         tmp.write_text(render_markdown(title, sections, out, out), encoding="utf-8")
     with atomic_path(written["experiments"]) as tmp:
