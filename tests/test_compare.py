@@ -50,6 +50,7 @@ def sweep() -> list[Experiment]:
     runs = [experiment("cnc-s0", 0, "cnc", 0.5, "01"), experiment("cnc-s1", 1, "cnc", 0.6, "02"),
             experiment("cnc-s2", 2, "cnc", 0.7, "03"), experiment("eps", 0, "eps_supinfonce", 0.3, "04")]
     workspace = experiment("workspace", 2, "cnc", 0.7, "03", kind="workspace")
+    workspace.metrics["bias_n"] = 240  # a key cnc-s2's files lack (written by a newer version): still the same run
     queued = Experiment("q9", "experiment", {"seed": 9}, {}, status="queued")
     running = experiment("r7", 7, "cnc", 0.9, "05")  # a running experiment shows its baseline's metrics
     running.status = "running"

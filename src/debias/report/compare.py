@@ -116,13 +116,18 @@ KIND_PREFERENCE = {"experiment": 0, "mlflow": 1, "baseline": 2, "workspace": 3}
 
 
 def dedupe(experiments: list[Experiment]) -> list[Experiment]:
-    """One of each (params, metrics): a named experiment before the baseline commit before the workspace."""
-    kept: dict[str, Experiment] = {}
+    """One of each run: the same params and the same value of every headline metric both have (a file written
+    by a newer version may add keys) is the same run; a named experiment is kept before the baseline commit
+    before the workspace."""
+    kept: list[Experiment] = []
     for experiment in sorted(experiments, key=lambda e: KIND_PREFERENCE.get(e.kind, 9)):
-        key = json.dumps([{k: param_text(v) for k, v in experiment.params.items()}, experiment.metrics], sort_keys=True)
-        kept.setdefault(key, experiment)
+        params = {k: param_text(v) for k, v in experiment.params.items()}
+        if not any(params == {k: param_text(v) for k, v in other.params.items()}
+                   and all(experiment.metrics[k] == other.metrics[k] for k in set(experiment.metrics) & set(other.metrics))
+                   for other in kept):
+            kept.append(experiment)
     order = {id(e): i for i, e in enumerate(experiments)}
-    return sorted(kept.values(), key=lambda e: order[id(e)])
+    return sorted(kept, key=lambda e: order[id(e)])
 
 
 def varying_params(experiments: list[Experiment]) -> list[str]:
