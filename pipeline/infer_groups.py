@@ -28,8 +28,13 @@ def run(params: Params, run: StageRun) -> None:
     run.log_metrics(report_scalars(report, inference.timings))
     run.log_artifact(GROUPS_METRICS)
     print(f"[infer_groups] {params.groups.method}: {report['n_inferred_minority']} inferred minority points, "
-          f"minority recall {report['minority_recall']}, precision {report['minority_precision']}, "
-          f"matched accuracy {report['matched_accuracy']:.3f}")
+          f"minority recall {rounded(report['minority_recall'])}, precision {rounded(report['minority_precision'])}, "
+          f"matched accuracy {rounded(report['matched_accuracy'])}")
+
+
+def rounded(value: float | None) -> str:
+    """Three decimals; 'n/a' where the value is undefined (e.g. no inferred minority point: no precision)."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

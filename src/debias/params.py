@@ -641,7 +641,7 @@ def section(params: Params, dotted: str) -> Any:
 
 def as_dict(params: Params, keys: list[str] | None = None) -> dict[str, Any]:
     """Plain mapping of the given top-level/dotted keys (all when None), for logging and hashing."""
-    full = params.model_dump(mode="json")
+    full = params.model_dump(mode="json", warnings=False)  # defaults hold tuples where params.yaml holds lists
     if keys is None:
         return full
     out: dict[str, Any] = {}

@@ -144,7 +144,7 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     run.log_metrics({"selected_epoch": result.selected_epoch})
     for path in (out.metrics, out.curves):
         run.log_artifact(path)
-    run.log_model(model.cpu(), name="model")
+    run.log_model(model.cpu(), checkpoint=out.model, input_example=splits["train"].x[:2])  # an MLflow logged model
     test = reports["test"]
     print(f"[{label}] selected epoch {result.selected_epoch}; test avg {test['avg']:.3f}, "
           f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
