@@ -223,6 +223,8 @@ class StageRun:
         self.set_tags({f"debias.{key}": str(value)})
 
     def set_tags(self, tags: dict[str, str]) -> None:
+        if not self.active:  # tracking off: self.client is None
+            return
         for key, value in tags.items():
             self._call("tagging the run", self.client.set_tag, self.run_id, key, value)
 
