@@ -253,7 +253,7 @@ def test_a_torn_resume_state_starts_over_with_a_warning(data_dir: Path, tmp_path
     out = StageOutputs(model=tmp_path / "model.pt", embeddings_dir=tmp_path / "embeddings",
                        metrics=tmp_path / "metrics.json", curves=tmp_path / "curves.csv", resume=tmp_path / "state.pt")
     out.resume.write_bytes(b"PK\x03\x04 torn")
-    params = validate({**CONFIGS["erm"], "erm": {**CONFIGS["erm"]["erm"], "epochs": 1}})
+    params = validate({**CONFIGS["erm"], "erm": {**CONFIGS["erm"]["erm"], "epochs": 1, "lr_milestones": []}})
     with pytest.warns(UserWarning, match="ignoring unreadable resume state"):
         train_erm(load_splits(data_dir), params.model.name, params.erm, params.seed, StageRun(None, None), out)
     assert json.loads(out.metrics.read_text())["selected_epoch"] == 0
