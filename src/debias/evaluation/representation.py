@@ -188,8 +188,8 @@ def representation_metrics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_
     """Alignment loss, Î(Y;Z), Î(A;Z) (with the label entropies H(Y), H(A)) and distance statistics of one split."""
     metrics = alignment_loss(z, y, a, n_classes, n_attrs, params.block_size, params.normalize_alignment)
     metrics.update({
-        "mi_y": mutual_information(z, y, seed, params.mi_max_iter),
-        "mi_a": mutual_information(z, a, seed, params.mi_max_iter),
+        "mi_y": mutual_information(z, y, seed, params.mi_max_iter, params.mi_c),
+        "mi_a": mutual_information(z, a, seed, params.mi_max_iter, params.mi_c),
         "h_y": label_entropy(y),
         "h_a": label_entropy(a),
         "n": int(y.numel()),
