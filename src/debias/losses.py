@@ -84,6 +84,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from debias.metrics import PAIR_KINDS
+
 __all__ = [
     "supcon",
     "eps_supcon",
@@ -113,13 +115,8 @@ __all__ = [
 
 FairKLVariant = Literal["kl", "mean", "authors"]
 
-#: Names of the four FairKL pair sets, in the order used everywhere in this module.
-FAIRKL_SETS: tuple[str, str, str, str] = (
-    "pos_aligned",
-    "pos_conflicting",
-    "neg_aligned",
-    "neg_conflicting",
-)
+#: Names of the four FairKL pair sets, in the order used everywhere in this module (debias.metrics.PAIR_KINDS).
+FAIRKL_SETS = PAIR_KINDS
 
 
 # --------------------------------------------------------------------------- helpers

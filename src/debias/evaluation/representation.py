@@ -31,9 +31,10 @@ from scipy.special import xlogy
 from debias.data.store import BiasedSplit
 from debias.evaluation.probe import (FEATURE_BATCH, FrozenEncoder, encode, fit_logistic, predict_proba,
                                      stratified_halves)
+from debias.metrics import PAIR_KINDS
 from debias.params import EvaluateParams, UMAPParams
 
-DISTANCE_KINDS = ("pos_aligned", "pos_conflicting", "neg_aligned", "neg_conflicting")
+DISTANCE_KINDS = PAIR_KINDS  # the kinds FairKL matches (debias.losses.FAIRKL_SETS is the same tuple)
 UMAP_SPLITS = ("test",)
 
 Embedder = Callable[[np.ndarray, UMAPParams, int], np.ndarray]

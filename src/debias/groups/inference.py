@@ -37,7 +37,7 @@ from debias.data.store import BiasedSplit
 from debias.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
 from debias.groups.matching import group_quality, hungarian_map
 from debias.io import CorruptFileError, atomic_path, load_torch, save_torch
-from debias.params import ClusterParams, GroupsParams
+from debias.params import GroupsParams
 from debias.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
 
 GROUP_COLUMNS = ("index", "y", "inferred_label", "inferred_group", "minority")
@@ -57,13 +57,6 @@ class GroupInference:
 
     def __len__(self) -> int:
         return int(self.inferred_label.numel())
-
-
-def umap_embedding(z: torch.Tensor, params: ClusterParams, seed: int) -> torch.Tensor:
-    """UMAP of the ERM features with the cluster params (see :func:`debias.embedding.umap_fit`)."""
-    if len(z) < 3:
-        raise ValueError(f"groups.method=cluster needs at least 3 training points for UMAP, found {len(z)}")
-    return umap_fit(z, params.umap_components, params.umap_neighbors, params.umap_min_dist, seed)
 
 
 # ---------------------------------------------------------------- clustering
@@ -157,7 +150,10 @@ def infer_cluster(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, par
     start = time.perf_counter()
     import_umap()
     start = _timed(timings, "umap_import_s", start)
-    embedding = umap_embedding(z, cluster_params, seed)
+    if len(z) < 3:
+        raise ValueError(f"groups.method=cluster needs at least 3 training points for UMAP, found {len(z)}")
+    embedding = umap_fit(z, cluster_params.umap_components, cluster_params.umap_neighbors, cluster_params.umap_min_dist,
+                         seed)
     start = _timed(timings, "umap_fit_s", start)
     k = cluster_params.per_class
     if k == 1:
