@@ -70,6 +70,15 @@ def test_set_param_args_parse_back_to_the_planned_values() -> None:
     assert isinstance(parsed["groups.method"], str)  # "true" the group source, not the boolean
 
 
+def test_a_value_longer_than_a_yaml_line_stays_on_one_line() -> None:
+    """yaml.safe_dump wraps at 80 characters by default; DVC's -S parser rejects the newline."""
+    palette = [[255, 0, 0], [0, 255, 0], [0, 0, 255], [225, 225, 0], [225, 0, 225], [0, 255, 255], [255, 128, 0],
+               [255, 0, 128], [128, 0, 255], [128, 128, 128]]
+    (argument,) = quality.set_param_args({"bias": {"background": {"colours": palette}}})[1::2]
+    assert "\n" not in argument and len(argument) > 80
+    assert yaml.safe_load(argument.partition("=")[2]) == palette
+
+
 def test_forced_overrides_win_over_setting_and_method() -> None:
     jobs = _plan(seeds=(1,), forced={"stage2": {"epochs": 1}, "seed": 7})
     assert all(job["overrides"]["seed"] == 7 for job in jobs)
