@@ -59,7 +59,7 @@ def test_every_planned_experiment_passes_the_params_schema() -> None:
 
 def test_set_param_args_parse_back_to_the_planned_values() -> None:
     overrides = {"groups": {"method": "true"}, "probe": {"c_grid": [0.01, 1.0]}, "stage2": {"lr": 0.001,
-                 "cnc": {"batches_per_epoch": None}}, "bias": {"protocol": "background"}}
+                 "cnc": {"anchor_fraction": 0.25}}, "bias": {"protocol": "background"}}
     args = quality.set_param_args(overrides)
     assert args[::2] == ["-S"] * 5
     parsed = {}
