@@ -436,8 +436,8 @@ class WCLParams(Section):
     projection_dim: int = Field(128, ge=0, le=8192, description="output width of the projection head the loss is computed "
                                 "on (Linear-BN-ReLU-Linear, hidden = the encoder's width; DCL / HCL code: 128); 0: no head")
     crop_min_scale: float = Field(0.2, gt=0, le=1, description="view: random resized crop of area U(crop_min_scale, 1)")
-    colour_strength: float = Field(0.5, ge=0, le=1, description="view: SimCLR colour distortion strength s (brightness, "
-                                   "contrast, saturation 0.8 s, hue 0.2 s; CIFAR: 0.5)")
+    colour_strength: float = Field(1.0, ge=0, le=2.5, description="view: SimCLR colour distortion strength s (brightness, "
+                                   "contrast, saturation 0.8 s, hue 0.2 s, at most 0.5; SimCLR: 1 on ImageNet, 0.5 on CIFAR)")
     jitter_p: float = Field(0.8, ge=0, le=1, description="view: probability of the colour distortion")
     grayscale_p: float = Field(0.2, ge=0, le=1, description="view: probability of grayscale")
     corruption_rate: float = Field(0.6, ge=0, le=1, description="view of feature vectors: SCARF's corrupted fraction")
