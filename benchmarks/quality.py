@@ -69,7 +69,8 @@ def set_param_args(overrides: dict) -> list[str]:
     """``-S key=value`` arguments for ``dvc exp run`` (values in YAML flow style)."""
     args = []
     for key, value in flatten(overrides).items():
-        text = yaml.safe_dump(value, default_flow_style=True).strip()
+        # One line however long (a colour palette is > 80 characters): DVC's -S parser rejects a wrapped value.
+        text = yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
         text = text.removesuffix("\n...").removesuffix("...").strip()
         args += ["-S", f"{key}={text}"]
     return args

@@ -26,10 +26,13 @@ def run(params: Params, run: StageRun) -> None:
     save_json(GROUPS_METRICS, report)
     save_json(paths.GROUPS_TIMINGS, inference.timings)  # seconds per step, kept out of the metrics file
     run.log_metrics(report_scalars(report, inference.timings))
+    run.log_warnings(report["warnings"])
     run.log_artifact(GROUPS_METRICS)
     print(f"[infer_groups] {params.groups.method}: {report['n_inferred_minority']} inferred minority points, "
           f"minority recall {rounded(report['minority_recall'])}, precision {rounded(report['minority_precision'])}, "
           f"matched accuracy {rounded(report['matched_accuracy'])}")
+    for message in report["warnings"]:
+        print(f"[infer_groups] WARNING {message}", flush=True)
 
 
 def rounded(value: float | None) -> str:

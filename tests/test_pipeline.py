@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 TINY = {
     "data": {"max_per_split": 240},
     "erm": {"epochs": 2},
-    "stage2": {"epochs": 2, "cnc": {"num_positives": 8, "num_negatives": 8, "batches_per_epoch": 6}},
+    "stage2": {"epochs": 2},
     "probe": {"c_grid": [0.1, 1.0]},
     "evaluate": {"splits": ["test"], "umap": {"max_points": 150}},
 }
@@ -110,12 +110,14 @@ def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
 
     groups = pd.read_parquet(clone / "data/groups/train.parquet")
     assert list(groups.columns)[:5] == ["index", "y", "inferred_label", "inferred_group", "minority"]
-    assert json.loads((clone / "reports/metrics/groups.json").read_text())["method"] == "pred"
+    assert json.loads((clone / "reports/metrics/groups.json").read_text())["method"] == "cluster"  # the card's default
     stage2, payload = load_network(str(clone / "models/stage2.pt"))
-    assert payload["meta"]["method"] == "cnc"
+    assert payload["meta"]["method"] == "eps_supinfonce" and payload["options"]["feature_activation"] == "tanh"
     stage2_metrics = json.loads((clone / "reports/metrics/stage2_train.json").read_text())
-    assert stage2_metrics["method"] == "cnc" and 0 <= stage2_metrics["test"]["worst_group"] <= 1
-    assert json.loads((clone / "reports/metrics/stage2_train_info.json").read_text())["sampler"]["batches_drawn"] == 12
+    assert stage2_metrics["method"] == "eps_supinfonce" and 0 <= stage2_metrics["test"]["worst_group"] <= 1
+    assert stage2_metrics["selection"]["rule"] == "best_worst_group" and isinstance(stage2_metrics["warnings"], list)
+    fairkl = json.loads((clone / "reports/metrics/stage2_train_info.json").read_text())["fairkl"]
+    assert len(fairkl["epochs"]) == TINY["stage2"]["epochs"] and 0 <= fairkl["pos_active"] <= 1
     probe = json.loads((clone / "reports/metrics/probe.json").read_text())
     assert probe["erm"]["probe"]["c"] in (0.1, 1.0) and probe["stage2"]["trained"]
     representation = json.loads((clone / "reports/metrics/representation.json").read_text())

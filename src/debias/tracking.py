@@ -499,6 +499,13 @@ class StageRun:
         self.notes[key] = value
         self.set_tags({f"debias.{key}": str(value)})
 
+    def log_warnings(self, warnings: list[str]) -> None:
+        """A stage's warnings (``code: message`` lines, :mod:`debias.health`): the tag ``debias.warnings`` (one per
+        line) and the metric ``warnings`` (their count, 0 included)."""
+        self.log_metrics({"warnings": float(len(warnings))})
+        if warnings:
+            self.set_tags({"debias.warnings": "\n".join(warnings)[:5000]})
+
     def set_tags(self, tags: dict[str, str]) -> None:
         if not self.active:
             return

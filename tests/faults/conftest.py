@@ -29,11 +29,12 @@ from tests.conftest import REPO, committed_text, copy_worktree
 PYTHON = sys.executable
 
 # A tiny, fast and healthy configuration: ERM learns enough in 3 epochs for pred groups to find
-# minority points, so every later stage has what it needs.
+# minority points, so every later stage has what it needs; CNC on them (no UMAP: fast).
 TINY: dict = {
     "data": {"max_per_split": 150},
     "erm": {"epochs": 3, "lr": 0.05},
-    "stage2": {"epochs": 1, "cnc": {"batches_per_epoch": 4}},
+    "groups": {"method": "pred"},
+    "stage2": {"method": "cnc", "epochs": 1, "cnc": {"anchor_fraction": 0.03}},
     "probe": {"c_grid": [1.0], "max_iter": 50},
     "evaluate": {"splits": ["test"], "mi_max_iter": 20, "umap": {"max_points": 100}},
 }

@@ -37,6 +37,7 @@ import torch
 torch.set_num_threads(1)
 import debias.training.erm as erm_mod
 import debias.training.methods as methods_mod
+import debias.training.methods.base as methods_base  # fresh_model() builds every stage-2 network
 from debias.data.store import load_split
 from debias.params import validate
 from debias.tracking import StageRun
@@ -72,7 +73,7 @@ if kill_marker is not None:
         return build_model
 
     erm_mod.build_model = hooked(erm_mod.build_model)
-    methods_mod.build_model = hooked(methods_mod.build_model)
+    methods_base.build_model = hooked(methods_base.build_model)
 
 def recording(fit):
     def wrapped(*args, **kwargs):
@@ -113,9 +114,9 @@ CONFIGS = {
                                "lr_milestones": [1, 2], "lr_gamma": 0.5}},  # the scheduler's state round-trips too
     "cnc": {"seed": 3, "stage2": {"method": "cnc", "epochs": 4, "optimizer": "adam", "lr": 1e-3,
                                   "selection": "best_worst_group", "augment_shift": 2,
-                                  "cnc": {"num_positives": 4, "num_negatives": 4, "batches_per_epoch": 6,
-                                          "accumulation": 2, "forward_chunk": 1, "skip_empty_classes": True}},
-            "loss": {"temperature": 0.1}},
+                                  "cnc": {"num_positives": 4, "num_negatives": 4, "anchor_fraction": 0.06,
+                                          "accumulation": 2, "forward_chunk": 1, "skip_empty_classes": True,
+                                          "temperature": 0.1}}},
     "eps_supinfonce+fairkl": {"seed": 3, "stage2": {"method": "eps_supinfonce", "epochs": 4, "batch_size": 32,
                                                     "optimizer": "adam", "lr": 1e-3, "selection": "best_worst_group",
                                                     "augment_shift": 2},
@@ -210,9 +211,10 @@ def test_killed_mid_epoch_resumes_to_the_uninterrupted_result(name: str, runs, d
         train = load_split(data_dir / "train.pt")
         cnc = CONFIGS[name]["stage2"]["cnc"]
         sampler = CNCBatchSampler(train.y, train.a.clone(), cnc["num_positives"], cnc["num_negatives"], True,
-                                  cnc["batches_per_epoch"], seed=CONFIGS[name]["seed"], skip_empty_classes=True)
+                                  seed=CONFIGS[name]["seed"], skip_empty_classes=True,
+                                  anchor_fraction=cnc["anchor_fraction"])
         saved = state["task"]["sampler"]
-        assert saved["batches_drawn"] == cnc["batches_per_epoch"] * (killed_after + 1)
+        assert saved["batches_drawn"] == len(sampler) * (killed_after + 1)
         assert saved["epoch_pos"] == 0
         sampler.load_state_dict(saved)
         again = sampler.state_dict()

@@ -528,7 +528,26 @@ def curves_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str
     for model, rel in CURVE_INPUTS.items():
         if model not in inputs.curves:
             blocks.append(missing_note(rel, f"the {labels[model]} curves are not drawn"))
+    blocks.extend(fairkl_activity_blocks(inputs))
     return Section("Training curves", blocks)
+
+
+FAIRKL_SET_NAMES = {"pos_aligned": "same y, same b", "pos_conflicting": "same y, other b",
+                    "neg_aligned": "other y, same b", "neg_conflicting": "other y, other b"}
+
+
+def fairkl_activity_blocks(inputs: ReportInputs) -> list[Block]:
+    """FairKL's activity per epoch (stage2_train_info.json ``fairkl``): the share of steps each side was active and
+    the mean pairs per batch in each of its four sets; nothing when stage 2 did not use FairKL."""
+    activity = (inputs.get("stage2_info") or {}).get("fairkl")
+    if not activity:
+        return []
+    rows = [[str(e["epoch"]), pct(e["pos_active"], 0), pct(e["neg_active"], 0),
+             *(f"{e['pairs'].get(name, 0):.1f}" for name in FAIRKL_SET_NAMES)] for e in activity["epochs"]]
+    return [Table(["epoch", "+ side active %", "− side active %", *FAIRKL_SET_NAMES.values()], rows, caption=(
+        f"FairKL activity (sampler `{activity['sampler']}`, batches of {activity['batch_size']}): a side (+: same class, "
+        "−: different classes) contributes only in batches where both of its sets (same / other bias label b) hold "
+        "at least two pairs; last four columns: mean pairs per batch."))]
 
 
 def groups_section(inputs: ReportInputs, drawn: dict[str, bool]) -> Section:

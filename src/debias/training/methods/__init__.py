@@ -1,0 +1,102 @@
+"""Stage-2 methods behind a registry (``stage2.method``); each trains a fresh encoder.
+
+One module per method family, each registering its methods (:func:`base.register_method`):
+
+``classifier``  ``erm`` (a second ERM run with stage 2's optimiser settings) and ``jtt`` (ERM errors
+                repeated round(upweight) times per epoch): cross-entropy, head trained with the encoder.
+``supcon``      ``supcon`` / ``eps_supcon`` / ``eps_supinfonce``: shuffled batches; loss =
+                alpha * L_con(z/|z|, y) + fairkl.weight * FairKL(z/|z|, y, b) with b the bias labels from
+                infer_groups (true or inferred); no projection head.
+``cnc``         CNC (App. B): two-sided contrastive batches from inferred labels;
+                loss = lambda * cnc_two_sided + (1 - lambda) * CE on every batch point.
+``selfsup``     ``wcl``: difficulty-weighted contrastive learning between two augmented views, with a
+                jointly trained triplet (biased) encoder; labels unused.
+``head``        the per-epoch linear head of methods that learn no classifier themselves: fitted on the
+                frozen training features after every epoch, so every epoch has a validation worst-group
+                accuracy for checkpoint selection.
+``base``        the registry, the inputs every method gets, and the helpers the families share.
+
+A new family is a new module that registers its methods, plus one import line below.
+:func:`train_stage2` (here) builds the registered method, trains it with :func:`debias.training.loop.fit`
+and writes the stage's outputs.
+
+Under ``torchrun`` (:mod:`debias.distributed`) each batch (a shuffled minibatch, a CNC forward
+chunk of contrastive batches, WCL's two views) is the global batch: every rank draws and augments
+all of it with the same generator, forwards its contiguous shard and all-gathers the features
+(and logits) with gradient, so the loss, negatives from every rank included, is the
+single-process loss of the global batch; the ranks' gradients are summed before each step.
+Labels and bias labels need no gather: every rank holds the batch's indices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from debias import distributed
+from debias.data.store import BiasedSplit
+from debias.io import save_json
+from debias.models import Network
+from debias.params import HeadParams, Params
+from debias.runtime import pick_device, seed_everything
+from debias.tracking import StageRun
+from debias.training.erm import StageOutputs, note_resume, split_tensors, write_outputs
+from debias.training.loop import finish, fit, resume_key
+from debias.training.memory import check_stage2_fits
+from debias.training.methods import classifier, cnc, selfsup, supcon  # noqa: F401  (each registers its methods)
+from debias.training.methods.base import (METHODS, MethodSpec, Stage2Inputs, Stage2Setup, head_trained_methods,
+                                          method_spec, register_method, setup_method)
+from debias.training.methods.classifier import jtt_pool
+from debias.training.methods.head import fit_head, head_validator
+
+__all__ = ["METHODS", "MethodSpec", "Stage2Inputs", "Stage2Setup", "fit_head", "head_trained_methods", "jtt_pool",
+           "method_spec", "register_method", "setup_method", "stage2_validator", "train_stage2"]
+
+
+def stage2_validator(model: Network, splits: dict[str, BiasedSplit], method: str, batch_size: int,
+                     device: torch.device, head: HeadParams | None = None) -> Callable[[], dict[str, float]]:
+    """Validation scalars; methods without a jointly trained head get it fitted first (:func:`fit_head` with
+    ``stage2.head``'s weight decay and iterations)."""
+    return head_validator(model, splits, method_spec(method).head_trained, batch_size, device, head or HeadParams())
+
+
+def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch.Tensor, minority: torch.Tensor,
+                 erm_state: dict[str, torch.Tensor] | None, run: StageRun, out: StageOutputs) -> dict[str, dict]:
+    """Train ``stage2.method``, keep the selected epoch (best validation worst-group by default), write outputs.
+
+    Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
+    outputs and returns the accuracy reports, the other ranks return ``{}``.
+    """
+    s2 = params.stage2
+    spec = method_spec(s2.method)
+    device = distributed.init_from_env(pick_device())
+    generator = seed_everything(params.seed)
+    setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator))
+    check_stage2_fits(s2.method, list(setup.task.modules().values()), setup.optimizer, params, len(splits["train"]),
+                      max(len(split) for split in splits.values()), tuple(splits["train"].x.shape[1:]), device)
+    key = resume_key({"seed": params.seed, "model": params.model.name, "options": setup.model.encoder.options,
+                      "stage2": s2.model_dump(mode="json"), "loss": params.loss.model_dump(mode="json")},
+                     {**split_tensors(splits), "inferred": inferred, "minority": minority, "erm_state": erm_state})
+    advice = f"stage2.lr (now {s2.lr:g})"
+    if spec.temperature is not None:
+        temperature_key, temperature = spec.temperature(params)
+        advice += f" or raise {temperature_key} (now {temperature:g})"
+    result = fit(setup.task, setup.optimizer, s2.epochs,
+                 stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device, s2.head),
+                 selection=s2.selection, scheduler=setup.scheduler, state_path=out.resume, state_key=key,
+                 on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch), label="train_contrastive",
+                 divergence_advice=advice)
+    note_resume(run, result)
+    reports: dict[str, dict] = {}
+    if distributed.is_main():
+        reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
+                                label=f"stage2 {s2.method}", extra_metrics={"method": s2.method},
+                                meta={"method": s2.method, "head_trained": spec.head_trained},
+                                warnings=setup.warnings(result.history))
+        info_path = out.metrics.with_name(f"{out.metrics.stem}_info.json")
+        save_json(info_path, {"method": s2.method, **setup.report(result.history)})
+        run.log_artifact(info_path)
+        finish(out.resume)
+    distributed.barrier()
+    return reports

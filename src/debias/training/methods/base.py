@@ -1,0 +1,141 @@
+"""The stage-2 method registry and what every method family shares.
+
+A method is a function ``setup(inputs: Stage2Inputs) -> Stage2Setup`` registered under its
+``stage2.method`` name with :func:`register_method`, together with the facts the orchestration
+(:func:`debias.training.methods.train_stage2`) needs about it (:class:`MethodSpec`): whether its
+linear head is trained with cross-entropy together with the encoder (else a head is fitted on the
+frozen features after every epoch), which temperature param it reads (named in the advice when
+training diverges) and the feature activation its paper's encoder ends in (``model.feature_activation: auto``). A new family is one module under ``debias/training/methods/`` that registers its
+methods, imported once in the package's ``__init__``; its name must also be allowed by
+``Stage2Params.method`` in :mod:`debias.params`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from debias.data.store import BiasedSplit
+from debias.models import Network, build_model
+from debias.params import Params
+from debias.training.loop import build_optimizer, build_scheduler
+
+
+@dataclass
+class Stage2Inputs:
+    """Everything a method may use: splits, inferred bias labels, ERM weights, params, device, RNG."""
+
+    splits: dict[str, BiasedSplit]
+    inferred: torch.Tensor  # inferred bias label per training point
+    minority: torch.Tensor  # bool: inferred minority per training point
+    erm_state: dict[str, torch.Tensor] | None
+    params: Params
+    device: torch.device
+    generator: torch.Generator
+
+
+History = list[dict[str, float]]  # fit's per-epoch metrics
+
+
+def _nothing(history: History) -> dict[str, Any]:
+    return {}
+
+
+def _no_warnings(history: History) -> list[str]:
+    return []
+
+
+@dataclass
+class Stage2Setup:
+    task: Any  # a training.loop.Task
+    model: Network
+    optimizer: torch.optim.Optimizer
+    scheduler: Any | None
+    report: Callable[[History], dict[str, Any]] = _nothing  # method facts for stage2_train_info.json, after training
+    warnings: Callable[[History], list[str]] = _no_warnings  # the method's own warnings (debias.health), after training
+
+
+MethodFn = Callable[[Stage2Inputs], Stage2Setup]
+TemperatureFn = Callable[[Params], tuple[str, float]]  # (dotted param key, its value)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered stage-2 method."""
+
+    name: str
+    setup: MethodFn
+    head_trained: bool = False  # head trained with CE together with the encoder (else: per-epoch head fit)
+    temperature: TemperatureFn | None = None  # the temperature param the method's loss reads, if any
+    feature_activation: str = "relu"  # the encoder's feature layer under model.feature_activation: auto
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register_method(name: str, *, head_trained: bool = False, temperature: TemperatureFn | None = None,
+                    feature_activation: str = "relu") -> Callable[[MethodFn], MethodFn]:
+    """Decorator: register ``setup`` as ``stage2.method = name``."""
+
+    def decorate(fn: MethodFn) -> MethodFn:
+        if name in METHODS:
+            raise ValueError(f"stage-2 method '{name}' is registered twice")
+        METHODS[name] = MethodSpec(name, fn, head_trained, temperature, feature_activation)
+        return fn
+
+    return decorate
+
+
+def method_spec(name: str) -> MethodSpec:
+    if name not in METHODS:
+        raise ValueError(f"stage2.method = '{name}' is unknown; allowed: {sorted(METHODS)}")
+    return METHODS[name]
+
+
+def head_trained_methods() -> frozenset[str]:
+    """Names of the methods whose head is trained with cross-entropy together with the encoder."""
+    return frozenset(name for name, spec in METHODS.items() if spec.head_trained)
+
+
+def setup_method(inputs: Stage2Inputs) -> Stage2Setup:
+    """Build the task of ``stage2.method`` from the registry."""
+    return method_spec(inputs.params.stage2.method).setup(inputs)
+
+
+def fresh_model(inputs: Stage2Inputs) -> Network:
+    """A freshly initialised network of ``params.model`` for the training split's classes and input shape, its feature
+    layer ending in the method's activation where ``model.feature_activation`` is ``auto``."""
+    train = inputs.splits["train"]
+    activation = method_spec(inputs.params.stage2.method).feature_activation
+    return build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:]), activation).to(inputs.device)
+
+
+def stage2_optimiser(inputs: Stage2Inputs, parameters: Any) -> tuple[torch.optim.Optimizer, Any | None]:
+    """The optimiser and lr schedule of ``params.stage2`` over ``parameters``."""
+    s2 = inputs.params.stage2
+    optimizer = build_optimizer(parameters, s2.optimizer, s2.lr, s2.momentum, s2.weight_decay)
+    return optimizer, build_scheduler(optimizer, s2.lr_milestones, s2.lr_gamma)
+
+
+def normalise(z: torch.Tensor) -> torch.Tensor:
+    return F.normalize(z, dim=1)
+
+
+class Progress:
+    """Running means for the progress bar and the epoch's returned metrics."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.count = 0
+
+    def add(self, **values: torch.Tensor | float) -> None:
+        for key, value in values.items():
+            self.sums[key] = self.sums.get(key, 0.0) + float(value)
+        self.count += 1
+
+    def means(self, prefix: str = "train/") -> dict[str, float]:
+        return {f"{prefix}{k}": v / max(self.count, 1) for k, v in self.sums.items()}

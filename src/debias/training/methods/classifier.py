@@ -1,0 +1,41 @@
+"""Cross-entropy baselines: ``erm`` (a second ERM run with stage 2's optimiser settings, for seed-matched
+comparisons) and ``jtt`` (JTT: the inferred minority, ERM's errors when groups.method is pred, repeated
+round(upweight) times per epoch)."""
+
+from __future__ import annotations
+
+import torch
+
+from debias.training.erm import ClassifierTask
+from debias.training.methods.base import Stage2Inputs, Stage2Setup, fresh_model, register_method, stage2_optimiser
+
+
+@register_method("erm", head_trained=True)
+def erm_method(inputs: Stage2Inputs) -> Stage2Setup:
+    model = fresh_model(inputs)
+    optimizer, scheduler = stage2_optimiser(inputs, model.parameters())
+    task = ClassifierTask(model, optimizer, inputs.splits["train"], inputs.params.stage2.batch_size,
+                          inputs.generator, inputs.device, augment_shift=inputs.params.stage2.augment_shift)
+    return Stage2Setup(task, model, optimizer, scheduler)
+
+
+def jtt_pool(n: int, minority: torch.Tensor, upweight: float) -> torch.Tensor:
+    """Indices one JTT epoch visits: every point once, minority points round(upweight) times in all."""
+    extra = max(int(round(upweight)) - 1, 0)
+    errors = torch.nonzero(minority).flatten()
+    return torch.cat([torch.arange(n), errors.repeat(extra)])
+
+
+@register_method("jtt", head_trained=True)
+def jtt_method(inputs: Stage2Inputs) -> Stage2Setup:
+    if not bool(inputs.minority.any()):
+        raise ValueError("stage2.method = jtt: infer_groups found no inferred minority (error) point to upweight; "
+                         "check groups.method, or train ERM less (JTT needs ERM errors)")
+    model = fresh_model(inputs)
+    optimizer, scheduler = stage2_optimiser(inputs, model.parameters())
+    train = inputs.splits["train"]
+    pool = jtt_pool(len(train), inputs.minority, inputs.params.stage2.jtt.upweight)
+    task = ClassifierTask(model, optimizer, train, inputs.params.stage2.batch_size, inputs.generator,
+                          inputs.device, pool=pool, augment_shift=inputs.params.stage2.augment_shift)
+    facts = {"jtt_error_points": int(inputs.minority.sum()), "jtt_epoch_size": len(pool)}
+    return Stage2Setup(task, model, optimizer, scheduler, report=lambda history: facts)

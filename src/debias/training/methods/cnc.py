@@ -1,0 +1,118 @@
+"""Correct-N-Contrast (CNC App. B): two-sided contrastive batches from inferred bias labels
+(:class:`debias.sampling.CNCBatchSampler`); loss = lambda * cnc_two_sided + (1 - lambda) * CE on every batch
+point; no projection head; ``accumulation`` contrastive batches per optimiser step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from debias import distributed, health, losses
+from debias.data.augment import random_shift
+from debias.data.store import BiasedSplit
+from debias.models import Network
+from debias.params import Params
+from debias.sampling import CNCBatchSampler
+from debias.training.loop import GeneratorTask, ensure_finite
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, normalise, register_method,
+                                          stage2_optimiser)
+
+
+class CNCTask(GeneratorTask):
+    """One epoch = ``len(sampler)`` two-sided contrastive batches (one per anchor, Alg. 3, or per anchor of a
+    ``stage2.cnc.anchor_fraction`` subset), ``accumulation`` per optimiser step.
+
+    A step's loss is the mean over its contrastive batches of
+    lambda * cnc_two_sided(z/|z|) + (1 - lambda) * CE(head(z), y) over every point of the batch;
+    batches are forwarded ``forward_chunk`` at a time, gradients accumulated (same gradient).
+    """
+
+    def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit,
+                 sampler: CNCBatchSampler, params: Params, generator: torch.Generator, device: torch.device) -> None:
+        self.model, self.optimizer, self.train, self.sampler = model, optimizer, train, sampler
+        self.params, self.generator, self.device = params, generator, device
+
+    def extra_state(self) -> dict[str, Any]:
+        return {**super().extra_state(), "sampler": self.sampler.state_dict()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        super().load_extra_state(state)
+        self.sampler.load_state_dict(state["sampler"])
+
+    def _chunk_loss(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Mean contrastive and CE loss over ``count`` freshly drawn contrastive batches."""
+        batch = self.sampler.sample_many(count)
+        groups = [batch.anchors, batch.positives, batch.negatives] + ([batch.negatives2] if batch.negatives2 is not None else [])
+        sizes = [g.shape[1] for g in groups]
+        index = torch.cat(groups, dim=1)  # [count, 2M + 2N]
+        x = random_shift(self.train.x[index.flatten()], self.params.stage2.augment_shift, self.generator)
+        total = len(x)  # every rank holds the chunk's images; each forwards its shard of them
+        x = x[distributed.shard_slice(total)].to(self.device)
+        y = self.train.y[index.flatten()].to(self.device)
+        z, logits = self.model.embed_and_classify(x)
+        z, logits = distributed.all_gather_rows(z, total), distributed.all_gather_rows(logits, total)
+        parts = normalise(z).reshape(count, index.shape[1], -1).split(sizes, dim=1)
+        contrastive = losses.cnc_two_sided(parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else None,
+                                           self.params.stage2.cnc.temperature)
+        return contrastive, F.cross_entropy(logits, y), torch.tensor(count)
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        cnc = self.params.stage2.cnc
+        lam = cnc.contrastive_weight
+        remaining = len(self.sampler)
+        progress = Progress()
+        bar = tqdm(total=remaining, desc=f"epoch {epoch}", leave=False,
+                   disable=None if distributed.is_main() else True)
+        while remaining > 0:
+            step_batches = min(cnc.accumulation, remaining)
+            self.optimizer.zero_grad(set_to_none=True)
+            done = 0
+            while done < step_batches:
+                count = min(cnc.forward_chunk, step_batches - done)
+                contrastive, ce, _ = self._chunk_loss(count)
+                loss = lam * contrastive + (1 - lam) * ce
+                ensure_finite(loss, progress.count)
+                (loss * (count / step_batches)).backward()
+                progress.add(loss=loss.detach(), contrastive=contrastive.detach(), ce=ce.detach())
+                done += count
+                bar.update(count)
+            distributed.sum_gradients(self.optimizer)
+            self.optimizer.step()
+            remaining -= step_batches
+        bar.close()
+        return progress.means()
+
+
+def _temperature(params: Params) -> tuple[str, float]:
+    return "stage2.cnc.temperature", params.stage2.cnc.temperature
+
+
+@register_method("cnc", head_trained=True, temperature=_temperature)
+def cnc_method(inputs: Stage2Inputs) -> Stage2Setup:
+    cnc = inputs.params.stage2.cnc
+    train = inputs.splits["train"]
+    sampler = CNCBatchSampler(train.y, inputs.inferred, cnc.num_positives, cnc.num_negatives, cnc.two_sided,
+                              seed=inputs.params.seed, skip_empty_classes=cnc.skip_empty_classes,
+                              anchor_fraction=cnc.anchor_fraction)
+    model = fresh_model(inputs)
+    if cnc.init == "erm":
+        if inputs.erm_state is None:
+            raise ValueError("stage2.cnc.init = erm needs models/erm.pt; run train_erm first")
+        model.load_state_dict(inputs.erm_state)
+    optimizer, scheduler = stage2_optimiser(inputs, model.parameters())
+    task = CNCTask(model, optimizer, train, sampler, inputs.params, inputs.generator, inputs.device)
+    return Stage2Setup(task, model, optimizer, scheduler, report=lambda history: {"sampler": sampler.report()},
+                       warnings=lambda history: pool_warnings(sampler.report()))
+
+
+def pool_warnings(report: dict[str, Any]) -> list[str]:
+    """A ``cnc-small-pools`` warning when positives or negatives were drawn with replacement from pools smaller than
+    M or N (tiny pools repeated in every batch are memorised; CNC's loss then reaches its floor at once)."""
+    if not report["short_pools"]:
+        return []
+    shown = "; ".join(report["short_pools"][:4]) + ("; ..." if len(report["short_pools"]) > 4 else "")
+    return [health.warning("cnc-small-pools", f"{len(report['short_pools'])} sampling pools are smaller than a batch "
+                                              f"draws from them, so their points repeat within batches ({shown})")]

@@ -1,0 +1,55 @@
+"""The per-epoch linear head of methods that learn no classifier themselves (contrastive, self-supervised).
+
+After every epoch the head is fitted on the frozen training features (:func:`fit_head`: multinomial
+logistic regression, full-batch L-BFGS, no gradient into the encoder), so every epoch has a
+validation worst-group accuracy for checkpoint selection; the linear_probe stage refits it with its
+own regularisation search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from debias.data.store import BiasedSplit
+from debias.models import Network
+from debias.params import HeadParams
+from debias.training.erm import predict, validator
+
+
+def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.device,
+             weight_decay: float = HeadParams().weight_decay, max_iter: int = HeadParams().max_iter) -> None:
+    """Fit ``model.head`` to the frozen training features: min CE(W z + b, y) + weight_decay * |W|^2 (L-BFGS)."""
+    z, _ = predict(model, train.x, batch_size, device)
+    z, y = z.to(device), train.y.to(device)
+    head = model.head
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    optimizer = torch.optim.LBFGS(head.parameters(), lr=1.0, max_iter=max_iter, history_size=20,
+                                  line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(head(z), y) + weight_decay * head.weight.square().sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+
+
+def head_validator(model: Network, splits: dict[str, BiasedSplit], head_trained: bool, batch_size: int,
+                   device: torch.device, head: HeadParams) -> Callable[[], dict[str, float]]:
+    """Validation scalars; without a jointly trained head the head is fitted first (:func:`fit_head`, ``head``:
+    ``stage2.head``)."""
+    check = validator(model, splits["val"], batch_size, device)
+    if head_trained:
+        return check
+
+    def refit_then_check() -> dict[str, float]:
+        fit_head(model, splits["train"], batch_size, device, head.weight_decay, head.max_iter)
+        return check()
+
+    return refit_then_check
