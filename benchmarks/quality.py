@@ -37,6 +37,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 ACCURACY = ("avg", "unbiased", "worst_group")
+HEADLINE = {"avg": "avg", "unbiased": "unbiased", "worst_group": "worst"}  # accuracy -> its headline key suffix
 UPSTREAM = "upstream"  # the method name of a (setting, seed)'s shared-upstream experiment; its ERM is the ERM row
 TERMINAL = ("Success", "Failed")
 
@@ -68,7 +69,8 @@ def set_param_args(overrides: dict) -> list[str]:
     """``-S key=value`` arguments for ``dvc exp run`` (values in YAML flow style)."""
     args = []
     for key, value in flatten(overrides).items():
-        text = yaml.safe_dump(value, default_flow_style=True).strip()
+        # One line however long (a colour palette is > 80 characters): DVC's -S parser rejects a wrapped value.
+        text = yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
         text = text.removesuffix("\n...").removesuffix("...").strip()
         args += ["-S", f"{key}={text}"]
     return args
@@ -216,7 +218,8 @@ def run_queue(workdir: Path, jobs: list[dict], workers: int, env: dict[str, str]
 
 
 def shown_experiments(workdir: Path) -> dict[str, dict]:
-    """Experiment name -> ``{"params": params.yaml dict, "metrics": {file: dict}}`` from ``dvc exp show --json``."""
+    """Experiment name -> ``{"params": params.yaml dict, "metrics": headline values}`` from ``dvc exp show --json``
+    (the headline files ``reports/metrics/<stage>.json`` are the pipeline's DVC metrics; src/debias/headline.py)."""
     shown = json.loads(run(["dvc", "exp", "show", "--json"], cwd=workdir))  # --all-commits: minutes
     found: dict[str, dict] = {}
 
@@ -226,75 +229,86 @@ def shown_experiments(workdir: Path) -> dict[str, dict]:
                 data = revision.get("data") or {}
                 name = revision.get("name") or exp.get("name")
                 if name and data and not revision.get("error"):
+                    metrics: dict = {}
+                    for value in (data.get("metrics") or {}).values():
+                        metrics.update(value.get("data", {}))
                     found[name] = {"params": (data.get("params") or {}).get("params.yaml", {}).get("data", {}),
-                                   "metrics": {path: value.get("data", {}) for path, value in
-                                               (data.get("metrics") or {}).items()}}
+                                   "metrics": metrics}
 
     for entry in shown:
         visit(entry)
     return found
 
 
-def stage_runs(workdir: Path) -> tuple[dict[str, dict[str, float]], float]:
-    """Experiment name -> stage -> wall seconds of its MLflow run, and the seconds from the first run's start
-    to the last one's end (stages restored from the run-cache have no run: absent)."""
+def stage_runs(workdir: Path) -> tuple[dict[str, dict[str, float]], float, dict[str, dict[str, float]]]:
+    """Experiment name -> stage -> wall seconds of its MLflow run, the seconds from the first run's start to the
+    last one's end (stages restored from the run-cache have no run: absent), and experiment name -> the metrics
+    of its evaluate run (Î(Y;Z) and H(A), which the headline files leave out)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
     experiments = [e.experiment_id for e in client.search_experiments()]
     seconds: dict[str, dict[str, float]] = {}
+    evaluated: dict[str, dict[str, float]] = {}
     starts, ends = [], []
     for found in client.search_runs(experiments, filter_string="attributes.status = 'FINISHED'", max_results=50000):
         name = found.data.tags.get("debias.dvc_experiment")
-        stage = found.data.tags.get("debias.stage")
+        stage = found.data.tags.get("debias.stage")  # parent runs (one per pipeline run) have none
         if name and stage and found.info.end_time:
             seconds.setdefault(name, {})[stage] = (found.info.end_time - found.info.start_time) / 1000
             starts.append(found.info.start_time)
             ends.append(found.info.end_time)
-    return seconds, ((max(ends) - min(starts)) / 1000 if starts else 0.0)
+            if stage == "evaluate":
+                evaluated[name] = dict(found.data.metrics)
+    return seconds, ((max(ends) - min(starts)) / 1000 if starts else 0.0), evaluated
 
 
-def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]]) -> list[dict]:
+def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]],
+            evaluated: dict[str, dict[str, float]] | None = None) -> list[dict]:
     """One CSV row per (setting, seed, method), the ERM row taken from each upstream experiment."""
     rows = []
+    evaluated = evaluated or {}
     by_name = {job["name"]: job for job in jobs}
-    representation = {}  # (setting, seed) -> ERM representation metrics (identical in every method experiment)
+    erm_of: dict[tuple, dict] = {}  # (setting, seed) -> ERM representation metrics (identical in every method experiment)
     for job in jobs:
         got = shown.get(job["name"])
-        if job["method"] != UPSTREAM and got:
-            erm_rep = got["metrics"].get("reports/metrics/representation.json", {}).get("erm")
-            if erm_rep and erm_rep.get("trained"):
-                representation[(job["setting"], job["seed"])] = erm_rep
+        if job["method"] != UPSTREAM and got and got["metrics"].get("align_erm") is not None:
+            extra = evaluated.get(job["name"], {})
+            erm_of[(job["setting"], job["seed"])] = {
+                "alignment_loss": got["metrics"].get("align_erm"), "mi_a": got["metrics"].get("mi_a_erm"),
+                "mi_y": extra.get("erm.test.mi_y"), "h_a": extra.get("erm.test.h_a")}
     for name, job in by_name.items():
         got = shown.get(name)
         if got is None:
             continue
         metrics = got["metrics"]
         row: dict[str, Any] = {"setting": job["setting"], "seed": job["seed"]}
-        summary = metrics.get("data/biased/summary.json", {}).get("splits", {}).get("train", {})
-        row.update(n_train=summary.get("n"), n_conflicting=summary.get("n_conflicting"))
+        row.update(n_train=metrics.get("bias_n"), n_conflicting=metrics.get("bias_conflicting"))
         if job["method"] == UPSTREAM:
-            test = metrics.get("reports/metrics/erm.json", {}).get("test", {})
-            rep = representation.get((job["setting"], job["seed"]), {})
+            prefix = "erm"
+            rep = erm_of.get((job["setting"], job["seed"]), {})
             stage_time = seconds.get(name, {}).get("train_erm")
             row["method"] = "erm"
-        elif job.get("result"):  # a linear probe's result (e.g. DFR on the ERM encoder)
-            encoder = job["result"].get("encoder", "stage2")
-            test = ((metrics.get("reports/metrics/probe.json", {}).get(encoder) or {}).get("probe") or {}).get("test", {})
-            rep = metrics.get("reports/metrics/representation.json", {}).get(encoder, {})
+        elif job.get("result"):  # a linear probe's result (e.g. DFR on the ERM encoder): its headline keys
+            encoder = "erm" if job["result"].get("encoder", "stage2") == "erm" else "s2"
+            prefix = f"probe_{encoder}"
+            rep = (erm_of.get((job["setting"], job["seed"]), {}) if encoder == "erm" else
+                   {"alignment_loss": metrics.get("align_s2"), "mi_a": metrics.get("mi_a_s2")})
             stage_time = seconds.get(name, {}).get("linear_probe")
             row["method"] = job["method"]
         else:
-            test = metrics.get("reports/metrics/stage2_train.json", {}).get("test", {})
-            rep = metrics.get("reports/metrics/representation.json", {}).get("stage2", {})
+            prefix = "s2"
+            extra = evaluated.get(name, {})
+            rep = {"alignment_loss": metrics.get("align_s2"), "mi_a": metrics.get("mi_a_s2"),
+                   "mi_y": extra.get("stage2.test.mi_y"), "h_a": extra.get("stage2.test.h_a")}
             stage_time = seconds.get(name, {}).get("train_contrastive")
             row["method"] = job["method"]
-        if not test:
+        test = {k: metrics.get(f"{prefix}_{HEADLINE[k]}") for k in ACCURACY}
+        if all(v is None for v in test.values()):
             continue  # queued, failed or stopped at the time limit: no result
-        split = rep.get("test", {}) if rep else {}
-        row.update({f"test_{k}": test.get(k) for k in ACCURACY})
-        row.update(alignment_loss=split.get("alignment_loss"), mi_a=split.get("mi_a"), mi_y=split.get("mi_y"),
-                   h_a=split.get("h_a"), train_seconds=stage_time,
+        row.update({f"test_{k}": test[k] for k in ACCURACY})
+        row.update(alignment_loss=rep.get("alignment_loss"), mi_a=rep.get("mi_a"), mi_y=rep.get("mi_y"),
+                   h_a=rep.get("h_a"), train_seconds=stage_time,
                    experiment_seconds=sum(seconds.get(name, {}).values()) or None, experiment=name)
         rows.append(row)
     return rows
@@ -428,8 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         unfinished = run_queue(workdir, jobs, args.jobs, stage_env(args.threads, workdir), deadline)
     wall = time.time() - started
     unfinished = [] if args.collect_only else unfinished
-    seconds, span = stage_runs(workdir)
-    rows = rows_of(jobs, shown_experiments(workdir), seconds)
+    seconds, span, evaluated = stage_runs(workdir)
+    rows = rows_of(jobs, shown_experiments(workdir), seconds, evaluated)
     if not rows:
         print("[quality] no results", file=sys.stderr)
         return 1

@@ -67,7 +67,8 @@ from debias.params import Params, validate  # noqa: E402
 from debias.sampling import CNCBatchSampler  # noqa: E402
 from debias.training.erm import ClassifierTask  # noqa: E402
 from debias.training.loop import build_optimizer  # noqa: E402
-from debias.training.methods import Stage2Inputs, setup_method  # noqa: E402
+from debias.training.methods import Stage2Inputs, method_spec, setup_method  # noqa: E402
+from debias.training.methods.selfsup import projection_head  # noqa: E402
 
 DEFAULT_NPZ = REPO.parent / "shared" / "datasets" / "mnist10k.npz"
 CONTRASTIVE_METHODS = ("supcon", "eps_supcon", "eps_supinfonce")
@@ -347,18 +348,27 @@ def baseline_contrastive_epoch(model: PaperNet, optimizer: torch.optim.Optimizer
         running += loss.item()
 
 
-def baseline_wcl_epoch(model: PaperNet, biased: PaperNet, optimizer: torch.optim.Optimizer, data: DataLoader,
-                       params: Params, device: torch.device) -> None:
+def simclr_transform(size: int, wcl: Any) -> T.Compose:
+    """torchvision's SimCLR view with the strengths of stage2.wcl: RandomResizedCrop, ColorJitter (p), RandomGrayscale."""
+    s = wcl.colour_strength
+    return T.Compose([T.RandomResizedCrop(size, scale=(wcl.crop_min_scale, 1.0)),
+                      T.RandomApply([T.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, min(0.2 * s, 0.5))], p=wcl.jitter_p),
+                      T.RandomGrayscale(p=wcl.grayscale_p), T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
+
+
+def baseline_wcl_epoch(model: PaperNet, biased: PaperNet, projectors: tuple[nn.Module, nn.Module],
+                       optimizer: torch.optim.Optimizer, data: DataLoader, params: Params, device: torch.device) -> None:
     wcl = params.stage2.wcl
     model.train()
     biased.train()
+    projector, biased_projector = projectors
     running = 0.0
     for anchor, positive, _ in data:
         anchor, positive = anchor.to(device), positive.to(device)
-        z_d_a, z_d_p = F.normalize(model.encoder(anchor), dim=1), F.normalize(model.encoder(positive), dim=1)
-        z_b_a, z_b_p = F.normalize(biased.encoder(anchor), dim=1), F.normalize(biased.encoder(positive), dim=1)
+        z_d_a, z_d_p = (F.normalize(projector(model.encoder(v)), dim=1) for v in (anchor, positive))
+        z_b_a, z_b_p = (F.normalize(biased_projector(biased.encoder(v)), dim=1) for v in (anchor, positive))
         assert wcl.triplet_weight == 1.0, "base_wcl sums both terms with weight 1"
-        loss = base_wcl(z_d_a, z_d_p, z_b_a, z_b_p, params.loss.temperature, wcl.tau_plus)
+        loss = base_wcl(z_d_a, z_d_p, z_b_a, z_b_p, wcl.temperature, wcl.tau_plus)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -380,7 +390,7 @@ def baseline_cnc_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, datase
         logits = model.head(z)
         anchors, positives, negatives, negatives2 = F.normalize(z, dim=1).split([len(g) for g in groups])
         contrastive = base_cnc_two_sided(anchors[None], positives[None], negatives[None], negatives2[None],
-                                         params.loss.temperature)
+                                         params.stage2.cnc.temperature)
         loss = lam * contrastive + (1 - lam) * F.cross_entropy(logits, y)
         optimizer.zero_grad()
         loss.backward()
@@ -408,9 +418,9 @@ def setup_pair(method: str, params: Params, train_full: BiasedSplit, steps: int,
     s2 = params.stage2
     generator = torch.Generator().manual_seed(seed)
 
-    def fresh() -> nn.Module:
+    def fresh() -> nn.Module:  # the encoder the method builds (its feature activation included)
         torch.manual_seed(seed)
-        return build_model(params.model.name, train_full.n_classes, size).to(device)
+        return build_model(params.model, train_full.n_classes, size, method_spec(method).feature_activation).to(device)
 
     if method == "erm":
         train = subset(train_full, steps * params.erm.batch_size, seed)
@@ -436,7 +446,10 @@ def setup_pair(method: str, params: Params, train_full: BiasedSplit, steps: int,
     base_params = base.encoder.parameters() if kind in ("contrastive", "wcl") else base.parameters()
     if kind == "wcl":
         biased = PaperNet(fresh())
-        base_params = list(base.encoder.parameters()) + list(biased.encoder.parameters())
+        out = s2.wcl.projection_dim
+        projectors = (projection_head(base.encoder.dim, out).to(device), projection_head(biased.encoder.dim, out).to(device))
+        base_params = [*base.encoder.parameters(), *projectors[0].parameters(), *biased.encoder.parameters(),
+                       *projectors[1].parameters()]
     base_opt = build_optimizer(base_params, s2.optimizer, s2.lr, s2.momentum, s2.weight_decay)
     transform = paper_transform(size, s2.augment_shift)
     images, labels = hwc(train), train.y.numpy()
@@ -455,9 +468,8 @@ def setup_pair(method: str, params: Params, train_full: BiasedSplit, steps: int,
                 s2.batch_size, len(train))
     if kind == "wcl":
         wcl = s2.wcl
-        data = loader(PaperImages(images, labels, paper_transform(size, wcl.max_shift, wcl.noise_std), views=2),
-                      s2.batch_size, num_workers, seed)
-        return (task.train_epoch, lambda: baseline_wcl_epoch(base, biased, base_opt, data, params, device),
+        data = loader(PaperImages(images, labels, simclr_transform(size, wcl), views=2), s2.batch_size, num_workers, seed)
+        return (task.train_epoch, lambda: baseline_wcl_epoch(base, biased, projectors, base_opt, data, params, device),
                 s2.batch_size, len(train))
     if kind == "cnc":
         cnc = s2.cnc
@@ -465,6 +477,8 @@ def setup_pair(method: str, params: Params, train_full: BiasedSplit, steps: int,
             raise SystemExit("the CNC baseline does one two-sided contrastive batch per optimiser step")
         sampler = CNCBatchSampler(train.y, inferred, cnc.num_positives, cnc.num_negatives, cnc.two_sided, steps,
                                   seed=params.seed, skip_empty_classes=cnc.skip_empty_classes)
+        task.sampler = CNCBatchSampler(train.y, inferred, cnc.num_positives, cnc.num_negatives, cnc.two_sided, steps,
+                                       seed=params.seed, skip_empty_classes=cnc.skip_empty_classes)  # `steps` batches
         dataset = PaperImages(images, labels, transform)
         per_batch = 2 * cnc.num_positives + 2 * cnc.num_negatives
         return (task.train_epoch, lambda: baseline_cnc_epoch(base, base_opt, dataset, sampler, params, device),
@@ -476,9 +490,7 @@ def method_params(base: dict, overrides: dict, kind_steps: dict[str, int], name:
     raw = merge(base, overrides)
     method = raw.get("stage2", {}).get("method", "erm") if name != "erm" else "erm"
     kind = "contrastive" if method in CONTRASTIVE_METHODS else method
-    steps = int(kind_steps[kind])
-    if method == "cnc":
-        raw = merge(raw, {"stage2": {"cnc": {"batches_per_epoch": steps}}})
+    steps = int(kind_steps[kind])  # CNC: setup_pair gives both sides a sampler of `steps` batches per epoch
     return validate(raw), steps
 
 

@@ -26,10 +26,18 @@ def run(params: Params, run: StageRun) -> None:
     save_json(GROUPS_METRICS, report)
     save_json(paths.GROUPS_TIMINGS, inference.timings)  # seconds per step, kept out of the metrics file
     run.log_metrics(report_scalars(report, inference.timings))
+    run.log_warnings(report["warnings"])
     run.log_artifact(GROUPS_METRICS)
     print(f"[infer_groups] {params.groups.method}: {report['n_inferred_minority']} inferred minority points, "
-          f"minority recall {report['minority_recall']}, precision {report['minority_precision']}, "
-          f"matched accuracy {report['matched_accuracy']:.3f}")
+          f"minority recall {rounded(report['minority_recall'])}, precision {rounded(report['minority_precision'])}, "
+          f"matched accuracy {rounded(report['matched_accuracy'])}")
+    for message in report["warnings"]:
+        print(f"[infer_groups] WARNING {message}", flush=True)
+
+
+def rounded(value: float | None) -> str:
+    """Three decimals; 'n/a' where the value is undefined (e.g. no inferred minority point: no precision)."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 if __name__ == "__main__":

@@ -1,23 +1,16 @@
 """Stage inject_bias: bias the splits with a protocol (data/biased/), summary and sample grid."""
 
-from pathlib import Path
-
 from debias import paths
 from debias.data.bias import check_colourable, inject_bias, resolve_protocol, summarise
-from debias.data.store import BiasedSplit, load_raw_data, save_split
+from debias.data.store import load_raw_data, save_split
 from debias.io import save_json
 from debias.params import Params
-from debias.report.figures import placeholder, sample_grid
+from debias.report.figures import feature_summary, sample_grid
 from debias.stage import main
 from debias.tracking import StageRun
 
-
-def feature_note(split: BiasedSplit, path: Path, seed: int) -> None:
-    """Feature vectors have no picture: the declared figure says so."""
-    placeholder(path, f"tabular data ({split.x.shape[1]} features per row): no sample images")
-
-
-SAMPLE_FIGURES = {"image": sample_grid, "tabular": feature_note}
+# The declared figure: images per group, or (feature vectors) each feature's mean per group.
+SAMPLE_FIGURES = {"image": sample_grid, "tabular": feature_summary}
 
 
 def run(params: Params, run: StageRun) -> None:

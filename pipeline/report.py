@@ -1,7 +1,7 @@
 """Stage report: reports/report.md and a self-contained reports/report.html (figures under reports/figures/,
 per-group accuracy CSVs under reports/plots/) from every stage's outputs, logged to MLflow; and
 reports/plots_template.html, the offline page `dvc plots show` / `dvc plots diff` fill (not logged:
-it is the same 0.9 MB of JavaScript for every run)."""
+it is the same 0.9 MB of JavaScript for every run). The report is logged on the pipeline's MLflow parent run too."""
 
 import time
 from pathlib import Path
@@ -20,6 +20,8 @@ def run(params: Params, run: StageRun) -> None:
         rel = Path(path)
         folder = "report" if rel.name in (REPORT_MD.name, REPORT_HTML.name) else f"report/{rel.parent.name}"
         run.log_artifact(path, folder)
+        if rel.name in (REPORT_MD.name, REPORT_HTML.name):  # also on the pipeline's parent run, beside its metrics
+            run.log_parent_artifact(path, "report")
     write_plots_template(PLOTS_TEMPLATE)
     run.log_metrics({"report.build_s": time.perf_counter() - started})
     print(f"[report] wrote {REPORT_MD} and {REPORT_HTML} ({Path(REPORT_HTML).stat().st_size / 1e6:.1f} MB) "

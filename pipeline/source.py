@@ -2,7 +2,9 @@
 data/source.json. DVC runs it every time (``always_changed``, well under a second: no torch, no MLflow)
 and reruns ``download`` only when the fingerprint changes, so a file overwritten in place is never stale."""
 
+import json
 import sys
+from pathlib import Path
 
 from debias.data.sources.base import DataSourceError, external_files
 from debias.fingerprint import file_digest, tree_digest
@@ -22,9 +24,16 @@ def fingerprint() -> dict:
     return {"source": params.source, "files": files}
 
 
+def write_if_changed(path: Path, document: dict) -> None:
+    """Rewrite ``path`` only when its content would change: an unchanged fingerprint keeps its file (and mtime)."""
+    if path.exists() and json.loads(path.read_text()) == json.loads(json.dumps(document)):
+        return
+    save_json(path, document)
+
+
 if __name__ == "__main__":
     try:
-        save_json(SOURCE_FINGERPRINT, fingerprint())
+        write_if_changed(SOURCE_FINGERPRINT, fingerprint())
     except (ParamsError, DataSourceError) as exc:
         print(f"[source] error: {str(exc)[:2000]}", file=sys.stderr)
         sys.exit(2)

@@ -8,7 +8,7 @@ from debias.params import Params
 from debias.stage import main
 from debias.tracking import StageRun
 from debias.training.erm import StageOutputs
-from debias.training.methods import train_stage2
+from debias.training.methods import method_spec, train_stage2
 
 OUTPUTS = StageOutputs(model=paths.STAGE2_MODEL, embeddings_dir=paths.STAGE2_DIR,
                        metrics=paths.METRICS / "stage2_train.json", curves=paths.PLOTS / "stage2_curves.csv",
@@ -21,7 +21,8 @@ def run(params: Params, run: StageRun) -> None:
     train = splits["train"]
     erm_state = None
     if params.stage2.method == "cnc" and params.stage2.cnc.init == "erm":
-        erm_state = load_initial_weights(str(paths.ERM_MODEL), params.model, train.n_classes, tuple(train.x.shape[1:]))
+        erm_state = load_initial_weights(str(paths.ERM_MODEL), params.model, train.n_classes, tuple(train.x.shape[1:]),
+                                         method_spec(params.stage2.method).feature_activation)
     train_stage2(params, splits, groups.inferred_label, groups.minority, erm_state, run, OUTPUTS,
                  inferred_group=groups.inferred_group, bias_scores=groups.bias_scores)
 

@@ -166,7 +166,7 @@ def test_soft_groups_store_the_bias_capturing_models_scores_and_fairkl_reads_the
 
     seen = []
     original = losses.fairkl
-    monkeypatch.setattr(losses, "fairkl", lambda z, y, bias, variant: seen.append(bias) or original(z, y, bias, variant))
+    monkeypatch.setattr(losses, "fairkl", lambda z, y, bias, variant, **kw: seen.append(bias) or original(z, y, bias, variant, **kw))
     inputs = stage2_inputs("eps_supinfonce", train, bias_scores=loaded.bias_scores)
     inputs.params.loss.fairkl.weight = 1.0
     setup_method(inputs).task.train_epoch(0)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from debias.params import validate
-from tests.conftest import REPO
+from tests.conftest import REPO, committed_text
 
 
 def _load_quality():
@@ -48,7 +48,7 @@ def test_plan_is_seed_major_with_each_upstream_before_its_methods() -> None:
 
 
 def test_every_planned_experiment_passes_the_params_schema() -> None:
-    base_params = yaml.safe_load((REPO / "params.yaml").read_text())
+    base_params = yaml.safe_load(committed_text("params.yaml"))
     base = quality.merge(base_params, quality.merge(CONFIG["base"], {"data": {"path": "mnist10k.npz"}}))
     for job in _plan(seeds=(0,)):
         params = validate(quality.merge(base, job["overrides"]))
@@ -60,7 +60,7 @@ def test_every_planned_experiment_passes_the_params_schema() -> None:
 
 def test_set_param_args_parse_back_to_the_planned_values() -> None:
     overrides = {"groups": {"method": "true"}, "probe": {"c_grid": [0.01, 1.0]}, "stage2": {"lr": 0.001,
-                 "cnc": {"batches_per_epoch": None}}, "bias": {"protocol": "background"}}
+                 "cnc": {"anchor_fraction": 0.25}}, "bias": {"protocol": "background"}}
     args = quality.set_param_args(overrides)
     assert args[::2] == ["-S"] * 5
     parsed = {}
@@ -69,6 +69,15 @@ def test_set_param_args_parse_back_to_the_planned_values() -> None:
         parsed[key] = yaml.safe_load(text)
     assert parsed == quality.flatten(overrides)
     assert isinstance(parsed["groups.method"], str)  # "true" the group source, not the boolean
+
+
+def test_a_value_longer_than_a_yaml_line_stays_on_one_line() -> None:
+    """yaml.safe_dump wraps at 80 characters by default; DVC's -S parser rejects the newline."""
+    palette = [[255, 0, 0], [0, 255, 0], [0, 0, 255], [225, 225, 0], [225, 0, 225], [0, 255, 255], [255, 128, 0],
+               [255, 0, 128], [128, 0, 255], [128, 128, 128]]
+    (argument,) = quality.set_param_args({"bias": {"background": {"colours": palette}}})[1::2]
+    assert "\n" not in argument and len(argument) > 80
+    assert yaml.safe_load(argument.partition("=")[2]) == palette
 
 
 def test_forced_overrides_win_over_setting_and_method() -> None:

@@ -90,7 +90,7 @@ def test_background_pixel_rule_and_uniform_test() -> None:
 
 
 def test_protocols_are_deterministic_per_seed() -> None:
-    x, y = tiny_grey_digits(n_per_class=20)
+    x, y = tiny_grey_digits(n_per_class=40)  # enough that every class reaches val and test under either protocol
     for protocol in ("foreground", "background"):
         params = BiasParams(protocol=protocol)
         params.foreground.p_corr, params.background.rho = 0.7, 0.7

@@ -320,3 +320,13 @@ def test_stage_writes_table_umap_file_and_metrics(tmp_path, monkeypatch) -> None
     assert "timings" not in metrics  # wall-clock time would make the metrics file differ between identical runs
     assert "total_s" in json.loads((tmp_path / "reports/runs/infer_groups_timings.json").read_text())
     assert np.isclose(metrics["nmi"], 1.0)
+
+
+def test_weak_inferred_groups_are_named_in_a_warning() -> None:
+    from debias.groups.inference import group_warnings
+
+    assert group_warnings("cluster", {"minority_recall": 0.9, "minority_precision": 0.95}) == []
+    (message,) = group_warnings("cluster", {"minority_recall": 0.14, "minority_precision": 0.76})
+    assert message.startswith("weak-groups: ") and "recall 0.14" in message and "precision" not in message.split(";")[0]
+    assert group_warnings("true", {"minority_recall": 0.0, "minority_precision": 0.0}) == []  # the oracle
+    assert group_warnings("pred", {"minority_recall": None, "minority_precision": None}) == []  # nothing to compare

@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
+from torch import nn
+
+from debias import losses
 from debias.data.augment import random_shift, view
-from debias.params import validate
+from debias.params import ParamsError, validate
 from debias.runtime import seed_everything
 from debias.training.loop import fit
-from debias.training.methods import METHODS, Stage2Inputs, fit_head, jtt_pool, setup_method, stage2_validator
+from debias.training.methods import (METHODS, Stage2Inputs, fit_head, head_trained_methods, jtt_pool, setup_method,
+                                     stage2_validator)
+from debias.training.methods.supcon import fairkl_activity, fairkl_summary, fairkl_warnings, stratified_batches
 from tests.test_training import tiny_split
 
 CPU = torch.device("cpu")
 
 
 def inputs(method: str, inferred: torch.Tensor | None = None, **overrides) -> Stage2Inputs:
+    """A tiny stage-2 setup; ``overrides`` update ``stage2`` (a dict value updates that subsection)."""
     train, val = tiny_split(120), tiny_split(60, seed=1)
-    params = validate({"stage2": {"method": method, "optimizer": "adam", "lr": 3e-3, "batch_size": 32,
-                                  "cnc": {"num_positives": 4, "num_negatives": 4, "accumulation": 2,
-                                          "forward_chunk": 1}, **overrides},
-                       "loss": {"temperature": 0.1, "fairkl": {"weight": 0.5}}})
+    stage2 = {"method": method, "optimizer": "adam", "lr": 3e-3, "batch_size": 32,
+              "cnc": {"num_positives": 4, "num_negatives": 4, "accumulation": 2, "forward_chunk": 1, "temperature": 0.1,
+                      "anchor_fraction": 0.25},
+              "wcl": {"projection_dim": 16}}
+    for key, value in overrides.items():
+        stage2[key] = {**stage2.get(key, {}), **value} if isinstance(value, dict) else value
+    params = validate({"stage2": stage2, "loss": {"temperature": 0.1, "fairkl": {"weight": 0.5}}})
     inferred = train.a.clone() if inferred is None else inferred
     return Stage2Inputs({"train": train, "val": val, "test": val}, inferred, inferred != train.y, None, params, CPU,
                         seed_everything(0), inferred_group=train.y * 3 + inferred)
@@ -38,6 +49,112 @@ def test_every_method_lowers_its_loss(method: str) -> None:
 def test_registry_holds_every_method_of_the_papers() -> None:
     assert set(METHODS) == {"cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm",
                             "lff", "groupdro", "dcl", "hcl"}
+    assert head_trained_methods() >= {"erm", "jtt", "cnc"}
+    assert not head_trained_methods() & {"supcon", "eps_supcon", "eps_supinfonce", "wcl"}
+
+
+@pytest.mark.parametrize("method, activation", [("eps_supinfonce", nn.Tanh), ("supcon", nn.Tanh), ("cnc", nn.ReLU),
+                                                ("wcl", nn.ReLU), ("erm", nn.ReLU)])
+def test_the_feature_layer_ends_in_each_papers_activation(method: str, activation: type) -> None:
+    """auto: Tanh for the contrastive losses used without a projection head (FairKL authors' encoder), ReLU for
+    CNC's LeNet-5, WCL (projection head) and the CE baselines; an explicit choice applies to every method."""
+    setup = setup_method(inputs(method))
+    assert isinstance(setup.model.encoder.features[-1], activation)
+    assert setup.model.encoder.options["feature_activation"] == activation.__name__.lower()
+    forced = inputs(method)
+    forced.params.model.feature_activation = "relu"
+    assert isinstance(setup_method(forced).model.encoder.features[-1], nn.ReLU)
+    with pytest.raises(ParamsError, match="feature_activation = tanh"):
+        validate({"model": {"name": "resnet18", "feature_activation": "tanh"}})
+
+
+def test_a_cnc_epoch_is_one_two_sided_batch_per_anchor() -> None:
+    train = tiny_split(120)
+    setup = setup_method(inputs("cnc", cnc={"anchor_fraction": 1.0}))  # stage2.cnc.anchor_fraction, not |anchors| / M
+    anchors = int((train.a == train.y).sum())
+    assert len(setup.task.sampler) == anchors
+    setup = setup_method(inputs("cnc", cnc={"anchor_fraction": 0.5}))
+    assert len(setup.task.sampler) == round(0.5 * anchors)
+
+
+def _reference_wcl(z_d: list[torch.Tensor], z_b: list[torch.Tensor], t: float, tau_plus: float) -> tuple[float, float]:
+    """WCL's two losses by loops in float64, written from the paper (Sec. 5.2, 6): every one of the 2B views is an
+    anchor, its other view the positive, the other 2B - 2 views its negatives; w = 1 + Dd~ / (Dd~ + Db~) with each
+    distance divided by its largest (view, negative) distance in the batch; g' Chuang et al.'s debiased sum."""
+    zd, zb = torch.cat(z_d).double(), torch.cat(z_b).double()
+    n, b = len(zd), len(zd) // 2
+    negatives = {k: [j for j in range(n) if j != k and j != (k + b) % n] for k in range(n)}
+    dd = {(k, j): float((zd[k] - zd[j]).norm()) for k in range(n) for j in negatives[k]}
+    db = {(k, j): float((zb[k] - zb[j]).norm()) for k in range(n) for j in negatives[k]}
+    max_d, max_b = max(dd.values()), max(db.values())
+    weighted, triplet = 0.0, 0.0
+    for k in range(n):
+        p = (k + b) % n
+        s_pos = float(zd[k] @ zd[p]) / t
+        total = sum((1 + (dd[k, j] / max_d) / (dd[k, j] / max_d + db[k, j] / max_b)) * math.exp(float(zd[k] @ zd[j]) / t)
+                    for j in negatives[k])
+        m = len(negatives[k])
+        g = max((total - tau_plus * m * math.exp(s_pos)) / (1 - tau_plus), m * math.exp(-1 / t))
+        weighted += -math.log(math.exp(s_pos) / (math.exp(s_pos) + g)) / n
+        d_pos = float((zb[k] - zb[p]).square().sum())
+        d_neg = sum(float((zb[k] - zb[j]).square().sum()) for j in negatives[k]) / m
+        triplet += (d_pos - (d_neg - tau_plus * d_pos) / (1 - tau_plus)) / n
+    return weighted, triplet
+
+
+def test_wcl_trains_on_two_colour_destroying_views_against_all_2b_minus_2_negatives() -> None:
+    setup = setup_method(inputs("wcl", wcl={"grayscale_p": 1.0, "tau_plus": 0.1}))
+    task = setup.task
+    index = torch.arange(6)
+    state = task.generator.get_state()
+    loss, weighted, triplet = task.batch_loss(index)
+    # the same views again from the same generator state, through the encoders and projection heads
+    task.generator.set_state(state)
+    rows = task.train.x[index]
+    first, second = task.views(rows, task.generator), task.views(rows, task.generator)
+    assert first.shape == second.shape == task.train.x[index].shape and not torch.equal(first, second)
+    assert torch.equal(first[:, 0], first[:, 1]) and torch.equal(first[:, 1], first[:, 2])  # grayscale: no colour
+    with torch.no_grad():
+        z_d = [nn.functional.normalize(task.projector(task.model.embed(v)), dim=1) for v in (first, second)]
+        z_b = [nn.functional.normalize(task.biased_projector(task.biased.embed(v)), dim=1) for v in (first, second)]
+    assert z_d[0].shape[1] == task.params.stage2.wcl.projection_dim  # the losses see the projection head
+    ref_weighted, ref_triplet = _reference_wcl(z_d, z_b, task.params.stage2.wcl.temperature, 0.1)
+    assert float(weighted) == pytest.approx(ref_weighted, rel=1e-4)
+    assert float(triplet) == pytest.approx(ref_triplet, rel=1e-4, abs=1e-5)
+    assert float(loss) == pytest.approx(ref_weighted + ref_triplet, rel=1e-4)
+
+
+def test_fairkl_activity_counts_its_pair_sets_and_names_a_starved_side() -> None:
+    y = torch.tensor([0, 0, 0, 1, 1, 1])
+    b = torch.tensor([0, 0, 1, 1, 1, 1])  # one bias-conflicting point (index 2)
+    activity = fairkl_activity(y, b)
+    brute = {name: 0 for name in losses.FAIRKL_SETS}
+    for i in range(6):
+        for j in range(i + 1, 6):
+            kind = ("pos" if y[i] == y[j] else "neg") + ("_aligned" if b[i] == b[j] else "_conflicting")
+            brute[kind] += 1
+    assert {k.removeprefix("fairkl_pairs_"): v for k, v in activity.items() if "pairs" in k} == brute
+    assert activity["fairkl_pos_active"] == 1.0 and activity["fairkl_neg_active"] == 1.0
+    aligned = fairkl_activity(y, y.clone())  # no conflicting point: both sides inactive
+    assert aligned["fairkl_pos_active"] == 0.0 and aligned["fairkl_neg_active"] == 0.0
+    params = inputs("eps_supinfonce").params
+    history = [{"epoch": float(e), "train/fairkl_pos_active": 0.1, "train/fairkl_neg_active": 0.9,
+                **{f"train/fairkl_pairs_{name}": 1.0 for name in losses.FAIRKL_SETS}} for e in range(2)]
+    (message,) = fairkl_warnings(fairkl_summary(history, params))
+    assert message.startswith("fairkl-starved: ") and "positive side" in message and "stratified" in message
+
+
+def test_stratified_batches_hold_minority_points_and_every_other_point_once() -> None:
+    minority = torch.zeros(100, dtype=torch.bool)
+    minority[[3, 50, 77]] = True
+    batches = stratified_batches(minority, 16, 4, torch.Generator().manual_seed(0))
+    assert all(int(minority[batch].sum()) == 4 for batch in batches)
+    majority = torch.cat([batch[~minority[batch]] for batch in batches])
+    assert torch.equal(majority.sort().values, torch.nonzero(~minority).flatten())
+    setup = setup_method(inputs("eps_supinfonce", batch_size=16))
+    setup.task.params.loss.fairkl.sampler = "stratified"
+    metrics = setup.task.train_epoch(0)
+    assert metrics["train/fairkl_pos_active"] == 1.0 and metrics["train/fairkl_neg_active"] == 1.0
 
 
 def test_cnc_without_inferred_minority_names_the_class() -> None:

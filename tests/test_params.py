@@ -47,6 +47,9 @@ def test_shipped_params_yaml_is_valid_and_complete(tmp_path) -> None:
         ({"bias": {"foreground": {"colours": [[255, 0, 0], [208, 255, 0], [0, 255, 92], [0, 116, 255], [3, 3, 3]]}}},
          "bias.foreground.colours[4] = [3, 3, 3] cannot be told apart from the black background"),
         ({"bias": {"foreground": {"class_digits": [[0, 1], []]}}}, "holds an empty class"),
+        ({"data": {"image_size": 12}}, "model.name = lenet5 needs data.image_size >= 16"),
+        ({"data": {"source": "adult"}, "bias": {"protocol": "foreground"}},
+         "bias.protocol = foreground biases images; data.source = adult holds feature vectors"),
         ({"erm": {"lr": -1}}, "erm.lr = -1"),
         ({"erm": {"lr": "fast"}}, "erm.lr = 'fast'"),
         ({"stage2": {"cnc": {"num_positives": 0}}}, "stage2.cnc.num_positives = 0"),
@@ -117,7 +120,9 @@ def test_params_hash_is_stable_and_sensitive() -> None:
 
 
 def test_check_params_cli(tmp_path, capsys) -> None:
-    assert cli_main(["check-params", str(REPO / "params.yaml")]) == 0
+    shipped = tmp_path / "shipped.yaml"
+    shipped.write_text(committed_text("params.yaml"))
+    assert cli_main(["check-params", str(shipped)]) == 0
     bad = tmp_path / "params.yaml"
     bad.write_text("loss:\n  epsilion: 0.1\n")
     assert cli_main(["check-params", str(bad)]) == 2

@@ -2,7 +2,10 @@
 
 Also: `dvc plots show` draws each declared plot once from the CSVs the stages wrote, offline; a second
 repro reruns nothing, a training param reruns only its stage and those after it, and `dvc exp run --temp`
-logs into the main repository's MLflow store.
+logs into the main repository's MLflow store; every pipeline run (the repro, the temp run, each of two
+queue workers' experiments) is one MLflow parent run with its stage runs nested under it and the logged
+models; README's `dvc exp show` invocation fits 150 columns; `debias compare` reports what the metrics files
+and MLflow hold.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ pytestmark = pytest.mark.slow
 TINY = {
     "data": {"max_per_split": 240},
     "erm": {"epochs": 2},
-    "stage2": {"epochs": 2, "cnc": {"num_positives": 8, "num_negatives": 8, "batches_per_epoch": 6}},
+    "stage2": {"epochs": 2},
     "probe": {"c_grid": [0.1, 1.0]},
     "evaluate": {"splits": ["test"], "umap": {"max_points": 150}},
 }
@@ -66,14 +69,20 @@ def dvc(clone: Path, *args: str) -> str:
 
 
 def ran(output: str) -> list[str]:
-    return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
+    """The stages DVC ran, but `source`, which runs every time by design (always_changed: it fingerprints the
+    external data files in well under a second and reruns `download` only when they change)."""
+    return [line.split("'")[1] for line in output.splitlines()
+            if line.startswith("Running stage '") and line.split("'")[1] != "source"]
 
 
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory: pytest.TempPathFactory, mlflow_template: Path) -> tuple[Path, str]:
     clone = make_clone(tmp_path_factory.mktemp("clone"))
     fresh_store(mlflow_template, clone)
-    return clone, dvc(clone, "repro")
+    output = dvc(clone, "repro")
+    # as README says before `dvc exp run --temp` / `--queue` (autostage is off): DVC copies tracked files only
+    subprocess.run(["git", "add", "dvc.lock"], cwd=clone, check=True)
+    return clone, output
 
 
 def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
@@ -101,12 +110,14 @@ def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
 
     groups = pd.read_parquet(clone / "data/groups/train.parquet")
     assert list(groups.columns)[:5] == ["index", "y", "inferred_label", "inferred_group", "minority"]
-    assert json.loads((clone / "reports/metrics/groups.json").read_text())["method"] == "pred"
+    assert json.loads((clone / "reports/metrics/groups.json").read_text())["method"] == "cluster"  # the card's default
     stage2, payload = load_network(str(clone / "models/stage2.pt"))
-    assert payload["meta"]["method"] == "cnc"
+    assert payload["meta"]["method"] == "eps_supinfonce" and payload["options"]["feature_activation"] == "tanh"
     stage2_metrics = json.loads((clone / "reports/metrics/stage2_train.json").read_text())
-    assert stage2_metrics["method"] == "cnc" and 0 <= stage2_metrics["test"]["worst_group"] <= 1
-    assert json.loads((clone / "reports/metrics/stage2_train_info.json").read_text())["sampler"]["batches_drawn"] == 12
+    assert stage2_metrics["method"] == "eps_supinfonce" and 0 <= stage2_metrics["test"]["worst_group"] <= 1
+    assert stage2_metrics["selection"]["rule"] == "best_worst_group" and isinstance(stage2_metrics["warnings"], list)
+    fairkl = json.loads((clone / "reports/metrics/stage2_train_info.json").read_text())["fairkl"]
+    assert len(fairkl["epochs"]) == TINY["stage2"]["epochs"] and 0 <= fairkl["pos_active"] <= 1
     probe = json.loads((clone / "reports/metrics/probe.json").read_text())
     assert probe["erm"]["probe"]["c"] in (0.1, 1.0) and probe["stage2"]["trained"]
     representation = json.loads((clone / "reports/metrics/representation.json").read_text())
@@ -114,8 +125,14 @@ def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
     umap = torch.load(clone / "data/evaluate/umap_stage2_test.pt", weights_only=True)
     assert umap["coords"].shape == (150, 2)
     report = (clone / "reports/report.md").read_text()
-    for heading in ("Provenance", "Dataset", "Results", "Per-group accuracy", "Training curves", "Group inference"):
+    for heading in ("Warnings", "Provenance", "Dataset", "Results", "Per-group accuracy", "Training curves",
+                    "Group inference"):
         assert heading in report
+    from debias.headline import DETAILED, headline, headline_path
+
+    for stage, detailed in DETAILED.items():  # the DVC metrics: the headline of each stage's detailed file
+        written = json.loads((clone / headline_path(stage)).read_text())
+        assert written and written == headline(stage, json.loads((clone / detailed).read_text())), stage
     html = (clone / "reports/report.html").read_text()
     assert "data:image/png;base64," in html and 'src="http' not in html
 
@@ -158,21 +175,52 @@ def test_dvc_plots_show_draws_each_declared_plot_once_offline(pipeline, tmp_path
     assert dom.count('class="vega-embed') == len(declared), "vega-embed did not draw every plot offline"
 
 
-def test_one_mlflow_run_per_stage_with_provenance_tags(pipeline) -> None:
+def _client(clone: Path):
     from mlflow.tracking import MlflowClient
 
+    return MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
+
+
+def _runs(clone: Path, filter_string: str = "") -> list:
+    client = _client(clone)
+    return client.search_runs([e.experiment_id for e in client.search_experiments()], filter_string=filter_string,
+                              max_results=1000)
+
+
+def test_one_parent_run_per_pipeline_run_with_its_stages_and_logged_models(pipeline) -> None:
+    """The repro is one parent run (kind pipeline) holding every headline metric, the params, the logged models
+    and the report; each stage is one run nested under it, with provenance tags and its run record."""
+    import mlflow
+
+    from debias.headline import read_headlines
+
     clone, _ = pipeline
-    client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    by_stage = {r.data.tags["debias.stage"]: r for r in runs}
-    assert set(by_stage) == set(STAGES)
+    client = _client(clone)
+    runs = _runs(clone)
+    [parent] = [r for r in runs if r.data.tags.get("debias.kind") == "pipeline"]
+    by_stage = {r.data.tags["debias.stage"]: r for r in runs if "debias.stage" in r.data.tags}
+    assert set(by_stage) == set(STAGES) and len(runs) == len(STAGES) + 1
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
     for stage, run in by_stage.items():
         assert run.data.tags["debias.git_commit"] == head
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         record = json.loads((clone / f"reports/runs/{stage}.json").read_text())
-        assert record["run_id"] == run.info.run_id
+        assert record["run_id"] == run.info.run_id and record["parent_run_id"] == parent.info.run_id
         assert run.data.tags["debias.params_hash"] == record["params_hash"]
-    assert "model" in {a.path for a in client.list_artifacts(by_stage["train_erm"].info.run_id)}
+    assert parent.info.status == "FINISHED" and parent.data.params["stage2.method"] == "cnc"
+    headline = read_headlines(clone)
+    assert {k: parent.data.metrics[k] for k in headline} == pytest.approx(headline)
+    assert parent.data.tags["debias.warnings"] and "report" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    from debias.tracking import _tracking_uri_set
+
+    with _tracking_uri_set(f"sqlite:///{clone / 'mlflow.db'}"):
+        models = mlflow.search_logged_models(experiment_ids=[parent.info.experiment_id], output_format="list")
+    assert {(m.name, m.source_run_id) for m in models} == {("erm", by_stage["train_erm"].info.run_id),
+                                                           ("stage2", by_stage["train_contrastive"].info.run_id)}
+    assert {o.model_id for o in parent.outputs.model_outputs} == {m.model_id for m in models}
+    with _tracking_uri_set(f"sqlite:///{clone / 'mlflow.db'}"):
+        info = mlflow.models.get_model_info(f"models:/{models[0].model_id}")
+    assert info.signature is not None and info.saved_input_example_info["type"] == "ndarray"
 
 
 def test_second_repro_reruns_nothing_and_params_rerun_only_downstream(pipeline) -> None:
@@ -195,8 +243,9 @@ def test_second_repro_reruns_nothing_and_params_rerun_only_downstream(pipeline) 
         (clone / "params.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
         status = dvc(clone, "status", "--json")
         (clone / "params.yaml").write_text(original)
-        # the first stage that reads the param, and the report (it shows every changed param)
-        assert set(json.loads(status.strip().splitlines()[-1])) == {stages[0], "report"}, key
+        # the first stage that reads the param, and the report (it shows every changed param); `source` is
+        # always changed by design (see ran())
+        assert set(json.loads(status.strip().splitlines()[-1])) - {"source"} == {stages[0], "report"}, key
 
 
 def test_temp_experiment_reruns_only_downstream_and_logs_to_the_main_store(pipeline) -> None:
@@ -208,8 +257,14 @@ def test_temp_experiment_reruns_only_downstream_and_logs_to_the_main_store(pipel
     client = MlflowClient(tracking_uri=f"sqlite:///{clone / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string="tags.`debias.dvc_experiment` = 'lr002'")
-    assert sorted(r.data.tags["debias.stage"] for r in runs) == ["linear_probe", "report"]
-    probe_run = next(r for r in runs if r.data.tags["debias.stage"] == "linear_probe")
+    [parent] = [r for r in runs if r.data.tags.get("debias.kind") == "pipeline"]  # the temp run: one parent ...
+    stages = [r for r in runs if r is not parent]
+    assert sorted(r.data.tags["debias.stage"] for r in stages) == ["linear_probe", "report"]
+    assert {r.data.tags["mlflow.parentRunId"] for r in stages} == {parent.info.run_id}  # ... with its two stages
+    assert parent.info.run_name == "lr002 (probe.max_iter=500)" and parent.data.params["probe.max_iter"] == "500"
+    assert parent.data.metrics["s2_worst"] == json.loads((clone / "reports/metrics/train_contrastive.json").read_text())[
+        "s2_worst"]  # upstream headline metrics too, from the stages restored from the workspace's outputs
+    probe_run = next(r for r in stages if r.data.tags["debias.stage"] == "linear_probe")
     assert probe_run.data.params["probe.max_iter"] == "500"
     artifact_root = client.get_experiment(runs[0].info.experiment_id).artifact_location
     assert artifact_root == (clone / "mlruns").as_uri()  # not inside the deleted temp workspace
@@ -237,6 +292,77 @@ def test_queued_experiments_on_two_workers_lose_no_run(pipeline) -> None:
     runs = client.search_runs(experiments, filter_string="tags.`debias.stage` = 'report'")
     by_experiment = {r.data.tags.get("debias.dvc_experiment"): r for r in runs}
     assert {"q81", "q82", "q83", "q84"} <= set(by_experiment), sorted(filter(None, by_experiment))
+    parents = {r.data.tags["debias.dvc_experiment"]: r for r in client.search_runs(
+        experiments, filter_string="tags.`debias.kind` = 'pipeline'") if r.data.tags.get("debias.dvc_experiment")}
+    assert len({parents[f"q{dpi}"].info.run_id for dpi in (81, 82, 83, 84)}) == 4  # one parent per experiment
     for dpi in (81, 82, 83, 84):
         run = by_experiment[f"q{dpi}"]
         assert run.info.status == "FINISHED" and run.data.params["report.dpi"] == str(dpi)
+        # the two workers never attach a stage to the other experiment's parent
+        assert run.data.tags["mlflow.parentRunId"] == parents[f"q{dpi}"].info.run_id
+        assert parents[f"q{dpi}"].data.tags["debias.params_diff"] == f"report.dpi={dpi}"
+
+
+def readme_exp_show() -> list[str]:
+    """README's `dvc exp show` invocation for comparing experiments (the line that starts with it)."""
+    import shlex
+
+    lines = [line.strip() for line in (REPO / "README.md").read_text().splitlines()
+             if line.strip().startswith("dvc exp show --only-changed")]
+    assert len(lines) == 1, lines
+    return shlex.split(lines[0].split("  #")[0])
+
+
+def test_readme_exp_show_invocation_fits_150_columns(pipeline) -> None:
+    """On the experiments above (the temp run and four queued ones) README's invocation prints every column in
+    full within 150 characters, the stage-2 headline among them, no dependency hash and no params.yaml column."""
+    clone, _ = pipeline
+    command = readme_exp_show()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_"))}
+    natural = subprocess.run(command, cwd=clone, capture_output=True, text=True, env={**env, "COLUMNS": "150"},
+                             timeout=300).stdout  # piped, DVC prints the table at its full width
+    lines = natural.splitlines()
+    assert max(map(len, lines)) <= 150, natural
+    header = next(line for line in lines if "Experiment" in line)
+    for column in ("s2_avg", "s2_unbiased", "s2_worst", "probe_s2_worst", "align_s2", "mi_a_s2", "report.dpi"):
+        assert column in header, header
+    assert "/" not in header and "params.yaml" not in header and "Created" not in header
+    assert sum("[q8" in line for line in lines) == 4 and any("[lr002]" in line for line in lines)
+    squeezed = subprocess.run([*command, "--no-pager"], cwd=clone, capture_output=True, text=True,
+                              env={**env, "COLUMNS": "150"}, timeout=300).stdout
+    assert "…" not in squeezed, squeezed  # a 150-column terminal cuts nothing
+
+
+def test_compare_reports_the_metrics_files_and_mlflow_numbers(pipeline, tmp_path: Path, monkeypatch) -> None:
+    """`debias compare` on the workspace and the five experiments: a table at most 160 characters wide whose
+    numbers are the headline files' (the workspace) and MLflow's (the temp run's probe), grouped by the
+    params that differ; a self-contained page that Chromium renders; the page logged to MLflow."""
+    from debias.report.compare import compare
+
+    clone, _ = pipeline
+    monkeypatch.setenv("DEBIAS_TRACKING", "required")
+    comparison, written, text = compare(clone, out=tmp_path / "page")
+    assert max(map(len, text.splitlines())) <= 160, text
+    assert {"workspace", "lr002", "q81", "q82", "q83", "q84"} == set(comparison.frame["experiment"])
+    assert comparison.params == ["probe.max_iter", "report.dpi"] and len(comparison.groups) == 6
+    frame = comparison.frame.set_index("experiment")
+    headline = {}
+    for stage in ("train_erm", "train_contrastive", "linear_probe", "evaluate"):
+        headline.update(json.loads((clone / f"reports/metrics/{stage}.json").read_text()))
+    assert {k: frame.loc["workspace", k] for k in headline} == pytest.approx(headline)
+    detailed = json.loads((clone / "reports/metrics/stage2_train.json").read_text())["test"]
+    assert frame.loc["workspace", "s2_worst"] == pytest.approx(detailed["worst_group"], abs=5e-5)
+    probe_run = _runs(clone, "tags.`debias.dvc_experiment` = 'lr002' and tags.`debias.stage` = 'linear_probe'")[0]
+    assert frame.loc["lr002", "probe_s2_avg"] == pytest.approx(
+        probe_run.data.metrics["stage2.probe.test.avg"], abs=5e-5)
+    assert f"{100 * headline['s2_avg']:.1f}" in text
+    page = written["html"].read_text(encoding="utf-8")
+    assert page.count('src="data:image/png;base64,') >= 3 and "<script" not in page
+    chromium = _find_chromium()
+    if chromium is not None:
+        spec = importlib.util.spec_from_file_location("check_report", REPO / "scripts" / "check_report.py")
+        check = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(check)
+        assert check.main([str(written["html"]), "--out", str(tmp_path / "compare.png"), "--window-size", "1400,2400"]) == 0
+    [logged] = _runs(clone, "tags.`debias.kind` = 'compare'")
+    assert "compare" in {a.path for a in _client(clone).list_artifacts(logged.info.run_id)}

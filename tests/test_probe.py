@@ -149,11 +149,13 @@ def test_probe_encoders_output_has_every_key_the_report_needs() -> None:
 def test_load_encoders_and_head_rule(tmp_path: Path) -> None:
     network = build_model("lenet5", 5, 28)
     save_network(str(tmp_path / "erm.pt"), network, "lenet5", 5, 28, selected_epoch=3)
-    save_network(str(tmp_path / "stage2.pt"), network, "lenet5", 5, 28, method="cnc")
+    save_network(str(tmp_path / "stage2.pt"), network, "lenet5", 5, 28, method="cnc", head_trained=True)
     encoders = load_encoders({"erm": tmp_path / "erm.pt", "stage2": tmp_path / "stage2.pt"})
     assert encoders["erm"].method == "erm" and encoders["stage2"].method == "cnc"
     assert encoders["erm"].meta == {"selected_epoch": 3}
+    # the checkpoint records it (the registry's fact); without the record only ERM's head counts as trained
     assert head_is_trained(encoders["erm"]) and head_is_trained(encoders["stage2"])
+    assert not head_is_trained(FrozenEncoder(network, "cnc", {"method": "cnc"}))
     assert not head_is_trained(FrozenEncoder(network, "cnc", {"method": "cnc", "head_trained": False}))
     assert not head_is_trained(FrozenEncoder(network, "eps_supinfonce"))
 

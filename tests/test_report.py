@@ -62,7 +62,10 @@ def write_inputs(root: Path, protocol: str = "foreground", stage2_method: str = 
                "n_conflicting": 6, "empty_groups": sum(v == 0 for row in c for v in row), "group_counts": c}
         for name, c in counts.items()}, "target_correlation": {"train": 0.9, "val": 1 / N, "test": 1 / N}})
     metrics = root / paths.METRICS
-    save_json(metrics / "erm.json", {"selected_epoch": 1, "test": accuracy(0.6, 0.1), "val": accuracy(0.6, 0.1)})
+    save_json(metrics / "erm.json", {"selected_epoch": 1, "test": accuracy(0.6, 0.1), "val": accuracy(0.6, 0.1),
+                                     "warnings": ["degenerate-selection: validation worst-group is 0 at every epoch"],
+                                     "selection": {"rule": "last", "selected_epoch": 1, "degenerate": True,
+                                                   "reason": "worst-group 0 at every epoch"}})
     save_json(metrics / "erm_groups.json", group_table(0.6))
     save_json(metrics / "stage2_train.json", {"selected_epoch": 0, "method": stage2_method, "test": accuracy(0.8, 0.5)})
     save_json(metrics / "stage2_train_groups.json", group_table(0.8))
@@ -88,6 +91,7 @@ def write_inputs(root: Path, protocol: str = "foreground", stage2_method: str = 
         save_json(root / paths.RUNS / f"{stage}.json", {
             "stage": stage, "run_id": f"run{i:02d}{'0' * 26}", "tracking_uri": "sqlite:////repo/mlflow.db",
             "params_hash": f"hash{i}", "dvc_experiment": "exp-tiny", "wall_time_s": 1.5 * (i + 1)})
+    save_json(root / paths.GROUPS_TIMINGS, {"total_s": 0.1})  # not a run record
     for model in ("erm", "stage2"):
         save_torch(root / build.umap_test_path(model), umap_payload(), kind="umap")
     train = umap_payload(66) if train_umap else {"coords": torch.zeros(0, 2), "index": torch.zeros(0, dtype=torch.long)}
@@ -204,6 +208,42 @@ def test_provenance_names_stage_runs_wall_times_and_the_experiment(built) -> Non
     md = (root / REPORT_MD).read_text()
     assert "| train_erm | run02" in md and "| 4.5 |" in md
     assert "exp-tiny" in md and "reportrun" in md
+    assert "infer_groups_timings" not in md  # reports/runs/ also holds step timings: not a stage
+
+
+def test_warnings_come_first_with_the_selection_blocks(built, without_stage2: Path) -> None:
+    root, _ = built
+    md, page = (root / REPORT_MD).read_text(), (root / REPORT_HTML).read_text()
+    assert md.index("## Warnings") < md.index("## Provenance")
+    assert "| train_erm | degenerate-selection | degenerate-selection: validation worst-group is 0 at every epoch |" in md
+    assert "| train_erm | last | 1 | yes | worst-group 0 at every epoch |" in md
+    assert '<section id="warnings"><h2>Warnings</h2>\n<p class="note">1 warning from 1 stage' in page
+    path = without_stage2 / build.JSON_INPUTS["erm"]
+    save_json(path, {k: v for k, v in json.loads(path.read_text()).items() if k not in ("warnings", "selection")})
+    section = build.render_markdown("t", [build.warnings_section(without_stage2)], without_stage2, without_stage2)
+    assert "None: no stage reported a warning." in section
+
+
+def test_umap_colours_the_attribute_as_the_protocol_paints_it() -> None:
+    params = tiny_params()
+    assert build.protocol_colours({"protocol": "foreground"}, params) == [list(c) for c in params.bias.foreground.colours]
+    assert build.protocol_colours({"protocol": "background"}, params)[9] == [128, 128, 128]
+    assert build.protocol_colours({"protocol": "given"}, params) is None
+
+
+def test_feature_vectors_get_a_feature_summary_figure_not_a_placeholder(tmp_path: Path) -> None:
+    from debias.data.store import BiasedSplit
+    from debias.report.figures import feature_summary
+
+    generator = torch.Generator().manual_seed(0)
+    y = torch.arange(60) % 2
+    a = (torch.arange(60) // 2) % 2
+    x = torch.randn(60, 30, generator=generator)
+    x[:, 3] += 3 * a  # the attribute shows in one feature
+    split = BiasedSplit(x, y, a, a == y, 2, 2, tuple(f"f{i}" for i in range(30)))
+    feature_summary(split, tmp_path / "features.png")
+    assert (tmp_path / "features.png").read_bytes()[:8] == PNG_MAGIC
+    assert (tmp_path / "features.png").stat().st_size > 15_000  # a heatmap with labels, not a line of text
 
 
 def test_results_table_has_erm_stage2_and_both_probes(built) -> None:

@@ -105,15 +105,27 @@ def test_state_from_other_data_is_rejected():
         other.load_state_dict(s.state_dict())
 
 
-def test_epoch_length_default_and_explicit():
+def test_an_epoch_is_one_batch_per_anchor_as_algorithm_3():
+    """CNC Alg. 3: every anchor (inferred-majority point) seeds exactly one two-sided batch per epoch, in a new
+    order each epoch; anchor_fraction (the released code's target_sample_ratio) seeds from a fresh random subset."""
     y, g = make_data(n=1000)
     s = CNCBatchSampler(y, g, 8, 4)
-    anchors = int(((g == y)).sum())
-    assert len(s) == anchors // 8 and len(list(s)) == len(s)
+    anchors = torch.nonzero(g == y).flatten()
+    assert len(s) == len(anchors)
+    first = torch.stack([batch.anchors[0] for batch in s])
+    assert torch.equal(first.sort().values, anchors)  # each anchor seeds one batch
+    second = s.sample_many(len(s)).anchors[:, 0]  # the next epoch, drawn at once
+    assert torch.equal(second.sort().values, anchors) and not torch.equal(second, first)
+    part = CNCBatchSampler(y, g, 8, 4, anchor_fraction=0.25)
+    assert len(part) == round(0.25 * len(anchors))
+    seeds = [torch.stack([batch.anchors[0] for batch in part]) for _ in range(2)]
+    assert all(len(set(epoch.tolist())) == len(part) for epoch in seeds)  # distinct within an epoch
+    assert set(seeds[0].tolist()) != set(seeds[1].tolist())  # a fresh subset each epoch
     assert len(CNCBatchSampler(y, g, 8, 4, batches_per_epoch=3)) == 3
     tiny_y = torch.tensor([0, 0, 1, 1])
     tiny_g = torch.tensor([0, 1, 1, 0])
-    assert len(CNCBatchSampler(tiny_y, tiny_g, 8, 4)) == 1
+    assert len(CNCBatchSampler(tiny_y, tiny_g, 8, 4)) == 2  # two anchors (points 0 and 2)
+    assert len(CNCBatchSampler(tiny_y, tiny_g, 8, 4, anchor_fraction=0.01)) == 1  # at least one batch
 
 
 def test_replacement_only_when_pool_too_small():

@@ -28,7 +28,7 @@ from debias.io import CorruptFileError, save_torch
 from debias.metrics import fairness_report, fairness_scalars
 from debias.models import Network, build_model, load_network, save_network
 from debias.params import BiasParams, DataParams, MLPParams, ModelParams, TabularParams
-from tests.conftest import REPO, SHARED_DATASETS, tiny_grey_digits
+from tests.conftest import REPO, SHARED_DATASETS, committed_text, tiny_grey_digits
 from tests.faults.conftest import make_workspace, run_entrypoint_in_process
 
 
@@ -274,7 +274,7 @@ def test_tabular_fractions_are_validated() -> None:
 
 
 def test_check_params_accepts_adult_with_every_other_default(tmp_path, capsys) -> None:
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params = yaml.safe_load(committed_text("params.yaml"))
     params["data"]["source"] = "adult"  # what dvc exp run -S data.source=adult writes
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     assert cli_main(["check-params", str(tmp_path / "params.yaml")]) == 0

@@ -125,16 +125,112 @@ def test_concurrent_loggers_on_a_fresh_store_lose_no_run(tmp_path) -> None:
     assert sorted(r.data.metrics["value"] for r in runs) == [0.0, 1.0]
 
 
-def test_model_requirements_are_what_mlflow_infers(tmp_path) -> None:
-    """log_model pins the requirements itself: the same requirements.txt as MLflow's (slow, subprocess) inference."""
-    import mlflow.pytorch
+def test_a_logged_model_has_a_signature_an_input_example_and_loads_without_pickle(tmp_path, monkeypatch,
+                                                                                  mlflow_template) -> None:
+    """StageRun.log_model: an MLflow 3 logged model (search_logged_models finds it, READY, linked to its run and
+    to the pipeline's parent run) with a signature and an input example, whose pyfunc rebuilds the network from
+    the checkpoint and predicts its logits; no pickle warning; pinned requirements name debias and torch."""
+    import logging
 
-    from debias.models import build_model
-    from debias.tracking import model_requirements
+    import mlflow
+    import numpy as np
+    import torch
+    from mlflow.tracking import MlflowClient
 
+    from debias.models import build_model, save_network
+    from debias.tracking import MODEL_CODE, model_requirements
+
+    (tmp_path / ".dvc").mkdir()
+    fresh_store(mlflow_template, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEBIAS_TRACKING", "required")
+    monkeypatch.setattr(tracking, "pipeline_run_key", lambda: "exp-a@host:1-1")
     model = build_model("lenet5", 5, 28)
-    mlflow.pytorch.save_model(model, str(tmp_path / "inferred"), serialization_format="pickle")
-    mlflow.pytorch.save_model(model, str(tmp_path / "pinned"), serialization_format="pickle",
-                              pip_requirements=model_requirements(model))
-    inferred, pinned = ((tmp_path / name / "requirements.txt").read_text() for name in ("inferred", "pinned"))
-    assert "debias==" in pinned and pinned == inferred
+    save_network(str(tmp_path / "erm.pt"), model, "lenet5", 5, 28)
+    x = torch.randint(0, 256, (4, 3, 28, 28), dtype=torch.uint8)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("mlflow").addHandler(handler)
+    try:
+        with stage_run("train_erm", {"erm": {"lr": 0.01}}, record_path=tmp_path / "rec.json") as run:
+            model_id = run.log_model(model, checkpoint=tmp_path / "erm.pt", input_example=x)
+    finally:
+        logging.getLogger("mlflow").removeHandler(handler)
+    assert not [r for r in records if "Pickle" in r.getMessage()]
+    record = json.loads((tmp_path / "rec.json").read_text())
+    assert record["model_id"] == model_id
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_run(record["run_id"]).info.experiment_id
+    [logged] = client.search_logged_models(experiment_ids=[experiment])
+    assert (logged.model_id, logged.name, logged.source_run_id, str(logged.status)) == (
+        model_id, "erm", record["run_id"], "READY")
+    parent = client.get_run(record["parent_run_id"])
+    assert [o.model_id for o in parent.outputs.model_outputs] == [model_id]
+    with tracking._tracking_uri_set(f"sqlite:///{tmp_path / 'mlflow.db'}"):
+        info = mlflow.models.get_model_info(f"models:/{model_id}")
+        loaded = mlflow.pyfunc.load_model(f"models:/{model_id}")
+    assert str(info.signature.inputs) == "[Tensor('uint8', (-1, 3, 28, 28))]"
+    assert info.saved_input_example_info["type"] == "ndarray"
+    with torch.no_grad():
+        assert np.allclose(loaded.predict(x.numpy()), model.eval()(x).numpy(), atol=1e-5)
+    assert MODEL_CODE.name in {a.path for a in client.list_logged_model_artifacts(model_id)}
+    pinned = {line.split("==")[0] for line in model_requirements(model)}
+    assert {"debias", "torch", "numpy"} <= pinned
+
+
+def test_pipeline_run_key_is_the_experiment_and_the_dvc_process(monkeypatch) -> None:
+    """The key names the DVC experiment and the nearest `dvc` ancestor process (pid and start time); outside
+    DVC there is none, so a stage started by hand gets no parent."""
+    tree = {900: (["/bin/bash", "-c", "python pipeline/x.py"], 800, "7"),
+            800: (["/venv/bin/python", "/venv/bin/dvc", "exp", "exec-run", "--infofile", "x"], 700, "12345"),
+            700: (["celery", "worker"], 1, "5")}
+    monkeypatch.setattr(tracking.os, "getppid", lambda: 900)
+    monkeypatch.setattr(tracking, "_process", lambda pid: tree.get(pid))
+    assert tracking.dvc_invocation() == "800-12345"
+    monkeypatch.setenv("DVC_EXP_NAME", "q81")
+    key = tracking.pipeline_run_key()
+    assert key.startswith("q81@") and key.endswith(":800-12345")
+    monkeypatch.delenv("DVC_EXP_NAME")
+    assert tracking.pipeline_run_key().startswith("workspace@")
+    tree[800] = (["/venv/bin/python", "-m", "pytest"], 700, "12345")
+    assert tracking.dvc_invocation() is None and tracking.pipeline_run_key() is None
+    assert tracking.is_dvc_command(["dvc", "repro"]) and tracking.is_dvc_command(["python", "-m", "dvc", "repro"])
+    assert not tracking.is_dvc_command(["python", "pipeline/dvc_helper.py"])
+
+
+def test_stage_runs_nest_under_one_parent_per_pipeline_run(tmp_path, monkeypatch, mlflow_template) -> None:
+    """Stages of one pipeline run share a parent (found again by its key, reopened, ended with the last stage's
+    status); another key (another experiment, another queue worker) gets its own parent. The parent holds
+    the full params, the difference from the baseline commit's params.yaml, the headline metrics."""
+    import subprocess
+
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / ".dvc").mkdir()
+    fresh_store(mlflow_template, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEBIAS_TRACKING", "required")
+    (tmp_path / "params.yaml").write_text("seed: 0\nloss:\n  epsilon: 0.25\n")
+    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(command, cwd=tmp_path, check=True)
+    (tmp_path / "params.yaml").write_text("seed: 0\nloss:\n  epsilon: 0.5\n")
+    records = []
+    for i, (key, stage) in enumerate((("a", "train_erm"), ("a", "evaluate"), ("b", "train_erm"))):
+        monkeypatch.setattr(tracking, "pipeline_run_key", lambda key=key: f"{key}@host:1-1")
+        with stage_run(stage, {"seed": 0}, record_path=tmp_path / f"rec{i}.json") as run:
+            run.log_parent({"s2_worst": 0.1 * (i + 1)}, {"debias.warnings": "none"})
+        records.append(json.loads((tmp_path / f"rec{i}.json").read_text()))
+    assert records[0]["parent_run_id"] == records[1]["parent_run_id"] != records[2]["parent_run_id"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    for record in records:
+        assert client.get_run(record["run_id"]).data.tags["mlflow.parentRunId"] == record["parent_run_id"]
+    parent = client.get_run(records[0]["parent_run_id"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["debias.kind"] == "pipeline"
+    assert parent.data.tags["debias.params_diff"] == "loss.epsilon=0.5"
+    assert parent.info.run_name == "workspace (loss.epsilon=0.5)"
+    assert parent.data.params["loss.epsilon"] == "0.5" and parent.data.params["erm.lr"]  # every param, defaults too
+    assert parent.data.metrics["s2_worst"] == pytest.approx(0.2)  # the later stage's value
+    parents = client.search_runs([parent.info.experiment_id], filter_string="tags.`debias.kind` = 'pipeline'")
+    assert len(parents) == 2

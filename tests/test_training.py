@@ -85,3 +85,103 @@ def test_resume_state_from_other_params_is_ignored(tmp_path) -> None:
     result = fit(task, optimizer, 1, validator(model, tiny_split(seed=1), 64, torch.device("cpu")),
                  state_path=state, state_key={"params": "other"})
     assert result.resumed_from is None
+
+
+class ScriptedTask:
+    """A task whose 'training' does nothing: validation returns scripted metrics, one row per epoch."""
+
+    def __init__(self) -> None:
+        self.model = torch.nn.Linear(1, 1)
+
+    def modules(self):
+        return {"model": self.model}
+
+    def train_epoch(self, epoch: int):
+        with torch.no_grad():
+            self.model.weight.fill_(float(epoch))  # the selected weights tell which epoch was kept
+        return {"train/loss": 1.0}
+
+    def extra_state(self):
+        return {}
+
+    def load_extra_state(self, state) -> None:
+        pass
+
+
+def scripted_fit(rows: list[tuple[float, float, float]], selection: str = "best_worst_group"):
+    """fit() over epochs whose validation (worst-group, unbiased, average) accuracies are ``rows``."""
+    task = ScriptedTask()
+    optimizer = torch.optim.SGD(task.model.parameters(), lr=0.0)
+    script = iter(rows)
+
+    def validate():
+        worst, unbiased, avg = next(script)
+        return {"val/worst_group": worst, "val/unbiased": unbiased, "val/avg": avg}
+
+    result = fit(task, optimizer, len(rows), validate, selection=selection)
+    assert float(result.selected_state["model"]["weight"]) == result.selected_epoch
+    return result
+
+
+def test_selection_ties_never_fall_back_to_the_first_epoch_by_accident() -> None:
+    # worst-group 0 at every epoch: the rule has nothing to choose by; unbiased accuracy, then average, decide
+    result = scripted_fit([(0.0, 0.20, 0.20), (0.0, 0.31, 0.33), (0.0, 0.38, 0.36), (0.0, 0.38, 0.41), (0.0, 0.30, 0.5)])
+    assert result.selected_epoch == 3
+    assert result.selection["degenerate"] and result.selection["rule"] == "best_worst_group"
+    assert "0 at every epoch" in result.selection["reason"] and "epoch 3" in result.selection["reason"]
+    # a worst-group tie between later epochs is broken by unbiased accuracy, and is not degenerate
+    tied = scripted_fit([(0.1, 0.5, 0.5), (0.4, 0.6, 0.6), (0.4, 0.7, 0.6), (0.3, 0.9, 0.9)])
+    assert tied.selected_epoch == 2 and not tied.selection["degenerate"]
+    assert "tie" in tied.selection["reason"]
+    # the first epoch kept while later ones ran: degenerate
+    first = scripted_fit([(0.5, 0.5, 0.5), (0.2, 0.9, 0.9), (0.1, 0.9, 0.9)])
+    assert first.selected_epoch == 0 and first.selection["degenerate"]
+    assert "first epoch" in first.selection["reason"]
+    # last: the last epoch, never degenerate
+    last = scripted_fit([(0.0, 0.2, 0.2), (0.0, 0.1, 0.1)], selection="last")
+    assert last.selected_epoch == 1 and not last.selection["degenerate"]
+
+
+def test_health_checks_name_a_collapsed_representation_and_chance_accuracy() -> None:
+    from debias import health
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(50, 8, generator=g)
+    u = torch.nn.functional.normalize(z.double(), dim=1)
+    brute = torch.cdist(u, u).square().sum() / (50 * 49)
+    assert health.feature_spread(z) == pytest.approx(float(brute), rel=1e-9)
+    assert health.collapse_warning(z, "val") is None
+    collapsed = torch.ones(50, 8) + 1e-3 * torch.randn(50, 8, generator=g)
+    message = health.collapse_warning(collapsed, "the val split")
+    assert message.startswith("collapsed-representation: ") and "\n" not in message
+    y = torch.tensor([0] * 30 + [1] * 10 + [2] * 10)
+    assert health.chance_level(y, 3) == 0.6
+    assert health.chance_warning(0.62, 0.6, "test average").startswith("chance-level: ")
+    assert health.chance_warning(0.9, 0.6, "test average") is None
+
+
+def test_a_training_stage_writes_its_selection_and_warnings(tmp_path, capsys) -> None:
+    """write_outputs puts the selection block and the warnings into the metrics JSON and prints each warning."""
+    import json
+
+    from debias.tracking import StageRun
+    from debias.training.erm import StageOutputs, write_outputs
+
+    model, result = run(3, selection="best_worst_group")
+    with torch.no_grad():  # an encoder whose features are constant: collapsed, and its head at chance
+        model.encoder.features[-2].weight.zero_()
+    result.selected_state = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
+    result.selection = {"rule": "best_worst_group", "selected_epoch": 0, "degenerate": True,
+                        "reason": "validation worst-group accuracy was 0 at every epoch (3); epoch 0 kept"}
+    out = StageOutputs(model=tmp_path / "m.pt", embeddings_dir=tmp_path / "emb", metrics=tmp_path / "metrics.json",
+                       curves=tmp_path / "curves.csv", resume=tmp_path / "state.pt")
+    splits = {"train": tiny_split(), "val": tiny_split(seed=1), "test": tiny_split(seed=2)}
+    write_outputs(model, "lenet5", result, splits, StageRun(None, None), out, 64, torch.device("cpu"), "stage2 x",
+                  warnings=["fairkl-starved: a method's own warning"])
+    metrics = json.loads(out.metrics.read_text())
+    assert metrics["selection"]["degenerate"] and metrics["selection"]["selected_epoch"] == 0
+    codes = [w.split(":")[0] for w in metrics["warnings"]]
+    assert codes[:2] == ["fairkl-starved", "degenerate-selection"]
+    assert {"collapsed-representation", "chance-level"} <= set(codes)
+    printed = capsys.readouterr().out
+    assert all(f"WARNING {w}" in printed for w in metrics["warnings"])

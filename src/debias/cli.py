@@ -1,13 +1,15 @@
-"""``debias`` command line: ``debias check-params [params.yaml]`` validates without running anything;
-``debias plots-template`` writes the offline page ``dvc plots show``/``diff`` fill (the report stage
-writes it too) in a workspace that has none."""
+"""The debias command line (plain text: argparse prints this as it is)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from debias.params import ParamsError, load_params
+
+DESCRIPTION = ("debias: tools around the DVC pipeline (the pipeline itself runs with dvc repro and dvc exp run). "
+               'Run "debias COMMAND --help" for the options of a command.')
 
 
 def check_params(path: str) -> int:
@@ -22,8 +24,8 @@ def check_params(path: str) -> int:
 
 
 def plots_template(path: str | None) -> int:
-    from debias.report.plots_page import PLOTS_TEMPLATE, write_plots_template
     from debias.paths import repo_root
+    from debias.report.plots_page import PLOTS_TEMPLATE, write_plots_template
 
     written = write_plots_template(path or repo_root() / PLOTS_TEMPLATE)
     print(f"wrote {written}: `dvc plots show` and `dvc plots diff` render offline with it")
@@ -52,19 +54,76 @@ def deps(write: bool) -> int:
     return 0
 
 
+def compare(args: argparse.Namespace) -> int:
+    from debias.errors import DebiasError
+    from debias.paths import repo_root
+    from debias.report.compare import compare as run_compare
+
+    tags = {}
+    for item in args.tag:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"--tag {item!r}: expected key=value", file=sys.stderr)
+            return 2
+        tags[key] = value
+    root = repo_root()
+    try:
+        _, _, text = run_compare(root, args.source, args.method, args.param, args.last, tags,
+                                 Path(args.out) if args.out else None, mlflow=not args.no_mlflow, max_width=args.width)
+    except (ValueError, RuntimeError, DebiasError) as exc:
+        print(f"debias compare: {exc}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    return 0
+
+
+COMPARE_HELP = """\
+Gather experiments into a table (one row per experiment: the params that differ and the headline test
+metrics; then grouped by everything but the seed, mean +- std over seeds) printed here at most --width
+characters wide, and a self-contained HTML page (reports/compare/index.html: tables, warnings, per-group
+heatmaps and validation curves of the runs compared) that opens offline; also logged to MLflow
+(experiment "<name>-compare") unless --no-mlflow or DEBIAS_TRACKING=off.
+
+examples:
+  debias compare
+  debias compare --method cnc --last 6
+  debias compare --param loss.epsilon=0.25 --param stage2.method=eps_supinfonce
+  debias compare --source mlflow --tag debias.dvc_experiment=my-exp
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="debias", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    check = commands.add_parser("check-params", help="validate params.yaml against the schema")
+    parser = argparse.ArgumentParser(prog="debias", description=DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
+    check = commands.add_parser("check-params", help="validate params.yaml against the schema, running nothing",
+                                description="Validate params.yaml against the schema without running anything.")
     check.add_argument("path", nargs="?", default="params.yaml")
-    page = commands.add_parser("plots-template", help="write the offline HTML page DVC's plots fill "
-                                                      "(.dvc/config plots.html_template)")
+    cmp = commands.add_parser("compare", help="compare experiments: a table here and an HTML page",
+                              description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cmp.add_argument("--source", choices=("dvc", "mlflow", "both"), default="dvc",
+                     help="DVC's experiments of this repository (default: dvc exp show) or MLflow's pipeline runs")
+    cmp.add_argument("--method", help="only experiments whose stage2.method is this (e.g. cnc)")
+    cmp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="only experiments with this param value (repeatable), e.g. loss.epsilon=0.25")
+    cmp.add_argument("--last", type=int, metavar="N", help="only the N most recent experiments (after the filters)")
+    cmp.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
+                     help="--source mlflow: only parent runs with this tag value (repeatable)")
+    cmp.add_argument("--out", help="folder of the page (default: reports/compare in the repository root)")
+    cmp.add_argument("--width", type=int, default=160, help="widest line of the table printed (default: 160)")
+    cmp.add_argument("--no-mlflow", action="store_true", help="do not log the page to MLflow")
+    page = commands.add_parser("plots-template", help="write the offline page that dvc plots show / diff fill",
+                               description="Write the offline HTML page that dvc plots show / dvc plots diff fill "
+                                           "(.dvc/config plots.html_template points at it).")
     page.add_argument("path", nargs="?", help="default: reports/plots_template.html in the repository root")
-    code = commands.add_parser("deps", help="check (or --write) each stage's code deps in dvc.yaml against its imports")
+    code = commands.add_parser("deps", help="check (or --write) each stage's code deps in dvc.yaml",
+                               description="Check (or --write) each stage's code deps in dvc.yaml against the "
+                                           "imports of its entrypoint.")
     code.add_argument("--write", action="store_true", help="rewrite the code deps in dvc.yaml")
     args = parser.parse_args(argv)
     if args.command == "check-params":
         return check_params(args.path)
+    if args.command == "compare":
+        return compare(args)
     if args.command == "plots-template":
         return plots_template(args.path)
     if args.command == "deps":

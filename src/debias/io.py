@@ -108,15 +108,28 @@ def load_json(path: str | Path) -> Any:
 
 def save_torch(path: str | Path, obj: dict[str, Any], kind: str) -> None:
     """``torch.save`` a dict tagged with ``kind`` (e.g. 'split', 'checkpoint'), atomically."""
+    import torch
+
     payload = dict(obj)
     payload[FORMAT_KEY] = kind
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        import torch
-
         # To a file object, not the path: torch names the archive inside the zip after the file it is
         # given, and the random temporary name would make every write of the same data differ in bytes
         # (a new DVC hash, and every downstream stage rerun, for identical outputs).
-        torch.save(payload, handle)
+        try:
+            torch.save(payload, handle)
+        except RuntimeError as exc:  # torch's zip writer turns a failed write (disk full, ...) into this
+            raise _os_error_behind(exc, path) or exc from None
+
+
+def _os_error_behind(exc: BaseException, path: str | Path) -> OSError | None:
+    """The OSError a library error was raised while handling (its ``__context__`` chain), naming ``path``."""
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None:
+        if isinstance(cause, OSError):
+            return OSError(cause.errno, cause.strerror, str(path))
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def load_torch(path: str | Path, kind: str, required: tuple[str, ...] = ()) -> dict[str, Any]:

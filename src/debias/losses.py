@@ -84,6 +84,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from debias.metrics import PAIR_KINDS
+
 __all__ = [
     "supcon",
     "eps_supcon",
@@ -91,6 +93,7 @@ __all__ = [
     "fairkl",
     "fairkl_report",
     "FAIRKL_SETS",
+    "fairkl_pair_counts",
     "cnc_contrastive",
     "cnc_two_sided",
     "triplet",
@@ -112,13 +115,8 @@ __all__ = [
 
 FairKLVariant = Literal["kl", "mean", "authors"]
 
-#: Names of the four FairKL pair sets, in the order used everywhere in this module.
-FAIRKL_SETS: tuple[str, str, str, str] = (
-    "pos_aligned",
-    "pos_conflicting",
-    "neg_aligned",
-    "neg_conflicting",
-)
+#: Names of the four FairKL pair sets, in the order used everywhere in this module (debias.metrics.PAIR_KINDS).
+FAIRKL_SETS = PAIR_KINDS
 
 
 # --------------------------------------------------------------------------- helpers
@@ -428,6 +426,15 @@ def fairkl(
     pos_ok = (n_pa >= 2) & (n_pc >= 2)
     neg_ok = (n_na >= 2) & (n_nc >= 2)
     return torch.where(pos_ok, pos_term, 0.0) + torch.where(neg_ok, neg_term, 0.0)
+
+
+def fairkl_pair_counts(y: Tensor, bias: Tensor) -> Tensor:
+    """Unordered pairs ``i != j`` in each FairKL set (``FAIRKL_SETS`` order; weight sums for soft bias): float ``[4]``.
+
+    A side (+: the two positive sets, -: the two negative sets) contributes to ``fairkl`` only where both of its
+    sets hold at least two pairs."""
+    with torch.no_grad():
+        return torch.stack([w.sum() / 2 for w in _pair_weights(y, bias.to(y.device), torch.float32)])
 
 
 def fairkl_report(

@@ -29,6 +29,15 @@ import math
 
 import torch
 
+# The four kinds of pairs (i, j) of a batch or split by class y and bias attribute/label b, in this order everywhere:
+# FairKL's pair sets (debias.losses) and the representation's distance statistics (debias.evaluation).
+PAIR_KINDS: tuple[str, str, str, str] = (
+    "pos_aligned",  # same y, same b
+    "pos_conflicting",  # same y, different b
+    "neg_aligned",  # different y, same b
+    "neg_conflicting",  # different y, different b
+)
+
 
 def group_accuracy(pred: torch.Tensor, y: torch.Tensor, g: torch.Tensor, n_groups: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(correct count, sample count) per group, float64 ``[n_groups]``."""

@@ -42,7 +42,7 @@ from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from debias.errors import CorruptFileError, DataSourceError, StaleInputError
-from debias.params import ModelParams
+from debias.params import ACTIVATION_ENCODERS, ModelParams
 
 InputShape = tuple[int, ...]  # one sample: (3, H, W) images or (F,) feature vectors
 INPUT_MODALITIES = {3: "image", 1: "tabular"}  # by the number of dimensions of one sample
@@ -86,11 +86,13 @@ class Network(nn.Module):
         self.register_buffer("input_shift", (mean / std).view(1, -1, 1, 1), persistent=False)
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (uint8 or 0..255 float) to the encoder's input scale; feature vectors as float, unchanged."""
+        """Images (uint8 or 0..255 float) to the encoder's input scale; feature vectors unchanged; both in the
+        default float dtype (float32 unless a caller, e.g. a float64 test, changed it)."""
+        dtype = torch.get_default_dtype()
         if x.ndim == 4:
-            return x.float().div(self.input_scale).sub(self.input_shift)
+            return x.to(dtype).div(self.input_scale.to(dtype)).sub(self.input_shift.to(dtype))
         if x.ndim == 2:
-            return x.float()
+            return x.to(dtype)
         raise ValueError(f"input of shape {tuple(x.shape)}: allowed: images [N,3,H,W] or feature vectors [N,F]")
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,8 +165,22 @@ class MaxPool2x2(nn.Module):
         return _MaxPool2x2Function.apply(x)
 
 
+FEATURE_ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
+DEFAULT_ACTIVATION = "relu"  # the encoders as their papers built them
+
+
+def feature_activation(name: str) -> nn.Module:
+    """The module of ``model.feature_activation`` (relu or tanh)."""
+    if name not in FEATURE_ACTIVATIONS:
+        raise ValueError(f"feature_activation = '{name}'; allowed: {', '.join(FEATURE_ACTIVATIONS)}")
+    return FEATURE_ACTIVATIONS[name]()
+
+
 class LeNet5(Encoder):
-    def __init__(self, image_size: int) -> None:
+    """The last layer's activation is ``feature_activation`` (relu as in CNC's LeNet-5; tanh for contrastive losses
+    used without a projection head)."""
+
+    def __init__(self, image_size: int, feature_activation_name: str = DEFAULT_ACTIVATION) -> None:
         super().__init__()
         side = ((image_size - 4) // 2 - 4) // 2
         if side < 1:
@@ -174,23 +190,30 @@ class LeNet5(Encoder):
             nn.Conv2d(6, 16, 5), nn.ReLU(), MaxPool2x2(),
             nn.Flatten(),
             nn.Linear(16 * side * side, 120), nn.ReLU(),
-            nn.Linear(120, 84), nn.ReLU(),
+            nn.Linear(120, 84), feature_activation(feature_activation_name),
         )
         self.dim = 84
+        self.options = {"feature_activation": feature_activation_name}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.features(x)
 
 
 class SimpleConvNet(Encoder):
-    def __init__(self, image_size: int) -> None:
+    """The last block's activation (before the average pool) is ``feature_activation``: relu as Bahng et al.; tanh as
+    the FairKL authors' contrastive SimpleConvNet without a projection head."""
+
+    def __init__(self, image_size: int, feature_activation_name: str = DEFAULT_ACTIVATION) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         channels = [3, 16, 32, 64, 128]
-        for c_in, c_out in zip(channels[:-1], channels[1:]):
-            layers += [nn.Conv2d(c_in, c_out, 7, padding=3), nn.BatchNorm2d(c_out), nn.ReLU()]
+        for index, (c_in, c_out) in enumerate(zip(channels[:-1], channels[1:])):
+            last = index == len(channels) - 2
+            layers += [nn.Conv2d(c_in, c_out, 7, padding=3), nn.BatchNorm2d(c_out),
+                       feature_activation(feature_activation_name) if last else nn.ReLU()]
         self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.dim = 128
+        self.options = {"feature_activation": feature_activation_name}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.features(x)
@@ -318,8 +341,10 @@ class EncoderSpec:
 
 
 ENCODERS: dict[str, EncoderSpec] = {
-    "lenet5": EncoderSpec(lambda shape, load_weights=True: LeNet5(shape[-1]), ("image",)),
-    "simpleconv": EncoderSpec(lambda shape, load_weights=True: SimpleConvNet(shape[-1]), ("image",)),
+    "lenet5": EncoderSpec(lambda shape, load_weights=True, feature_activation=DEFAULT_ACTIVATION:
+                          LeNet5(shape[-1], feature_activation), ("image",)),
+    "simpleconv": EncoderSpec(lambda shape, load_weights=True, feature_activation=DEFAULT_ACTIVATION:
+                              SimpleConvNet(shape[-1], feature_activation), ("image",)),
     "resnet18": EncoderSpec(_resnet(ResNet18), ("image",), lambda model: {"pretrained": model.pretrained}),
     "resnet50": EncoderSpec(_resnet(ResNet50), ("image",), lambda model: {"pretrained": model.pretrained}),
     "mlp": EncoderSpec(lambda shape, load_weights=True, **options: MLP(shape, **options), ("image", "tabular"),
@@ -340,9 +365,18 @@ def resolve_encoder(name: str, input_shape: int | Sequence[int]) -> str:
     return FEATURE_ENCODER
 
 
-def encoder_options(model: str | ModelParams, name: str) -> dict[str, Any]:
-    """The options of encoder ``name`` from ``params.model`` (a ModelParams), else the params' defaults."""
+def resolve_activation(model: str | ModelParams, method_default: str = DEFAULT_ACTIVATION) -> str:
+    """``model.feature_activation``, with ``auto`` resolved to the training method's own choice ``method_default``."""
+    chosen = model.feature_activation if isinstance(model, ModelParams) else "auto"
+    return method_default if chosen == "auto" else chosen
+
+
+def encoder_options(model: str | ModelParams, name: str, method_default: str = DEFAULT_ACTIVATION) -> dict[str, Any]:
+    """The options of encoder ``name`` from ``params.model`` (a ModelParams), else the params' defaults; encoders with a
+    configurable feature layer (``ACTIVATION_ENCODERS``) get ``feature_activation`` resolved for the method."""
     params = model if isinstance(model, ModelParams) else ModelParams()
+    if name in ACTIVATION_ENCODERS:
+        return {**ENCODERS[name].options(params), "feature_activation": resolve_activation(model, method_default)}
     return ENCODERS[name].options(params)
 
 
@@ -352,13 +386,15 @@ def _build(name: str, n_classes: int, shape: InputShape, options: dict[str, Any]
     return network
 
 
-def build_model(model: str | ModelParams, n_classes: int, input_shape: int | Sequence[int]) -> Network:
+def build_model(model: str | ModelParams, n_classes: int, input_shape: int | Sequence[int],
+                method_default: str = DEFAULT_ACTIVATION) -> Network:
     """A network from the registry for samples of ``input_shape`` (``(3,H,W)``, ``(F,)`` or a side): freshly
     initialised, or with ImageNet weights (``model.pretrained``). ``model`` is a registry name (the encoder's
-    default options) or ``params.model`` (options from params)."""
+    default options) or ``params.model`` (options from params); ``method_default`` is the feature activation of the
+    training method, used where ``model.feature_activation`` is ``auto``."""
     shape = as_input_shape(input_shape)
     name = resolve_encoder(model if isinstance(model, str) else model.name, shape)
-    return _build(name, n_classes, shape, encoder_options(model, name))
+    return _build(name, n_classes, shape, encoder_options(model, name, method_default))
 
 
 def build_encoder(model: str | ModelParams, input_shape: int | Sequence[int]) -> Encoder:
@@ -401,8 +437,8 @@ def load_network(path: str) -> tuple[Network, dict]:
     return model, payload
 
 
-def load_initial_weights(path: str, model: ModelParams, n_classes: int,
-                         input_shape: int | Sequence[int]) -> dict[str, torch.Tensor]:
+def load_initial_weights(path: str, model: ModelParams, n_classes: int, input_shape: int | Sequence[int],
+                         method_default: str = DEFAULT_ACTIVATION) -> dict[str, torch.Tensor]:
     """The weights of the checkpoint at ``path`` to start another training from; it must hold the encoder
     ``params.model`` builds, for the same classes and input shape, else :class:`StaleInputError` says what to rerun."""
     network, payload = load_network(path)
@@ -410,7 +446,7 @@ def load_initial_weights(path: str, model: ModelParams, n_classes: int,
     name = resolve_encoder(model.name, shape)
     found = (payload["model_name"], int(payload["n_classes"]), tuple(network_input_shape(payload)),
              dict(payload.get("options") or {}))
-    wanted = (name, n_classes, shape, encoder_options(model, name))
+    wanted = (name, n_classes, shape, encoder_options(model, name, method_default))
     if found != wanted:
         raise StaleInputError(
             f"{path} holds a {found[0]} {found[3] or ''} for {found[1]} classes and inputs {found[2]}, but this run "

@@ -337,10 +337,21 @@ class MLPParams(Section):
     batch_norm: bool = Field(True, description="BatchNorm1d after each ReLU (WCL); false: LfF's plain MLP")
 
 
+# Encoders whose last feature layer takes model.feature_activation (the others end as their paper built them:
+# ResNets in ReLU + average pool, the MLP in BatchNorm).
+ACTIVATION_ENCODERS = ("lenet5", "simpleconv")
+FeatureActivation = Literal["relu", "tanh"]
+
+
 class ModelParams(Section):
     name: Literal["lenet5", "simpleconv", "resnet18", "resnet50", "mlp"] = Field(
         "lenet5", description="image encoders (lenet5, simpleconv, resnet18, resnet50) are replaced by mlp for feature vectors")
     pretrained: bool = Field(False, description="resnet18 / resnet50: start from torchvision's ImageNet weights (CNC: ResNet-50)")
+    feature_activation: Literal["auto", "relu", "tanh"] = Field(
+        "auto", description="activation of the encoder's feature layer (lenet5, simpleconv). auto: each method's paper "
+                            "(relu: ERM, JTT, CNC's LeNet-5, WCL with its projection head; tanh: the supcon family and "
+                            "FairKL without a projection head, as the FairKL authors' encoder: a ReLU feature layer keeps "
+                            "every normalised z in the positive orthant)")
     mlp: MLPParams = Field(default_factory=MLPParams)
 
     @model_validator(mode="after")
@@ -348,6 +359,9 @@ class ModelParams(Section):
         if self.pretrained and self.name not in PRETRAINABLE:
             raise ValueError(f"pretrained = true needs ImageNet weights, which name = {self.name} does not have; "
                              f"allowed: {', '.join(PRETRAINABLE)}")
+        if self.feature_activation == "tanh" and self.name not in ACTIVATION_ENCODERS:
+            raise ValueError(f"feature_activation = tanh replaces the last activation of {', '.join(ACTIVATION_ENCODERS)}; "
+                             f"name = {self.name} keeps its own; allowed: auto or relu with {self.name}")
         return self
 
 
@@ -412,7 +426,11 @@ class CNCParams(Section):
     num_positives: int = Field(32, ge=1, le=4096, description="M: anchors and positives per side")
     num_negatives: int = Field(32, ge=1, le=4096, description="N: negatives per side")
     two_sided: bool = True
-    batches_per_epoch: int | None = Field(None, ge=1, description="default: anchor-pool size / M")
+    temperature: float = Field(0.05, ge=MIN_TEMPERATURE, le=10, description="tau of CNC's loss (Eq. 15; App. D.2.4: 0.05 on CMNIST*)")
+    anchor_fraction: float = Field(
+        1.0, gt=0, le=1, description="fraction of the anchors (inferred-majority points) that seed a two-sided batch in "
+                                     "one epoch, a fresh random subset each epoch; 1: Alg. 3 (one batch per anchor); the "
+                                     "released code's target_sample_ratio")
     accumulation: int = Field(32, ge=1, le=1024, description="contrastive batches per optimiser step")
     contrastive_weight: float = Field(0.75, ge=0, le=1, description="lambda: lambda * contrastive + (1 - lambda) * CE")
     init: Literal["scratch", "erm"] = "scratch"
@@ -427,10 +445,24 @@ class JTTParams(Section):
 class WCLParams(Section):
     """Difficulty-weighted contrastive learning (Sec. 5.2) with a jointly trained triplet encoder."""
 
-    tau_plus: float = Field(0.0, ge=0, lt=1, description="class prior for the debiased-negative correction (0: off)")
-    max_shift: int = Field(2, ge=0, le=16, description="augmented view: random translation up to this many pixels")
-    noise_std: float = Field(8.0, ge=0, le=128, description="augmented view: Gaussian pixel noise (0..255 scale)")
-    triplet_weight: float = Field(1.0, ge=0, le=100)
+    temperature: float = Field(0.5, ge=MIN_TEMPERATURE, le=10, description="t of the weighted InfoNCE (Sec. 6: 0.5 for all methods)")
+    tau_plus: float = Field(0.1, ge=0, lt=1, description="class prior of the debiased-negative correction (Sec. 6: 0.1 "
+                                                         "CIFAR-10, 0.05 CIFAR-100, 0.3 CelebA / Waterbirds; 0: off)")
+    projection_dim: int = Field(128, ge=0, le=8192, description="output width of the projection head the loss is computed "
+                                "on (Linear-BN-ReLU-Linear, hidden = the encoder's width; DCL / HCL code: 128); 0: no head")
+    crop_min_scale: float = Field(0.2, gt=0, le=1, description="view: random resized crop of area U(crop_min_scale, 1)")
+    colour_strength: float = Field(1.0, ge=0, le=2.5, description="view: SimCLR colour distortion strength s (brightness, "
+                                   "contrast, saturation 0.8 s, hue 0.2 s, at most 0.5; SimCLR: 1 on ImageNet, 0.5 on CIFAR)")
+    jitter_p: float = Field(0.8, ge=0, le=1, description="view: probability of the colour distortion")
+    grayscale_p: float = Field(0.2, ge=0, le=1, description="view: probability of grayscale")
+    triplet_weight: float = Field(1.0, ge=0, le=100, description="weight of the biased encoder's triplet loss")
+
+
+class HeadParams(Section):
+    """The linear head fitted on frozen features after every epoch for methods without a CE-trained head."""
+
+    weight_decay: float = Field(1e-4, ge=0, le=100, description="L2 penalty weight_decay * |W|^2 added to the head's mean CE")
+    max_iter: int = Field(100, ge=1, le=100000, description="L-BFGS iterations of the head fit")
 
 
 class LfFParams(Section):
@@ -470,6 +502,7 @@ class TabularViewParams(Section):
 class Stage2Params(OptimParams):
     method: Literal["cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm", "lff", "groupdro", "dcl",
                     "hcl"] = "cnc"
+    head: HeadParams = Field(default_factory=HeadParams)
     cnc: CNCParams = Field(default_factory=CNCParams)
     jtt: JTTParams = Field(default_factory=JTTParams)
     wcl: WCLParams = Field(default_factory=WCLParams)
@@ -483,11 +516,23 @@ class Stage2Params(OptimParams):
 class FairKLParams(Section):
     weight: float = Field(0.0, ge=0, le=1000, description="lambda of the FairKL term (0: off)")
     variant: Literal["kl", "mean", "authors"] = "kl"
+    variance_floor: float = Field(1e-6, gt=0, le=1, description="variances of the pair-set distances are floored at this "
+                                  "(squared-distance units, 0..16) so the Gaussian KL (Eq. 10) stays finite")
+    sampler: Literal["shuffle", "stratified"] = Field(
+        "shuffle", description="shuffle: plain shuffled batches (the paper); stratified: every batch holds "
+                               "minority_per_batch inferred-minority points, so FairKL's four pair sets are never empty "
+                               "(an extension, not in the paper)")
+    minority_per_batch: int = Field(16, ge=1, le=65536, description="stratified: inferred-minority points per batch")
 
 
 class LossParams(Section):
-    temperature: float = Field(0.1, ge=MIN_TEMPERATURE, le=10, description="tau; s_ij = z_i . z_j / tau (>= MIN_TEMPERATURE: float32)")
-    epsilon: float = Field(0.25, ge=0, le=100, description="epsilon margin (logit units, after division by tau)")
+    """The supervised contrastive losses (supcon, eps_supcon, eps_supinfonce) and FairKL; CNC and WCL keep their own
+    temperature in stage2.cnc / stage2.wcl."""
+
+    temperature: float = Field(0.1, ge=MIN_TEMPERATURE, le=10, description="tau of the supcon family (SupCon and FairKL "
+                               "papers: 0.1); s_ij = z_i . z_j / tau (>= MIN_TEMPERATURE: float32)")
+    epsilon: float = Field(0.5, ge=0, le=100, description="epsilon margin (logit units, after division by tau); FairKL "
+                           "paper Table 6: 0.5 for eps-SupInfoNCE at every rho")
     alpha: float = Field(1.0, ge=0, le=1000, description="weight of the contrastive term")
     fairkl: FairKLParams = Field(default_factory=FairKLParams)
 
@@ -546,7 +591,9 @@ class EvaluateParams(Section):
     normalize_alignment: bool = Field(False, description="alignment loss on L2-normalised rows (CNC uses raw outputs)")
     block_size: int = Field(2048, ge=16, description="rows per block of pairwise distances (memory bound)")
     umap: UMAPParams = Field(default_factory=UMAPParams)
-    mi_max_iter: int = Field(1000, ge=10)
+    mi_max_iter: int = Field(1000, ge=10, description="iterations of the logistic regression behind the MI estimate")
+    mi_c: float = Field(1.0, gt=0, le=1e6, description="inverse L2 strength C of the MI estimator's logistic regression "
+                        "p(y|z) (CNC App. D.2.1 fits sklearn's default, C = 1)")
 
 
 class ReportParams(Section):
@@ -560,6 +607,7 @@ PHOTO_SOURCES = ("imagefolder", "waterbirds", "celeba")  # carry their own attri
 STROKE_PROTOCOLS = ("foreground", "background")  # paint grey digit strokes or backgrounds
 UNATTRIBUTED_SOURCES = ("cifar10",)  # photos without a bias attribute
 TABULAR_SOURCES = ("adult", "compas")  # feature vectors with their sensitive attribute
+MIN_IMAGE_SIZE = {"lenet5": 16}  # smallest image side an encoder can take (LeNet-5: two 5x5 convs and 2x2 pools)
 
 
 class Params(Section):
@@ -595,6 +643,10 @@ class Params(Section):
         if source in UNATTRIBUTED_SOURCES and protocol == "given":
             raise ValueError(f"bias.protocol = given needs a bias attribute that data.source = {source} does not have; "
                              "allowed: bias.protocol = auto or corruption (Corrupted CIFAR-10)")
+        smallest = MIN_IMAGE_SIZE.get(self.model.name)
+        if smallest and source not in TABULAR_SOURCES and self.data.image_size < smallest:
+            raise ValueError(f"model.name = {self.model.name} needs data.image_size >= {smallest} (its two 5x5 "
+                             f"convolutions and pools), got {self.data.image_size}")
         return self
 
 
@@ -717,7 +769,7 @@ def section(params: Params, dotted: str) -> Any:
 
 def as_dict(params: Params, keys: list[str] | None = None) -> dict[str, Any]:
     """Plain mapping of the given top-level/dotted keys (all when None), for logging and hashing."""
-    full = params.model_dump(mode="json")
+    full = params.model_dump(mode="json", warnings=False)  # defaults hold tuples where params.yaml holds lists
     if keys is None:
         return full
     out: dict[str, Any] = {}

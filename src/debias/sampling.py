@@ -9,10 +9,12 @@ Roles, with ``y`` the class and ``g`` the inferred label (ERM prediction or matc
   anchor, the M anchors are its positives, and its own negatives satisfy
   ``y != c`` and ``g == g_1``.
 
-Each batch draws a seed anchor uniformly from the anchor pool of all eligible classes,
-M - 1 more anchors of its class (distinct from the seed), M positives, N negatives and,
-two-sided, N second-side negatives.  Batches are explicit index groups (``CNCBatch``)
-into the training set, never offsets into a flat batch.
+One epoch is Alg. 3's loop "for each anchor": every point of the anchor pool of all eligible
+classes seeds one batch, in a fresh random order each epoch; ``anchor_fraction`` < 1 (the
+released code's ``target_sample_ratio``) keeps a fresh random subset of that many anchors per
+epoch.  A batch holds its seed anchor, M - 1 more anchors of its class (distinct from the
+seed), M positives, N negatives and, two-sided, N second-side negatives.  Batches are explicit
+index groups (``CNCBatch``) into the training set, never offsets into a flat batch.
 
 Draws are without replacement whenever the pool holds enough points and with replacement
 only when it is too small; an empty negative pool falls back to "any point of another
@@ -80,7 +82,10 @@ class CNCBatchSampler:
         num_anchors: M, the number of anchors and of positives per batch.
         num_negatives: N, the number of negatives per side.
         two_sided: also draw the second side's negatives (``CNCBatch.negatives2``).
-        batches_per_epoch: batches per ``iter()``; default ``max(1, |anchor pool| // M)``.
+        batches_per_epoch: batches per epoch; default ``max(1, round(anchor_fraction * |anchor pool|))``
+            (Alg. 3: one batch per anchor).  More than the pool cycles through further permutations.
+        anchor_fraction: fraction of the anchor pool that seeds a batch per epoch (``batches_per_epoch``
+            unset); 1 is Alg. 3, less the released code's ``target_sample_ratio``.
         seed: seed of the ``torch.Generator`` that drives every draw.
         skip_empty_classes: skip classes with no positive (no inferred-minority point) as
             seed classes and report them, instead of raising ``ValueError``.
@@ -96,6 +101,7 @@ class CNCBatchSampler:
         batches_per_epoch: int | None = None,
         seed: int = 0,
         skip_empty_classes: bool = False,
+        anchor_fraction: float = 1.0,
     ) -> None:
         self._y = _as_labels(y, "y")
         self._inferred = _as_labels(inferred, "inferred")
@@ -105,17 +111,21 @@ class CNCBatchSampler:
             raise ValueError(f"num_anchors and num_negatives must be >= 1, got {num_anchors}, {num_negatives}")
         if batches_per_epoch is not None and batches_per_epoch < 1:
             raise ValueError(f"batches_per_epoch must be >= 1, got {batches_per_epoch}")
+        if not 0 < anchor_fraction <= 1:
+            raise ValueError(f"anchor_fraction must be in (0, 1], got {anchor_fraction}")
         self.num_anchors = int(num_anchors)
         self.num_negatives = int(num_negatives)
         self.two_sided = bool(two_sided)
         self.seed = int(seed)
         self._build_pools(skip_empty_classes)
+        self.anchor_fraction = float(anchor_fraction)
         self._batches_per_epoch = (
             int(batches_per_epoch) if batches_per_epoch is not None
-            else max(1, self._seed_pool.numel() // self.num_anchors)
+            else max(1, round(self.anchor_fraction * self._seed_pool.numel()))
         )
         self._gen = torch.Generator().manual_seed(self.seed)
         self._epoch_pos = 0
+        self._epoch_seeds: Tensor | None = None  # this epoch's seed anchors, in order (drawn at its first batch)
         self._batches_drawn = 0
         self._replacement = {c: dict.fromkeys(_GROUPS, 0) for c in self._eligible}
         self._fallback_draws = {c: {"negatives": 0, "negatives2": 0} for c in self._eligible}
@@ -186,16 +196,38 @@ class CNCBatchSampler:
             out[start:stop] = keys.topk(k, dim=1, sorted=True).indices
         return pool[out], False
 
-    def sample_many(self, k: int) -> CNCBatch:
-        """Draw k batches at once, stacked: ``anchors [k, M]``, ``negatives [k, N]`` ...
+    def _draw_epoch_seeds(self) -> Tensor:
+        """The seed anchors of one epoch: ``batches_per_epoch`` points of the pool in random order (a permutation,
+        truncated, or several when the epoch is longer than the pool)."""
+        n = self._seed_pool.numel()
+        rounds = -(-self._batches_per_epoch // n)
+        order = torch.cat([torch.randperm(n, generator=self._gen) for _ in range(rounds)])
+        return self._seed_pool[order[: self._batches_per_epoch]]
 
-        Vectorised per (class, inferred label) group; advances the same generator as
-        ``sample()`` (the stream differs from k single draws, the distribution does not).
+    def _next_seeds(self, k: int) -> Tensor:
+        """The next k seed anchors of the epoch order, starting a new epoch (a new order) where one ends."""
+        parts = []
+        while k > 0:
+            if self._epoch_pos == 0 or self._epoch_seeds is None:
+                self._epoch_seeds = self._draw_epoch_seeds()
+            take = min(k, self._batches_per_epoch - self._epoch_pos)
+            parts.append(self._epoch_seeds[self._epoch_pos : self._epoch_pos + take])
+            self._epoch_pos += take
+            k -= take
+            if self._epoch_pos == self._batches_per_epoch:
+                self._epoch_pos = 0
+        return torch.cat(parts)
+
+    def sample_many(self, k: int) -> CNCBatch:
+        """Draw the epoch's next k batches at once, stacked: ``anchors [k, M]``, ``negatives [k, N]`` ...
+
+        Vectorised per (class, inferred label) group; k single ``sample()`` calls take the same seed
+        anchors (the other draws' stream differs, their distribution does not).
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         m, n_neg = self.num_anchors, self.num_negatives
-        seeds = self._seed_pool[torch.randint(self._seed_pool.numel(), (k,), generator=self._gen)]
+        seeds = self._next_seeds(k)
         cls = self._y[seeds]
         anchors = torch.empty(k, m, dtype=torch.long)
         anchors[:, 0] = seeds
@@ -246,15 +278,8 @@ class CNCBatchSampler:
         resumes with exactly the next batch; after an epoch's last batch the position is
         already back at 0.
         """
-        while True:
-            batch = self.sample()
-            self._epoch_pos += 1
-            done = self._epoch_pos >= self._batches_per_epoch
-            if done:
-                self._epoch_pos = 0
-            yield batch
-            if done:
-                return
+        for _ in range(self._batches_per_epoch - self._epoch_pos):
+            yield self.sample()
 
     # ------------------------------------------------------------------ state
 
@@ -267,6 +292,7 @@ class CNCBatchSampler:
             "num_negatives": self.num_negatives,
             "two_sided": self.two_sided,
             "seed_pool": self._seed_pool.numel(),
+            "batches_per_epoch": self._batches_per_epoch,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -274,6 +300,7 @@ class CNCBatchSampler:
         return {
             "generator": self._gen.get_state().clone(),
             "epoch_pos": self._epoch_pos,
+            "epoch_seeds": self._epoch_seeds.clone() if self._epoch_pos and self._epoch_seeds is not None else None,
             "batches_drawn": self._batches_drawn,
             "replacement": {c: dict(v) for c, v in self._replacement.items()},
             "fallback_draws": {c: dict(v) for c, v in self._fallback_draws.items()},
@@ -289,6 +316,8 @@ class CNCBatchSampler:
             )
         self._gen.set_state(state["generator"].clone())
         self._epoch_pos = int(state["epoch_pos"])
+        seeds = state.get("epoch_seeds")
+        self._epoch_seeds = seeds.clone() if seeds is not None else None
         self._batches_drawn = int(state["batches_drawn"])
         self._replacement = {c: dict(v) for c, v in state["replacement"].items()}
         self._fallback_draws = {c: dict(v) for c, v in state["fallback_draws"].items()}
@@ -343,6 +372,7 @@ class CNCBatchSampler:
             "num_negatives": n_neg,
             "two_sided": self.two_sided,
             "batches_per_epoch": self._batches_per_epoch,
+            "anchor_fraction": self.anchor_fraction,
             "batches_drawn": self._batches_drawn,
             "seed_pool": self._seed_pool.numel(),
             "classes": classes,

@@ -95,6 +95,32 @@ def check_writable(outputs: list[Path]) -> None:
                                 "nothing was run and the previous outputs are intact") from None
 
 
+def publish(stage: str, run: "StageRun") -> None:  # noqa: F821
+    """After a stage's body: its headline file ``reports/metrics/<stage>.json`` (:mod:`debias.headline`), logged
+    to its MLflow run with its warnings; on the pipeline's parent run, the headline metrics and warnings of this
+    stage and those before it (their files are current; later stages' files may be an earlier run's)."""
+    from debias.headline import local_warnings, read_headlines, upstream_stages, warnings_summary, write_headline
+
+    values = write_headline(stage)
+    if values:
+        run.log_metrics(values)
+    for path in stage_outputs(stage):  # small JSON/CSV outputs, for `debias compare --source mlflow`
+        if path.suffix in (".json", ".csv") and path.is_file() and path.parent != RUNS and path.stat().st_size < 5e6:
+            run.log_artifact(path, f"outputs/{path.parent.as_posix()}")
+    own = local_warnings(stages=(stage,))
+    if own:
+        run.set_tags({"debias.warnings": "\n".join(own[stage])[:5000]})
+    stages = upstream_stages(stage)
+    if not stages or not run.parent_id:
+        return
+    by_stage = local_warnings(stages=stages)
+    tags = {f"debias.warnings.{name}": "\n".join(messages)[:5000] for name, messages in by_stage.items()}
+    tags["debias.warnings"] = warnings_summary(by_stage)
+    metrics = read_headlines(stages=stages)
+    metrics["warnings"] = float(sum(len(messages) for messages in by_stage.values()))
+    run.log_parent(metrics, tags)
+
+
 def _fail(who: str, message: str, code: int = 2) -> None:
     print(f"[{who}] error: {bounded(message)}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
     sys.exit(code)
@@ -118,6 +144,8 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
 
         with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run:
             body(params, run)
+            if distributed.is_main():
+                publish(stage, run)
     except KeyboardInterrupt:
         if debug:
             raise

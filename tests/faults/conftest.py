@@ -24,16 +24,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, copy_worktree
+from tests.conftest import REPO, committed_text, copy_worktree
 
 PYTHON = sys.executable
 
 # A tiny, fast and healthy configuration: ERM learns enough in 3 epochs for pred groups to find
-# minority points, so every later stage has what it needs.
+# minority points, so every later stage has what it needs; CNC on them (no UMAP: fast).
 TINY: dict = {
     "data": {"max_per_split": 150},
     "erm": {"epochs": 3, "lr": 0.05},
-    "stage2": {"epochs": 1, "cnc": {"batches_per_epoch": 4}},
+    "groups": {"method": "pred"},
+    "stage2": {"method": "cnc", "epochs": 1, "cnc": {"anchor_fraction": 0.03}},
     "probe": {"c_grid": [1.0], "max_iter": 50},
     "evaluate": {"splits": ["test"], "mi_max_iter": 20, "umap": {"max_points": 100}},
 }
@@ -50,7 +51,8 @@ def deep_update(base: dict, changes: dict) -> dict:
 
 
 def shipped_params() -> dict:
-    return yaml.safe_load((REPO / "params.yaml").read_text())
+    """The committed params.yaml (never the workspace's: a `dvc exp run` may have changed it)."""
+    return yaml.safe_load(committed_text("params.yaml"))
 
 
 def write_params(folder: Path, changes: dict | None = None, base: dict | None = None) -> dict:
@@ -62,9 +64,11 @@ def write_params(folder: Path, changes: dict | None = None, base: dict | None = 
 
 
 def make_workspace(target: Path, changes: dict | None = None) -> Path:
-    """A plain (non-git, non-DVC) workspace: the stage entrypoints and a tiny params.yaml."""
+    """A plain (non-git, non-DVC) workspace: the stage entrypoints, dvc.yaml (the stages' declared outputs)
+    and a tiny params.yaml."""
     target.mkdir(parents=True, exist_ok=True)
     shutil.copytree(REPO / "pipeline", target / "pipeline", dirs_exist_ok=True)
+    shutil.copy(REPO / "dvc.yaml", target / "dvc.yaml")
     write_params(target, changes)
     return target
 

@@ -202,15 +202,15 @@ def test_dvc_added_unknown_key_is_caught_by_our_schema(downloaded_clone: Path) -
 
 
 def test_dvc_valid_key_with_a_bad_value_fails_with_our_message(downloaded_clone: Path) -> None:
-    """``dvc exp run -S loss.temperature=0``: inject_bias (the first stale stage) exits 2 with our message;
-    download's outputs are not touched (bytes and mtimes)."""
+    """``dvc exp run -S loss.temperature=0``: the first stage (source, which validates the whole file before
+    fingerprinting) exits 2 with our message; nothing already written is touched (bytes and mtimes)."""
     clone = downloaded_clone
     outputs_before = _committed_outputs(clone)
     done = dvc(clone, "exp", "run", "-S", "loss.temperature=0", check=False)
     assert done.returncode != 0
-    assert "Running stage 'inject_bias'" in done.stdout, done.stdout
-    assert "failed to run: python pipeline/inject_bias.py, exited with 2" in done.stderr, done.stderr
-    assert "[inject_bias] error: invalid params.yaml" in done.stderr
+    assert "Running stage 'source'" in done.stdout, done.stdout
+    assert "failed to run: python pipeline/source.py, exited with 2" in done.stderr, done.stderr
+    assert "[source] error: invalid params.yaml" in done.stderr
     assert "loss.temperature = 0" in done.stderr and "allowed: 0.0001 <= value <= 10" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
-    assert _committed_outputs(clone) == outputs_before  # and no file of inject_bias was written
+    assert _committed_outputs(clone) == outputs_before  # and no file of a later stage was written

@@ -114,9 +114,9 @@ CONFIGS = {
                                "lr_milestones": [1, 2], "lr_gamma": 0.5}},  # the scheduler's state round-trips too
     "cnc": {"seed": 3, "stage2": {"method": "cnc", "epochs": 4, "optimizer": "adam", "lr": 1e-3,
                                   "selection": "best_worst_group", "augment_shift": 2,
-                                  "cnc": {"num_positives": 4, "num_negatives": 4, "batches_per_epoch": 6,
-                                          "accumulation": 2, "forward_chunk": 1, "skip_empty_classes": True}},
-            "loss": {"temperature": 0.1}},
+                                  "cnc": {"num_positives": 4, "num_negatives": 4, "anchor_fraction": 0.06,
+                                          "accumulation": 2, "forward_chunk": 1, "skip_empty_classes": True,
+                                          "temperature": 0.1}}},
     "eps_supinfonce+fairkl": {"seed": 3, "stage2": {"method": "eps_supinfonce", "epochs": 4, "batch_size": 32,
                                                     "optimizer": "adam", "lr": 1e-3, "selection": "best_worst_group",
                                                     "augment_shift": 2},
@@ -211,9 +211,10 @@ def test_killed_mid_epoch_resumes_to_the_uninterrupted_result(name: str, runs, d
         train = load_split(data_dir / "train.pt")
         cnc = CONFIGS[name]["stage2"]["cnc"]
         sampler = CNCBatchSampler(train.y, train.a.clone(), cnc["num_positives"], cnc["num_negatives"], True,
-                                  cnc["batches_per_epoch"], seed=CONFIGS[name]["seed"], skip_empty_classes=True)
+                                  seed=CONFIGS[name]["seed"], skip_empty_classes=True,
+                                  anchor_fraction=cnc["anchor_fraction"])
         saved = state["task"]["sampler"]
-        assert saved["batches_drawn"] == cnc["batches_per_epoch"] * (killed_after + 1)
+        assert saved["batches_drawn"] == len(sampler) * (killed_after + 1)
         assert saved["epoch_pos"] == 0
         sampler.load_state_dict(saved)
         again = sampler.state_dict()
@@ -253,7 +254,7 @@ def test_a_torn_resume_state_starts_over_with_a_warning(data_dir: Path, tmp_path
     out = StageOutputs(model=tmp_path / "model.pt", embeddings_dir=tmp_path / "embeddings",
                        metrics=tmp_path / "metrics.json", curves=tmp_path / "curves.csv", resume=tmp_path / "state.pt")
     out.resume.write_bytes(b"PK\x03\x04 torn")
-    params = validate({**CONFIGS["erm"], "erm": {**CONFIGS["erm"]["erm"], "epochs": 1}})
+    params = validate({**CONFIGS["erm"], "erm": {**CONFIGS["erm"]["erm"], "epochs": 1, "lr_milestones": []}})
     with pytest.warns(UserWarning, match="ignoring unreadable resume state"):
         train_erm(load_splits(data_dir), params.model.name, params.erm, params.seed, StageRun(None, None), out)
     assert json.loads(out.metrics.read_text())["selected_epoch"] == 0

@@ -143,7 +143,7 @@ def test_two_stage_processes_writing_one_sqlite_store_lose_nothing(tmp_path: Pat
     """Two stage processes (as two queued ``dvc exp run`` tasks: DVC_ROOT is the main repository)
     each run 3 stages into the same SQLite store, at the same time; the experiment does not exist
     yet, so both race to create it. Every run is there, FINISHED, with all its metric steps, params,
-    tags and artifacts."""
+    tags and artifacts, nested under its own worker's parent run."""
     from mlflow.tracking import MlflowClient
 
     root = tmp_path / "main-repo"
@@ -169,11 +169,15 @@ def test_two_stage_processes_writing_one_sqlite_store_lose_nothing(tmp_path: Pat
     assert len(experiments) == 1  # created once, despite the race
     found = client.search_runs([experiments[0].experiment_id], max_results=1000)
     by_worker: dict[str, list] = {}
-    for run in found:
-        by_worker.setdefault(run.data.tags.get("debias.dvc_experiment"), []).append(run)
-    assert sorted(by_worker) == ["worker-a", "worker-b"]
+    parents: dict[str, list] = {}
+    for run in found:  # each worker's pipeline run is one parent run holding its stage runs
+        group = parents if run.data.tags.get("debias.kind") == "pipeline" else by_worker
+        group.setdefault(run.data.tags.get("debias.dvc_experiment"), []).append(run)
+    assert sorted(by_worker) == sorted(parents) == ["worker-a", "worker-b"]
     for name, stage in (("worker-a", "download"), ("worker-b", "inject_bias")):
         assert len(by_worker[name]) == runs, f"{name}: {len(by_worker[name])} of {runs} runs"
+        [parent] = parents[name]
+        assert {r.data.tags["mlflow.parentRunId"] for r in by_worker[name]} == {parent.info.run_id}  # never the other's
         for run in by_worker[name]:
             assert run.info.status == "FINISHED"
             assert run.data.tags["debias.stage"] == stage

@@ -340,8 +340,10 @@ def inject_bias(splits: RawSplits, bias: BiasParams, seed: int, source: str | No
         if len(split) == 0:
             raise BiasProtocolError(f"split '{name}' is empty after bias.protocol = {protocol}")
         missing_classes = sorted(set(range(split.n_classes)) - set(split.y.unique().tolist()))
-        if name == "train" and missing_classes:
-            raise BiasProtocolError(f"classes {missing_classes} have no training images after bias injection")
+        if missing_classes:  # a class absent from val or test would silently drop out of every accuracy
+            raise BiasProtocolError(
+                f"split '{name}' holds no sample of classes {missing_classes[:10]} after bias.protocol = {protocol}; "
+                "raise data.val_fraction / data.test_fraction or data.max_per_split, or provide more data of them")
     return biased
 
 

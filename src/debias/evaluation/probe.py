@@ -42,8 +42,6 @@ from debias.models import Network, load_network
 from debias.params import ProbeParams
 from debias.training.erm import predict
 
-# Methods whose network head is trained with cross-entropy together with the encoder.
-HEAD_TRAINED_METHODS = frozenset({"erm", "jtt", "cnc"})
 # Keys of an accuracy report that hold per-group tables (moved out of the scalar metrics file).
 TABLE_KEYS = ("per_group", "group_counts", "empty_groups", "notes")
 FEATURE_BATCH = 1024
@@ -84,10 +82,10 @@ def load_encoders(checkpoints: Mapping[str, str | Path], required: Iterable[str]
 
 
 def head_is_trained(encoder: FrozenEncoder) -> bool:
-    """True when the network's own head was trained with CE: ``meta['head_trained']`` if given, else by method."""
-    if "head_trained" in encoder.meta:
-        return bool(encoder.meta["head_trained"])
-    return encoder.method in HEAD_TRAINED_METHODS
+    """True when the network's own head was trained with CE, as its checkpoint records (``meta['head_trained']``:
+    the stage-2 method registry's fact, ``debias.training.methods``; true for train_erm's). A checkpoint that does
+    not record it counts as head-trained only if it is ERM's."""
+    return bool(encoder.meta.get("head_trained", encoder.method == "erm"))
 
 
 def encode(network: Network, x: torch.Tensor, device: torch.device,

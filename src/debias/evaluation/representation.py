@@ -31,9 +31,10 @@ from scipy.special import xlogy
 from debias.data.store import BiasedSplit
 from debias.evaluation.probe import (FEATURE_BATCH, FrozenEncoder, encode, fit_logistic, predict_proba,
                                      stratified_halves)
+from debias.metrics import PAIR_KINDS
 from debias.params import EvaluateParams, UMAPParams
 
-DISTANCE_KINDS = ("pos_aligned", "pos_conflicting", "neg_aligned", "neg_conflicting")
+DISTANCE_KINDS = PAIR_KINDS  # the kinds FairKL matches (debias.losses.FAIRKL_SETS is the same tuple)
 UMAP_SPLITS = ("test",)
 
 Embedder = Callable[[np.ndarray, UMAPParams, int], np.ndarray]
@@ -188,8 +189,8 @@ def representation_metrics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_
     """Alignment loss, Î(Y;Z), Î(A;Z) (with the label entropies H(Y), H(A)) and distance statistics of one split."""
     metrics = alignment_loss(z, y, a, n_classes, n_attrs, params.block_size, params.normalize_alignment)
     metrics.update({
-        "mi_y": mutual_information(z, y, seed, params.mi_max_iter),
-        "mi_a": mutual_information(z, a, seed, params.mi_max_iter),
+        "mi_y": mutual_information(z, y, seed, params.mi_max_iter, params.mi_c),
+        "mi_a": mutual_information(z, a, seed, params.mi_max_iter, params.mi_c),
         "h_y": label_entropy(y),
         "h_a": label_entropy(a),
         "n": int(y.numel()),

@@ -40,11 +40,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from debias import health
 from debias.data.store import BiasedSplit
 from debias.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
 from debias.groups.matching import group_quality, hungarian_map
 from debias.io import CorruptFileError, atomic_path, load_torch, save_torch
-from debias.params import ClusterParams, GroupsParams
+from debias.params import GroupsParams
 from debias.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
 
 GROUP_COLUMNS = ("index", "y", "inferred_label", "inferred_group", "minority")
@@ -65,13 +66,6 @@ class GroupInference:
 
     def __len__(self) -> int:
         return int(self.inferred_label.numel())
-
-
-def umap_embedding(z: torch.Tensor, params: ClusterParams, seed: int) -> torch.Tensor:
-    """UMAP of the ERM features with the cluster params (see :func:`debias.embedding.umap_fit`)."""
-    if len(z) < 3:
-        raise ValueError(f"groups.method=cluster needs at least 3 training points for UMAP, found {len(z)}")
-    return umap_fit(z, params.umap_components, params.umap_neighbors, params.umap_min_dist, seed)
 
 
 # ---------------------------------------------------------------- clustering
@@ -165,7 +159,10 @@ def infer_cluster(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, par
     start = time.perf_counter()
     import_umap()
     start = _timed(timings, "umap_import_s", start)
-    embedding = umap_embedding(z, cluster_params, seed)
+    if len(z) < 3:
+        raise ValueError(f"groups.method=cluster needs at least 3 training points for UMAP, found {len(z)}")
+    embedding = umap_fit(z, cluster_params.umap_components, cluster_params.umap_neighbors, cluster_params.umap_min_dist,
+                         seed)
     start = _timed(timings, "umap_fit_s", start)
     k = cluster_params.per_class
     if k == 1:
@@ -215,12 +212,33 @@ def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch
 # ---------------------------------------------------------------- reporting
 
 def groups_report(method: str, inference: GroupInference, train: BiasedSplit) -> dict:
-    """The metrics file: method and :func:`group_quality` vs the true attribute (no wall-clock time:
-    a metrics file must be identical across identical runs; timings go to their own file)."""
+    """The metrics file: method, :func:`group_quality` vs the true attribute and the ``warnings`` of
+    :func:`group_warnings` (no wall-clock time: a metrics file must be identical across identical runs; timings go to
+    their own file)."""
     quality = group_quality(inference.inferred_label, inference.minority, train.a, train.aligned, train.y, train.n_classes)
     if inference.bias_scores is not None:  # soft: how peaked the scores are (1: hard labels)
         quality["bias_score_mean_max"] = float(inference.bias_scores.max(1).values.mean())
-    return {"method": method, **quality}
+    return {"method": method, **quality, "warnings": group_warnings(method, quality)}
+
+
+# Inferred minorities that find less than this fraction of the true bias-conflicting points, or hold less than this
+# fraction of them, give a weak-groups warning: methods that read the inferred labels then mostly see noise.
+WEAK_GROUPS = 0.5
+
+
+def group_warnings(method: str, quality: dict) -> list[str]:
+    """A ``weak-groups`` warning when the inferred minority misses most bias-conflicting points or is mostly others
+    (measured against the true attribute, which only this check and the metrics read)."""
+    if method == "true":
+        return []
+    recall, precision = quality.get("minority_recall"), quality.get("minority_precision")
+    weak = [f"{name} {value:.2f}" for name, value in (("recall", recall), ("precision", precision))
+            if value is not None and value < WEAK_GROUPS]
+    if not weak:
+        return []
+    return [health.warning("weak-groups", f"groups.method = {method}: the inferred minority has {' and '.join(weak)} "
+                                          f"against the true bias-conflicting points (below {WEAK_GROUPS}); stage-2 "
+                                          "methods that read the inferred labels (FairKL, CNC, JTT) learn from noise")]
 
 
 def report_scalars(report: dict, timings: dict[str, float] | None = None) -> dict[str, float]:

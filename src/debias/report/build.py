@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from debias import paths
+from debias.headline import local_selection, local_warnings, warning_code
 from debias.io import atomic_path, load_json, load_torch
 from debias.params import Params, as_dict, flatten
 from debias.report import figures
@@ -59,7 +60,7 @@ def umap_test_path(model: str) -> Path:
     return paths.EVALUATE_DIR / f"umap_{model}_test.pt"
 
 
-SECTIONS = ("Provenance", "Dataset", "Results", "Per-group accuracy", "Representations", "Training curves",
+SECTIONS = ("Warnings", "Provenance", "Dataset", "Results", "Per-group accuracy", "Representations", "Training curves",
             "Group inference", "Comparison with the papers")
 STAGE_ORDER = ("download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
                "evaluate", "report")
@@ -184,8 +185,11 @@ def read_curves(path: Path) -> dict[str, list[float]]:
 
 
 def read_run_records(folder: Path) -> dict[str, dict[str, Any]]:
-    """The stages' run records ``reports/runs/<stage>.json``, in pipeline order then by name."""
+    """The stages' run records ``reports/runs/<stage>.json``, in pipeline order then by name; other files there
+    (e.g. infer_groups' step timings) are not run records and are left out."""
     records = {p.stem: load_json(p) for p in folder.glob("*.json")} if folder.is_dir() else {}
+    records = {stage: r for stage, r in records.items() if isinstance(r, dict) and r.get("stage", stage) == stage
+               and "run_id" in r}
     rank = {stage: i for i, stage in enumerate(STAGE_ORDER)}
     return dict(sorted(records.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
 
@@ -363,6 +367,29 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) 
 # --------------------------------------------------------------------------- sections
 
 
+def warnings_section(root: Path) -> Section:
+    """Every stage's warnings (``"warnings"`` in its metrics files), first in the report; and how each training
+    stage chose its model (``"selection"``) where the stage recorded it."""
+    by_stage = local_warnings(root)
+    selection = local_selection(root)
+    blocks: list[Block] = []
+    total = sum(len(messages) for messages in by_stage.values())
+    if total:
+        blocks.append(Text(f"{total} warning{'s' if total > 1 else ''} from {len(by_stage)} stage"
+                           f"{'s' if len(by_stage) > 1 else ''}: read them before the results.", note=True))
+        blocks.append(Table(["stage", "warning", "message"],
+                            [[stage, warning_code(m), m] for stage, messages in by_stage.items() for m in messages],
+                            numeric=False))
+    else:
+        blocks.append(Text("None: no stage reported a warning."))
+    if selection:
+        rows = [[stage, str(s.get("rule", "")), str(s.get("selected_epoch", "")),
+                 "yes" if s.get("degenerate") else "no", str(s.get("reason") or "")] for stage, s in selection.items()]
+        blocks.append(Table(["stage", "selection rule", "selected epoch", "degenerate", "reason"], rows,
+                            caption="How each training stage chose the epoch it kept (validation split).", numeric=False))
+    return Section("Warnings", blocks)
+
+
 def provenance_section(inputs: ReportInputs, params: Params, root: Path, run_id: str | None) -> Section:
     """Git commit, DVC experiment, params that differ from the defaults, MLflow run id and wall time per stage."""
     records = inputs.runs
@@ -371,6 +398,8 @@ def provenance_section(inputs: ReportInputs, params: Params, root: Path, run_id:
         ["git commit", git_commit(root) or "unknown (not a git repository)"],
         ["DVC experiment", dvc_experiment(records)],
         ["MLflow tracking URI", ", ".join(uris) or "none (tracking was off)"],
+        ["MLflow pipeline (parent) run", ", ".join(sorted({r["parent_run_id"] for r in records.values()
+                                                           if r.get("parent_run_id")})) or "none"],
     ])]
     diff = params_diff(params)
     blocks.append(Heading("Params that differ from the defaults"))
@@ -414,7 +443,11 @@ def dataset_section(inputs: ReportInputs, params: Params, root: Path) -> Section
                   [[str(label), *(str(c) for c in row)] for label, row in enumerate(s["group_counts"])], caption=name)
             for name, s in summary["splits"].items()]))
     if inputs.sample_grid is not None:
-        blocks.append(Figure(paths.SAMPLE_GRID, "Training images per (class y, bias attribute a); blank where a group is empty."))
+        tabular = (summary or {}).get("modality") == "tabular"
+        blocks.append(Figure(paths.SAMPLE_GRID, (
+            "Training features: each feature's mean per (class y, bias attribute a), standardised; the features whose "
+            "group means differ most." if tabular else
+            "Training images per (class y, bias attribute a); blank where a group is empty.")))
     else:
         blocks.append(missing_note(paths.SAMPLE_GRID, "the sample grid is not shown"))
     return Section("Dataset", blocks)
@@ -496,7 +529,8 @@ def representation_section(inputs: ReportInputs, labels: dict[str, str], drawn: 
     blocks: list[Block] = []
     if drawn["umap"]:
         blocks.append(Figure(FIGURE_FILES["umap"], "UMAP of the encoders' test representations (evaluate stage), "
-                             "coloured by class (top) and by bias attribute (bottom); ERM beside stage 2."))
+                             "coloured by class (top) and by bias attribute (bottom, in the colours the bias protocol "
+                             "paints where it has colours); ERM beside stage 2."))
     for model in MODELS:
         if model not in inputs.umaps:
             blocks.append(missing_note(umap_test_path(model), f"the {labels[model]} UMAP is not drawn"))
@@ -529,7 +563,26 @@ def curves_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str
     for model, rel in CURVE_INPUTS.items():
         if model not in inputs.curves:
             blocks.append(missing_note(rel, f"the {labels[model]} curves are not drawn"))
+    blocks.extend(fairkl_activity_blocks(inputs))
     return Section("Training curves", blocks)
+
+
+FAIRKL_SET_NAMES = {"pos_aligned": "same y, same b", "pos_conflicting": "same y, other b",
+                    "neg_aligned": "other y, same b", "neg_conflicting": "other y, other b"}
+
+
+def fairkl_activity_blocks(inputs: ReportInputs) -> list[Block]:
+    """FairKL's activity per epoch (stage2_train_info.json ``fairkl``): the share of steps each side was active and
+    the mean pairs per batch in each of its four sets; nothing when stage 2 did not use FairKL."""
+    activity = (inputs.get("stage2_info") or {}).get("fairkl")
+    if not activity:
+        return []
+    rows = [[str(e["epoch"]), pct(e["pos_active"], 0), pct(e["neg_active"], 0),
+             *(f"{e['pairs'].get(name, 0):.1f}" for name in FAIRKL_SET_NAMES)] for e in activity["epochs"]]
+    return [Table(["epoch", "+ side active %", "− side active %", *FAIRKL_SET_NAMES.values()], rows, caption=(
+        f"FairKL activity (sampler `{activity['sampler']}`, batches of {activity['batch_size']}): a side (+: same class, "
+        "−: different classes) contributes only in batches where both of its sets (same / other bias label b) hold "
+        "at least two pairs; last four columns: mean pairs per batch."))]
 
 
 def groups_section(inputs: ReportInputs, drawn: dict[str, bool]) -> Section:
@@ -631,8 +684,21 @@ def paper_section(rows: list[ResultRow], inputs: ReportInputs, params: Params, l
 # --------------------------------------------------------------------------- figures
 
 
-def draw_figures(inputs: ReportInputs, root: Path, labels: dict[str, str], dpi: int) -> dict[str, bool]:
-    """Draw every report figure under ``root``; a placeholder PNG where inputs are missing. Returns name -> drawn."""
+def protocol_colours(summary: dict[str, Any] | None, params: Params) -> list[list[int]] | None:
+    """The colours the run's bias protocol paints attribute a with (foreground: strokes, background: backdrop),
+    None for protocols without colours (corruption, given)."""
+    protocol = (summary or {}).get("protocol")
+    if protocol == "foreground":
+        return [list(c) for c in params.bias.foreground.colours[: len(params.bias.foreground.class_digits)]]
+    if protocol == "background":
+        return [list(c) for c in params.bias.background.colours]
+    return None
+
+
+def draw_figures(inputs: ReportInputs, root: Path, labels: dict[str, str], dpi: int,
+                 attribute_colours: list[list[int]] | None = None) -> dict[str, bool]:
+    """Draw every report figure under ``root``; a placeholder PNG where inputs are missing. Returns name -> drawn.
+    ``attribute_colours``: the bias protocol's colours, for the UMAP coloured by attribute."""
     drawn: dict[str, bool] = {}
     panels = [(labels[model], inputs.get(name)["test"]["per_group"], inputs.get(name)["test"].get("group_counts"))
               for model, name in (("erm", "erm_groups"), ("stage2", "stage2_groups"))
@@ -645,7 +711,7 @@ def draw_figures(inputs: ReportInputs, root: Path, labels: dict[str, str], dpi: 
 
     columns = [(labels[m], inputs.umaps[m]) for m in MODELS if m in inputs.umaps and inputs.umaps[m]["coords"].shape[0]]
     if columns:
-        figures.umap_grid(columns, root / FIGURE_FILES["umap"], dpi)
+        figures.umap_grid(columns, root / FIGURE_FILES["umap"], dpi, attribute_colours=attribute_colours)
     else:
         figures.placeholder(root / FIGURE_FILES["umap"], "no UMAP of test representations (evaluate stage not run)", dpi)
     drawn["umap"] = bool(columns)
@@ -777,14 +843,17 @@ th { background: #eef1f5; text-align: left; } td.num { text-align: right; font-v
 tbody tr:nth-child(even) { background: #fafbfc; }
 code { background: #f1f1f1; padding: 0 3px; border-radius: 3px; font-size: 12px; }
 .note { background: #fff6e0; border-left: 4px solid #e0a800; padding: .4em .8em; }
+#warnings { border: 1px solid #e0a800; border-radius: 4px; padding: 0 1em .6em; margin-top: 1em; background: #fffdf5; }
+#warnings h2 { border: 0; margin-top: .6em; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 12px; }
 .columns { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
 """
 
 
-def render_html(title: str, sections: list[Section], root: Path) -> str:
-    """The report as one self-contained HTML page: inline CSS, images as data URIs, only in-page links."""
+def render_html(title: str, sections: list[Section], root: Path, style: str = "") -> str:
+    """The report as one self-contained HTML page: inline CSS (``style`` added to it), images as data URIs, only
+    in-page links."""
     toc = "".join(f'<li><a href="#{anchor(s.title)}">{html.escape(s.title)}</a></li>' for s in sections)
     body = []
     for section in sections:
@@ -793,7 +862,7 @@ def render_html(title: str, sections: list[Section], root: Path) -> str:
         body.append("</section>")
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{html.escape(title)}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<main>\n"
+            f"<title>{html.escape(title)}</title>\n<style>{STYLE}{style}</style>\n</head>\n<body>\n<main>\n"
             f"<h1>{html.escape(title)}</h1>\n<nav><ol>{toc}</ol></nav>\n" + "\n".join(body) + "\n</main>\n</body>\n</html>\n")
 
 
@@ -807,6 +876,7 @@ def report_sections(inputs: ReportInputs, params: Params, root: Path, run_id: st
     results = results_section(rows, inputs)
     results.blocks.extend(fairness_blocks(rows, inputs))
     return [
+        warnings_section(root),
         provenance_section(inputs, params, root, run_id),
         dataset_section(inputs, params, root),
         results,
@@ -823,7 +893,7 @@ def build_report(root: Path, params: Params, run_id: str | None = None) -> list[
     root = Path(root)
     inputs = load_inputs(root)
     labels = {"erm": "ERM", "stage2": stage2_label(stage2_method(inputs, params), params)}
-    drawn = draw_figures(inputs, root, labels, params.report.dpi)
+    drawn = draw_figures(inputs, root, labels, params.report.dpi, protocol_colours(inputs.get("summary"), params))
     written = [root / path for path in FIGURE_FILES.values()] + write_per_group_csvs(inputs, root)
     sections = report_sections(inputs, params, root, run_id, labels, drawn)
     md_path, html_path = root / REPORT_MD, root / REPORT_HTML

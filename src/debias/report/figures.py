@@ -1,22 +1,27 @@
 """Figures written as static PNGs (they render offline, in the report and in MLflow).
 
 Every function draws one figure from plain inputs (lists, tensors) and writes it atomically with
-:func:`save_figure`; none reads pipeline files, so each is testable on its own.
+:func:`save_figure`; none reads pipeline files, so each is testable on its own. torch is imported only by
+the functions that need it (``debias compare`` draws without it, seconds faster to start).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
-from debias.data.store import BiasedSplit  # noqa: E402
 from debias.io import atomic_path  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
+
+    from debias.data.store import BiasedSplit
 
 
 def save_figure(fig: "plt.Figure", path: str | Path, dpi: int = 110) -> None:
@@ -28,6 +33,8 @@ def save_figure(fig: "plt.Figure", path: str | Path, dpi: int = 110) -> None:
 
 def sample_grid(split: BiasedSplit, path: str | Path, per_group: int = 3, seed: int = 0) -> None:
     """Rows = classes, column blocks = bias attributes, ``per_group`` random images per cell (blank if empty)."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     rows, cols = split.n_classes, split.n_attrs * per_group
     fig, axes = plt.subplots(rows, cols, figsize=(0.55 * cols + 1, 0.55 * rows + 0.6), squeeze=False)
@@ -48,6 +55,43 @@ def sample_grid(split: BiasedSplit, path: str | Path, per_group: int = 3, seed: 
         axes[0, attr * per_group].set_title(f"a={attr}", fontsize=8, loc="left")
     fig.suptitle("samples per (class y, bias attribute a)", fontsize=9)
     save_figure(fig, path)
+
+
+def feature_summary(split: BiasedSplit, path: str | Path, seed: int = 0, top: int = 24) -> None:
+    """Feature vectors have no picture: each feature's mean per (class y, bias attribute a) group, standardised
+    over the split (0 = the split's mean, ±1 = one standard deviation), for the ``top`` features whose group
+    means differ most; rows are the groups with their sizes, columns the features (named when the data names
+    them). What the bias attribute changes in the features shows as columns whose colour flips with a."""
+    import torch
+
+    x = split.x.float()
+    std = x.std(0).clamp_min(1e-8)
+    z = (x - x.mean(0)) / std
+    groups = [(label, attr) for label in range(split.n_classes) for attr in range(split.n_attrs)]
+    present = [(label, attr) for label, attr in groups if bool(((split.y == label) & (split.a == attr)).any())]
+    means = torch.stack([z[(split.y == label) & (split.a == attr)].mean(0) for label, attr in present])
+    spread = means.max(0).values - means.min(0).values
+    order = torch.argsort(spread, descending=True)[: min(top, x.shape[1])]
+    names = split.feature_names or tuple(f"feature {i}" for i in range(x.shape[1]))
+    shown = means[:, order].numpy()
+    labels = [_shorten(names[i], 28) for i in order.tolist()]
+    counts = split.group_counts()
+    rows = [f"y={label} a={attr} (n={int(counts[label, attr])})" for label, attr in present]
+    fig, ax = plt.subplots(figsize=(0.34 * len(labels) + 2.6, 0.36 * len(rows) + 2.4))
+    limit = max(1.0, float(np.abs(shown).max()))
+    image = ax.imshow(shown, cmap="RdBu_r", vmin=-limit, vmax=limit, aspect="auto")
+    ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_title(f"feature means per (class y, bias attribute a), standardised: the {len(labels)} of "
+                 f"{x.shape[1]} features that differ most across groups", fontsize=9, loc="left")
+    bar = fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02)
+    bar.ax.tick_params(labelsize=8)
+    bar.set_label("group mean (standard deviations)", fontsize=8)
+    save_figure(fig, path)
+
+
+def _shorten(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 # --------------------------------------------------------------------------- report figures
@@ -118,29 +162,44 @@ def per_group_heatmaps(panels: list[tuple[str, AccuracyTable, list[list[int]] | 
     save_figure(fig, path, dpi=dpi)
 
 
-def _scatter_by(ax: plt.Axes, coords: torch.Tensor, labels: torch.Tensor, name: str, legend: bool) -> None:
+LEGEND_FONT = 8  # legends and tick labels: readable at the report's width
+
+
+def _scatter_by(ax: plt.Axes, coords: torch.Tensor, labels: torch.Tensor, name: str, legend: bool,
+                colours: list | None = None) -> None:
+    """Scatter coloured by ``labels`` (``colours[value]`` when given, e.g. the bias protocol's own colours)."""
     n = int(labels.max()) + 1 if labels.numel() else 0
-    colours = _category_colours(max(n, 1))
+    colours = colours if colours is not None and len(colours) >= n else _category_colours(max(n, 1))
     for value in range(n):
         mask = labels == value
         if bool(mask.any()):
-            ax.scatter(coords[mask, 0], coords[mask, 1], s=4, color=colours[value], label=f"{name}={value}",
-                       linewidths=0, alpha=0.8, rasterized=True)
+            ax.scatter(coords[mask, 0], coords[mask, 1], s=5, color=colours[value], label=f"{name}={value}",
+                       linewidths=0, alpha=0.85, rasterized=True)
     if legend and 0 < n <= 12:
-        ax.legend(fontsize=6, markerscale=2.5, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
+        ax.legend(fontsize=LEGEND_FONT, markerscale=3, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False,
                   handletextpad=0.2, borderaxespad=0.2)
 
 
-def umap_grid(columns: list[tuple[str, dict[str, torch.Tensor]]], path: str | Path, dpi: int = 110) -> None:
-    """UMAP scatter: one column per (title, payload with coords [n,2], y, a); rows coloured by class, by bias attribute."""
-    fig, axes = plt.subplots(2, len(columns), figsize=(3.1 * len(columns) + 0.8, 5.6), squeeze=False)
+def rgb_colours(colours: list[list[int]] | None) -> list[tuple[float, float, float]] | None:
+    """0..255 RGB triples (a bias protocol's palette) as matplotlib colours."""
+    return None if not colours else [tuple(channel / 255 for channel in colour[:3]) for colour in colours]
+
+
+def umap_grid(columns: list[tuple[str, dict[str, torch.Tensor]]], path: str | Path, dpi: int = 110,
+              attribute_colours: list[list[int]] | None = None) -> None:
+    """UMAP scatter: one column per (title, payload with coords [n,2], y, a); rows coloured by class, by bias attribute.
+
+    ``attribute_colours`` (0..255 RGB, one per attribute value): the colours the bias protocol paints, so the
+    bottom row shows an attribute in the colour the images have; else tab10."""
+    fig, axes = plt.subplots(2, len(columns), figsize=(3.3 * len(columns) + 1.2, 5.8), squeeze=False)
     for col, (title, payload) in enumerate(columns):
         coords = payload["coords"].float()
         for row, (key, name) in enumerate((("y", "y"), ("a", "a"))):
             ax = axes[row, col]
-            _scatter_by(ax, coords, payload[key].long(), name, legend=col == len(columns) - 1)
+            _scatter_by(ax, coords, payload[key].long(), name, legend=col == len(columns) - 1,
+                        colours=rgb_colours(attribute_colours) if key == "a" else None)
             _bare(ax)
-            ax.set_title(f"{title}: coloured by {'class y' if key == 'y' else 'bias attribute a'}", fontsize=8)
+            ax.set_title(f"{title}: coloured by {'class y' if key == 'y' else 'bias attribute a'}", fontsize=9)
     save_figure(fig, path, dpi=dpi)
 
 
@@ -151,7 +210,7 @@ def training_curves(curves: dict[str, dict[str, list[float]]], selected: dict[st
     ``curves[model]`` maps CSV columns (``epoch``, ``train/loss``, ``val/worst_group``, ``val/avg``) to values;
     ``selected[model]`` marks the kept epoch.
     """
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(8.0, 2.8))
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9.0, 3.2))
     colours = _category_colours(max(len(curves), 1))
     for colour, (model, columns) in zip(colours, curves.items()):
         epochs = columns.get("epoch", [])
@@ -169,8 +228,8 @@ def training_curves(curves: dict[str, dict[str, list[float]]], selected: dict[st
     acc_ax.set_ylim(-0.02, 1.02)
     for ax in (loss_ax, acc_ax):
         ax.set_xlabel("epoch", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6, frameon=False)
+        ax.tick_params(labelsize=LEGEND_FONT)
+        ax.legend(fontsize=LEGEND_FONT, frameon=False)
         ax.grid(alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path, dpi=dpi)
@@ -179,18 +238,73 @@ def training_curves(curves: dict[str, dict[str, list[float]]], selected: dict[st
 def inferred_group_umap(coords: torch.Tensor, inferred_group: torch.Tensor, minority: torch.Tensor,
                         path: str | Path, dpi: int = 110) -> None:
     """UMAP of the training features: coloured by inferred group, and inferred minority (x) against majority."""
-    fig, (group_ax, minority_ax) = plt.subplots(1, 2, figsize=(7.4, 3.1))
+    fig, (group_ax, minority_ax) = plt.subplots(1, 2, figsize=(8.4, 3.4))
     coords = coords.float()
     _scatter_by(group_ax, coords, inferred_group.long(), "group", legend=True)
-    group_ax.set_title("coloured by inferred group", fontsize=8)
+    group_ax.set_title("coloured by inferred group", fontsize=9)
     majority = ~minority.bool()
     minority_ax.scatter(coords[majority, 0], coords[majority, 1], s=4, color="0.7", linewidths=0,
                         label="inferred majority", rasterized=True)
     minority_ax.scatter(coords[~majority, 0], coords[~majority, 1], s=14, color="crimson", marker="x",
                         linewidths=0.8, label="inferred minority")
-    minority_ax.legend(fontsize=6, frameon=False)
-    minority_ax.set_title("inferred minority points", fontsize=8)
+    minority_ax.legend(fontsize=LEGEND_FONT, markerscale=1.5, frameon=False)
+    minority_ax.set_title("inferred minority points", fontsize=9)
     for ax in (group_ax, minority_ax):
         _bare(ax)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=dpi)
+
+
+# --------------------------------------------------------------------------- comparison page figures
+
+
+def group_summary(points: dict[str, dict[str, list[float]]], keys: list[str], labels: dict[str, str],
+                  path: str | Path, dpi: int = 100) -> None:
+    """One panel per metric ``keys`` (fractions): per group (rows, best first) the mean ± sample std over its seeds
+    as a bar with an error line, and each seed as a dot."""
+    groups = list(points)
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.3 * len(keys) + 2.2, 0.42 * len(groups) + 1.3),
+                             sharey=True, squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for row, group in enumerate(groups):
+            values = np.array([v for v in points[group].get(key, []) if v is not None and not np.isnan(v)]) * 100
+            if not len(values):
+                continue
+            mean = values.mean()
+            std = values.std(ddof=1) if len(values) > 1 else 0.0
+            ax.barh(row, mean, color="#9ecae1", height=0.6)
+            ax.errorbar(mean, row, xerr=std, color="#08519c", capsize=3, lw=1.2)
+            ax.scatter(values, np.full(len(values), row), s=14, color="black", zorder=3)
+        ax.set_title(labels.get(key, key), fontsize=9)
+        ax.set_xlim(0, 100)
+        ax.tick_params(labelsize=LEGEND_FONT)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_xlabel("test accuracy (%)", fontsize=8)
+    axes[0, 0].set_yticks(range(len(groups)), [_shorten(g, 40) for g in groups], fontsize=LEGEND_FONT)
+    axes[0, 0].invert_yaxis()
+    fig.tight_layout()
+    save_figure(fig, path, dpi=dpi)
+
+
+def run_curves(curves: dict[str, dict[str, dict[str, list[float]]]], path: str | Path, dpi: int = 100) -> None:
+    """Validation accuracy per epoch, one panel per model (``curves[title][run] = CSV columns``): worst-group
+    solid, average dashed, one colour per run, the same colour for a run in every panel."""
+    runs = list(dict.fromkeys(run for by_run in curves.values() for run in by_run))
+    colours = dict(zip(runs, _category_colours(max(len(runs), 1))))
+    panels = [(title, by_run) for title, by_run in curves.items() if by_run]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.8, 3.3), squeeze=False)
+    for ax, (title, by_run) in zip(axes[0], panels):
+        for run, columns in by_run.items():
+            epochs = columns.get("epoch", [])
+            if "val/worst_group" in columns:
+                ax.plot(epochs, columns["val/worst_group"], "-", marker=".", color=colours[run], label=run)
+            if "val/avg" in columns:
+                ax.plot(epochs, columns["val/avg"], "--", color=colours[run])
+        ax.set_title(f"{title}: validation accuracy (solid: worst-group, dashed: average)", fontsize=9)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlabel("epoch", fontsize=8)
+        ax.tick_params(labelsize=LEGEND_FONT)
+        ax.grid(alpha=0.3)
+    axes[0, -1].legend(fontsize=LEGEND_FONT, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     save_figure(fig, path, dpi=dpi)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from debias import distributed
+from debias import distributed, health
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
@@ -40,8 +40,8 @@ def predict(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.de
     zs, logits = [], []
     for start in range(0, len(x), batch_size):
         z, out = model.embed_and_classify(x[start : start + batch_size].to(device, non_blocking=True))
-        zs.append(z.float().cpu())
-        logits.append(out.float().cpu())
+        zs.append(z.to(torch.get_default_dtype()).cpu())  # float32 (from bf16 too), float64 in float64 tests
+        logits.append(out.to(torch.get_default_dtype()).cpu())
     model.train(was_training)
     return torch.cat(zs), torch.cat(logits)
 
@@ -103,8 +103,10 @@ def write_curves(path: Path, history: list[dict[str, float]]) -> None:
 
 
 def export_embeddings(model: nn.Module, splits: dict[str, BiasedSplit], directory: Path, batch_size: int,
-                      device: torch.device) -> dict[str, dict]:
-    """Write ``embeddings_{split}.pt`` (z, logits) for every split; return each split's accuracy report."""
+                      device: torch.device, health: list[str] | None = None) -> dict[str, dict]:
+    """Write ``embeddings_{split}.pt`` (z, logits) for every split; return each split's accuracy report.
+
+    ``health`` (a list) receives the warnings of :func:`health_warnings` for the validation and test splits."""
     reports = {}
     for name, split in splits.items():
         z, logits = predict(model, split.x, batch_size, device)
@@ -112,7 +114,19 @@ def export_embeddings(model: nn.Module, splits: dict[str, BiasedSplit], director
         reports[name] = accuracy_report(logits.argmax(1), split.y, split.a, split.aligned, split.n_classes, split.n_attrs)
         if split.n_classes == 2:  # binary tasks: equalized odds and friends (fairlearn) beside the accuracies
             reports[name]["fairness"] = fairness_report(logits.argmax(1), split.y, split.a, split.n_classes)
+        if health is not None and name in HEALTH_SPLITS:
+            health.extend(health_warnings(z, reports[name]["avg"], split, name))
     return reports
+
+
+HEALTH_SPLITS = ("val", "test")  # the splits whose features and accuracy the health checks read
+
+
+def health_warnings(z: torch.Tensor, accuracy: float, split: BiasedSplit, name: str) -> list[str]:
+    """``collapsed-representation`` and ``chance-level`` warnings for the selected model on one split."""
+    found = [health.collapse_warning(z, f"the {name} split"),
+             health.chance_warning(accuracy, health.chance_level(split.y, split.n_classes), f"{name} average")]
+    return [w for w in found if w is not None]
 
 
 def metrics_entry(report: dict) -> dict:
@@ -143,13 +157,25 @@ def load_embeddings(directory: Path, split: str) -> dict[str, torch.Tensor]:
     return payload
 
 
+def selection_warnings(result: FitResult) -> list[str]:
+    """A ``degenerate-selection`` warning when the selection had nothing to choose by (see ``describe_selection``)."""
+    if result.selection.get("degenerate"):
+        return [health.warning("degenerate-selection", result.selection["reason"])]
+    return []
+
+
 def write_outputs(model: Network, model_name: str, result: FitResult, splits: dict[str, BiasedSplit], run: StageRun,
                   out: "StageOutputs", eval_batch_size: int, device: torch.device, label: str,
-                  extra_metrics: dict | None = None, meta: dict | None = None) -> dict[str, dict]:
-    """Load the selected weights and write a training stage's outputs: checkpoint, embeddings, metrics, curves."""
+                  extra_metrics: dict | None = None, meta: dict | None = None,
+                  warnings: list[str] | None = None) -> dict[str, dict]:
+    """Load the selected weights and write a training stage's outputs: checkpoint, embeddings, metrics (with the
+    ``selection`` block and the ``warnings``: ``warnings`` given by the method, then the selection's and the health
+    checks'), curves; print each warning and log them to MLflow."""
     model.load_state_dict(result.selected_state["model"])
-    reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device)
-    metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {})}
+    found = list(warnings or []) + selection_warnings(result)
+    reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device, health=found)
+    metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {}), "selection": result.selection,
+               "warnings": found}
     metrics.update({split: metrics_entry(report) for split, report in reports.items()})
     save_json(out.metrics, metrics)
     save_json(out.metrics.with_name(f"{out.metrics.stem}_groups.json"),
@@ -162,12 +188,15 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     run.log_metrics({f"{split}.fairness.{k}": v for split, report in reports.items() if report.get("fairness")
                      for k, v in fairness_scalars(report["fairness"]).items()})
     run.log_metrics({"selected_epoch": result.selected_epoch})
+    run.log_warnings(found)
     for path in (out.metrics, out.curves):
         run.log_artifact(path)
-    run.log_model(model.cpu(), name="model")
+    run.log_model(model.cpu(), checkpoint=out.model, input_example=splits["train"].x[:2])  # an MLflow logged model
     test = reports["test"]
-    print(f"[{label}] selected epoch {result.selected_epoch}; test avg {test['avg']:.3f}, "
-          f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
+    print(f"[{label}] selected epoch {result.selected_epoch} ({result.selection.get('reason', '')}); test avg "
+          f"{test['avg']:.3f}, worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
+    for message in found:
+        print(f"[{label}] WARNING {message}", flush=True)
     return reports
 
 
@@ -222,7 +251,8 @@ def train_erm(splits: dict[str, BiasedSplit], model_params: str | ModelParams, o
     note_resume(run, result)
     reports: dict[str, dict] = {}
     if distributed.is_main():
-        reports = write_outputs(model, model_name, result, splits, run, out, optim.eval_batch_size, device, "erm")
+        reports = write_outputs(model, model_name, result, splits, run, out, optim.eval_batch_size, device, "erm",
+                                meta={"method": "erm", "head_trained": True})
         finish(out.resume)
     distributed.barrier()
     return reports

@@ -2,8 +2,10 @@
 
 A :class:`Task` knows how to run one training epoch and holds the state that must survive
 an interruption (modules, its sampler/generator). :func:`fit` runs epochs, validates after
-each, keeps the selected weights (``last`` or best validation worst-group accuracy, ties to
-the earlier epoch) and, after every epoch, atomically saves a resume state: modules,
+each, keeps the selected weights (``last``, or ``best_worst_group``: best validation worst-group
+accuracy, ties broken by validation unbiased accuracy, then average accuracy, then the earlier
+epoch; :func:`selection_score`) and describes the choice (:func:`describe_selection`: the rule,
+the epoch, whether it was degenerate and why), and, after every epoch, atomically saves a resume state: modules,
 optimizer, scheduler, RNG states, the task's sampler state, history and the best weights.
 Rerunning after a kill continues from the last completed epoch and ends with the same
 result as an uninterrupted run (CPU, same seed). The resume state is keyed by everything the
@@ -110,6 +112,7 @@ class FitResult:
     selected_state: dict[str, dict[str, torch.Tensor]]
     resumed_from: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    selection: dict[str, Any] = field(default_factory=dict)  # describe_selection(): rule, epoch, degenerate, reason
 
 
 def _rng_state() -> dict[str, Any]:
@@ -131,11 +134,52 @@ def _module_states(task: Task) -> dict[str, dict[str, torch.Tensor]]:
     return {name: copy.deepcopy(module.state_dict()) for name, module in task.modules().items()}
 
 
-def selection_score(metrics: dict[str, float], selection: str) -> float:
-    """Higher is better: validation worst-group accuracy, or the epoch index for ``last``."""
+SELECTION_RULES = {
+    "last": "the last epoch",
+    "best_worst_group": "best validation worst-group accuracy; ties broken by validation unbiased accuracy, then "
+                        "average accuracy, then the earlier epoch",
+}
+
+
+def selection_score(metrics: dict[str, float], selection: str) -> tuple[float, ...]:
+    """Higher is better (compared as a tuple): ``best_worst_group`` is (worst-group, unbiased, average) validation
+    accuracy, so an epoch only wins a worst-group tie (e.g. 0 at every epoch) by being better on unbiased accuracy,
+    then on average accuracy; ``last`` is the epoch index."""
     if selection == "best_worst_group":
-        return metrics["val/worst_group"]
-    raise ValueError(f"selection = '{selection}'; allowed: last, best_worst_group")
+        return (float(metrics["val/worst_group"]), float(metrics.get("val/unbiased", 0.0)),
+                float(metrics.get("val/avg", 0.0)))
+    if selection == "last":
+        return (float(metrics["epoch"]),)
+    raise ValueError(f"selection = '{selection}'; allowed: {', '.join(SELECTION_RULES)}")
+
+
+def describe_selection(history: list[dict[str, float]], selected_epoch: int, selection: str) -> dict[str, Any]:
+    """``{"rule", "selected_epoch", "degenerate", "reason"}``: the selection block of a training stage's metrics.
+
+    Degenerate (``best_worst_group`` only): validation worst-group accuracy was 0 at every epoch (the rule had
+    nothing to choose by and the tie-breaks chose), or the first of several epochs was kept (no later epoch beat
+    the untrained-most model; often the same failure)."""
+    block: dict[str, Any] = {"rule": selection, "selected_epoch": selected_epoch, "degenerate": False, "reason": ""}
+    if selection != "best_worst_group" or not history:
+        block["reason"] = SELECTION_RULES.get(selection, selection)
+        return block
+    chosen = next(row for row in history if int(row["epoch"]) == selected_epoch)
+    worst = [float(row["val/worst_group"]) for row in history]
+    tied = [int(row["epoch"]) for row in history if float(row["val/worst_group"]) == float(chosen["val/worst_group"])]
+    scores = (f"validation worst-group {chosen['val/worst_group']:.3f}, unbiased {chosen.get('val/unbiased', 0):.3f}, "
+              f"average {chosen.get('val/avg', 0):.3f}")
+    if max(worst) == 0:
+        block.update(degenerate=True, reason=f"validation worst-group accuracy was 0 at every epoch ({len(history)}); "
+                                             f"epoch {selected_epoch} kept by validation unbiased accuracy ({scores})")
+    elif selected_epoch == int(history[0]["epoch"]) and len(history) > 1:
+        block.update(degenerate=True, reason=f"the first epoch was kept: no later epoch of {len(history)} beat its "
+                                             f"{scores}")
+    elif len(tied) > 1:
+        block["reason"] = (f"epochs {tied} tie on validation worst-group accuracy; epoch {selected_epoch} kept by "
+                           f"the tie-breaks ({scores})")
+    else:
+        block["reason"] = f"best validation worst-group accuracy ({scores})"
+    return block
 
 
 def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Callable[[], dict[str, float]],
@@ -148,7 +192,7 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
     the stage in messages, ``divergence_advice`` the params to lower when training diverges.
     """
     history: list[dict[str, float]] = []
-    best_epoch, best_score, best_state = -1, -float("inf"), None
+    best_epoch, best_score, best_state = -1, None, None
     start, resumed_from = 0, None
     state_path = Path(state_path) if state_path else None
 
@@ -172,7 +216,8 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
             task.load_extra_state(saved["task"])
             _set_rng_state(saved["rng"])
             history = saved["history"]
-            best_epoch, best_score, best_state = saved["best_epoch"], saved["best_score"], saved["best_state"]
+            best_epoch, best_state = saved["best_epoch"], saved["best_state"]
+            best_score = None if saved["best_score"] is None else tuple(saved["best_score"])
             start = resumed_from = saved["epoch"] + 1
             if distributed.is_main():
                 print(f"[{label}] resuming an interrupted run from epoch {start} ({state_path}: same params, "
@@ -200,8 +245,8 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
         metrics = distributed.broadcast_object(metrics)  # rank 0's numbers: one selection decision everywhere
         distributed.broadcast_modules(task.modules().values())  # rank 0's weights (BatchNorm statistics, head)
         history.append(metrics)
-        score = float(epoch) if selection == "last" else selection_score(metrics, selection)
-        if score > best_score:
+        score = selection_score(metrics, selection)
+        if best_score is None or score > best_score:
             best_epoch, best_score, best_state = epoch, score, _module_states(task)
         if on_epoch is not None:
             on_epoch(epoch, metrics)
@@ -211,11 +256,13 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "task": task.extra_state(), "rng": _rng_state(), "history": history,
-                "best_epoch": best_epoch, "best_score": best_score, "best_state": best_state,
+                "best_epoch": best_epoch, "best_score": None if best_score is None else list(best_score),
+                "best_state": best_state,
             }, kind="resume-state")
 
     assert best_state is not None, "fit ran no epoch"
-    return FitResult(history, best_epoch, best_state, resumed_from)
+    return FitResult(history, best_epoch, best_state, resumed_from,
+                     selection=describe_selection(history, best_epoch, selection))
 
 
 def finish(state_path: str | Path | None) -> None:

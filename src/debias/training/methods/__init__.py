@@ -46,7 +46,7 @@ from debias import distributed
 from debias.data.store import BiasedSplit
 from debias.io import save_json
 from debias.models import Network
-from debias.params import Params
+from debias.params import HeadParams, Params
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
 from debias.training.erm import StageOutputs, note_resume, split_tensors, write_outputs
@@ -64,9 +64,10 @@ __all__ = ["METHODS", "MethodSpec", "Stage2Inputs", "Stage2Setup", "fit_head", "
 
 
 def stage2_validator(model: Network, splits: dict[str, BiasedSplit], method: str, batch_size: int,
-                     device: torch.device) -> Callable[[], dict[str, float]]:
-    """Validation scalars; methods without a jointly trained head get it fitted first (:func:`fit_head`)."""
-    return head_validator(model, splits, method_spec(method).head_trained, batch_size, device)
+                     device: torch.device, head: HeadParams | None = None) -> Callable[[], dict[str, float]]:
+    """Validation scalars; methods without a jointly trained head get it fitted first (:func:`fit_head` with
+    ``stage2.head``'s weight decay and iterations)."""
+    return head_validator(model, splits, method_spec(method).head_trained, batch_size, device, head or HeadParams())
 
 
 def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch.Tensor, minority: torch.Tensor,
@@ -97,7 +98,7 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
         temperature_key, temperature = spec.temperature(params)
         advice += f" or raise {temperature_key} (now {temperature:g})"
     result = fit(setup.task, setup.optimizer, s2.epochs,
-                 stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device),
+                 stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device, s2.head),
                  selection=s2.selection, scheduler=setup.scheduler, state_path=out.resume, state_key=key,
                  on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch), label="train_contrastive",
                  divergence_advice=advice)
@@ -106,9 +107,10 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
     if distributed.is_main():
         reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
                                 label=f"stage2 {s2.method}", extra_metrics={"method": s2.method},
-                                meta={"method": s2.method, "head_trained": spec.head_trained})
+                                meta={"method": s2.method, "head_trained": spec.head_trained},
+                                warnings=setup.warnings(result.history))
         info_path = out.metrics.with_name(f"{out.metrics.stem}_info.json")
-        save_json(info_path, {"method": s2.method, **setup.report()})
+        save_json(info_path, {"method": s2.method, **setup.report(result.history)})
         run.log_artifact(info_path)
         finish(out.resume)
     distributed.barrier()

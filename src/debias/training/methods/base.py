@@ -4,8 +4,8 @@ A method is a function ``setup(inputs: Stage2Inputs) -> Stage2Setup`` registered
 ``stage2.method`` name with :func:`register_method`, together with the facts the orchestration
 (:func:`debias.training.methods.train_stage2`) needs about it (:class:`MethodSpec`): whether its
 linear head is trained with cross-entropy together with the encoder (else a head is fitted on the
-frozen features after every epoch), and which temperature param it reads (named in the advice when
-training diverges). A new family is one module under ``debias/training/methods/`` that registers its
+frozen features after every epoch), which temperature param it reads (named in the advice when
+training diverges) and the feature activation its paper's encoder ends in (``model.feature_activation: auto``). A new family is one module under ``debias/training/methods/`` that registers its
 methods, imported once in the package's ``__init__``; its name must also be allowed by
 ``Stage2Params.method`` in :mod:`debias.params`.
 """
@@ -40,13 +40,25 @@ class Stage2Inputs:
     bias_scores: torch.Tensor | None = None  # float [N, K] soft bias scores (groups.method soft; FairKL)
 
 
+History = list[dict[str, float]]  # fit's per-epoch metrics
+
+
+def _nothing(history: History) -> dict[str, Any]:
+    return {}
+
+
+def _no_warnings(history: History) -> list[str]:
+    return []
+
+
 @dataclass
 class Stage2Setup:
     task: Any  # a training.loop.Task
     model: Network
     optimizer: torch.optim.Optimizer
     scheduler: Any | None
-    report: Callable[[], dict[str, Any]] = dict  # method facts for stage2_train_info.json, read after training
+    report: Callable[[History], dict[str, Any]] = _nothing  # method facts for stage2_train_info.json, after training
+    warnings: Callable[[History], list[str]] = _no_warnings  # the method's own warnings (debias.health), after training
 
 
 MethodFn = Callable[[Stage2Inputs], Stage2Setup]
@@ -61,19 +73,20 @@ class MethodSpec:
     setup: MethodFn
     head_trained: bool = False  # head trained with CE together with the encoder (else: per-epoch head fit)
     temperature: TemperatureFn | None = None  # the temperature param the method's loss reads, if any
+    feature_activation: str = "relu"  # the encoder's feature layer under model.feature_activation: auto
 
 
 METHODS: dict[str, MethodSpec] = {}
 
 
-def register_method(name: str, *, head_trained: bool = False,
-                    temperature: TemperatureFn | None = None) -> Callable[[MethodFn], MethodFn]:
+def register_method(name: str, *, head_trained: bool = False, temperature: TemperatureFn | None = None,
+                    feature_activation: str = "relu") -> Callable[[MethodFn], MethodFn]:
     """Decorator: register ``setup`` as ``stage2.method = name``."""
 
     def decorate(fn: MethodFn) -> MethodFn:
         if name in METHODS:
             raise ValueError(f"stage-2 method '{name}' is registered twice")
-        METHODS[name] = MethodSpec(name, fn, head_trained, temperature)
+        METHODS[name] = MethodSpec(name, fn, head_trained, temperature, feature_activation)
         return fn
 
     return decorate
@@ -96,9 +109,11 @@ def setup_method(inputs: Stage2Inputs) -> Stage2Setup:
 
 
 def fresh_model(inputs: Stage2Inputs) -> Network:
-    """A freshly initialised network of ``params.model`` for the training split's classes and input shape."""
+    """A freshly initialised network of ``params.model`` for the training split's classes and input shape, its feature
+    layer ending in the method's activation where ``model.feature_activation`` is ``auto``."""
     train = inputs.splits["train"]
-    return build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:])).to(inputs.device)
+    activation = method_spec(inputs.params.stage2.method).feature_activation
+    return build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:]), activation).to(inputs.device)
 
 
 def stage2_optimiser(inputs: Stage2Inputs, parameters: Any) -> tuple[torch.optim.Optimizer, Any | None]:

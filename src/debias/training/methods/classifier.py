@@ -38,4 +38,4 @@ def jtt_method(inputs: Stage2Inputs) -> Stage2Setup:
     task = ClassifierTask(model, optimizer, train, inputs.params.stage2.batch_size, inputs.generator,
                           inputs.device, pool=pool, augment_shift=inputs.params.stage2.augment_shift)
     facts = {"jtt_error_points": int(inputs.minority.sum()), "jtt_epoch_size": len(pool)}
-    return Stage2Setup(task, model, optimizer, scheduler, report=lambda: facts)
+    return Stage2Setup(task, model, optimizer, scheduler, report=lambda history: facts)

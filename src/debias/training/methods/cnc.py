@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from debias import distributed, losses
+from debias import distributed, health, losses
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
@@ -22,7 +22,8 @@ from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, f
 
 
 class CNCTask(GeneratorTask):
-    """One epoch = ``len(sampler)`` two-sided contrastive batches, ``accumulation`` per optimiser step.
+    """One epoch = ``len(sampler)`` two-sided contrastive batches (one per anchor, Alg. 3, or per anchor of a
+    ``stage2.cnc.anchor_fraction`` subset), ``accumulation`` per optimiser step.
 
     A step's loss is the mean over its contrastive batches of
     lambda * cnc_two_sided(z/|z|) + (1 - lambda) * CE(head(z), y) over every point of the batch;
@@ -55,7 +56,7 @@ class CNCTask(GeneratorTask):
         z, logits = distributed.all_gather_rows(z, total), distributed.all_gather_rows(logits, total)
         parts = normalise(z).reshape(count, index.shape[1], -1).split(sizes, dim=1)
         contrastive = losses.cnc_two_sided(parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else None,
-                                           self.params.loss.temperature)
+                                           self.params.stage2.cnc.temperature)
         return contrastive, F.cross_entropy(logits, y), torch.tensor(count)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
@@ -86,7 +87,7 @@ class CNCTask(GeneratorTask):
 
 
 def _temperature(params: Params) -> tuple[str, float]:
-    return "loss.temperature", params.loss.temperature
+    return "stage2.cnc.temperature", params.stage2.cnc.temperature
 
 
 @register_method("cnc", head_trained=True, temperature=_temperature)
@@ -94,13 +95,24 @@ def cnc_method(inputs: Stage2Inputs) -> Stage2Setup:
     cnc = inputs.params.stage2.cnc
     train = inputs.splits["train"]
     sampler = CNCBatchSampler(train.y, inputs.inferred, cnc.num_positives, cnc.num_negatives, cnc.two_sided,
-                              cnc.batches_per_epoch, seed=inputs.params.seed,
-                              skip_empty_classes=cnc.skip_empty_classes)
+                              seed=inputs.params.seed, skip_empty_classes=cnc.skip_empty_classes,
+                              anchor_fraction=cnc.anchor_fraction)
     model = fresh_model(inputs)
     if cnc.init == "erm":
         if inputs.erm_state is None:
             raise ValueError("stage2.cnc.init = erm needs models/erm.pt; run train_erm first")
         model.load_state_dict(inputs.erm_state)
     optimizer, scheduler = stage2_optimiser(inputs, model.parameters())
-    return Stage2Setup(CNCTask(model, optimizer, train, sampler, inputs.params, inputs.generator, inputs.device), model, optimizer,
-                       scheduler, report=lambda: {"sampler": sampler.report()})
+    task = CNCTask(model, optimizer, train, sampler, inputs.params, inputs.generator, inputs.device)
+    return Stage2Setup(task, model, optimizer, scheduler, report=lambda history: {"sampler": sampler.report()},
+                       warnings=lambda history: pool_warnings(sampler.report()))
+
+
+def pool_warnings(report: dict[str, Any]) -> list[str]:
+    """A ``cnc-small-pools`` warning when positives or negatives were drawn with replacement from pools smaller than
+    M or N (tiny pools repeated in every batch are memorised; CNC's loss then reaches its floor at once)."""
+    if not report["short_pools"]:
+        return []
+    shown = "; ".join(report["short_pools"][:4]) + ("; ..." if len(report["short_pools"]) > 4 else "")
+    return [health.warning("cnc-small-pools", f"{len(report['short_pools'])} sampling pools are smaller than a batch "
+                                              f"draws from them, so their points repeat within batches ({shown})")]

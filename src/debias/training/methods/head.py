@@ -16,11 +16,12 @@ from torch import nn
 
 from debias.data.store import BiasedSplit
 from debias.models import Network
+from debias.params import HeadParams
 from debias.training.erm import predict, validator
 
 
-def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.device, weight_decay: float = 1e-4,
-             max_iter: int = 100) -> None:
+def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.device,
+             weight_decay: float = HeadParams().weight_decay, max_iter: int = HeadParams().max_iter) -> None:
     """Fit ``model.head`` to the frozen training features: min CE(W z + b, y) + weight_decay * |W|^2 (L-BFGS)."""
     z, _ = predict(model, train.x, batch_size, device)
     z, y = z.to(device), train.y.to(device)
@@ -40,14 +41,15 @@ def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.
 
 
 def head_validator(model: Network, splits: dict[str, BiasedSplit], head_trained: bool, batch_size: int,
-                   device: torch.device) -> Callable[[], dict[str, float]]:
-    """Validation scalars; without a jointly trained head the head is fitted first (:func:`fit_head`)."""
+                   device: torch.device, head: HeadParams) -> Callable[[], dict[str, float]]:
+    """Validation scalars; without a jointly trained head the head is fitted first (:func:`fit_head`, ``head``:
+    ``stage2.head``)."""
     check = validator(model, splits["val"], batch_size, device)
     if head_trained:
         return check
 
     def refit_then_check() -> dict[str, float]:
-        fit_head(model, splits["train"], batch_size, device)
+        fit_head(model, splits["train"], batch_size, device, head.weight_decay, head.max_iter)
         return check()
 
     return refit_then_check

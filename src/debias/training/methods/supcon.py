@@ -2,18 +2,30 @@
 (FairKL paper Eq. 5 and 4), each optionally with the FairKL regulariser (Eq. 9-10) on the bias labels from
 infer_groups (true or inferred).
 
-Shuffled batches; loss = alpha * L_con(z/|z|, y) + fairkl.weight * FairKL(z/|z|, y, b); no projection head;
-the linear head is fitted after every epoch (:mod:`debias.training.methods.head`).
+Batches of ``stage2.batch_size``; loss = alpha * L_con(z/|z|, y) + fairkl.weight * FairKL(z/|z|, y, b); no projection
+head (so the encoder's feature layer ends in Tanh under ``model.feature_activation: auto``, as the FairKL authors'
+encoder); temperature ``loss.temperature`` (both papers: 0.1). The linear head is fitted after every epoch
+(:mod:`debias.training.methods.head`).
+
+FairKL's positive side needs, in the batch, pairs of the same class with the same and with a different bias label;
+its negative side pairs of different classes with the same and with a different bias label. A side whose sets hold
+fewer than two pairs contributes 0 (:func:`debias.losses.fairkl`), so under strong bias, where a batch often holds
+no bias-conflicting point, FairKL silently does nothing. Every epoch records how many steps each side was active and
+the mean pair counts (``train/fairkl_*``); training that left a side inactive in most steps ends with a
+``fairkl-starved`` warning. ``loss.fairkl.sampler: stratified`` (an extension, not in the paper) puts
+``loss.fairkl.minority_per_batch`` inferred-minority points into every batch (repeating them across batches as
+needed; every other point once per epoch), so both sides are active in every batch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
-from debias import distributed, losses
+from debias import distributed, health, losses
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
@@ -27,23 +39,56 @@ CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tens
     "eps_supcon": lambda z, y, p: losses.eps_supcon(z, y, p.loss.epsilon, p.loss.temperature),
     "eps_supinfonce": lambda z, y, p: losses.eps_supinfonce(z, y, p.loss.epsilon, p.loss.temperature),
 }
+# Below this fraction of active steps (over the whole training) a FairKL side counts as starved.
+STARVED_FRACTION = 0.5
+SIDES = {"pos": "positive side (same class: same vs different bias label)",
+         "neg": "negative side (different classes: same vs different bias label)"}
+
+
+def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Every index once, in a random order, cut into batches (the last may be smaller)."""
+    return list(torch.randperm(n, generator=generator).split(batch_size))
+
+
+def stratified_batches(minority: torch.Tensor, batch_size: int, per_batch: int,
+                       generator: torch.Generator) -> list[torch.Tensor]:
+    """Batches that each hold ``min(per_batch, batch_size // 2)`` points of ``minority`` (bool ``[N]``): the other
+    points once each in a random order, filling the rest of every batch; minority points in random order, cycling
+    through fresh permutations where the epoch needs more than there are. No minority point: shuffled batches."""
+    minority_index = torch.nonzero(minority).flatten()
+    majority_index = torch.nonzero(~minority).flatten()
+    k = min(per_batch, batch_size // 2) if len(minority_index) else 0
+    if k == 0 or len(majority_index) == 0:
+        return shuffled_batches(len(minority), batch_size, generator)
+    majority = majority_index[torch.randperm(len(majority_index), generator=generator)].split(batch_size - k)
+    needed = len(majority) * k
+    rounds = -(-needed // len(minority_index))
+    order = torch.cat([minority_index[torch.randperm(len(minority_index), generator=generator)] for _ in range(rounds)])
+    return [torch.cat([order[i * k:(i + 1) * k], part]) for i, part in enumerate(majority)]
 
 
 class ContrastiveTask(GeneratorTask):
-    """Shuffled batches; alpha * L_con + lambda * FairKL on normalised features, plus an online linear head."""
+    """Batches (shuffled, or stratified by inferred minority); alpha * L_con + lambda * FairKL on normalised
+    features; FairKL's activity per epoch."""
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit, bias: torch.Tensor,
-                 params: Params, generator: torch.Generator, device: torch.device) -> None:
+                 minority: torch.Tensor, params: Params, generator: torch.Generator, device: torch.device) -> None:
         self.model, self.optimizer, self.train, self.bias = model, optimizer, train, bias
+        self.minority = minority
         self.params, self.generator, self.device = params, generator, device
         self.contrastive = CONTRASTIVE[params.stage2.method]
 
+    def batches(self) -> list[torch.Tensor]:
+        fairkl = self.params.loss.fairkl
+        batch_size = self.params.stage2.batch_size
+        if fairkl.weight > 0 and fairkl.sampler == "stratified":
+            return stratified_batches(self.minority, batch_size, fairkl.minority_per_batch, self.generator)
+        return shuffled_batches(len(self.train), batch_size, self.generator)
+
     def train_epoch(self, epoch: int) -> dict[str, float]:
         loss_params = self.params.loss
-        order = torch.randperm(len(self.train), generator=self.generator)
         progress = Progress()
-        bar = tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}", leave=False,
-                   disable=None if distributed.is_main() else True)
+        bar = tqdm(self.batches(), desc=f"epoch {epoch}", leave=False, disable=None if distributed.is_main() else True)
         for step, index in enumerate(bar):
             if len(index) < 2:
                 continue  # a single sample has no pair
@@ -54,11 +99,14 @@ class ContrastiveTask(GeneratorTask):
             zn = distributed.all_gather_rows(normalise(z), len(index))
             con = self.contrastive(zn, y, self.params)
             loss = loss_params.alpha * con
-            parts = {"contrastive": con.detach()}
+            parts: dict[str, Any] = {"contrastive": con.detach()}
             if loss_params.fairkl.weight > 0:
-                reg = losses.fairkl(zn, y, self.bias[index].to(self.device), loss_params.fairkl.variant)
+                bias = self.bias[index].to(self.device)
+                reg = losses.fairkl(zn, y, bias, loss_params.fairkl.variant,
+                                    variance_floor=loss_params.fairkl.variance_floor)
                 loss = loss + loss_params.fairkl.weight * reg
                 parts["fairkl"] = reg.detach()
+                parts.update(fairkl_activity(y, bias))
             ensure_finite(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -69,12 +117,57 @@ class ContrastiveTask(GeneratorTask):
         return progress.means()
 
 
+def fairkl_activity(y: torch.Tensor, bias: torch.Tensor) -> dict[str, float]:
+    """One step's FairKL activity: whether each side was active (1 / 0) and the pairs in each of the four sets."""
+    counts = losses.fairkl_pair_counts(y, bias).tolist()
+    pairs = dict(zip(losses.FAIRKL_SETS, counts))
+    return {"fairkl_pos_active": float(pairs["pos_aligned"] >= 2 and pairs["pos_conflicting"] >= 2),
+            "fairkl_neg_active": float(pairs["neg_aligned"] >= 2 and pairs["neg_conflicting"] >= 2),
+            **{f"fairkl_pairs_{name}": value for name, value in pairs.items()}}
+
+
+def fairkl_summary(history: list[dict[str, float]], params: Params) -> dict[str, Any] | None:
+    """FairKL's activity over training from the per-epoch history: per epoch the fraction of steps each side was
+    active and the mean pairs per set; ``None`` without FairKL."""
+    if params.loss.fairkl.weight <= 0 or not history or "train/fairkl_pos_active" not in history[0]:
+        return None
+    epochs = [{"epoch": int(row["epoch"]),
+               "pos_active": row["train/fairkl_pos_active"], "neg_active": row["train/fairkl_neg_active"],
+               "pairs": {name: row[f"train/fairkl_pairs_{name}"] for name in losses.FAIRKL_SETS}} for row in history]
+    return {"sampler": params.loss.fairkl.sampler, "batch_size": params.stage2.batch_size,
+            "pos_active": sum(e["pos_active"] for e in epochs) / len(epochs),
+            "neg_active": sum(e["neg_active"] for e in epochs) / len(epochs), "epochs": epochs}
+
+
+def fairkl_warnings(summary: dict[str, Any] | None) -> list[str]:
+    """A ``fairkl-starved`` warning when a side of FairKL was active in fewer than half of the training steps."""
+    if summary is None:
+        return []
+    starved = [side for side in SIDES if summary[f"{side}_active"] < STARVED_FRACTION]
+    if not starved:
+        return []
+    last = summary["epochs"][-1]["pairs"]
+    mean_pairs = ", ".join(f"{name} {value:.1f}" for name, value in last.items())
+    where = "; ".join(f"its {SIDES[side]} was active in {summary[f'{side}_active']:.0%} of the steps" for side in starved)
+    remedy = ("" if summary["sampler"] == "stratified" else
+              "; loss.fairkl.sampler: stratified puts inferred-minority points into every batch (an extension)")
+    return [health.warning("fairkl-starved", f"FairKL contributes 0 where a batch lacks one of its pair sets: {where} "
+                                             f"(mean pairs per batch in the last epoch: {mean_pairs}){remedy}")]
+
+
 def contrastive_method(inputs: Stage2Inputs) -> Stage2Setup:
     model = fresh_model(inputs)
     optimizer, scheduler = stage2_optimiser(inputs, model.encoder.parameters())
     bias = inputs.bias_scores if inputs.bias_scores is not None else inputs.inferred  # soft scores (groups: soft)
-    task = ContrastiveTask(model, optimizer, inputs.splits["train"], bias, inputs.params, inputs.generator, inputs.device)
-    return Stage2Setup(task, model, optimizer, scheduler)
+    task = ContrastiveTask(model, optimizer, inputs.splits["train"], bias, inputs.minority, inputs.params,
+                           inputs.generator, inputs.device)
+
+    def report(history: list[dict[str, float]]) -> dict[str, Any]:
+        summary = fairkl_summary(history, inputs.params)
+        return {} if summary is None else {"fairkl": summary}
+
+    return Stage2Setup(task, model, optimizer, scheduler, report=report,
+                       warnings=lambda history: fairkl_warnings(fairkl_summary(history, inputs.params)))
 
 
 def _temperature(params: Params) -> tuple[str, float]:
@@ -82,4 +175,6 @@ def _temperature(params: Params) -> tuple[str, float]:
 
 
 for _name in CONTRASTIVE:
-    register_method(_name, temperature=_temperature)(contrastive_method)
+    # No projection head: the FairKL authors' encoder then ends in Tanh (a ReLU layer keeps every z/|z| in the
+    # positive orthant, so no two samples can be pushed more than 90 degrees apart).
+    register_method(_name, temperature=_temperature, feature_activation="tanh")(contrastive_method)

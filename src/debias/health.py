@@ -1,0 +1,71 @@
+"""Training health: checks that a stage's result is what it claims to be, and the warnings that say when not.
+
+A warning is one line that starts with a short code and a colon, e.g.
+``"degenerate-selection: validation worst-group accuracy was 0 at every epoch; epoch 3 kept by unbiased
+accuracy"``. A stage puts its warnings into its metrics JSON (``"warnings": [...]``), prints each one in its
+log and records them in MLflow (:meth:`debias.tracking.StageRun.log_warnings`); the report shows them.
+
+Codes: ``degenerate-selection`` (the selection rule had nothing to choose by: validation worst-group 0 at every
+epoch, or the first epoch kept), ``collapsed-representation`` (the L2-normalised features are nearly identical),
+``chance-level`` (accuracy no better than always predicting the most frequent class), ``fairkl-starved``
+(FairKL's pair sets were missing from most batches, so it contributed nothing there), ``cnc-small-pools`` (CNC
+drew positives or negatives with replacement from pools smaller than a batch needs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Mean squared distance between L2-normalised features (pairs i != j) below which a representation counts as
+# collapsed. It is 2 for directions spread uniformly over a high-dimensional sphere; trained LeNet-5 encoders give
+# about 0.2 (ReLU features, all in the positive orthant) to 1.5, an untrained one about 0.13; the collapsed CNC runs
+# that motivated this check (issue 14) had 0.008-0.021.
+COLLAPSE_SPREAD = 0.05
+# An accuracy below chance + CHANCE_MARGIN * (1 - chance) counts as chance level, chance being the frequency of the
+# split's most frequent class (what a constant prediction gets): 0.28 for 5 balanced classes, 0.19 for 10.
+CHANCE_MARGIN = 0.1
+
+
+def warning(code: str, message: str) -> str:
+    """``"code: message"`` on one line."""
+    return f"{code}: {' '.join(message.split())}"
+
+
+def feature_spread(z: torch.Tensor) -> float:
+    """Mean of ||u_i - u_j||^2 over ordered pairs i != j of the L2-normalised rows u (0: all identical; in [0, 4]).
+
+    Exact in O(N D): sum_{i,j} ||u_i - u_j||^2 = 2 N^2 - 2 ||sum_i u_i||^2 for unit rows.
+    """
+    n = len(z)
+    if n < 2:
+        return float("nan")
+    u = torch.nn.functional.normalize(z.double(), dim=1)
+    total = 2.0 * n * n - 2.0 * float(u.sum(0).square().sum())
+    return max(total, 0.0) / (n * (n - 1))
+
+
+def collapse_warning(z: torch.Tensor, where: str) -> str | None:
+    """A ``collapsed-representation`` warning when the normalised features ``z`` of ``where`` are nearly identical."""
+    spread = feature_spread(z)
+    if spread == spread and spread < COLLAPSE_SPREAD:  # not NaN
+        return warning("collapsed-representation",
+                       f"the L2-normalised features of {where} are nearly identical (mean squared pair distance "
+                       f"{spread:.4f} < {COLLAPSE_SPREAD}; 2 for spread-out features)")
+    return None
+
+
+def chance_level(y: torch.Tensor, n_classes: int) -> float:
+    """Accuracy of always predicting the most frequent class of ``y``."""
+    if y.numel() == 0:
+        return 0.0
+    return float(torch.bincount(y.long(), minlength=n_classes).max()) / y.numel()
+
+
+def chance_warning(accuracy: float, chance: float, where: str) -> str | None:
+    """A ``chance-level`` warning when ``accuracy`` is no better than ``chance`` (+ the margin)."""
+    bound = chance + CHANCE_MARGIN * (1 - chance)
+    if accuracy < bound:
+        return warning("chance-level",
+                       f"{where} accuracy {accuracy:.3f} is no better than chance ({chance:.3f}, the most frequent "
+                       f"class; counted as chance below {bound:.3f})")
+    return None

@@ -1,0 +1,270 @@
+"""Gather experiments for ``debias compare``: DVC's experiments (``dvc exp show --json``: the workspace, the
+baseline commit, its experiments, queued, running and failed ones) and/or MLflow's pipeline parent runs.
+
+Every experiment becomes one :class:`Experiment`: its flat params, its headline metrics
+(:mod:`debias.headline`), its warnings and model-selection blocks, and a reader of its other files (per-group
+accuracy tables, validation curves) for the figures. DVC experiments are read from DVC's cache at their
+revision (``Repo.switch``), the workspace from disk; MLflow runs from the parent run (params, metrics, tags)
+and the artifacts its stage runs logged (``outputs/<path>``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from debias import headline, paths
+from debias.params import flatten
+
+GROUP_FILES = {"erm": paths.METRICS / "erm_groups.json", "stage2": paths.METRICS / "stage2_train_groups.json"}
+CURVE_FILES = {"erm": paths.PLOTS / "erm_curves.csv", "stage2": paths.PLOTS / "stage2_curves.csv"}
+# Every file the comparison reads of an experiment (warnings, selection, figures), fetched together.
+DETAIL_FILES = (*headline.DETAILED.values(), *(p for ps in headline.EXTRA_WARNING_FILES.values() for p in ps),
+                *GROUP_FILES.values(), *CURVE_FILES.values())
+HEADLINE_FILES = {str(headline.headline_path(stage)): stage for stage in headline.STAGES}
+
+
+@dataclass
+class Experiment:
+    """One pipeline run to compare."""
+
+    name: str
+    kind: str  # workspace | baseline | experiment | mlflow
+    params: dict[str, Any]  # flat (``loss.epsilon``), lists as JSON strings
+    metrics: dict[str, float]  # headline keys
+    status: str = "done"  # done | queued | running | failed | no results
+    rev: str | None = None
+    timestamp: str | None = None  # ISO 8601
+    warnings: dict[str, list[str]] = field(default_factory=dict)
+    selection: dict[str, dict[str, Any]] = field(default_factory=dict)
+    run_id: str | None = None  # the MLflow parent run
+    reader: Callable[[Path], str | None] | None = field(default=None, repr=False)  # a file of this run, as text
+
+    @property
+    def has_results(self) -> bool:
+        return bool(self.metrics)
+
+    def read_json(self, path: Path) -> Any | None:
+        text = self.reader(path) if self.reader else None
+        try:
+            return json.loads(text) if text else None
+        except ValueError:
+            return None
+
+    def read_curves(self, path: Path) -> dict[str, list[float]] | None:
+        text = self.reader(path) if self.reader else None
+        if not text:
+            return None
+        columns: dict[str, list[float]] = {}
+        for row in csv.DictReader(io.StringIO(text)):
+            for key, value in row.items():
+                columns.setdefault(key, []).append(float(value) if value not in ("", None) else float("nan"))
+        return columns
+
+    def load_notes(self) -> None:
+        """Warnings and selection blocks from the run's detailed metrics files (skipped when already known)."""
+        if self.reader is None or self.warnings or self.selection:
+            return
+        if hasattr(self.reader, "prefetch"):
+            self.reader.prefetch(DETAIL_FILES)
+        documents = headline.stage_documents(self.read_json)
+        self.warnings = headline.collect_warnings(documents)
+        self.selection = headline.collect_selection(documents)
+
+
+# --------------------------------------------------------------------------- DVC
+
+
+def dvc_env() -> dict[str, str]:
+    """The environment for DVC subprocesses: no stage variables inherited."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
+
+
+def dvc_exp_show(root: Path) -> list[dict[str, Any]]:
+    """``dvc exp show --json`` in ``root``; a DVC failure raises RuntimeError with its message."""
+    done = subprocess.run(["dvc", "exp", "show", "--json"], cwd=root, env=dvc_env(), capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"`dvc exp show --json` failed in {root}: {(done.stderr or done.stdout).strip()[-1500:]}")
+    text = done.stdout.strip()
+    return json.loads(text[text.index("["):]) if "[" in text else []
+
+
+def _headline_metrics(data: dict[str, Any]) -> dict[str, float]:
+    values: dict[str, float] = {}
+    for path, entry in (data.get("metrics") or {}).items():
+        if path in HEADLINE_FILES and isinstance(entry, dict):
+            values.update({k: v for k, v in (entry.get("data") or {}).items() if isinstance(v, (int, float))})
+    return values
+
+
+def _params(data: dict[str, Any]) -> dict[str, Any]:
+    return flatten(((data.get("params") or {}).get("params.yaml") or {}).get("data") or {})
+
+
+def _status(revision: dict[str, Any], experiment: dict[str, Any], data: dict[str, Any]) -> str:
+    executor = experiment.get("executor") or revision.get("executor") or {}
+    state = str(executor.get("state") or (data.get("meta") or {}).get("state") or "").lower()
+    if state in ("queued", "running", "failed"):  # "success" (a finished queued run) is done
+        return state
+    if revision.get("error") or state == "failed":
+        return "failed"
+    return "done" if _headline_metrics(data) else "no results"
+
+
+def parse_exp_show(shown: list[dict[str, Any]]) -> list[Experiment]:
+    """Experiments of ``dvc exp show --json``: the workspace, each baseline commit and each experiment of it."""
+    found: list[Experiment] = []
+    for entry in shown:
+        data = entry.get("data") or {}
+        kind = "workspace" if entry.get("rev") == "workspace" else "baseline"
+        name = "workspace" if kind == "workspace" else (entry.get("name") or str(entry.get("rev", ""))[:7])
+        found.append(Experiment(name, kind, _params(data), _headline_metrics(data),
+                                "done" if _headline_metrics(data) else "no results",
+                                None if kind == "workspace" else entry.get("rev"), data.get("timestamp")))
+        for experiment in entry.get("experiments") or []:
+            revisions = experiment.get("revs") or []
+            if not revisions:
+                continue
+            revision = revisions[0]
+            data = revision.get("data") or {}
+            name = revision.get("name") or experiment.get("name") or str(revision.get("rev", ""))[:7]
+            found.append(Experiment(name, "experiment", _params(data), _headline_metrics(data),
+                                    _status(revision, experiment, data), revision.get("rev"), data.get("timestamp")))
+    return found
+
+
+class DvcReader:
+    """Reads files of one experiment: from disk for the workspace, else from DVC's cache at its revision.
+    :meth:`prefetch` reads many files in one switch to the revision (a switch costs ~0.5 s)."""
+
+    def __init__(self, root: Path, experiment: Experiment, repo: Any) -> None:
+        self.root, self.experiment, self.repo = root, experiment, repo
+        self.cache: dict[str, str | None] = {}
+
+    def _read_here(self, key: str) -> str | None:
+        try:
+            if self.experiment.kind == "workspace":
+                return (self.root / key).read_text(encoding="utf-8")
+            return self.repo.dvcfs.read_text(key)
+        except Exception:  # not an output at that revision, or not in this cache
+            return None
+
+    def prefetch(self, paths: Iterable[Path]) -> None:
+        keys = [str(p) for p in paths if str(p) not in self.cache]
+        if not keys:
+            return
+        if self.experiment.kind == "workspace":
+            self.cache.update({key: self._read_here(key) for key in keys})
+            return
+        try:
+            with self.repo.switch(self.experiment.rev):
+                self.cache.update({key: self._read_here(key) for key in keys})
+        except Exception:  # the revision is gone (an experiment removed meanwhile)
+            self.cache.update({key: None for key in keys})
+
+    def __call__(self, path: Path) -> str | None:
+        self.prefetch([path])
+        return self.cache.get(str(path))
+
+
+def dvc_reader(root: Path, experiment: Experiment, repo: Any) -> DvcReader:
+    """A reader of ``experiment``'s files (see :class:`DvcReader`)."""
+    return DvcReader(root, experiment, repo)
+
+
+def from_dvc(root: Path) -> list[Experiment]:
+    """Every experiment DVC shows for ``root``'s HEAD, with a reader of its files."""
+    experiments = parse_exp_show(dvc_exp_show(root))
+    from dvc.repo import Repo
+
+    repo = Repo(str(root))
+    for experiment in experiments:
+        if experiment.kind == "workspace" or experiment.rev:
+            experiment.reader = dvc_reader(root, experiment, repo)
+    return experiments
+
+
+# --------------------------------------------------------------------------- MLflow
+
+
+def from_mlflow(uri: str, experiment_name: str, tags: dict[str, str] | None = None) -> list[Experiment]:
+    """The pipeline parent runs of MLflow experiment ``experiment_name`` (with ``tags`` equal to the values given),
+    with a reader of the artifacts their stage runs logged."""
+    from mlflow.tracking import MlflowClient
+
+    from debias.tracking import KIND_TAG, PARENT_TAG
+
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a command line tool: no bar per small file
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment_name)
+    if found is None:
+        return []
+    clauses = [f"tags.`{KIND_TAG}` = 'pipeline'"] + [f"tags.`{k}` = '{v}'" for k, v in (tags or {}).items()]
+    runs = client.search_runs([found.experiment_id], filter_string=" and ".join(clauses), max_results=5000)
+    experiments = []
+    for run in runs:
+        run_tags = run.data.tags
+        name = run_tags.get("debias.dvc_experiment") or run.info.run_name or run.info.run_id[:8]
+        warnings = {key.split(".", 2)[2]: value.splitlines() for key, value in run_tags.items()
+                    if key.startswith("debias.warnings.")}
+        status = {"FINISHED": "done", "RUNNING": "running", "FAILED": "failed", "KILLED": "failed"}.get(
+            run.info.status, run.info.status.lower())
+        metrics = {k: v for k, v in run.data.metrics.items() if k in headline.LABELS}
+        experiment = Experiment(name, "mlflow", dict(run.data.params), metrics, status if metrics else "no results",
+                                None, _iso(run.info.start_time), warnings, {}, run.info.run_id)
+        experiment.reader = mlflow_reader(client, found.experiment_id, run.info.run_id, PARENT_TAG)
+        experiments.append(experiment)
+    return experiments
+
+
+def _iso(millis: int | None) -> str | None:
+    if not millis:
+        return None
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(millis / 1000).isoformat(timespec="seconds")
+
+
+def mlflow_reader(client: Any, experiment_id: str, parent_id: str, parent_tag: str) -> Callable[[Path], str | None]:
+    """Read ``outputs/<path>`` from the stage runs nested under ``parent_id`` (listed once, newest first)."""
+    index: dict[str, str] | None = None  # path -> the stage run that logged it
+    cache: dict[str, str | None] = {}
+
+    def listing(run_id: str, folder: str) -> list[str]:
+        found = []
+        for item in client.list_artifacts(run_id, folder):
+            found += listing(run_id, item.path) if item.is_dir else [item.path]
+        return found
+
+    def read(path: Path) -> str | None:
+        nonlocal index
+        key = str(path)
+        if key in cache:
+            return cache[key]
+        if index is None:
+            index = {}
+            children = client.search_runs([experiment_id], filter_string=f"tags.`{parent_tag}` = '{parent_id}'",
+                                          max_results=100)
+            for child in reversed(children):  # oldest first: a later run's copy wins
+                index.update({name.removeprefix("outputs/"): child.info.run_id
+                              for name in listing(child.info.run_id, "outputs")})
+        cache[key] = None
+        if key in index:
+            import tempfile
+
+            import mlflow.artifacts
+
+            with tempfile.TemporaryDirectory() as tmp:
+                local = mlflow.artifacts.download_artifacts(run_id=index[key], artifact_path=f"outputs/{key}",
+                                                            dst_path=tmp, tracking_uri=client._tracking_client.tracking_uri)
+                cache[key] = Path(local).read_text(encoding="utf-8")
+        return cache[key]
+    return read

@@ -1,0 +1,174 @@
+"""debias compare on synthetic experiments (fast): selection and filters, grouping by everything but the seed
+(mean ± sample std, seed count), the Welch test, the terminal table's width, the self-contained page, the
+headline files and DVC's `exp show --json` as parsed. The real thing runs in tests/test_pipeline.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from debias import headline
+from debias.report import compare
+from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment, parse_exp_show
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def metrics(worst: float, shift: float = 0.0) -> dict[str, float]:
+    values = {key: 0.5 + shift for key in compare.METRIC_KEYS}
+    values.update(s2_worst=worst, align_s2=0.4 + shift, mi_a_s2=1.2 + shift)
+    return values
+
+
+def files(worst: float) -> dict[str, str]:
+    table = {"test": {"per_group": [[worst, 0.9], [0.8, None]], "group_counts": [[5, 1], [2, 0]]}}
+    curves = "epoch,train/loss,val/avg,val/worst_group\n0,1.0,0.5,0.1\n1,0.8,0.6,0.2\n"
+    return {str(GROUP_FILES["stage2"]): json.dumps(table), str(GROUP_FILES["erm"]): json.dumps(table),
+            str(CURVE_FILES["stage2"]): curves, str(CURVE_FILES["erm"]): curves,
+            "data/biased/summary.json": json.dumps({"splits": {"train": {"group_counts": [[9, 1], [1, 9]]}}}),
+            str(headline.DETAILED["train_erm"]): json.dumps(
+                {"warnings": ["degenerate-selection: every epoch has worst-group 0"] if worst < 0.55 else [],
+                 "selection": {"rule": "last", "selected_epoch": 1, "degenerate": worst < 0.55, "reason": None}})}
+
+
+def experiment(name: str, seed: int, method: str, worst: float, when: str, kind: str = "experiment",
+               epsilon: float = 0.25) -> Experiment:
+    found = files(worst)
+    return Experiment(name, kind, {"seed": seed, "stage2.method": method, "loss.epsilon": epsilon,
+                                   "probe.c_grid": "[0.1, 1.0]"}, metrics(worst), rev=f"rev-{name}",
+                      timestamp=f"2026-11-23T10:{when}:00", reader=lambda path: found.get(str(path)))
+
+
+@pytest.fixture
+def sweep() -> list[Experiment]:
+    """Three seeds of cnc, one eps_supinfonce, and the workspace holding seed2's results again."""
+    runs = [experiment("cnc-s0", 0, "cnc", 0.5, "01"), experiment("cnc-s1", 1, "cnc", 0.6, "02"),
+            experiment("cnc-s2", 2, "cnc", 0.7, "03"), experiment("eps", 0, "eps_supinfonce", 0.3, "04")]
+    workspace = experiment("workspace", 2, "cnc", 0.7, "03", kind="workspace")
+    workspace.metrics["bias_n"] = 240  # a key cnc-s2's files lack (written by a newer version): still the same run
+    queued = Experiment("q9", "experiment", {"seed": 9}, {}, status="queued")
+    running = experiment("r7", 7, "cnc", 0.9, "05")  # a running experiment shows its baseline's metrics
+    running.status = "running"
+    return [workspace, *runs, queued, running]
+
+
+def test_duplicates_go_queued_are_left_out_and_filters_choose(sweep) -> None:
+    chosen = compare.select(sweep)
+    assert [e.name for e in chosen] == ["cnc-s0", "cnc-s1", "cnc-s2", "eps"]  # workspace = cnc-s2, q9 and r7 unfinished
+    assert [e.name for e in compare.select(sweep, method="cnc")] == ["cnc-s0", "cnc-s1", "cnc-s2"]
+    assert [e.name for e in compare.select(sweep, param_filters=["seed=0"])] == ["cnc-s0", "eps"]
+    assert [e.name for e in compare.select(sweep, param_filters=["probe.c_grid=[0.1, 1.0]", "loss.epsilon=0.25"],
+                                           last=2)] == ["cnc-s2", "eps"]
+    assert compare.select(sweep, param_filters=["loss.epsilon=0.5"]) == []
+    with pytest.raises(ValueError, match="expected key=value"):
+        compare.select(sweep, param_filters=["seed"])
+    assert compare.varying_params(compare.select(sweep)) == ["seed", "stage2.method"]
+
+
+def test_groups_by_everything_but_the_seed_with_mean_std_and_seed_count(sweep) -> None:
+    comparison = compare.build_comparison(compare.select(sweep), sweep)
+    assert comparison.group_params == ["stage2.method"]
+    groups = comparison.groups.set_index("stage2.method")
+    assert list(groups.index) == ["cnc", "eps_supinfonce"]  # ranked by stage-2 worst-group, best first
+    assert groups.loc["cnc", "seeds"] == 3 and groups.loc["eps_supinfonce", "seeds"] == 1
+    assert groups.loc["cnc", "s2_worst_mean"] == pytest.approx(0.6)
+    assert groups.loc["cnc", "s2_worst_std"] == pytest.approx(0.1)  # sample std (ddof 1)
+    assert math.isnan(groups.loc["eps_supinfonce", "s2_worst_std"])
+    assert groups.loc["cnc", "experiments"] == "cnc-s0, cnc-s1, cnc-s2"
+    [difference] = comparison.differences
+    assert difference["difference"] == pytest.approx(-30.0) and difference["p"] is None  # one eps seed: no test
+    assert [e.name for e in comparison.without_results] == ["q9", "r7"]
+
+
+def test_welch_p_value_says_whether_seeds_explain_a_difference() -> None:
+    assert compare.welch([0.5, 0.6, 0.7], [0.1, 0.2, 0.15]) == pytest.approx(0.0064576, rel=1e-4)  # scipy's ttest_ind
+    assert compare.welch([0.5, 0.6, 0.7], [0.55, 0.65, 0.6]) > 0.5
+    assert compare.welch([0.5], [0.1, 0.2]) is None
+
+
+def test_terminal_table_is_at_most_160_characters_and_shows_mean_and_std(sweep) -> None:
+    narrow = compare.terminal_text(compare.build_comparison(compare.select(sweep), sweep))
+    assert max(map(len, narrow.splitlines())) <= 160 and "not shown here" not in narrow
+    assert "60.0±10.0" in narrow and "   30.0" in narrow  # cnc's mean±std over 3 seeds; one eps seed: its value
+    assert "the same in every experiment: ERM avg 50.0" in narrow  # constant columns leave the table
+    assert "not finished or without results: queued: q9; running: r7" in narrow
+    runs = compare.select(sweep)
+    for i, run in enumerate(runs):  # long names, params and differing metrics: the table must still fit
+        run.name = f"an-experiment-with-a-very-long-generated-name-{i}"
+        run.params["data.imagefolder.attribute_column"] = f"a_long_column_name_{run.params['stage2.method']}" * 2
+        run.metrics = {key: value + 0.01 * i for key, value in run.metrics.items()}
+    text = compare.terminal_text(compare.build_comparison(runs, sweep))
+    assert max(map(len, text.splitlines())) <= 160
+    assert "an-experiment-with-a-ve…" in text and "not shown here for width (see the page): ERM probe avg" in text
+    assert "61.0±11.0" in text  # the stage-2 worst-group column is never the one dropped
+
+
+def test_the_page_is_self_contained_with_every_figure(sweep, tmp_path: Path) -> None:
+    comparison = compare.build_comparison(compare.select(sweep), sweep)
+    for run in comparison.experiments:
+        run.load_notes()
+    written = compare.write_page(comparison, tmp_path / "page")
+    page = written["html"].read_text(encoding="utf-8")
+    images = [src for src in page.split('src="')[1:]]
+    assert len(images) == 3  # groups summary, per-group heatmaps (4 runs: one row), validation curves
+    for src in images:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1].split('"', 1)[0])[:8] == PNG_MAGIC
+    assert "<script" not in page and "http" not in page.replace("http-equiv", "")
+    for title in ("Summary", "Warnings", "Grouped by everything but the seed", "Experiments", "Per-group accuracy",
+                  "Validation curves"):
+        assert f"<h2>{title}</h2>" in page
+    assert "degenerate-selection" in page  # cnc-s0 and eps warn
+    frame = pd.read_csv(written["experiments"])
+    assert list(frame["experiment"]) == ["cnc-s0", "cnc-s1", "cnc-s2", "eps"]
+    assert pd.read_csv(written["groups"])["seeds"].tolist() == [3, 1]
+
+
+def test_parse_exp_show_json() -> None:
+    """The layout of `dvc exp show --json` (DVC 3): the workspace, the baseline and its experiments."""
+    def data(worst: float | None) -> dict:
+        metrics = {} if worst is None else {"reports/metrics/train_contrastive.json": {"data": {"s2_worst": worst}},
+                                            "reports/metrics/erm.json": {"data": {"test": {"avg": 0.1}}}}
+        return {"rev": "x", "timestamp": "2026-11-23T10:00:00", "metrics": metrics,
+                "params": {"params.yaml": {"data": {"seed": 0, "loss": {"epsilon": 0.25}, "probe": {"c_grid": [1]}}}}}
+
+    shown = [
+        {"rev": "workspace", "name": None, "data": data(0.5), "error": None, "experiments": None},
+        {"rev": "abc123", "name": "main", "data": data(None), "error": None, "experiments": [
+            {"name": "seed1", "revs": [{"rev": "def456", "name": "seed1", "data": data(0.7), "error": None,
+                                        "experiments": None}]},
+            {"name": "q", "executor": {"state": "queued", "name": "dvc-task", "local": None},
+             "revs": [{"rev": "aaa111", "name": "q", "data": data(None), "error": None, "experiments": None}]}]}]
+    found = parse_exp_show(shown)
+    assert [(e.name, e.kind, e.status) for e in found] == [
+        ("workspace", "workspace", "done"), ("main", "baseline", "no results"), ("seed1", "experiment", "done"),
+        ("q", "experiment", "queued")]
+    assert found[2].metrics == {"s2_worst": 0.7}  # headline files only
+    assert found[2].params == {"seed": 0, "loss.epsilon": 0.25, "probe.c_grid": "[1]"}
+    assert found[2].rev == "def456"
+
+
+def test_headline_files_hold_the_flat_rounded_scalars_and_skip_what_is_missing(tmp_path: Path) -> None:
+    accuracy = {"avg": 0.123456, "unbiased": 0.2, "worst_group": 0.0, "aligned": 0.9}
+    assert headline.headline("train_erm", {"test": accuracy}) == {"erm_avg": 0.1235, "erm_unbiased": 0.2, "erm_worst": 0.0}
+    probe = {"erm": {"trained": True, "probe": {"test": accuracy}}, "stage2": {"trained": False}}
+    assert set(headline.headline("linear_probe", probe)) == {"probe_erm_avg", "probe_erm_unbiased", "probe_erm_worst"}
+    representation = {"erm": {"trained": True, "test": {"alignment_loss": 12.5, "mi_a": float("nan")}}}
+    assert headline.headline("evaluate", representation) == {"align_erm": 12.5}
+    assert set(headline.LABELS) >= set(compare.METRIC_KEYS)
+    keys = [k for stage in headline.STAGES for k in headline.EXTRACT[stage]({})]
+    assert len(keys) == len(set(keys)) and not any("." in k for k in keys)  # unique, flat: short dvc exp show columns
+    (tmp_path / headline.DETAILED["train_erm"]).parent.mkdir(parents=True)
+    (tmp_path / headline.DETAILED["train_erm"]).write_text(json.dumps(
+        {"test": accuracy, "warnings": ["degenerate-selection: ties"], "selection": {"rule": "last"}}))
+    assert headline.write_headline("train_erm", tmp_path) == {"erm_avg": 0.1235, "erm_unbiased": 0.2, "erm_worst": 0.0}
+    assert json.loads((tmp_path / "reports/metrics/train_erm.json").read_text())["erm_avg"] == 0.1235
+    assert headline.write_headline("train_contrastive", tmp_path) is None  # its detailed file is missing
+    assert headline.local_warnings(tmp_path) == {"train_erm": ["degenerate-selection: ties"]}
+    assert headline.warnings_summary(headline.local_warnings(tmp_path)) == "1 warning: degenerate-selection (train_erm)"
+    assert headline.upstream_stages("linear_probe")[-1] == "linear_probe" and headline.upstream_stages("download") == ()
