@@ -54,14 +54,17 @@ def with_data_paths(config: dict, data_dir: Path) -> dict:
 
 
 def result_of(metrics: dict, job: dict, derived: dict | None = None) -> dict:
-    """A row's test report (accuracies + ``fairness``): the upstream's ERM, a method's stage-2 model, or a derived
-    row's post-processed probe."""
+    """A row's test results from the headline keys ``dvc exp show`` reports (:mod:`debias.headline`): the upstream's
+    ERM (``erm_*``), a method's stage-2 model (``s2_*``), or a derived row's post-processed ERM probe
+    (``probe_erm_eo_*``); ``{avg, worst_group, equalized_odds_difference, demographic_parity_difference}``."""
     if derived is not None:
-        probe = (metrics.get("reports/metrics/probe.json", {}).get(derived.get("encoder", "erm")) or {}).get("probe") or {}
-        return (probe.get("equalized_odds") or {}).get("test") or {}
-    if job["method"] == quality.UPSTREAM:
-        return metrics.get("reports/metrics/erm.json", {}).get("test") or {}
-    return metrics.get("reports/metrics/stage2_train.json", {}).get("test") or {}
+        prefix = "probe_erm_eo"
+    else:
+        prefix = "erm" if job["method"] == quality.UPSTREAM else "s2"
+    found = {"avg": metrics.get(f"{prefix}_avg"), "worst_group": metrics.get(f"{prefix}_worst"),
+             "equalized_odds_difference": metrics.get(f"{prefix}_eod"),
+             "demographic_parity_difference": metrics.get(f"{prefix}_dpd")}
+    return {} if found["avg"] is None else found
 
 
 def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]], config: dict) -> list[dict]:
@@ -82,12 +85,11 @@ def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[st
             test = result_of(found["metrics"], job, derived) if found else {}
             if not test:
                 continue  # queued, failed or stopped at the time limit
-            fairness = test.get("fairness") or {}
-            val = {} if derived else (found["metrics"].get("reports/metrics/stage2_train.json", {}).get("val") or {})
+            val_avg = None if derived else found["metrics"].get("s2_val_avg")
             rows.append({"setting": job["setting"], "seed": job["seed"], "method": method,
                          **{f"test_{k}": test.get(k) for k in METRICS},
-                         **{f"test_{k}": fairness.get(k) for k in FAIRNESS},
-                         "val_avg": val.get("avg"),
+                         **{f"test_{k}": test.get(k) for k in FAIRNESS},
+                         "val_avg": val_avg,
                          "train_seconds": seconds.get(job["name"], {}).get(stage),
                          "experiment_seconds": sum(seconds.get(job["name"], {}).values()) or None,
                          "experiment": job["name"], "chosen": None})

@@ -9,6 +9,7 @@ import sys
 import pytest
 import yaml
 
+from debias import headline
 from debias.params import validate
 from tests.conftest import REPO, SHARED_DATASETS
 
@@ -52,15 +53,16 @@ def test_rows_read_erm_methods_derived_and_grids() -> None:
     jobs = [{"name": "up", "setting": "compas", "seed": 0, "method": tabular.quality.UPSTREAM},
             {"name": "a", "setting": "compas", "seed": 0, "method": "lff_q01"},
             {"name": "b", "setting": "compas", "seed": 0, "method": "lff_q07"}]
-    shown = {
-        "up": {"metrics": {"reports/metrics/erm.json": {"test": {"avg": 0.65, "worst_group": 0.3, "fairness": fair(0.3)}}}},
-        "a": {"metrics": {"reports/metrics/stage2_train.json": {"test": {"avg": 0.62, "worst_group": 0.2,
-                                                                         "fairness": fair(0.2)}, "val": {"avg": 0.66}}}},
-        "b": {"metrics": {"reports/metrics/stage2_train.json": {"test": {"avg": 0.40, "worst_group": 0.1,
-                                                                         "fairness": fair(0.1)}, "val": {"avg": 0.31}},
-                          "reports/metrics/probe.json": {"erm": {"probe": {"equalized_odds": {"test": {
-                              "avg": 0.61, "worst_group": 0.4, "fairness": fair(0.05)}}}}}}},
+    detailed = {  # the stages' detailed files; dvc exp show reports their headline keys (debias.headline)
+        "up": {"train_erm": {"test": {"avg": 0.65, "worst_group": 0.3, "fairness": fair(0.3)}}},
+        "a": {"train_contrastive": {"test": {"avg": 0.62, "worst_group": 0.2, "fairness": fair(0.2)},
+                                    "val": {"avg": 0.66}}},
+        "b": {"train_contrastive": {"test": {"avg": 0.40, "worst_group": 0.1, "fairness": fair(0.1)}, "val": {"avg": 0.31}},
+              "linear_probe": {"erm": {"trained": True, "probe": {"equalized_odds": {"test": {
+                  "avg": 0.61, "worst_group": 0.4, "fairness": fair(0.05)}}}}}},
     }
+    shown = {name: {"metrics": {k: v for stage, d in files.items() for k, v in headline.headline(stage, d).items()}}
+             for name, files in detailed.items()}
     rows = {r["method"]: r for r in tabular.rows_of(jobs, shown, {"a": {"train_contrastive": 12.0}}, config)}
     assert set(rows) == {"erm", "lff_q01", "lff_q07", "eq_odds", "lff"}
     assert rows["erm"]["test_avg"] == 0.65 and rows["erm"]["test_equalized_odds_difference"] == 0.3
@@ -83,9 +85,8 @@ def test_quality_rows_read_a_probe_result_for_methods_that_name_one() -> None:
     (job,) = [j for j in quality.plan(config, ["cmnist_096"], [0], ["dfr"]) if j["method"] == "dfr"]
     assert job["targets"] == ["linear_probe"] and job["result"] == {"file": "probe", "encoder": "erm"}
     assert job["overrides"]["probe"] == {"method": "dfr"} and "result" not in job["overrides"]
-    probe = {"erm": {"trained": True, "probe": {"test": {"avg": 0.9, "unbiased": 0.88, "worst_group": 0.7}}}}
-    shown = {job["name"]: {"metrics": {"reports/metrics/probe.json": probe,
-                                       "reports/metrics/stage2_train.json": {"test": {"avg": 0.1}}}}}
+    shown = {job["name"]: {"metrics": {"probe_erm_avg": 0.9, "probe_erm_unbiased": 0.88, "probe_erm_worst": 0.7,
+                                       "s2_avg": 0.1}}}  # the headline keys dvc exp show reports
     (row,) = quality.rows_of([job], shown, {job["name"]: {"linear_probe": 4.0}})
     assert row["method"] == "dfr" and row["test_avg"] == 0.9 and row["test_worst_group"] == 0.7
     assert row["train_seconds"] == 4.0

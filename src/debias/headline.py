@@ -16,6 +16,11 @@ section, so ``dvc exp show --keep/--drop`` patterns can tell metrics from params
     linear_probe       probe_erm_*, probe_s2_*             linear probes of both encoders (avg, unbiased, worst)
     evaluate           align_erm, align_s2, mi_a_erm, mi_a_s2   alignment loss and Î(A;Z) (nats), test split
 
+Binary tasks (a ``fairness`` block in the detailed file) add, on the test split, ``erm_eod``, ``erm_dpd``,
+``s2_eod``, ``s2_dpd`` (equalized-odds and demographic-parity differences), ``s2_val_avg`` (the selected stage-2
+model's validation accuracy, by which a grid of stage-2 runs is chosen) and, with ``probe.postprocess``, the
+post-processed ERM probe's ``probe_erm_eo_avg``, ``probe_erm_eo_worst``, ``probe_erm_eo_eod``, ``probe_erm_eo_dpd``.
+
 Values are rounded to :data:`DIGITS` decimals (a test split of 10,000 images moves an accuracy by 1e-4);
 a value the detailed file lacks (a stage 2 that did not train) is left out, never written as 0.
 Every reader tolerates files without ``warnings`` or ``selection``: older outputs have neither.
@@ -62,9 +67,15 @@ LABELS: dict[str, str] = {
     "probe_s2_worst": "stage-2 probe worst-group",
     "align_erm": "ERM alignment loss", "align_s2": "stage-2 alignment loss",
     "mi_a_erm": "ERM Î(A;Z)", "mi_a_s2": "stage-2 Î(A;Z)",
+    "erm_eod": "ERM EOd", "erm_dpd": "ERM DP difference", "s2_eod": "stage-2 EOd", "s2_dpd": "stage-2 DP difference",
+    "s2_val_avg": "stage-2 val avg",
+    "probe_erm_eo_avg": "ERM probe + EO post-processing avg", "probe_erm_eo_worst": "ERM probe + EO worst-group",
+    "probe_erm_eo_eod": "ERM probe + EO EOd", "probe_erm_eo_dpd": "ERM probe + EO DP difference",
 }
+FAIRNESS = {"eod": "equalized_odds_difference", "dpd": "demographic_parity_difference"}  # short -> metrics key
 # Fractions shown as percentages (the rest: counts, a correlation, losses and nats, shown as they are).
-PERCENT_KEYS = frozenset(k for k in LABELS if k.startswith(("erm_", "s2_", "probe_"))) | {"groups_matched", "groups_recall"}
+PERCENT_KEYS = (frozenset(k for k in LABELS if k.startswith(("erm_", "s2_", "probe_")) and not k.endswith(tuple(FAIRNESS)))
+                | {"groups_matched", "groups_recall"})
 
 
 def headline_path(stage: str) -> Path:
@@ -84,6 +95,12 @@ def _accuracies(prefix: str, split: dict | None) -> dict[str, float]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def _fairness(prefix: str, split: dict | None) -> dict[str, float]:
+    fairness = (split or {}).get("fairness") or {}
+    out = {f"{prefix}_{short}": _number(fairness.get(key)) for short, key in FAIRNESS.items()}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def _inject_bias(summary: dict) -> dict[str, Any]:
     train = (summary.get("splits") or {}).get("train") or {}
     return {"bias_corr": _number(train.get("realised_correlation")), "bias_conflicting": _number(train.get("n_conflicting")),
@@ -91,7 +108,7 @@ def _inject_bias(summary: dict) -> dict[str, Any]:
 
 
 def _train_erm(metrics: dict) -> dict[str, Any]:
-    return _accuracies("erm", metrics.get("test"))
+    return {**_accuracies("erm", metrics.get("test")), **_fairness("erm", metrics.get("test"))}
 
 
 def _infer_groups(report: dict) -> dict[str, Any]:
@@ -99,7 +116,10 @@ def _infer_groups(report: dict) -> dict[str, Any]:
 
 
 def _train_contrastive(metrics: dict) -> dict[str, Any]:
-    return _accuracies("s2", metrics.get("test"))
+    out = {**_accuracies("s2", metrics.get("test")), **_fairness("s2", metrics.get("test"))}
+    if (metrics.get("test") or {}).get("fairness") is not None:  # binary tasks: the grid-choice accuracy
+        out["s2_val_avg"] = _number((metrics.get("val") or {}).get("avg"))
+    return out
 
 
 def _trained(document: dict, model: str) -> dict:
@@ -111,6 +131,10 @@ def _linear_probe(probe: dict) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for model, short in (("erm", "erm"), ("stage2", "s2")):
         out.update(_accuracies(f"probe_{short}", (_trained(probe, model).get("probe") or {}).get("test")))
+    post = ((_trained(probe, "erm").get("probe") or {}).get("equalized_odds") or {}).get("test")
+    if post:
+        out.update({k: v for k, v in _accuracies("probe_erm_eo", post).items() if not k.endswith("_unbiased")})
+        out.update(_fairness("probe_erm_eo", post))
     return out
 
 
