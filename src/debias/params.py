@@ -199,13 +199,17 @@ class TabularParams(Section):
 
 
 class DataParams(Section):
-    source: Literal["digits", "mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10", "adult", "compas"] = "digits"
+    source: Literal["digits", "mnist", "fashion_mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10", "adult",
+                    "compas"] = "digits"
     path: str | None = Field(None, description="npz source: path to a local .npz (relative to the repository root or absolute)")
     val_fraction: float = Field(0.15, gt=0, lt=1, description="digits/npz: stratified validation fraction (adult/compas: data.tabular)")
     test_fraction: float = Field(0.25, gt=0, lt=1, description="digits/npz: stratified test fraction (adult/compas: data.tabular)")
-    mnist_val_size: int = Field(6000, ge=1, description="mnist: validation images carved from the official training split")
+    mnist_val_size: int = Field(6000, ge=1, description="mnist, fashion_mnist: validation images carved from the official training split")
     image_size: int = Field(28, ge=8, le=512, description="side of the square images after resizing (unused by adult/compas)")
     max_per_split: int | None = Field(None, ge=1, description="optional cap on images (rows) per split (smoke runs)")
+    max_train: int | None = Field(
+        None, ge=1, description="optional cap on training images (rows) only, after max_per_split: a seeded subset, "
+                                "nested across caps (scaling runs: validation and test keep their size)")
     memory_gb: float | None = Field(
         None, gt=0, description="image-file sources: memory the decoded splits may use (null: the memory available when loading)")
     imagefolder: ImageFolderParams = Field(default_factory=ImageFolderParams)
