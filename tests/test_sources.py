@@ -6,6 +6,7 @@ import gzip
 import shutil
 import struct
 import urllib.error
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -111,6 +112,25 @@ def test_fashion_mnist_from_gzipped_idx_files_without_network(tmp_path, monkeypa
     assert sorted(p.name for p in raw.iterdir() if not p.name.endswith(".gz")) == sorted(sources.mnist.IDX_FILES)
     again = load_source(params, tmp_path, seed=0)  # second run: the decompressed files as they are
     assert np.array_equal(again["train"].x, splits["train"].x)
+
+
+def test_fashion_mnist_under_a_temporary_workspace_takes_the_main_repositorys_files(tmp_path, monkeypatch) -> None:
+    """dvc exp run --temp / the queue run in a copy without data/raw: the idx files come from $DVC_ROOT's data/raw."""
+    main_raw = tmp_path / "main" / "data" / "raw" / "fashion_mnist" / "FashionMNIST" / "raw"
+    main_raw.mkdir(parents=True)
+    x, y = np.zeros((200, 28, 28), np.uint8), np.tile(np.arange(10), 20)
+    for split in ("train", "t10k"):
+        _write_idx(main_raw / f"{split}-images-idx3-ubyte.gz", x)
+        _write_idx(main_raw / f"{split}-labels-idx1-ubyte.gz", y)
+    workspace = tmp_path / "temp-workspace"
+    workspace.mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "main"))
+    monkeypatch.chdir(workspace)
+    splits = load_source(DataParams(source="fashion_mnist", mnist_val_size=100), Path("data/raw"), seed=0)
+    assert (len(splits["train"]), len(splits["val"]), len(splits["test"])) == (100, 100, 200)
+    local = workspace / "data" / "raw" / "fashion_mnist" / "FashionMNIST" / "raw"
+    assert sorted(p.name for p in local.glob("*.gz")) == sorted(p.name for p in main_raw.iterdir())
+    assert sorted(p.name for p in main_raw.iterdir()) == sorted(f"{n}.gz" for n in sources.mnist.IDX_FILES)  # untouched
 
 
 def test_max_train_caps_only_the_training_split_nested(tmp_path) -> None:

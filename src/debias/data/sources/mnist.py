@@ -14,7 +14,9 @@ mnist and fashion_mnist share one loader (:func:`torchvision_idx_source`): valid
 of ``data.mnist_val_size`` images of the official training split (CNC: 54k / 6k), the test split is the
 official 10k. Offline, the four official idx files may be gzipped (``*.gz``, e.g. recompressed copies whose
 md5 differs from torchvision's list) or not: a ``.gz`` without its decompressed twin is decompressed
-beside it first, since torchvision only accepts a ``.gz`` whose md5 it knows.
+beside it first, since torchvision only accepts a ``.gz`` whose md5 it knows. Under ``dvc exp run --temp``
+and the queue (temporary copies without ``data/raw``) the files are copied from the main repository's
+``data/raw/<source>/<Dataset>/raw/`` first (:func:`borrow_idx_files`).
 
 Fashion-MNIST under the bias protocols (the labels are 0 T-shirt/top, 1 Trouser, 2 Pullover, 3 Dress,
 4 Coat, 5 Sandal, 6 Shirt, 7 Sneaker, 8 Bag, 9 Ankle boot):
@@ -77,12 +79,43 @@ def decompress_idx_files(raw_folder: Path) -> list[str]:
     return written
 
 
+def borrow_idx_files(raw_folder: Path) -> list[str]:
+    """Copy into ``raw_folder`` (relative to the working folder) the idx files it lacks that the main repository holds
+    in the same folder; return the names copied.
+
+    ``dvc exp run --temp`` and queued experiments run in a temporary copy of the repository without the git-ignored
+    ``data/raw``; without this, the offline copies a user put into the main repository's ``data/raw`` would be
+    invisible there and the source would try to download. Copies, not links: DVC may make its outputs read-only.
+    """
+    import shutil
+
+    if raw_folder.is_absolute():
+        return []
+    main = resolve_data_path(raw_folder)
+    if not main.is_dir() or main.resolve() == raw_folder.resolve():
+        return []
+    copied = []
+    for name in IDX_FILES:
+        if (raw_folder / name).exists() or (raw_folder / f"{name}.gz").exists():
+            continue
+        for candidate in (name, f"{name}.gz"):
+            if (main / candidate).is_file():
+                raw_folder.mkdir(parents=True, exist_ok=True)
+                partial = raw_folder / f".{candidate}.partial"
+                shutil.copyfile(main / candidate, partial)
+                partial.replace(raw_folder / candidate)
+                copied.append(candidate)
+                break
+    return copied
+
+
 def torchvision_idx_source(source: str, dataset: str, params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """``torchvision.datasets.<dataset>`` (MNIST, FashionMNIST) into ``raw_dir/<source>``: train and val from the
     official training split (val = a seeded subset of ``data.mnist_val_size`` images), test = the official test set."""
     import torchvision.datasets
 
     root = raw_dir / source
+    borrow_idx_files(root / dataset / "raw")  # under --temp and the queue: the main repository's offline copies
     decompress_idx_files(root / dataset / "raw")  # offline copies given as .gz (any compression) count as present
     try:
         dataset_class = getattr(torchvision.datasets, dataset)
