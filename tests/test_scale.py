@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from math import ceil
+
 import numpy as np
 import torch
 
@@ -35,3 +37,63 @@ def test_nn_descent_graph_is_seeded_and_nearly_exact() -> None:
     assert (index[:, 0] == np.arange(800)).all() and np.allclose(distance[:, 0], 0)  # itself first
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(index, exact)])
     assert recall > 0.95
+
+
+def test_exact_knn_works_in_row_blocks_never_n_by_n(monkeypatch) -> None:
+    shapes = []
+    cdist = torch.cdist
+    monkeypatch.setattr(torch, "cdist", lambda a, b: shapes.append((len(a), len(b))) or cdist(a, b))
+    index, _ = embedding.exact_knn(_blobs(300), 5, block=64)
+    assert max(rows for rows, _ in shapes) == 64 and len(shapes) == 5  # ceil(300 / 64) blocks of 64 x 300
+    assert (index[:, 0] == np.arange(300)).all()
+
+
+def test_pairwise_metrics_use_bounded_tiles_and_a_bounded_subset(monkeypatch) -> None:
+    from debias.evaluation import representation
+    from debias.params import EvaluateParams
+
+    tiles = []
+    squared = representation._squared_distances
+    monkeypatch.setattr(representation, "_squared_distances",
+                        lambda r, c, rs, cs: tiles.append((len(r), len(c))) or squared(r, c, rs, cs))
+    rng = np.random.default_rng(0)
+    n = 2000
+    y = torch.from_numpy(rng.integers(0, 3, n))
+    a = torch.where(torch.from_numpy(rng.random(n) < 0.95), y, torch.from_numpy(rng.integers(0, 3, n)))
+    z = _blobs(n, dim=8) + 3 * torch.nn.functional.one_hot(a, 8).float()
+    full = representation.representation_metrics(z, y, a, 3, 3, EvaluateParams(block_size=256, max_pair_points=None, mi_max_iter=30), 0)
+    assert max(max(t) for t in tiles) <= 256 and "pair_points" not in full
+    tiles.clear()
+    cut = representation.representation_metrics(z, y, a, 3, 3, EvaluateParams(block_size=256, max_pair_points=400, mi_max_iter=30), 0)
+    assert 400 <= cut["pair_points"] <= 400 + 9 and cut["n"] == n
+    # the tiles cover about 400^2 / 2 pairs (per metric) instead of 2000^2 / 2
+    assert sum(r * c for r, c in tiles) < 2 * 410 * 410 * 2
+    assert cut["mi_y"] == full["mi_y"]  # Î uses every row
+    assert abs(cut["alignment_loss"] - full["alignment_loss"]) < 0.1 * full["alignment_loss"]
+    for kind in ("pos_aligned", "neg_conflicting"):
+        assert abs(cut["distances"][kind]["mean"] - full["distances"][kind]["mean"]) < 0.05
+
+
+def test_pair_subset_keeps_every_group_its_share() -> None:
+    from debias.evaluation.representation import pair_subset
+
+    groups = torch.cat([torch.zeros(5000), torch.ones(40), torch.full((1,), 2)]).long()
+    assert pair_subset(groups, 6000, seed=0) is None and pair_subset(groups, None, seed=0) is None
+    index = pair_subset(groups, 1000, seed=0)
+    assert torch.equal(index, pair_subset(groups, 1000, seed=0)) and not torch.equal(index, pair_subset(groups, 1000, 1))
+    assert torch.equal(torch.bincount(groups[index]), torch.tensor([ceil(5000 * 1000 / 5041), ceil(40 * 1000 / 5041), 1]))
+    assert torch.equal(index, index.unique())  # sorted, distinct
+
+
+def test_figures_draw_a_bounded_subset_with_every_minority_point(tmp_path) -> None:
+    from debias.report import figures
+
+    minority = torch.zeros(50_000, dtype=torch.bool)
+    minority[::500] = True
+    index = figures.figure_subset(50_000, 1000, seed=0, keep=minority)
+    assert len(index) == 1000 and bool(minority[index].sum() == 100) and torch.equal(index, index.unique())
+    assert torch.equal(figures.figure_subset(10, 1000), torch.arange(10))
+    coords = torch.randn(50_000, 2)
+    figures.inferred_group_umap(coords, torch.randint(0, 5, (50_000,)), minority, tmp_path / "g.png", dpi=50,
+                                max_points=2000)
+    assert (tmp_path / "g.png").stat().st_size > 0

@@ -468,6 +468,9 @@ class EvaluateParams(Section):
     splits: list[Literal["train", "val", "test"]] = Field(default_factory=lambda: ["test", "val"], min_length=1)
     normalize_alignment: bool = Field(False, description="alignment loss on L2-normalised rows (CNC uses raw outputs)")
     block_size: int = Field(2048, ge=16, description="rows per block of pairwise distances (memory bound)")
+    max_pair_points: int | None = Field(
+        20000, ge=2, description="pairwise metrics (alignment loss, distance statistics) of a split with more rows use "
+                                 "a seeded subset of about this many, stratified by group (time bound); null: all rows")
     umap: UMAPParams = Field(default_factory=UMAPParams)
     mi_max_iter: int = Field(1000, ge=10)
 
