@@ -1,0 +1,67 @@
+"""Stage start-up (issue 16): heavy libraries imported only where a stage uses them, no MLflow with tracking off,
+and a finished stage process skips the interpreter's teardown - but only when it is the process's own script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from debias.lazy import lazy_callable, lazy_module
+from tests.conftest import REPO
+
+STAGE_SCRIPT = """
+import atexit, sys
+from debias.stage import main
+atexit.register(lambda: open("atexit-ran", "w").write("yes"))
+def body(params, run):
+    print("body ran; mlflow imported:", "mlflow" in sys.modules, flush=True)
+main("download", body)
+print("after main", flush=True)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_", "DEBIAS_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")]),
+               DEBIAS_TRACKING="off", DEBIAS_THREADS="1", **extra)
+    return env
+
+
+def test_a_finished_stage_process_ends_without_teardown_only_as_its_own_script(tmp_path) -> None:
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    (tmp_path / "download.py").write_text(STAGE_SCRIPT)
+    done = subprocess.run([sys.executable, "download.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "body ran; mlflow imported: False" in done.stdout  # DEBIAS_TRACKING=off: MLflow is never imported
+    assert "after main" not in done.stdout  # ended right after the stage, with exit code 0 ...
+    assert (tmp_path / "atexit-ran").read_text() == "yes"  # ... after the atexit handlers ran
+    assert (tmp_path / "reports" / "runs" / "download.json").exists()  # and the run record was written
+    (tmp_path / "atexit-ran").unlink()
+    # the same entrypoint run in-process by another program (runpy, as tests and scripts do) returns normally
+    script = "import runpy; runpy.run_path('download.py', run_name='__main__'); print('caller goes on')"
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "after main" in done.stdout and "caller goes on" in done.stdout
+
+
+def test_registry_groups_and_tracking_import_no_pandas_sklearn_or_mlflow() -> None:
+    heavy = "('pandas', 'sklearn', 'scipy', 'mlflow', 'matplotlib', 'umap')"
+    code = ("import sys, debias.data.sources, debias.tracking, debias.stage; "
+            f"print(sorted(m for m in {heavy} if m in sys.modules)); "
+            "import debias.groups; "  # reads and writes parquet tables: pandas, but no matching libraries
+            f"print(sorted(m for m in {heavy} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "['pandas']"]
+
+
+def test_lazy_stand_ins_import_on_first_use() -> None:
+    json_module = lazy_module("json")
+    assert json_module.dumps([1]) == "[1]"
+    join = lazy_callable("os.path", "join")
+    assert join("a", "b") == os.path.join("a", "b") and join.__name__ == "join"
+    assert Path(lazy_module("pathlib").__getattr__("Path")("x")) == Path("x")
