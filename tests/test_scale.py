@@ -97,3 +97,36 @@ def test_figures_draw_a_bounded_subset_with_every_minority_point(tmp_path) -> No
     figures.inferred_group_umap(coords, torch.randint(0, 5, (50_000,)), minority, tmp_path / "g.png", dpi=50,
                                 max_points=2000)
     assert (tmp_path / "g.png").stat().st_size > 0
+
+
+def _load_scale_benchmark():
+    import importlib.util
+    import sys
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_scale", REPO / "benchmarks" / "scale.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module, REPO
+
+
+def test_scale_benchmark_fits_growth_exponents_and_plans_valid_params() -> None:
+    import yaml
+
+    from debias.params import validate
+
+    scale, repo = _load_scale_benchmark()
+    assert abs(scale.growth_exponent([6000, 18000, 54000], [2.0, 6.0, 18.0]) - 1.0) < 1e-9
+    assert abs(scale.growth_exponent([6000, 18000], [1.0, 9.0]) - 2.0) < 1e-9
+    assert scale.growth_exponent([6000], [1.0]) is None and scale.growth_exponent([1, 2], [None, 3.0]) is None
+    config = yaml.safe_load((repo / "benchmarks" / "scale.yaml").read_text())
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    for size in config["sizes"]:
+        for method in config["methods"]:
+            for quick in (False, True):
+                checked = validate(scale.merge(params, scale.size_params(config, size, method, quick)))
+                assert checked.data.max_train == size and checked.data.source == "fashion_mnist"
+                assert checked.bias.protocol == "foreground" and checked.groups.method == "cluster"
+    assert validate(scale.merge(params, scale.size_params(config, 6000, "fairkl", True))).loss.fairkl.weight > 0
