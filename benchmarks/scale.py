@@ -178,25 +178,27 @@ def markdown(rows: list[dict[str, Any]], header: list[str]) -> str:
                     None)
 
     lines = ["# Scaling benchmark", "", *[f"- {h}" for h in header], "",
-             "Per stage and training-set size N: wall and CPU seconds (user + system of the stage's process tree) and "
+             "Per stage and training-set size N: wall and CPU seconds (user + system of the stage's process tree), body "
+             "seconds (the stage's MLflow run as its run record times it: wall, without the process start-up) and "
              "peak RSS of its largest process (MiB). Exponent: least-squares slope of log(seconds) against log(N) over "
              "the sizes measured (1 = linear, 2 = quadratic); validation (6k) and test (10k) do not grow with N, so a "
              "stage whose work is mostly on them (evaluate) stays near 0. Total: the sum over the stages.", ""]
-    head = "| stage |" + "".join(f" N={n} wall (s) | N={n} CPU (s) |" for n in sizes) + \
-        " exponent wall | exponent CPU |" + "".join(f" N={n} peak RSS (MiB) |" for n in sizes)
-    lines += [head, "|---|" + "---:|" * (2 * len(sizes) + 2 + len(sizes))]
+    head = "| stage |" + "".join(f" N={n} wall (s) | N={n} CPU (s) | N={n} body (s) |" for n in sizes) + \
+        " exponent wall | exponent CPU | exponent body |" + "".join(f" N={n} peak RSS (MiB) |" for n in sizes)
+    lines += [head, "|---|" + "---:|" * (3 * len(sizes) + 3 + len(sizes))]
     for method, stage in keys:
-        walls = [cell(method, stage, n, "wall_s") for n in sizes]
-        cpus = [cell(method, stage, n, "cpu_s") for n in sizes]
-        lines.append(f"| {label(method, stage)} | " + " | ".join(f"{fmt(w)} | {fmt(c)}" for w, c in zip(walls, cpus))
-                     + f" | {fmt(growth_exponent(sizes, walls), 2)} | {fmt(growth_exponent(sizes, cpus), 2)} | "
+        series = {key: [cell(method, stage, n, key) for n in sizes] for key in ("wall_s", "cpu_s", "body_s")}
+        lines.append(f"| {label(method, stage)} | "
+                     + " | ".join(" | ".join(fmt(series[key][i]) for key in series) for i in range(len(sizes)))
+                     + " | " + " | ".join(fmt(growth_exponent(sizes, series[key]), 2) for key in series) + " | "
                      + " | ".join(fmt(cell(method, stage, n, "peak_rss_mib"), 0) for n in sizes) + " |")
     totals = {key: [sum(r[key] for r in rows if int(r["size"]) == n and r.get(key) is not None) for n in sizes]
-              for key in ("wall_s", "cpu_s")}
+              for key in ("wall_s", "cpu_s", "body_s")}
     peaks = [max((r["peak_rss_mib"] for r in rows if int(r["size"]) == n), default=None) for n in sizes]
-    lines.append("| **total** | " + " | ".join(f"{fmt(w)} | {fmt(c)}" for w, c in zip(totals["wall_s"], totals["cpu_s"]))
-                 + f" | {fmt(growth_exponent(sizes, totals['wall_s']), 2)} | "
-                 f"{fmt(growth_exponent(sizes, totals['cpu_s']), 2)} | " + " | ".join(fmt(p, 0) for p in peaks) + " |")
+    lines.append("| **total** | "
+                 + " | ".join(" | ".join(fmt(totals[key][i]) for key in totals) for i in range(len(sizes)))
+                 + " | " + " | ".join(fmt(growth_exponent(sizes, totals[key]), 2) for key in totals) + " | "
+                 + " | ".join(fmt(p, 0) for p in peaks) + " |")
     lines.append("")
     for n in sizes:
         above = [r for r in rows if int(r["size"]) == n and r.get("rss_above_torch_mib") is not None]
