@@ -2,11 +2,12 @@
 
 For every tree (commits and/or the working tree), a fresh temporary clone with the default params
 (``--set`` adds overrides) runs `dvc repro` once (unmeasured: the shared upstream stages), then
-``--experiments`` experiments (``-S loss.epsilon=...``: each reruns train_contrastive, linear_probe, evaluate
-and report) are queued and run with `dvc queue start -j --jobs`; DEBIAS_THREADS is unset, so each stage
-takes the thread count the code picks. Stage wall times come from the clone's MLflow store (each stage's run,
+``--experiments`` experiments (``-S stage2.lr=...``: each trains another stage-2 model, so train_contrastive,
+linear_probe, evaluate and report all rerun) are queued and run with `dvc queue start -j --jobs`;
+DEBIAS_THREADS and OMP_WAIT_POLICY are unset (as on a user's machine), so each stage takes the thread count the
+code picks. Stage wall times come from the clone's MLflow store (each stage's run,
 start to end); the queue's wall time from the first `dvc queue start` to an empty queue. ``--alone`` also
-runs one experiment by itself (one worker) per tree, for reference. Trees take turns.
+runs one experiment by itself (one worker) per tree, for reference. Trees take turns, ``--rounds`` times.
 
     nice -n 5 python benchmarks/queue_threads.py --trees COMMIT_BEFORE COMMIT_AFTER [--jobs 2]
         [--experiments 2] [--alone] [--set stage2.epochs=3 ...] [--out benchmarks/results/queue_threads]
@@ -57,12 +58,13 @@ def dvc(clone: Path, env: dict[str, str], *args: str, timeout: float = 3600) -> 
     return done.stdout + done.stderr
 
 
-def run_queue(clone: Path, env: dict[str, str], epsilons: list[float], jobs: int) -> tuple[float, list[str]]:
-    """Queue one experiment per epsilon, run them with ``jobs`` workers; (queue wall seconds, experiment names)."""
+def run_queue(clone: Path, env: dict[str, str], rates: list[float], jobs: int) -> tuple[float, list[str]]:
+    """Queue one experiment per stage-2 learning rate, run them with ``jobs`` workers; (queue wall seconds,
+    experiment names)."""
     names = []
-    for epsilon in epsilons:
-        name = f"eps{str(epsilon).replace('.', '')}-j{jobs}-{int(time.time() * 1000) % 10**6}"
-        dvc(clone, env, "exp", "run", "--queue", "-n", name, "-S", f"loss.epsilon={epsilon}")
+    for rate in rates:
+        name = f"lr{rate:g}-j{jobs}-{int(time.time() * 1000) % 10**6}".replace(".", "")
+        dvc(clone, env, "exp", "run", "--queue", "-n", name, "-S", f"stage2.lr={rate}")
         names.append(name)
     start = time.perf_counter()
     dvc(clone, env, "queue", "start", "-j", str(jobs))
@@ -108,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--experiments", type=int, default=2)
     parser.add_argument("--alone", action="store_true", help="also one experiment with one worker, per tree")
+    parser.add_argument("--rounds", type=int, default=1, help="the trees take turns this many times")
     parser.add_argument("--set", nargs="*", default=[], help="params overrides, e.g. stage2.epochs=3")
     parser.add_argument("--out", default=str(HERE / "results" / "queue_threads"))
     args = parser.parse_args(argv)
@@ -122,27 +125,32 @@ def main(argv: list[str] | None = None) -> int:
             clones[tree] = make_clone(work / str(index), nested(args.set), None if tree == "worktree" else tree)
             env = child_env(1, NUMBA_CACHE, clones[tree])
             env.pop("DEBIAS_THREADS")  # the point: what the stages pick by themselves
+            env.pop("OMP_WAIT_POLICY", None)  # as a user's shell has it (infer_groups and evaluate set it themselves)
             envs[tree] = env
             dvc(clones[tree], env, "repro")
             print(f"[queue] {tree}: upstream ready", flush=True)
-        epsilons = [round(0.1 * (i + 1), 2) for i in range(args.experiments)]
-        runs = [("queue", epsilons, args.jobs)] + ([("alone", [0.05], 1)] if args.alone else [])
-        for kind, values, jobs in runs:
-            for tree in args.trees:
-                wall, names = run_queue(clones[tree], envs[tree], values, jobs)
-                walls = stage_walls(clones[tree], names)
-                results.append({"tree": tree, "kind": kind, "jobs": jobs, "experiments": len(values), "queue_wall_s": wall,
-                                "stages": {s: walls.get(s, []) for s in STAGE2_STAGES},
-                                "threads": thread_lines(clones[tree], envs[tree], names)})
-                print(f"[queue] {tree} {kind}: {wall:.0f} s; " + ", ".join(
-                    f"{s} {statistics.median(v):.1f} s" for s, v in walls.items() if v), flush=True)
+        for round_index in range(args.rounds):  # every experiment trains anew: its own stage-2 learning rate
+            base = 0.0005 + 0.0001 * round_index * (args.experiments + 1)
+            runs = [("queue", [round(base + 0.0001 * i, 6) for i in range(args.experiments)], args.jobs)]
+            if args.alone:
+                runs.append(("alone", [round(base + 0.0001 * args.experiments, 6)], 1))
+            for kind, values, jobs in runs:
+                for tree in args.trees if round_index % 2 == 0 else args.trees[::-1]:
+                    wall, names = run_queue(clones[tree], envs[tree], values, jobs)
+                    walls = stage_walls(clones[tree], names)
+                    results.append({"tree": tree, "kind": kind, "jobs": jobs, "experiments": len(values),
+                                    "queue_wall_s": wall, "stages": {s: walls.get(s, []) for s in STAGE2_STAGES},
+                                    "threads": thread_lines(clones[tree], envs[tree], names)})
+                    print(f"[queue] {tree} {kind}: {wall:.0f} s; " + ", ".join(
+                        f"{s} {statistics.median(v):.1f} s" for s, v in walls.items() if v), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     command = shlex.join(["python", "benchmarks/queue_threads.py", *(argv if argv is not None else sys.argv[1:])])
     lines = ["# Queue workers and threads", "",
              f"- Command: `{command}`",
              f"- Date: {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before:.2f}, after "
-             f"{os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs; DEBIAS_THREADS unset, DEBIAS_TRACKING=required",
+             f"{os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs; DEBIAS_THREADS and OMP_WAIT_POLICY unset, "
+             "DEBIAS_TRACKING=required",
              "- Stage seconds: each stage's MLflow run, start to end (median over the experiments; the values in "
              "brackets); queue: `dvc queue start` to an empty queue.", "",
              "| tree | run | workers | experiments | queue wall (s) | " + " | ".join(f"{s} (s)" for s in STAGE2_STAGES)
