@@ -1,4 +1,4 @@
-"""Data sources: digits, mnist (from raw idx files, offline) and npz, with their splits and errors."""
+"""Data sources: digits, mnist and fashion_mnist (from raw idx files, offline) and npz, with their splits and errors."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import gzip
 import shutil
 import struct
 import urllib.error
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,10 +43,11 @@ def test_stratified_split_is_a_partition() -> None:
 
 
 def _write_idx(path, array: np.ndarray) -> None:
-    """Write an (uncompressed) MNIST idx file: magic, dims, big-endian, uint8 payload."""
+    """Write an MNIST idx file (magic, dims, big-endian, uint8 payload); gzipped when ``path`` ends in .gz."""
     kind = 0x0803 if array.ndim == 3 else 0x0801
     header = struct.pack(">I", kind) + b"".join(struct.pack(">I", d) for d in array.shape)
-    path.write_bytes(header + array.astype(np.uint8).tobytes())
+    payload = header + array.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(payload, compresslevel=1) if path.suffix == ".gz" else payload)
 
 
 def test_mnist_from_raw_idx_files_without_network(tmp_path, monkeypatch, mnist10k) -> None:
@@ -70,15 +72,98 @@ def test_mnist_from_raw_idx_files_without_network(tmp_path, monkeypatch, mnist10
     assert len(np.unique(seen, axis=0)) == len(np.unique(mnist10k["x"][:600].reshape(600, -1), axis=0))
 
 
-def test_mnist_download_failure_says_what_to_do(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize(("source", "dataset"), [("mnist", "MNIST"), ("fashion_mnist", "FashionMNIST")])
+def test_mnist_download_failure_says_what_to_do(tmp_path, monkeypatch, source: str, dataset: str) -> None:
     import torchvision.datasets
 
     def fail(*args, **kwargs):
         raise urllib.error.URLError("no network")
 
-    monkeypatch.setattr(torchvision.datasets, "MNIST", fail)
-    with pytest.raises(DataSourceError, match="data.source=mnist.*MNIST/raw.*data.source=npz"):
-        load_source(DataParams(source="mnist"), tmp_path, seed=0)
+    monkeypatch.setattr(torchvision.datasets, dataset, fail)
+    with pytest.raises(DataSourceError, match=f"data.source={source}.*{source}/{dataset}/raw.*data.source=npz"):
+        load_source(DataParams(source=source), tmp_path, seed=0)
+
+
+def test_fashion_mnist_from_gzipped_idx_files_without_network(tmp_path, monkeypatch) -> None:
+    """Official idx layout, gzipped with another compressor than the official files (md5 differs, as the shared
+    Debian copies): decompressed beside the .gz and loaded without touching the network."""
+    rng = np.random.default_rng(0)
+    x_train, y_train = rng.integers(0, 256, (130, 28, 28), dtype=np.uint8), np.tile(np.arange(10), 13)
+    x_test, y_test = rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), np.tile(np.arange(10), 4)
+    raw = tmp_path / "fashion_mnist" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for name, array in (("train-images-idx3-ubyte", x_train), ("train-labels-idx1-ubyte", y_train),
+                        ("t10k-images-idx3-ubyte", x_test), ("t10k-labels-idx1-ubyte", y_test)):
+        _write_idx(raw / f"{name}.gz", array)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the test tried to reach the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    params = DataParams(source="fashion_mnist", mnist_val_size=30)
+    splits = load_source(params, tmp_path, seed=0)
+    assert (len(splits["train"]), len(splits["val"]), len(splits["test"])) == (100, 30, 40)
+    assert np.array_equal(splits["test"].x, x_test) and np.array_equal(splits["test"].y, y_test)
+    assert splits["train"].x.dtype == np.uint8 and splits["train"].x.shape[1:] == (28, 28)
+    # train and val partition the official training images (row order kept)
+    order = np.random.default_rng(0).permutation(130)
+    assert np.array_equal(splits["val"].x, x_train[np.sort(order[:30])])
+    assert np.array_equal(splits["train"].y, y_train[np.sort(order[30:])])
+    assert sorted(p.name for p in raw.iterdir() if not p.name.endswith(".gz")) == sorted(sources.mnist.IDX_FILES)
+    again = load_source(params, tmp_path, seed=0)  # second run: the decompressed files as they are
+    assert np.array_equal(again["train"].x, splits["train"].x)
+
+
+def test_fashion_mnist_under_a_temporary_workspace_takes_the_main_repositorys_files(tmp_path, monkeypatch) -> None:
+    """dvc exp run --temp / the queue run in a copy without data/raw: the idx files come from $DVC_ROOT's data/raw."""
+    main_raw = tmp_path / "main" / "data" / "raw" / "fashion_mnist" / "FashionMNIST" / "raw"
+    main_raw.mkdir(parents=True)
+    x, y = np.zeros((200, 28, 28), np.uint8), np.tile(np.arange(10), 20)
+    for split in ("train", "t10k"):
+        _write_idx(main_raw / f"{split}-images-idx3-ubyte.gz", x)
+        _write_idx(main_raw / f"{split}-labels-idx1-ubyte.gz", y)
+    workspace = tmp_path / "temp-workspace"
+    workspace.mkdir()
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path / "main"))
+    monkeypatch.chdir(workspace)
+    splits = load_source(DataParams(source="fashion_mnist", mnist_val_size=100), Path("data/raw"), seed=0)
+    assert (len(splits["train"]), len(splits["val"]), len(splits["test"])) == (100, 100, 200)
+    local = workspace / "data" / "raw" / "fashion_mnist" / "FashionMNIST" / "raw"
+    assert sorted(p.name for p in local.glob("*.gz")) == sorted(p.name for p in main_raw.iterdir())
+    assert sorted(p.name for p in main_raw.iterdir()) == sorted(f"{n}.gz" for n in sources.mnist.IDX_FILES)  # untouched
+
+
+def test_max_train_caps_only_the_training_split_nested(tmp_path) -> None:
+    x, y = tiny_grey_digits(n_per_class=20, classes=4)
+    path = tmp_path / "d.npz"
+    np.savez(path, x=x, y=y)
+    params = dict(source="npz", path=str(path), val_fraction=0.2, test_fraction=0.2)
+    full = load_source(DataParams(**params), tmp_path, seed=0)
+    small = load_source(DataParams(**params, max_train=12), tmp_path, seed=0)
+    larger = load_source(DataParams(**params, max_train=30), tmp_path, seed=0)
+    assert (len(small["train"]), len(larger["train"])) == (12, 30)
+    for name in ("val", "test"):
+        assert np.array_equal(small[name].x, full[name].x)
+    rows = {row.tobytes() for row in larger["train"].x}
+    assert all(row.tobytes() in rows for row in small["train"].x)  # the 12 lie inside the 30
+    with pytest.raises(DataSourceError, match=r"data.max_train = 1 leaves split 'train' without classes"):
+        load_source(DataParams(**params, max_train=1), tmp_path, seed=0)
+
+
+def test_fashion_mnist_shared_copy_has_the_papers_sizes(tmp_path) -> None:
+    """The complete Fashion-MNIST beside the repository (symlinked, never copied into it): 54k / 6k / 10k."""
+    shared = SHARED_DATASETS / "FashionMNIST" / "raw"
+    if not shared.exists():
+        pytest.skip(f"shared dataset {shared} is not beside the repository")
+    raw = tmp_path / "fashion_mnist" / "FashionMNIST" / "raw"
+    raw.mkdir(parents=True)
+    for packed in shared.glob("*-ubyte.gz"):
+        (raw / packed.name).symlink_to(packed)
+    splits = load_source(DataParams(source="fashion_mnist"), tmp_path, seed=0)
+    assert (len(splits["train"]), len(splits["val"]), len(splits["test"])) == (54000, 6000, 10000)
+    assert splits["train"].x.dtype == np.uint8 and splits["train"].x.shape[1:] == (28, 28)
+    counts = np.bincount(np.concatenate([splits["train"].y, splits["val"].y]), minlength=10)
+    assert counts.tolist() == [6000] * 10 and np.bincount(splits["test"].y).tolist() == [1000] * 10
 
 
 def test_npz_source_on_real_mnist(tmp_path, mnist10k) -> None:
@@ -133,5 +218,5 @@ def test_unknown_source_is_named(tmp_path, monkeypatch) -> None:
     object.__setattr__(params, "source", "imagenet")  # bypass the schema, as a plugin might
     with pytest.raises(DataSourceError, match="data.source = 'imagenet' is unknown; allowed"):
         load_source(params, tmp_path, seed=0)
-    assert set(sources.SOURCES) == {"digits", "mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10", "adult",
+    assert set(sources.SOURCES) == {"digits", "mnist", "fashion_mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10", "adult",
                                     "compas"}

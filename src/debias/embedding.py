@@ -1,10 +1,14 @@
-"""UMAP with a disk cache for numba's compiled code and an exact neighbour graph (used by groups and evaluation).
+"""UMAP with a disk cache for numba's compiled code and a k-NN graph whose cost grows no faster than UMAP's (used by groups and evaluation).
 
 ``import umap`` compiles numba code (~20 s) and umap-learn/pynndescent cache little of it on
 disk, so every stage process paid again; :func:`import_umap` sets ``NUMBA_CACHE_DIR`` (default
 ``~/.cache/debias/numba``) and switches numba's cache on for their jitted functions.
-:func:`umap_fit` passes an exact k-NN graph (torch, in blocks) as ``precomputed_knn``, which is
-exact for every N and avoids pynndescent's uncacheable NN-descent above 4,096 points.
+:func:`umap_fit` passes the k-NN graph of :func:`knn_graph` as ``precomputed_knn``: exact (torch, in
+blocks) up to :data:`EXACT_KNN_MAX_POINTS` points, above it pynndescent's NN-descent with UMAP's own
+settings, seeded. The exact graph costs O(N^2) (measured on 84-d features, one thread: 0.5 / 5.7 / 55 CPU s
+at 6k / 18k / 54k points); NN-descent costs ~10 s of numba compilation in every process (numba cannot
+cache it) and then grows about linearly (11 / 13 / 16 CPU s), with 96 % of the exact 15 neighbours found
+at 54k; the two cross near 25k points.
 Entry points that run UMAP set ``OMP_WAIT_POLICY=PASSIVE`` before importing torch (busy OpenMP
 threads left by numba slow torch down ~10x).
 """
@@ -91,6 +95,35 @@ def exact_knn(points: torch.Tensor, k: int, block: int = 512) -> tuple[np.ndarra
     return torch.cat(indices).numpy(), torch.cat(distances).float().numpy()
 
 
+# Above this many points the k-NN graph is NN-descent's (sub-quadratic) instead of the exact one (quadratic).
+EXACT_KNN_MAX_POINTS = 25_000
+
+
+def nndescent_knn(points: torch.Tensor, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Approximate k nearest points (Euclidean, itself first) by pynndescent's NN-descent with the settings umap-learn
+    uses for its own graph (trees, iterations, candidates), seeded and single-threaded, hence deterministic:
+    ``(indices int64 [N,k], distances float32 [N,k])``."""
+    import_umap()  # numba's cache directory and passive OpenMP waits, before pynndescent compiles
+    from pynndescent import NNDescent
+
+    n = len(points)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Cannot cache compiled function")  # nn_descent: numba cannot
+        index = NNDescent(points.detach().cpu().float().numpy(), n_neighbors=k, metric="euclidean", random_state=seed,
+                          n_trees=min(64, 5 + int(round(n ** 0.5 / 20.0))), n_iters=max(5, int(round(np.log2(n)))),
+                          max_candidates=60, low_memory=True, n_jobs=1, compressed=False, verbose=False)
+        indices, distances = index.neighbor_graph
+    return indices.astype(np.int64), distances.astype(np.float32)
+
+
+def knn_graph(points: torch.Tensor, k: int, seed: int, exact_max: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The k-NN graph UMAP starts from: :func:`exact_knn` up to ``exact_max`` points (default
+    :data:`EXACT_KNN_MAX_POINTS`), else :func:`nndescent_knn`; both seeded, deterministic."""
+    if len(points) <= (EXACT_KNN_MAX_POINTS if exact_max is None else exact_max):
+        return exact_knn(points, k)
+    return nndescent_knn(points, k, seed)
+
+
 def umap_fit(z: torch.Tensor, n_components: int, n_neighbors: int, min_dist: float, seed: int) -> torch.Tensor:
     """UMAP(n_components, n_neighbors = min(n_neighbors, N-1), min_dist, random_state=seed) of ``z``: float [N, n_components]."""
     umap = import_umap()
@@ -98,7 +131,7 @@ def umap_fit(z: torch.Tensor, n_components: int, n_neighbors: int, min_dist: flo
     if n < 3:
         raise ValueError(f"UMAP needs at least 3 points, found {n}")
     n_neighbors = min(n_neighbors, n - 1)
-    knn = exact_knn(z, n_neighbors)
+    knn = knn_graph(z, n_neighbors, seed)
     reducer = umap.UMAP(n_components=n_components, n_neighbors=n_neighbors, min_dist=min_dist,
                         random_state=seed, n_jobs=1, precomputed_knn=knn)
     with warnings.catch_warnings():

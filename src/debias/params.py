@@ -205,14 +205,18 @@ PATH_SOURCES = ("npz", "adult", "compas")
 
 
 class DataParams(Section):
-    source: Literal["digits", "mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10", "adult", "compas"] = "digits"
+    source: Literal["digits", "mnist", "fashion_mnist", "npz", "imagefolder", "waterbirds", "celeba", "cifar10", "adult",
+                    "compas"] = "digits"
     path: str | None = Field(None, description="npz: path to a local .npz; adult / compas: a folder holding the original "
                                                "files (relative to the repository root or absolute)")
     val_fraction: float = Field(0.15, gt=0, lt=1, description="digits/npz: stratified validation fraction (adult/compas: data.tabular)")
     test_fraction: float = Field(0.25, gt=0, lt=1, description="digits/npz: stratified test fraction (adult/compas: data.tabular)")
-    mnist_val_size: int = Field(6000, ge=1, description="mnist: validation images carved from the official training split")
+    mnist_val_size: int = Field(6000, ge=1, description="mnist, fashion_mnist: validation images carved from the official training split")
     image_size: int = Field(28, ge=8, le=512, description="side of the square images after resizing (unused by adult/compas)")
     max_per_split: int | None = Field(None, ge=1, description="optional cap on images (rows) per split (smoke runs)")
+    max_train: int | None = Field(
+        None, ge=1, description="optional cap on training images (rows) only, after max_per_split: a seeded subset, "
+                                "nested across caps (scaling runs: validation and test keep their size)")
     memory_gb: float | None = Field(
         None, gt=0, description="image-file sources: memory the decoded splits may use (null: the memory available when loading)")
     imagefolder: ImageFolderParams = Field(default_factory=ImageFolderParams)
@@ -590,6 +594,9 @@ class EvaluateParams(Section):
     splits: list[Literal["train", "val", "test"]] = Field(default_factory=lambda: ["test", "val"], min_length=1)
     normalize_alignment: bool = Field(False, description="alignment loss on L2-normalised rows (CNC uses raw outputs)")
     block_size: int = Field(2048, ge=16, description="rows per block of pairwise distances (memory bound)")
+    max_pair_points: int | None = Field(
+        20000, ge=2, description="pairwise metrics (alignment loss, distance statistics) of a split with more rows use "
+                                 "a seeded subset of about this many, stratified by group (time bound); null: all rows")
     umap: UMAPParams = Field(default_factory=UMAPParams)
     mi_max_iter: int = Field(1000, ge=10, description="iterations of the logistic regression behind the MI estimate")
     mi_c: float = Field(1.0, gt=0, le=1e6, description="inverse L2 strength C of the MI estimator's logistic regression "

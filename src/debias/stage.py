@@ -126,6 +126,42 @@ def _fail(who: str, message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def end_stage_process(stage: str) -> None:
+    """End a stage process that finished its work, skipping the interpreter's own finalization.
+
+    Tearing down the modules of torch, MLflow, scikit-learn and pandas (garbage collection, module
+    dictionaries, destructors) took 1.0-1.7 CPU s after every stage on a 2-core machine, after the
+    outputs were already on disk. Only where this process is ``python pipeline/<stage>.py`` itself (not a
+    test or script running stages in-process), no non-daemon thread is still running, and ``DEBIAS_FAST_EXIT``
+    is not ``0`` (set it for profilers that write their results at exit): the ``atexit`` handlers run (the
+    logging shutdown, the process group's), standard streams are flushed, and the process exits 0 with
+    ``os._exit``. Every output is written atomically and closed before this point; MLflow's SQLite
+    transactions are committed as each call returns.
+    """
+    import threading
+
+    if os.environ.get("DEBIAS_FAST_EXIT", "1").strip() == "0":
+        return
+    # The script the interpreter was started with (sys.orig_argv: runpy and pytest rewrite sys.argv[0], not this)
+    # must be this stage's entrypoint: `python [-u ...] pipeline/<stage>.py`.
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    words = [word for word in getattr(sys, "orig_argv", [])[1:] if not word.startswith("-")]
+    if script is None or Path(script).name != f"{stage}.py" or not words or Path(words[0]).resolve() != Path(script).resolve():
+        return
+    if any(thread.is_alive() and not thread.daemon and thread is not threading.main_thread()
+           for thread in threading.enumerate()):
+        return
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
 def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noqa: F821 (StageRun: lazy import)
     """Validate params, check device and outputs, open the stage's MLflow run and run ``body``."""
     from debias import distributed
@@ -146,6 +182,7 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
             body(params, run)
             if distributed.is_main():
                 publish(stage, run)
+        end_stage_process(stage)
     except KeyboardInterrupt:
         if debug:
             raise

@@ -13,7 +13,9 @@
   positive (same y) / negative (different y) x aligned (same a) / conflicting (different a);
   mean and population std (ddof 0) per kind, exact, from float64 sums and sums of squares.
 Pairwise quantities are computed in ``block_size`` x ``block_size`` tiles (float64): memory is
-bounded by the tile, never N x N.
+bounded by the tile, never N x N. Their time grows as N^2, so a split with more than
+``max_pair_points`` rows is first cut to a seeded subset stratified by group (:func:`pair_subset`;
+an unbiased estimate of every per-group mean), and the metrics record ``pair_points``.
 """
 
 from __future__ import annotations
@@ -184,18 +186,44 @@ def distance_statistics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, block
 # --------------------------------------------------------------------------- one split, one encoder
 
 
+def pair_subset(groups: torch.Tensor, max_points: int | None, seed: int) -> torch.Tensor | None:
+    """Sorted indices of a seeded subset of about ``max_points`` rows, every group keeping its share (rounded up, so
+    no present group vanishes: at most ``max_points`` + number of groups rows); None when all rows fit."""
+    n = int(groups.numel())
+    if max_points is None or n <= max_points:
+        return None
+    groups = groups.long().cpu()
+    generator = torch.Generator().manual_seed(seed)
+    keys = torch.rand(n, generator=generator)
+    order = torch.argsort(keys)
+    order = order[torch.argsort(groups[order], stable=True)]  # by group, random within a group
+    counts = torch.bincount(groups)
+    keep = torch.ceil(counts.double() * (max_points / n)).long()
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(n) - starts[groups[order]]
+    return order[rank < keep[groups[order]]].sort().values
+
+
 def representation_metrics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_classes: int, n_attrs: int,
                            params: EvaluateParams, seed: int) -> dict[str, Any]:
-    """Alignment loss, Î(Y;Z), Î(A;Z) (with the label entropies H(Y), H(A)) and distance statistics of one split."""
-    metrics = alignment_loss(z, y, a, n_classes, n_attrs, params.block_size, params.normalize_alignment)
+    """Alignment loss, Î(Y;Z), Î(A;Z) (with the label entropies H(Y), H(A)) and distance statistics of one split.
+
+    The pairwise metrics (alignment loss, distance statistics) use :func:`pair_subset` of the split when it has
+    more than ``params.max_pair_points`` rows (``pair_points`` then says how many); Î uses every row.
+    """
+    subset = pair_subset(y.long() * n_attrs + a.long(), params.max_pair_points, seed)
+    zp, yp, ap = (z, y, a) if subset is None else (z[subset], y[subset], a[subset])
+    metrics = alignment_loss(zp, yp, ap, n_classes, n_attrs, params.block_size, params.normalize_alignment)
     metrics.update({
         "mi_y": mutual_information(z, y, seed, params.mi_max_iter, params.mi_c),
         "mi_a": mutual_information(z, a, seed, params.mi_max_iter, params.mi_c),
         "h_y": label_entropy(y),
         "h_a": label_entropy(a),
         "n": int(y.numel()),
-        "distances": distance_statistics(z, y, a, params.block_size),
+        "distances": distance_statistics(zp, yp, ap, params.block_size),
     })
+    if subset is not None:
+        metrics["pair_points"] = int(subset.numel())
     return metrics
 
 

@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
-from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+from debias.lazy import lazy_callable
+
+# Imported on first use: train_contrastive imports this package for load_groups and never matches (scikit-learn
+# and scipy cost ~1.7 CPU s of its start-up).
+linear_sum_assignment = lazy_callable("scipy.optimize", "linear_sum_assignment")
+adjusted_rand_score = lazy_callable("sklearn.metrics", "adjusted_rand_score")
+normalized_mutual_info_score = lazy_callable("sklearn.metrics", "normalized_mutual_info_score")
 
 
 def _as_long(values: torch.Tensor | np.ndarray) -> torch.Tensor:

@@ -193,10 +193,11 @@ def umap_grid(columns: list[tuple[str, dict[str, torch.Tensor]]], path: str | Pa
     bottom row shows an attribute in the colour the images have; else tab10."""
     fig, axes = plt.subplots(2, len(columns), figsize=(3.3 * len(columns) + 1.2, 5.8), squeeze=False)
     for col, (title, payload) in enumerate(columns):
-        coords = payload["coords"].float()
+        index = figure_subset(len(payload["coords"]), FIGURE_MAX_POINTS)  # evaluate.umap.max_points may be large
+        coords = payload["coords"][index].float()
         for row, (key, name) in enumerate((("y", "y"), ("a", "a"))):
             ax = axes[row, col]
-            _scatter_by(ax, coords, payload[key].long(), name, legend=col == len(columns) - 1,
+            _scatter_by(ax, coords, payload[key][index].long(), name, legend=col == len(columns) - 1,
                         colours=rgb_colours(attribute_colours) if key == "a" else None)
             _bare(ax)
             ax.set_title(f"{title}: coloured by {'class y' if key == 'y' else 'bias attribute a'}", fontsize=9)
@@ -235,20 +236,45 @@ def training_curves(curves: dict[str, dict[str, list[float]]], selected: dict[st
     save_figure(fig, path, dpi=dpi)
 
 
+# Points one scatter figure draws at most: a 3-inch panel at 110 dpi has ~10^5 pixels, so more points only
+# overplot while drawing time and PNG size keep growing with N (54k training points at paper scale).
+FIGURE_MAX_POINTS = 10_000
+
+
+def figure_subset(n: int, max_points: int, seed: int = 0, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Sorted indices of at most ``max_points`` of ``n`` points: every ``keep`` point first (a seeded subset of
+    them if they alone are too many), then a seeded random subset of the others; all ``n`` when they fit."""
+    if n <= max_points:
+        return torch.arange(n)
+    generator = torch.Generator().manual_seed(seed)
+    keep = torch.zeros(n, dtype=torch.bool) if keep is None else keep.bool()
+    chosen = torch.nonzero(keep).flatten()
+    chosen = chosen[torch.randperm(len(chosen), generator=generator)[:max_points]]
+    others = torch.nonzero(~keep).flatten()
+    others = others[torch.randperm(len(others), generator=generator)[: max_points - len(chosen)]]
+    return torch.cat([chosen, others]).sort().values
+
+
 def inferred_group_umap(coords: torch.Tensor, inferred_group: torch.Tensor, minority: torch.Tensor,
-                        path: str | Path, dpi: int = 110) -> None:
-    """UMAP of the training features: coloured by inferred group, and inferred minority (x) against majority."""
-    fig, (group_ax, minority_ax) = plt.subplots(1, 2, figsize=(8.4, 3.4))
+                        path: str | Path, dpi: int = 110, max_points: int = FIGURE_MAX_POINTS) -> None:
+    """UMAP of the training features: coloured by inferred group, and inferred minority (x) against majority.
+
+    Above ``max_points`` points the figure draws a seeded subset (:func:`figure_subset`) holding every inferred
+    minority point it can, and says so in its titles."""
+    index = figure_subset(len(coords), max_points, keep=minority)
+    shown = "" if len(index) == len(coords) else f" ({len(index):,} of {len(coords):,} points)"
+    coords, inferred_group, minority = coords[index], inferred_group[index], minority[index]
+    fig, (group_ax, minority_ax) = plt.subplots(1, 2, figsize=(7.4, 3.1))
     coords = coords.float()
     _scatter_by(group_ax, coords, inferred_group.long(), "group", legend=True)
-    group_ax.set_title("coloured by inferred group", fontsize=9)
+    group_ax.set_title(f"coloured by inferred group{shown}", fontsize=8)
     majority = ~minority.bool()
     minority_ax.scatter(coords[majority, 0], coords[majority, 1], s=4, color="0.7", linewidths=0,
                         label="inferred majority", rasterized=True)
     minority_ax.scatter(coords[~majority, 0], coords[~majority, 1], s=14, color="crimson", marker="x",
                         linewidths=0.8, label="inferred minority")
     minority_ax.legend(fontsize=LEGEND_FONT, markerscale=1.5, frameon=False)
-    minority_ax.set_title("inferred minority points", fontsize=9)
+    minority_ax.set_title(f"inferred minority points{shown}", fontsize=8)
     for ax in (group_ax, minority_ax):
         _bare(ax)
     fig.tight_layout()

@@ -152,6 +152,15 @@ def cap_splits(splits: RawSplits, cap: int | None, seed: int) -> RawSplits:
     return out
 
 
+def cap_train(splits: RawSplits, cap: int | None, seed: int) -> RawSplits:
+    """Keep at most ``cap`` training images: the first ``cap`` of one seeded permutation (order preserved), so
+    a smaller cap's subset lies inside a larger one's (``data.max_train``; validation and test unchanged)."""
+    if cap is None or "train" not in splits or len(splits["train"]) <= cap:
+        return splits
+    order = np.random.default_rng([seed, 61]).permutation(len(splits["train"]))
+    return {**splits, "train": splits["train"].take(np.sort(order[:cap]))}
+
+
 def missing_classes(splits: RawSplits) -> dict[str, list[int]]:
     """Per split, the classes of the whole dataset that the split holds no image of."""
     classes = set(np.unique(np.concatenate([split.y for split in splits.values()])).tolist())
@@ -209,7 +218,8 @@ def load_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     if params.source not in SOURCES:
         raise DataSourceError(f"data.source = '{params.source}' is unknown; allowed: {sorted(SOURCES)}")
     full = SOURCES[params.source](params, raw_dir, seed)
-    splits = cap_splits(full, params.max_per_split, seed)
+    capped = cap_splits(full, params.max_per_split, seed)
+    splits = cap_train(capped, params.max_train, seed)
     for name in SPLITS:
         if name not in splits or len(splits[name]) == 0:
             raise DataSourceError(
@@ -217,12 +227,14 @@ def load_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
                 "raise data.val_fraction / data.test_fraction (adult, compas: data.tabular.val_fraction / "
                 "test_fraction) or provide more data"
             )
-    before, after = missing_classes(full), missing_classes(splits)
+    before, after, after_split_cap = missing_classes(full), missing_classes(splits), missing_classes(capped)
     for name in SPLITS:
         lost = sorted(set(after[name]) - set(before[name]))
         if lost:
+            cap = "data.max_per_split" if set(after_split_cap[name]) - set(before[name]) else "data.max_train"
+            value = params.max_train if cap == "data.max_train" else params.max_per_split
             raise DataSourceError(
-                f"data.max_per_split = {params.max_per_split} leaves split '{name}' without labels {lost[:10]}: "
-                f"raise data.max_per_split (the capped split keeps {len(splits[name])} of {len(full[name])} images) "
+                f"{cap} = {value} leaves split '{name}' without labels {lost[:10]}: "
+                f"raise {cap} (the capped split keeps {len(splits[name])} of {len(full[name])} images) "
                 "or set it to null")
     return splits

@@ -35,16 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from PIL import Image
 from tqdm.auto import tqdm
 
 from debias.data.sources.base import (SPLITS, DataSourceError, RawSplit, RawSplits, cap_index, check_memory,
                                       register_source, stratified_split)
+from debias.lazy import lazy_callable, lazy_module
 from debias.params import CelebAParams, DataParams, ImageFit, ImageFolderParams, WaterbirdsParams
 
 SHOWN = 5  # offending files or values named in an error message; the count says how many more
-TABLE_READERS = {".csv": pd.read_csv, ".parquet": pd.read_parquet, ".pq": pd.read_parquet}
+pd = lazy_module("pandas")  # imported when a table is read, not by every stage that imports the source registry
+TABLE_READERS = {".csv": lazy_callable("pandas", "read_csv"), ".parquet": lazy_callable("pandas", "read_parquet"),
+                 ".pq": lazy_callable("pandas", "read_parquet")}
 
 
 @dataclass

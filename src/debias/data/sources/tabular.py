@@ -58,12 +58,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from debias.data.sources.base import DataSourceError, RawSplit, RawSplits, random_split, register_source
 from debias.io import atomic_path
+from debias.lazy import lazy_module
 from debias.params import DataParams, TabularParams
 from debias.paths import resolve_data_path
+
+pd = lazy_module("pandas")  # imported when a table is read, not by every stage that imports the source registry
 
 DOWNLOAD_TIMEOUT_S = 60
 

@@ -1,0 +1,126 @@
+"""Stage start-up (issue 16): heavy libraries imported only where a stage uses them, no MLflow with tracking off,
+and a finished stage process skips the interpreter's teardown - but only when it is the process's own script."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from debias.lazy import lazy_callable, lazy_module
+from tests.conftest import REPO
+
+STAGE_SCRIPT = """
+import atexit, sys
+from debias.stage import main
+atexit.register(lambda: open("atexit-ran", "w").write("yes"))
+def body(params, run):
+    print("body ran; mlflow imported:", "mlflow" in sys.modules, flush=True)
+main("download", body)
+print("after main", flush=True)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_", "DEBIAS_"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO), env.get("PYTHONPATH", "")]),
+               DEBIAS_TRACKING="off", DEBIAS_THREADS="1", **extra)
+    return env
+
+
+def test_a_finished_stage_process_ends_without_teardown_only_as_its_own_script(tmp_path) -> None:
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    (tmp_path / "download.py").write_text(STAGE_SCRIPT)
+    done = subprocess.run([sys.executable, "download.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "body ran; mlflow imported: False" in done.stdout  # DEBIAS_TRACKING=off: MLflow is never imported
+    assert "after main" not in done.stdout  # ended right after the stage, with exit code 0 ...
+    assert (tmp_path / "atexit-ran").read_text() == "yes"  # ... after the atexit handlers ran
+    assert (tmp_path / "reports" / "runs" / "download.json").exists()  # and the run record was written
+    (tmp_path / "atexit-ran").unlink()
+    # the same entrypoint run in-process by another program (runpy, as tests and scripts do) returns normally
+    script = "import runpy; runpy.run_path('download.py', run_name='__main__'); print('caller goes on')"
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "after main" in done.stdout and "caller goes on" in done.stdout
+
+
+def test_registry_groups_and_tracking_import_no_pandas_sklearn_or_mlflow() -> None:
+    heavy = "('pandas', 'sklearn', 'scipy', 'mlflow', 'matplotlib', 'umap')"
+    code = ("import sys, debias.data.sources, debias.tracking, debias.stage; "
+            f"print(sorted(m for m in {heavy} if m in sys.modules)); "
+            "import debias.groups; "  # reads and writes parquet tables: pandas, but no matching libraries
+            f"print(sorted(m for m in {heavy} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "['pandas']"]
+
+
+def test_lazy_stand_ins_import_on_first_use() -> None:
+    json_module = lazy_module("json")
+    assert json_module.dumps([1]) == "[1]"
+    join = lazy_callable("os.path", "join")
+    assert join("a", "b") == os.path.join("a", "b") and join.__name__ == "join"
+    assert Path(lazy_module("pathlib").__getattr__("Path")("x")) == Path("x")
+
+
+def _fake_worker(exps: Path, number: int, pid: int, returncode: int | None = None) -> None:
+    (exps / "celery").mkdir(parents=True, exist_ok=True)
+    (exps / "celery" / f"dvc-exp-worker-{number}.json").write_text(
+        f'{{"pid": {pid}, "stdin": null, "stdout": null, "stderr": null, "returncode": '
+        f'{"null" if returncode is None else returncode}}}')
+
+
+def test_threads_default_to_cores_over_live_queue_workers(tmp_path, monkeypatch) -> None:
+    import torch
+
+    from debias import runtime
+
+    exps = tmp_path / "repo" / ".dvc" / "tmp" / "exps"
+    run_dir = exps / "tmpabc123"
+    run_dir.mkdir(parents=True)
+    sleepers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "exp", "queue-worker", f"w{i}"])
+                for i in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        while not all(b"queue-worker" in Path(f"/proc/{s.pid}/cmdline").read_bytes() for s in sleepers):
+            assert time.monotonic() < deadline, "the fake workers did not start"
+            time.sleep(0.05)  # between fork and exec the child still shows the parent's command line
+        _fake_worker(exps, 1, sleepers[0].pid)
+        _fake_worker(exps, 2, sleepers[1].pid)
+        _fake_worker(exps, 3, sleepers[1].pid, returncode=0)  # finished
+        _fake_worker(exps, 4, os.getpid())  # a pid that is no queue worker (reused)
+        root = tmp_path / "repo"
+        assert runtime.queue_workers(root, run_dir) == 2
+        assert runtime.queue_workers(root, exps / "standalone" / "tmpx") == 0  # dvc exp run --temp: not queued
+        assert runtime.queue_workers(root, root) == 0 and runtime.queue_workers(None, run_dir) == 0
+        monkeypatch.setenv("DVC_ROOT", str(root))
+        monkeypatch.chdir(run_dir)
+        monkeypatch.delenv("DEBIAS_THREADS", raising=False)
+        monkeypatch.setattr(runtime, "usable_cores", lambda: 8)
+        assert runtime.default_threads() == 4
+        monkeypatch.setattr(runtime, "usable_cores", lambda: 2)
+        assert runtime.default_threads() == 1
+        before = torch.get_num_threads()
+        saved = {name: os.environ.get(name) for name in runtime.THREAD_VARIABLES}
+        try:
+            runtime.configure_threads()
+            assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+        finally:
+            torch.set_num_threads(before)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        sleepers[1].kill()
+        sleepers[1].wait()
+        assert runtime.default_threads() is None  # one worker left: the libraries' default, as outside the queue
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
