@@ -146,7 +146,7 @@ def test_max_train_caps_only_the_training_split_nested(tmp_path) -> None:
         assert np.array_equal(small[name].x, full[name].x)
     rows = {row.tobytes() for row in larger["train"].x}
     assert all(row.tobytes() in rows for row in small["train"].x)  # the 12 lie inside the 30
-    with pytest.raises(DataSourceError, match=r"data.max_train = 1 leaves split 'train' without classes"):
+    with pytest.raises(DataSourceError, match=r"data.max_train = 1 leaves split 'train' without labels"):
         load_source(DataParams(**params, max_train=1), tmp_path, seed=0)
 
 

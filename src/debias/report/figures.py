@@ -244,6 +244,8 @@ FIGURE_MAX_POINTS = 10_000
 def figure_subset(n: int, max_points: int, seed: int = 0, keep: torch.Tensor | None = None) -> torch.Tensor:
     """Sorted indices of at most ``max_points`` of ``n`` points: every ``keep`` point first (a seeded subset of
     them if they alone are too many), then a seeded random subset of the others; all ``n`` when they fit."""
+    import torch
+
     if n <= max_points:
         return torch.arange(n)
     generator = torch.Generator().manual_seed(seed)
