@@ -88,6 +88,31 @@ def test_imagefolder_reads_official_splits_groups_and_size(shapes, tmp_path, mon
     assert biased["test"].x.shape == (8, 3, 12, 12)
 
 
+def test_example_folder_is_biased_in_training_balanced_elsewhere_and_read_by_the_defaults(tmp_path) -> None:
+    from debias.cli import main as cli_main
+
+    root = tmp_path / "example"
+    assert cli_main(["example-folder", str(root), "--n-train", "40", "--n-eval", "8", "--rho", "0.9", "--size", "16"]) == 0
+    splits = load_source(DataParams(source="imagefolder", image_size=16, imagefolder={"root": str(root)}), tmp_path, 0)
+    biased = inject_bias(splits, BiasParams(protocol="given"), seed=0)
+    assert biased["train"].group_counts().tolist() == [[18, 2], [2, 18]]  # round(20 * 0.9) aligned per class
+    assert biased["val"].group_counts().tolist() == biased["test"].group_counts().tolist() == [[2, 2], [2, 2]]
+    squares, discs = [(splits["train"].x[splits["train"].y == label] > 200).all(-1).sum((1, 2)) for label in (0, 1)]
+    assert squares.mean() > discs.mean()  # a square of half-side r covers 4r^2 pixels, a disc of radius r pi r^2
+    assert cli_main(["example-folder", str(root), "--rho", "0.3"]) == 2
+
+
+def test_imagefolder_root_is_relative_to_the_repository_and_fingerprinted(shapes, tmp_path, monkeypatch) -> None:
+    from debias.data.sources.base import external_files
+
+    root, table = shapes
+    monkeypatch.setenv("DVC_ROOT", str(root.parent))  # as under dvc exp run --temp: cwd is a temporary copy
+    monkeypatch.chdir(tmp_path / "..")
+    params = folder_params(root.name)
+    assert external_files(params) == {"data.imagefolder.root": root}  # the source stage digests this folder
+    assert len(load_source(params, tmp_path, seed=0)["train"]) == int((table.split == 0).sum())
+
+
 def test_imagefolder_parquet_without_split_column_is_split_stratified_and_seeded(shapes, tmp_path) -> None:
     root, table = shapes
     table.drop(columns="split").to_parquet(root / "meta.parquet")

@@ -77,6 +77,18 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def example_folder(args: argparse.Namespace) -> int:
+    from debias.data.examples import write_shapes_folder
+
+    try:
+        table = write_shapes_folder(args.root, args.n_train, args.n_eval, args.rho, args.size, args.seed)
+    except ValueError as exc:
+        print(f"debias example-folder: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {table} and its images; run: dvc exp run -S data.source=imagefolder -S data.imagefolder.root={args.root}")
+    return 0
+
+
 COMPARE_HELP = """\
 Gather experiments into a table (one row per experiment: the params that differ and the headline test
 metrics; then grouped by everything but the seed, mean +- std over seeds) printed here at most --width
@@ -119,6 +131,17 @@ def main(argv: list[str] | None = None) -> int:
                                description="Check (or --write) each stage's code deps in dvc.yaml against the "
                                            "imports of its entrypoint.")
     code.add_argument("--write", action="store_true", help="rewrite the code deps in dvc.yaml")
+    shapes = commands.add_parser("example-folder", help="write a small biased image folder with a metadata.csv",
+                                 description="Write white squares and discs on green or blue backgrounds (the class "
+                                             "follows the background in --rho of the training images; val and test "
+                                             "balanced) with Waterbirds' metadata.csv layout, for data.source="
+                                             "imagefolder.")
+    shapes.add_argument("root", help="folder to write (e.g. data/external/shapes: git-ignored)")
+    shapes.add_argument("--n-train", type=int, default=400)
+    shapes.add_argument("--n-eval", type=int, default=100, help="images in each of val and test")
+    shapes.add_argument("--rho", type=float, default=0.95, help="share of training images on their class's background")
+    shapes.add_argument("--size", type=int, default=32, help="image side in pixels")
+    shapes.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "check-params":
         return check_params(args.path)
@@ -128,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         return plots_template(args.path)
     if args.command == "deps":
         return deps(args.write)
+    if args.command == "example-folder":
+        return example_folder(args)
     return 1  # pragma: no cover - argparse enforces the choices
 
 

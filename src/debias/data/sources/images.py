@@ -42,6 +42,7 @@ from debias.data.sources.base import (SPLITS, DataSourceError, RawSplit, RawSpli
                                       register_source, stratified_split)
 from debias.lazy import lazy_callable, lazy_module
 from debias.params import CelebAParams, DataParams, ImageFit, ImageFolderParams, WaterbirdsParams
+from debias.paths import resolve_data_path
 
 SHOWN = 5  # offending files or values named in an error message; the count says how many more
 pd = lazy_module("pandas")  # imported when a table is read, not by every stage that imports the source registry
@@ -245,12 +246,19 @@ def decode_splits(table: ImageTable, fit: ImageFit, crop_fraction: float, params
 # --------------------------------------------------------------------------- sources
 
 
-@register_source("imagefolder", protocol="given")
+def imagefolder_files(params: DataParams) -> dict[str, Path]:
+    """The folder the source stage fingerprints (names, sizes and times of its files): an image or the metadata
+    table changed in place reruns ``download``."""
+    return {"data.imagefolder.root": resolve_data_path(params.imagefolder.root or "")}
+
+
+@register_source("imagefolder", protocol="given", files=imagefolder_files)
 def imagefolder_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
-    """A folder of images and a metadata table (``data.imagefolder``)."""
+    """A folder of images and a metadata table (``data.imagefolder``; a relative root is resolved against the
+    repository root, as under ``dvc exp run --temp`` and the queue)."""
     spec = params.imagefolder
     assert spec.root is not None  # the schema requires it for this source
-    root = Path(spec.root)
+    root = resolve_data_path(spec.root)
     if not root.is_dir():
         raise DataSourceError(f"data.imagefolder.root = '{root}' is not a folder; point it at the folder of images")
     return decode_splits(table_from_metadata(spec, root), spec.fit, spec.crop_fraction, params, seed)
