@@ -7,7 +7,7 @@ import yaml
 
 from debias.cli import main as cli_main
 from debias.params import Params, ParamsError, load_params, params_hash, validate
-from tests.conftest import REPO, committed_text
+from tests.conftest import committed_text
 
 
 def test_shipped_params_yaml_is_valid_and_complete(tmp_path) -> None:

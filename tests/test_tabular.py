@@ -26,9 +26,9 @@ from debias.data.sources.tabular import RemoteFile, clean_compas, read_compas
 from debias.data.store import BiasedSplit, load_raw_data, load_split, save_raw_splits, save_split
 from debias.io import CorruptFileError, save_torch
 from debias.metrics import fairness_report, fairness_scalars
-from debias.models import Network, build_model, load_network, save_network
+from debias.models import build_model, load_network, save_network
 from debias.params import BiasParams, DataParams, MLPParams, ModelParams, TabularParams
-from tests.conftest import REPO, SHARED_DATASETS, committed_text, tiny_grey_digits
+from tests.conftest import SHARED_DATASETS, committed_text, tiny_grey_digits
 from tests.faults.conftest import make_workspace, run_entrypoint_in_process
 
 

@@ -26,10 +26,14 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from debias.errors import DebiasError, ResourceError
 from debias.params import Params, as_dict, load_params
 from debias.paths import RUNS
+
+if TYPE_CHECKING:  # tracking (MLflow) is imported inside main(), after the params and the device are checked
+    from debias.tracking import StageRun
 
 MESSAGE_LIMIT = 2000  # characters of an error message printed; the rest is cut with a note
 
@@ -95,7 +99,7 @@ def check_writable(outputs: list[Path]) -> None:
                                 "nothing was run and the previous outputs are intact") from None
 
 
-def publish(stage: str, run: "StageRun") -> None:  # noqa: F821
+def publish(stage: str, run: StageRun) -> None:
     """After a stage's body: its headline file ``reports/metrics/<stage>.json`` (:mod:`debias.headline`), logged
     to its MLflow run with its warnings; on the pipeline's parent run, the headline metrics and warnings of this
     stage and those before it (their files are current; later stages' files may be an earlier run's)."""

@@ -41,7 +41,6 @@ import re
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 import urllib.request
 import warnings

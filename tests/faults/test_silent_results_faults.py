@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from debias.io import save_torch
 from tests.conftest import tiny_grey_digits

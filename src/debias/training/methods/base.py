@@ -12,12 +12,15 @@ methods, imported once in the package's ``__init__``; its name must also be allo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from debias import distributed
 
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
@@ -121,6 +124,16 @@ def stage2_optimiser(inputs: Stage2Inputs, parameters: Any) -> tuple[torch.optim
     s2 = inputs.params.stage2
     optimizer = build_optimizer(parameters, s2.optimizer, s2.lr, s2.momentum, s2.weight_decay)
     return optimizer, build_scheduler(optimizer, s2.lr_milestones, s2.lr_gamma)
+
+
+def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """Every index of ``range(n)`` once, in a random order, cut into batches (the last may be smaller)."""
+    return list(torch.randperm(n, generator=generator).split(batch_size))
+
+
+def epoch_steps(batches: list[torch.Tensor], epoch: int) -> Iterable[tuple[int, torch.Tensor]]:
+    """``(step, index)`` over an epoch's batches, with a progress bar on the main process only."""
+    return enumerate(tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=None if distributed.is_main() else True))
 
 
 def normalise(z: torch.Tensor) -> torch.Tensor:

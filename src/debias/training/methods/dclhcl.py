@@ -14,7 +14,6 @@ WCL paper Sec. 6.1: t = 0.5 for all methods, τ+ = 0.1 on CIFAR-10, β = 1).
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 
 from debias import distributed, losses
 from debias.data.augment import simclr_view
@@ -22,8 +21,8 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask, ensure_finite
-from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, normalise, register_method,
-                                          stage2_optimiser)
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
+                                          register_method, shuffled_batches, stage2_optimiser)
 from debias.training.methods.views import Views
 
 
@@ -46,10 +45,9 @@ class TwoViewTask(GeneratorTask):
         self.views = Views(train, params, lambda x, g: simclr_view(x, g))
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        order = torch.randperm(len(self.train), generator=self.generator)
         progress = Progress()
-        for step, index in enumerate(tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}",
-                                          leave=False, disable=None if distributed.is_main() else True)):
+        batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
+        for step, index in epoch_steps(batches, epoch):
             if len(index) < 2:
                 continue  # the loss needs another row's views as negatives
             rows = self.train.x[index]

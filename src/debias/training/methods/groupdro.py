@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from debias import distributed, losses
 from debias.data.augment import random_shift
@@ -27,7 +26,8 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask, ensure_finite
-from debias.training.methods.base import Progress, Stage2Inputs, Stage2Setup, fresh_model, register_method, stage2_optimiser
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, register_method,
+                                          shuffled_batches, stage2_optimiser)
 
 
 def compact_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,10 +78,9 @@ class GroupDROTask(GeneratorTask):
                 "worst_group_loss": group_losses.detach()[present].max(), "q_max": self.q.max()}
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        order = torch.randperm(len(self.train), generator=self.generator)
         progress = Progress()
-        for step, index in enumerate(tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}",
-                                          leave=False, disable=None if distributed.is_main() else True)):
+        batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
+        for step, index in epoch_steps(batches, epoch):
             progress.add(**self.step(index, step))
         return progress.means()
 

@@ -24,7 +24,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from debias import distributed, losses
 from debias.data.augment import random_shift
@@ -32,7 +31,8 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask, ensure_finite
-from debias.training.methods.base import Progress, Stage2Inputs, Stage2Setup, fresh_model, register_method, stage2_optimiser
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, register_method,
+                                          shuffled_batches, stage2_optimiser)
 
 
 class LossEMA:
@@ -112,10 +112,9 @@ class LfFTask(GeneratorTask):
                 "ce_debiased": ce_d.detach().mean(), "weight": weight.mean()}
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        order = torch.randperm(len(self.train), generator=self.generator)
         progress = Progress()
-        for step, index in enumerate(tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}",
-                                          leave=False, disable=None if distributed.is_main() else True)):
+        batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
+        for step, index in epoch_steps(batches, epoch):
             progress.add(**self.step(index, step))
         return progress.means()
 

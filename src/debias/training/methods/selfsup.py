@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from debias import distributed, losses
 from debias.data.augment import simclr_view
@@ -24,8 +23,8 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params, WCLParams
 from debias.training.loop import GeneratorTask, ensure_finite
-from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, normalise, register_method,
-                                          stage2_optimiser)
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
+                                          register_method, shuffled_batches, stage2_optimiser)
 from debias.training.methods.views import Views
 
 
@@ -77,10 +76,9 @@ class WCLTask(GeneratorTask):
         return weighted + wcl.triplet_weight * triplet, weighted, triplet
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        order = torch.randperm(len(self.train), generator=self.generator)
         progress = Progress()
-        for step, index in enumerate(tqdm(order.split(self.params.stage2.batch_size), desc=f"epoch {epoch}",
-                                          leave=False, disable=None if distributed.is_main() else True)):
+        batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
+        for step, index in epoch_steps(batches, epoch):
             if len(index) < 2:
                 continue
             loss, weighted, triplet = self.batch_loss(index)

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from debias import distributed, health, losses
 from debias.data.augment import random_shift
@@ -31,8 +30,8 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask, ensure_finite
-from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, normalise, register_method,
-                                          stage2_optimiser)
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
+                                          register_method, shuffled_batches, stage2_optimiser)
 
 CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tensor]] = {
     "supcon": lambda z, y, p: losses.supcon(z, y, p.loss.temperature),
@@ -43,11 +42,6 @@ CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tens
 STARVED_FRACTION = 0.5
 SIDES = {"pos": "positive side (same class: same vs different bias label)",
          "neg": "negative side (different classes: same vs different bias label)"}
-
-
-def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """Every index once, in a random order, cut into batches (the last may be smaller)."""
-    return list(torch.randperm(n, generator=generator).split(batch_size))
 
 
 def stratified_batches(minority: torch.Tensor, batch_size: int, per_batch: int,
@@ -88,8 +82,7 @@ class ContrastiveTask(GeneratorTask):
     def train_epoch(self, epoch: int) -> dict[str, float]:
         loss_params = self.params.loss
         progress = Progress()
-        bar = tqdm(self.batches(), desc=f"epoch {epoch}", leave=False, disable=None if distributed.is_main() else True)
-        for step, index in enumerate(bar):
+        for step, index in epoch_steps(self.batches(), epoch):
             if len(index) < 2:
                 continue  # a single sample has no pair
             x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
@@ -113,7 +106,6 @@ class ContrastiveTask(GeneratorTask):
             distributed.sum_gradients(self.optimizer)
             self.optimizer.step()
             progress.add(loss=loss.detach(), **parts)
-            bar.set_postfix(loss=f"{progress.sums['loss'] / progress.count:.4f}", refresh=False)
         return progress.means()
 
 
