@@ -263,6 +263,34 @@ def stage_runs(workdir: Path) -> tuple[dict[str, dict[str, float]], float, dict[
     return seconds, ((max(ends) - min(starts)) / 1000 if starts else 0.0), evaluated
 
 
+def stage_warnings(workdir: Path) -> dict[str, dict[str, list[str]]]:
+    """Experiment name -> stage -> the warning codes of its MLflow run (tag ``debias.warnings``, one ``code: message``
+    per line; :mod:`debias.health`)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    found: dict[str, dict[str, list[str]]] = {}
+    for run_ in client.search_runs(experiments, filter_string="attributes.status = 'FINISHED'", max_results=50000):
+        name, stage = run_.data.tags.get("debias.dvc_experiment"), run_.data.tags.get("debias.stage")
+        lines = (run_.data.tags.get("debias.warnings") or "").splitlines()
+        if name and stage and lines:
+            found.setdefault(name, {})[stage] = sorted({line.split(":", 1)[0].strip() for line in lines})
+    return found
+
+
+ROW_STAGE = {"erm": "train_erm"}  # the stage whose warnings a row carries (default: train_contrastive)
+
+
+def add_warnings(rows: list[dict], warnings: dict[str, dict[str, list[str]]]) -> list[dict]:
+    """Each row's ``warnings`` (the codes of the stage that produced its numbers, ';'-joined; '' when none)."""
+    for row in rows:
+        stage = ROW_STAGE.get(row["method"], "linear_probe" if row.get("from_probe") else "train_contrastive")
+        row["warnings"] = ";".join(warnings.get(row["experiment"], {}).get(stage, []))
+        row.pop("from_probe", None)
+    return rows
+
+
 def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]],
             evaluated: dict[str, dict[str, float]] | None = None) -> list[dict]:
     """One CSV row per (setting, seed, method), the ERM row taken from each upstream experiment."""
@@ -296,6 +324,7 @@ def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[st
                    {"alignment_loss": metrics.get("align_s2"), "mi_a": metrics.get("mi_a_s2")})
             stage_time = seconds.get(name, {}).get("linear_probe")
             row["method"] = job["method"]
+            row["from_probe"] = True
         else:
             prefix = "s2"
             extra = evaluated.get(name, {})
@@ -342,7 +371,9 @@ def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[
                 seconds = [r[key] for r in group if r[key] is not None]
                 cells.append(f"{statistics.mean(seconds):.0f}" if seconds else "–")
             cells += [str(len(group)), paper.get(method, "")]
-            lines.append(f"| {setting} | {labels.get(method, method)} | " + " | ".join(cells) + " |")
+            degenerate = sum("degenerate-selection" in (r.get("warnings") or "") for r in group)
+            flag = f" ⚠ degenerate selection in {degenerate} of {len(group)} seeds" if degenerate else ""
+            lines.append(f"| {setting} | {labels.get(method, method)}{flag} | " + " | ".join(cells) + " |")
     notes = [f"- {setting}: {config['paper'][setting]['reference']}" for setting in settings
              if setting in config.get("paper", {})]
     counts = []
@@ -353,7 +384,10 @@ def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[
         if conflicting:
             low, high = min(conflicting), max(conflicting)
             counts.append(f"{setting}: {low if low == high else f'{low}–{high}'} of {n_train[0]}")
-    return "\n".join(lines + ["", "Bias-conflicting training images: " + "; ".join(counts) + ".",
+    return "\n".join(lines + ["", "⚠ degenerate selection: validation worst-group accuracy was 0 at every epoch, so "
+                                  "the kept epoch was chosen by the tie-breaks (validation unbiased, then average "
+                                  "accuracy); read those rows' worst-group numbers as no better than ERM's.",
+                              "", "Bias-conflicting training images: " + "; ".join(counts) + ".",
                               "", "Papers' numbers (column *paper*):", *notes])
 
 
@@ -367,7 +401,7 @@ def read_rows(paths: list[str]) -> list[dict]:
                 for key, value in row.items():
                     if value == "":
                         parsed[key] = None
-                    elif key in ("setting", "method", "experiment"):
+                    elif key in ("setting", "method", "experiment", "warnings"):
                         parsed[key] = value
                     else:
                         parsed[key] = int(value) if key in ("seed", "n_train", "n_conflicting") else float(value)
@@ -443,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.time() - started
     unfinished = [] if args.collect_only else unfinished
     seconds, span, evaluated = stage_runs(workdir)
-    rows = rows_of(jobs, shown_experiments(workdir), seconds, evaluated)
+    rows = add_warnings(rows_of(jobs, shown_experiments(workdir), seconds, evaluated), stage_warnings(workdir))
     if not rows:
         print("[quality] no results", file=sys.stderr)
         return 1

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
         unfinished = quality.run_queue(workdir, jobs, args.jobs, quality.stage_env(args.threads, workdir), deadline)
     wall = time.time() - started
-    seconds, span = quality.stage_runs(workdir)
+    seconds, span, _ = quality.stage_runs(workdir)
     rows = rows_of(jobs, quality.shown_experiments(workdir), seconds, config)
     if not rows:
         print("[tabular] no results", file=sys.stderr)

@@ -97,6 +97,19 @@ def test_markdown_reports_mean_and_sample_std_over_seeds_in_percent() -> None:
     assert quality.mean_std([0.5], 100) == "50.0" and quality.mean_std([None]) == "–"
 
 
+def test_rows_carry_their_stages_warnings_and_degenerate_selections_are_flagged() -> None:
+    base = {"setting": "cmnist_096", "n_train": 100, "n_conflicting": 4, "test_avg": 0.5, "test_unbiased": 0.5,
+            "test_worst_group": 0.0, "alignment_loss": 1.0, "mi_a": 0.5, "train_seconds": 1.0, "experiment_seconds": 2.0}
+    rows = [{**base, "seed": s, "method": m, "experiment": f"{m}-{s}"} for m in ("erm", "supcon") for s in (0, 1)]
+    warnings = {"supcon-0": {"train_contrastive": ["degenerate-selection"], "train_erm": ["chance-level"]},
+                "erm-1": {"train_erm": ["chance-level"], "train_contrastive": ["degenerate-selection"]}}
+    rows = quality.add_warnings(rows, warnings)
+    assert [r["warnings"] for r in rows] == ["", "chance-level", "degenerate-selection", ""]  # each row's own stage
+    table = quality.markdown(rows, CONFIG, ["cmnist_096"], ["supcon"])
+    assert "| SupCon ⚠ degenerate selection in 1 of 2 seeds |" in table
+    assert "| ERM |" in table and "ERM ⚠" not in table
+
+
 def test_unknown_method_is_refused_before_any_work(tmp_path, capsys) -> None:
     npz = tmp_path / "x.npz"
     npz.write_bytes(b"")
