@@ -37,6 +37,9 @@ from tests.faults.conftest import (
 )
 
 LONG_ERM = {"erm": {"epochs": 8}}  # long enough to break something between two epochs
+# Far longer than any machine reaches before the interrupt lands (a Ctrl-C ends it at once): with 8 epochs a
+# loaded 2-core machine finished training before the test's SIGINT arrived, and the run rightly exited 0.
+ENDLESS_ERM = {"erm": {"epochs": 1000}}
 
 
 def _namespaces_work() -> bool:
@@ -179,7 +182,7 @@ def test_ctrl_c_ends_the_run_killed_without_a_traceback(prepared_workspace: Path
     from mlflow.tracking import MlflowClient
 
     ws = prepared_workspace
-    write_params(ws, LONG_ERM)
+    write_params(ws, ENDLESS_ERM)
     store = fresh_store(mlflow_template, ws)
     uri = f"sqlite:///{store}"
     process = _start(ws, "train_erm", DEBIAS_TRACKING="required", MLFLOW_TRACKING_URI=uri)

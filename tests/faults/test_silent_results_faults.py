@@ -88,7 +88,7 @@ def test_a_resume_state_of_other_training_data_is_ignored_and_a_matching_one_is_
     bias.foreground.p_corr (not a train_erm param: only its training data changes) and rerun: the stale state
     is ignored, saying so, and training starts over."""
     ws = prepared_workspace
-    write_params(ws, {"erm": {"epochs": 8}})
+    write_params(ws, {"erm": {"epochs": 30}})  # 29 epochs of margin: the kill must land mid-training on a loaded machine
     _kill_after_first_epoch(ws)
     done = run_stage(ws, "train_erm")
     assert done.returncode == 0, done.stderr
@@ -96,7 +96,7 @@ def test_a_resume_state_of_other_training_data_is_ignored_and_a_matching_one_is_
     assert json.loads((ws / "reports/runs/train_erm.json").read_text())["resumed_from_epoch"] >= 1
     assert not (ws / "models/.resume/erm.pt").exists()  # deleted on success
     _kill_after_first_epoch(ws)
-    write_params(ws, {"erm": {"epochs": 8}, "bias": {"foreground": {"p_corr": 0.8}}})
+    write_params(ws, {"erm": {"epochs": 30}, "bias": {"foreground": {"p_corr": 0.8}}})
     run_stages_in_one_process(ws, ["inject_bias"])
     done = run_stage(ws, "train_erm")
     assert done.returncode == 0, done.stderr
