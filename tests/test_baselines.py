@@ -196,6 +196,16 @@ def _fit(method: str, state_path, interrupt_at: int | None = None):
     return setup.task, result
 
 
+@pytest.mark.parametrize("method", ["lff", "groupdro", "dcl", "hcl", "wcl", "jtt", "erm", "cnc", "eps_supinfonce"])
+def test_every_methods_report_and_warnings_take_the_training_history(method) -> None:
+    """train_stage2 calls ``setup.report(history)`` and ``setup.warnings(history)`` after training (LfF's and
+    GroupDRO's reports once took no argument and failed only there, at the end of a benchmark run)."""
+    train = tiny_split(48)
+    setup = setup_method(stage2_inputs(method, train, inferred_group=train.g))
+    history = [{"epoch": 0.0, "train/loss": 1.0}]
+    assert isinstance(setup.report(history), dict) and isinstance(setup.warnings(history), list)
+
+
 @pytest.mark.parametrize("method", ["lff", "groupdro"])
 def test_lff_and_groupdro_resume_with_their_state(method, tmp_path) -> None:
     reference, ref = _fit(method, None)

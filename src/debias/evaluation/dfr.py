@@ -51,9 +51,12 @@ def balanced_subset(groups: torch.Tensor, generator: torch.Generator) -> torch.T
 def fit_sparse_logistic(features: torch.Tensor, labels: torch.Tensor, c: float, penalty: str, max_iter: int,
                         standardize: bool, seed: int) -> Pipeline:
     """DFR's classifier: ``LogisticRegression(penalty, C=c, solver='liblinear')`` after an optional StandardScaler
-    (the penalty as ``l1_ratio`` 1 or 0: scikit-learn 1.8 deprecates ``penalty``)."""
+    (the penalty as ``l1_ratio`` 1 or 0: scikit-learn 1.8 deprecates ``penalty``). DFR's tasks are binary; for
+    more classes liblinear is refused by scikit-learn >= 1.8, so the same penalty is fitted multinomially with
+    ``saga`` (the only other solver with an L1 penalty)."""
     steps: list[Any] = [StandardScaler()] if standardize else []
-    steps.append(LogisticRegression(C=c, l1_ratio=1.0 if penalty == "l1" else 0.0, solver="liblinear",
+    solver = "liblinear" if int(torch.unique(labels).numel()) <= 2 else "saga"
+    steps.append(LogisticRegression(C=c, l1_ratio=1.0 if penalty == "l1" else 0.0, solver=solver,
                                     max_iter=max_iter, random_state=seed))
     model = make_pipeline(*steps)
     with warnings.catch_warnings():

@@ -98,7 +98,7 @@ def groupdro_method(inputs: Stage2Inputs) -> Stage2Setup:
     optimizer, scheduler = stage2_optimiser(inputs, model.parameters())
     task = GroupDROTask(model, optimizer, train, inputs.inferred_group, inputs.params, inputs.generator, inputs.device)
 
-    def report() -> dict[str, Any]:
+    def report(history: list[dict[str, float]]) -> dict[str, Any]:  # history: unused
         return {"groupdro_groups": task.group_ids.tolist(), "groupdro_group_counts": task.group_counts.long().tolist(),
                 "groupdro_q": [round(float(v), 6) for v in task.q]}
 

@@ -125,7 +125,7 @@ def lff_method(inputs: Stage2Inputs) -> Stage2Setup:
     optimizer, scheduler = stage2_optimiser(inputs, list(model.parameters()) + list(biased.parameters()))
     task = LfFTask(model, biased, optimizer, inputs.splits["train"], inputs.params, inputs.generator, inputs.device)
 
-    def report() -> dict[str, Any]:
+    def report(history: list[dict[str, float]]) -> dict[str, Any]:  # history: unused
         weights = losses.lff_weights(task.ema_biased.normalised(torch.arange(len(task.train))),
                                      task.ema_debiased.normalised(torch.arange(len(task.train))))
         conflicting = ~task.train.aligned.bool()
