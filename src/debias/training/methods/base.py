@@ -25,7 +25,7 @@ from debias import distributed
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params
-from debias.training.loop import build_optimizer, build_scheduler
+from debias.training.loop import GeneratorTask, build_optimizer, build_scheduler
 
 
 @dataclass
@@ -134,6 +134,18 @@ def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> lis
 def epoch_steps(batches: list[torch.Tensor], epoch: int) -> Iterable[tuple[int, torch.Tensor]]:
     """``(step, index)`` over an epoch's batches, with a progress bar on the main process only."""
     return enumerate(tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=None if distributed.is_main() else True))
+
+
+class StepTask(GeneratorTask):
+    """A task whose epoch is one shuffled pass in ``stage2.batch_size`` batches, each given to ``self.step(index,
+    step)`` (returning that step's scalars); needs ``train``, ``params`` and ``generator``."""
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        progress = Progress()
+        batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
+        for step, index in epoch_steps(batches, epoch):
+            progress.add(**self.step(index, step))
+        return progress.means()
 
 
 def normalise(z: torch.Tensor) -> torch.Tensor:

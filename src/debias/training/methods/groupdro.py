@@ -25,9 +25,9 @@ from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.loop import GeneratorTask, ensure_finite
-from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, register_method,
-                                          shuffled_batches, stage2_optimiser)
+from debias.training.loop import ensure_finite
+from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, register_method,
+                                          stage2_optimiser)
 
 
 def compact_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,7 +36,7 @@ def compact_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return compact, original
 
 
-class GroupDROTask(GeneratorTask):
+class GroupDROTask(StepTask):
     """Shuffled batches; online group weights ``q``; cross-entropy head trained with the encoder."""
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit, groups: torch.Tensor,
@@ -76,13 +76,6 @@ class GroupDROTask(GeneratorTask):
         present = batch_counts > 0
         return {"loss": loss.detach(), "ce": per_sample.detach().mean(),
                 "worst_group_loss": group_losses.detach()[present].max(), "q_max": self.q.max()}
-
-    def train_epoch(self, epoch: int) -> dict[str, float]:
-        progress = Progress()
-        batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
-        for step, index in epoch_steps(batches, epoch):
-            progress.add(**self.step(index, step))
-        return progress.means()
 
 
 @register_method("groupdro", head_trained=True)

@@ -30,9 +30,9 @@ from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.loop import GeneratorTask, ensure_finite
-from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, register_method,
-                                          shuffled_batches, stage2_optimiser)
+from debias.training.loop import ensure_finite
+from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, register_method,
+                                          stage2_optimiser)
 
 
 class LossEMA:
@@ -64,7 +64,7 @@ class LossEMA:
         self.value, self.seen = state["value"].clone(), state["seen"].clone()
 
 
-class LfFTask(GeneratorTask):
+class LfFTask(StepTask):
     """One epoch = shuffled batches; both models forward the same batch; GCE for f_b, W-weighted CE for f_d."""
 
     def __init__(self, model: Network, biased: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit,
@@ -110,13 +110,6 @@ class LfFTask(GeneratorTask):
         self.optimizer.step()
         return {"loss": loss.detach(), "gce_biased": gce.detach(), "weighted_ce": weighted.detach(),
                 "ce_debiased": ce_d.detach().mean(), "weight": weight.mean()}
-
-    def train_epoch(self, epoch: int) -> dict[str, float]:
-        progress = Progress()
-        batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
-        for step, index in epoch_steps(batches, epoch):
-            progress.add(**self.step(index, step))
-        return progress.means()
 
 
 @register_method("lff", head_trained=True)
