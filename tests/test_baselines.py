@@ -15,6 +15,7 @@ from debias.params import validate
 from debias.runtime import seed_everything
 from debias.training.methods import Stage2Inputs, setup_method
 from debias.training.methods import dclhcl, views
+from debias.training.methods.base import group_balanced_batches
 from debias.training.methods.groupdro import compact_groups
 from debias.training.methods.lff import LossEMA
 from tests.test_training import tiny_split
@@ -113,6 +114,30 @@ def test_groupdro_step_moves_weight_to_the_worst_group_as_alg_1() -> None:
     assert torch.equal(task.extra_state()["q"], task.q)
     with pytest.raises(ValueError, match="groupdro needs the groups table's inferred_group"):
         setup_method(stage2_inputs("groupdro", train))
+
+
+def test_groupdro_draws_group_balanced_batches_with_replacement_unless_told_not_to() -> None:
+    groups = torch.cat([torch.zeros(9000, dtype=torch.long), torch.ones(900, dtype=torch.long),
+                        torch.full((100,), 2, dtype=torch.long)])  # 90 % / 9 % / 1 %
+    batches = group_balanced_batches(groups, 32, torch.Generator().manual_seed(0))
+    index = torch.cat(batches)
+    assert len(index) == len(groups) and all(len(b) == 32 for b in batches[:-1])
+    share = torch.bincount(groups[index], minlength=3).double() / len(index)
+    # each group 1/3: binomial std sqrt(p(1-p)/n) = 0.0047 at n = 10,000; 6 std of margin
+    assert torch.allclose(share, torch.full((3,), 1 / 3, dtype=torch.float64), atol=0.03)
+    assert len(torch.unique(index[groups[index] == 2])) <= 100  # the 1 % group is drawn again and again
+    again = group_balanced_batches(groups, 32, torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(batches, again))
+
+    train = tabular_split()
+    minority = (torch.arange(len(train)) < 4).long()  # 4 points in group 1
+    for balanced, expect_share in ((True, 0.5), (False, 4 / len(train))):
+        setup = setup_method(stage2_inputs("groupdro", train, {"groupdro": {"balanced_sampling": balanced}},
+                                           inferred_group=minority))
+        drawn = torch.cat([torch.cat(setup.task.batches()) for _ in range(50)])
+        assert len(drawn) == 50 * len(train)
+        share = float(minority[drawn].double().mean())
+        assert abs(share - expect_share) < (0.1 if balanced else 1e-9)
 
 
 # --------------------------------------------------------------------------- views by modality

@@ -480,6 +480,8 @@ class GroupDROParams(Section):
 
     step_size: float = Field(0.01, gt=0, le=100, description="eta_q of the group-weight update (Sagawa et al.: 0.01)")
     adjustment: float = Field(0.0, ge=0, le=100, description="C of the group adjustment C / sqrt(n_g) (CNC's CMNIST*: 0)")
+    balanced_sampling: bool = Field(True, description="draw batches group-balanced, with replacement (Alg. 1's uniform "
+                                    "group draw; the authors' runs: --reweight_groups); false: plain shuffled epochs")
 
 
 class DCLParams(Section):

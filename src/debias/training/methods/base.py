@@ -131,19 +131,30 @@ def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> lis
     return list(torch.randperm(n, generator=generator).split(batch_size))
 
 
+def group_balanced_batches(groups: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """``len(groups)`` indices drawn with replacement, ``P(i) = 1 / (G n_{g(i)})`` (every group equally likely),
+    cut into batches: an epoch of Sagawa et al.'s group-balanced sampling (their ``--reweight_groups``)."""
+    counts = torch.bincount(groups)
+    weights = 1.0 / counts[groups].double()
+    return list(torch.multinomial(weights, len(groups), replacement=True, generator=generator).split(batch_size))
+
+
 def epoch_steps(batches: list[torch.Tensor], epoch: int) -> Iterable[tuple[int, torch.Tensor]]:
     """``(step, index)`` over an epoch's batches, with a progress bar on the main process only."""
     return enumerate(tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=None if distributed.is_main() else True))
 
 
 class StepTask(GeneratorTask):
-    """A task whose epoch is one shuffled pass in ``stage2.batch_size`` batches, each given to ``self.step(index,
-    step)`` (returning that step's scalars); needs ``train``, ``params`` and ``generator``."""
+    """A task whose epoch is ``self.batches()`` (default: one shuffled pass in ``stage2.batch_size`` batches), each
+    given to ``self.step(index, step)`` (returning that step's scalars); needs ``train``, ``params`` and
+    ``generator``."""
+
+    def batches(self) -> list[torch.Tensor]:
+        return shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
-        batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
-        for step, index in epoch_steps(batches, epoch):
+        for step, index in epoch_steps(self.batches(), epoch):
             progress.add(**self.step(index, step))
         return progress.means()
 
