@@ -53,6 +53,15 @@ def merge(base: dict, changes: dict) -> dict:
     return out
 
 
+def apply_profile(config: dict, profile: str | None) -> dict:
+    """``config`` with ``profiles[profile]`` (``base`` and per-method overrides) merged into its base and methods."""
+    if not profile:
+        return config
+    changes = config["profiles"][profile]
+    methods = {name: merge(entry, changes.get("methods", {}).get(name, {})) for name, entry in config["methods"].items()}
+    return {**config, "base": merge(config["base"], changes.get("base", {})), "methods": methods}
+
+
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists are leaves."""
     flat: dict[str, Any] = {}
@@ -420,8 +429,13 @@ def write_results(out: Path, rows: list[dict], text: str, header: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--npz", required=True, help="path to mnist10k.npz (x uint8 [N,28,28], y)")
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--npz", help="path to mnist10k.npz (x uint8 [N,28,28], y), read in place as data.path")
+    data.add_argument("--raw", help="folder of the Fashion-MNIST idx files (.gz accepted), linked into the clone's "
+                      "data/raw for data.source fashion_mnist (e.g. --config benchmarks/fullsize.yaml)")
     parser.add_argument("--config", default=str(HERE / "quality.yaml"))
+    parser.add_argument("--profile", help="a profile of the config's `profiles` (e.g. cpu), merged over its base and "
+                        "methods")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--settings", nargs="*", help="subset of the config's settings")
     parser.add_argument("--methods", nargs="*", help="subset of the config's methods")
@@ -438,16 +452,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     config = yaml.safe_load(Path(args.config).read_text())
+    if args.profile and args.profile not in config.get("profiles", {}):
+        parser.error(f"--profile {args.profile}: not in {args.config}; allowed: {sorted(config.get('profiles', {}))}")
+    config = apply_profile(config, args.profile)
     unknown = [s for s in args.settings or [] if s not in config["settings"]]
     unknown += [m for m in args.methods or [] if m not in config["methods"]]
     if unknown:
         parser.error(f"unknown settings/methods {unknown}; allowed: {sorted(config['settings'])}, "
                      f"{sorted(config['methods'])}")
-    if not Path(args.npz).is_file():
+    needs_data = not (args.from_csv or args.collect_only)
+    if needs_data and not (args.npz or args.raw):
+        parser.error("give --npz (mnist10k.npz) or --raw (Fashion-MNIST idx files)")
+    if args.npz and not Path(args.npz).is_file():
         parser.error(f"--npz {args.npz}: no such file")
+    if args.raw and not Path(args.raw).is_dir():
+        parser.error(f"--raw {args.raw}: no such folder")
     settings = args.settings or list(config["settings"])
     methods = args.methods or list(config["methods"])
-    base = merge(config["base"], {"data": {"path": str(Path(args.npz).resolve())}})
+    base = merge(config["base"], {"data": {"path": str(Path(args.npz).resolve())}}) if args.npz else config["base"]
     forced: dict = {}
     for item in args.set:
         key, _, value = item.partition("=")
@@ -472,6 +494,11 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--workdir {workdir} exists and is not a benchmark clone")
             workdir.rmdir() if workdir.exists() else None
             make_workspace(workdir, base)
+            if args.raw:
+                sys.path.insert(0, str(HERE))
+                from scale import link_raw_files  # the idx files are linked as the scaling benchmark links them
+
+                link_raw_files(workdir, Path(args.raw))
         deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
         unfinished = run_queue(workdir, jobs, args.jobs, stage_env(args.threads, workdir), deadline)
     wall = time.time() - started

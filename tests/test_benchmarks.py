@@ -117,3 +117,32 @@ def test_unknown_method_is_refused_before_any_work(tmp_path, capsys) -> None:
         quality.main(["--npz", str(npz), "--methods", "nope", "--workdir", str(tmp_path / "w")])
     assert "unknown settings/methods ['nope']" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("profile", [None, "cpu"])
+def test_fullsize_profiles_plan_experiments_that_pass_the_params_schema(profile) -> None:
+    config = quality.apply_profile(yaml.safe_load((REPO / "benchmarks" / "fullsize.yaml").read_text()), profile)
+    base = quality.merge(yaml.safe_load(committed_text("params.yaml")), config["base"])
+    jobs = quality.plan(config, list(config["settings"]), [0], list(config["methods"]))
+    for job in jobs:
+        params = validate(quality.merge(base, job["overrides"]))
+        assert params.data.source == "fashion_mnist" and params.data.mnist_val_size == 6000
+    cnc = validate(quality.merge(base, next(j for j in jobs if j["method"] == "cnc")["overrides"])).stage2
+    fairkl = validate(quality.merge(base, next(j for j in jobs if j["method"] == "eps_supinfonce_fairkl_true")
+                                    ["overrides"])).stage2
+    if profile is None:  # the papers' protocols: CNC Alg. 3 epochs with SGD and 32-batch steps, FairKL 80 epochs
+        assert (cnc.cnc.anchor_fraction, cnc.cnc.accumulation, cnc.optimizer, cnc.epochs) == (1.0, 32, "sgd", 3)
+        assert (fairkl.epochs, fairkl.lr_milestones) == (80, [27, 53])
+    else:  # cut, and only what the profile names
+        assert (cnc.cnc.anchor_fraction, cnc.cnc.accumulation, cnc.optimizer, cnc.epochs) == (0.1, 1, "adam", 1)
+        assert (fairkl.epochs, fairkl.lr_milestones, fairkl.lr) == (5, [], 0.001)
+        assert cnc.cnc.temperature == 0.05 and cnc.cnc.num_positives == 32
+
+
+def test_profile_and_data_arguments_are_checked_before_any_work(tmp_path, capsys) -> None:
+    for argv, message in ((["--raw", str(tmp_path / "none")], "--raw"), (["--profile", "gpu"], "--profile gpu"),
+                          ([], "give --npz"), (["--npz", "a.npz", "--raw", str(tmp_path)], "not allowed with")):
+        with pytest.raises(SystemExit):
+            quality.main([*argv, "--config", str(REPO / "benchmarks" / "fullsize.yaml"), "--workdir", str(tmp_path / "w")])
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()

@@ -442,7 +442,8 @@ class CNCParams(Section):
 
 
 class JTTParams(Section):
-    upweight: float = Field(20.0, ge=1, le=1000, description="JTT lambda_up: ERM training errors repeated this often")
+    upweight: float = Field(20.0, ge=1, le=10000,
+                            description="JTT lambda_up: ERM training errors repeated this often (CNC's CMNIST*: ~1100)")
 
 
 class WCLParams(Section):
