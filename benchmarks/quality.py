@@ -401,8 +401,9 @@ def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[
 
 
 def read_rows(paths: list[str]) -> list[dict]:
-    """Rows of earlier runs' CSV files (numbers parsed; empty cells are None)."""
-    rows = []
+    """Rows of earlier runs' CSV files (numbers parsed; empty cells are None); a (setting, seed, method) given
+    twice keeps the later file's row (a rerun replaces the run before it), in the first one's place."""
+    rows: dict[tuple, dict] = {}
     for path in paths:
         with open(path, newline="") as handle:
             for row in csv.DictReader(handle):
@@ -414,8 +415,8 @@ def read_rows(paths: list[str]) -> list[dict]:
                         parsed[key] = value
                     else:
                         parsed[key] = int(value) if key in ("seed", "n_train", "n_conflicting") else float(value)
-                rows.append(parsed)
-    return rows
+                rows[parsed["setting"], parsed["seed"], parsed["method"]] = parsed
+    return list(rows.values())
 
 
 def write_results(out: Path, rows: list[dict], text: str, header: str) -> None:

@@ -146,3 +146,13 @@ def test_profile_and_data_arguments_are_checked_before_any_work(tmp_path, capsys
             quality.main([*argv, "--config", str(REPO / "benchmarks" / "fullsize.yaml"), "--workdir", str(tmp_path / "w")])
         assert message in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_rows_read_back_from_csv_files_let_a_rerun_replace_its_row(tmp_path) -> None:
+    fields = ["setting", "seed", "method", "n_train", "test_avg", "warnings"]
+    for name, rows in (("a.csv", [["s", 0, "erm", 10, 0.2, ""], ["s", 0, "jtt", 10, 0.5, "degenerate-selection"]]),
+                       ("b.csv", [["s", 0, "jtt", 10, 0.9, ""], ["s", 1, "jtt", 10, 0.7, ""]])):
+        (tmp_path / name).write_text("\n".join(",".join(map(str, r)) for r in [fields, *rows]) + "\n")
+    rows = quality.read_rows([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")])
+    assert [(r["method"], r["seed"], r["test_avg"], r["warnings"]) for r in rows] == [
+        ("erm", 0, 0.2, None), ("jtt", 0, 0.9, None), ("jtt", 1, 0.7, None)]
