@@ -46,10 +46,11 @@ TERMINAL = ("Success", "Failed")
 
 
 def merge(base: dict, changes: dict) -> dict:
-    """``base`` updated recursively with ``changes`` (a new dict)."""
+    """``base`` updated recursively with ``changes`` (a new dict; a dict replaces a missing or null value). The one
+    params merge of the benchmarks (speed.py and scale.py import it)."""
     out = copy.deepcopy(base)
     for key, value in changes.items():
-        out[key] = merge(out.get(key, {}), value) if isinstance(value, dict) else copy.deepcopy(value)
+        out[key] = merge(out.get(key) or {}, value) if isinstance(value, dict) else copy.deepcopy(value)
     return out
 
 

@@ -41,19 +41,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from quality import merge  # noqa: E402
+
 # benchmarks/speed.py's clone, environment and measurement helpers, imported when a run starts (it imports torch).
 
 RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 STAGE2_STAGES = ("train_contrastive", "linear_probe", "evaluate", "report")  # rerun for every further method
 FIELDS = ["size", "method", "stage", "n_train", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "rss_above_torch_mib"]
-
-
-def merge(base: dict, changes: dict) -> dict:
-    """``base`` with ``changes`` merged in, nested dicts merged key by key (as benchmarks/speed.py)."""
-    out = dict(base)
-    for key, value in changes.items():
-        out[key] = merge(out.get(key) or {}, value) if isinstance(value, dict) else value
-    return out
 
 
 def growth_exponent(sizes: list[float], values: list[float | None]) -> float | None:

@@ -21,7 +21,6 @@ Results: benchmarks/results/speed.md and speed.csv (settings: benchmarks/speed.y
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import datetime
 import json
@@ -59,6 +58,7 @@ from torchvision import transforms as T  # noqa: E402
 
 from bench_losses import (base_cnc_two_sided, base_eps_supcon, base_eps_supinfonce, base_fairkl,  # noqa: E402
                           base_supcon, base_wcl)
+from quality import merge  # noqa: E402
 from debias.data.bias import inject_bias  # noqa: E402
 from debias.data.sources import load_source  # noqa: E402
 from debias.data.store import BiasedSplit  # noqa: E402
@@ -72,13 +72,6 @@ from debias.training.methods.selfsup import projection_head  # noqa: E402
 
 DEFAULT_NPZ = REPO.parent / "shared" / "datasets" / "mnist10k.npz"
 CONTRASTIVE_METHODS = ("supcon", "eps_supcon", "eps_supinfonce")
-
-
-def merge(base: dict, changes: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in changes.items():
-        out[key] = merge(out.get(key) or {}, value) if isinstance(value, dict) else value
-    return out
 
 
 def fill_npz(tree: Any, npz: Path) -> Any:
