@@ -47,7 +47,8 @@ from quality import merge  # noqa: E402
 
 RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 STAGE2_STAGES = ("train_contrastive", "linear_probe", "evaluate", "report")  # rerun for every further method
-FIELDS = ["size", "method", "stage", "n_train", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "rss_above_torch_mib"]
+FIELDS = ["size", "method", "stage", "n_train", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "rss_above_torch_mib",
+          "cnc_batches"]
 
 
 def growth_exponent(sizes: list[float], values: list[float | None]) -> float | None:
@@ -111,6 +112,15 @@ def run_stage(clone: Path, env: dict[str, str], stage: str, cmd: str, runner: st
     return {"wall_s": wall, "body_s": body, "cpu_s": cpu, "peak_rss_mib": rss}
 
 
+def cnc_batches(clone: Path, stage: str) -> int | None:
+    """CNC's two-sided batches per epoch (Alg. 3: one per anchor of its anchor pool, times anchor_fraction), from
+    train_contrastive's info file: its work per epoch follows the inferred groups' anchor pool, not N alone."""
+    info = clone / "reports" / "metrics" / "stage2_train_info.json"
+    if stage != "train_contrastive" or not info.exists():
+        return None
+    return json.loads(info.read_text()).get("sampler", {}).get("batches_per_epoch")
+
+
 def run_size(size: int, config: dict, methods: list[str], args: argparse.Namespace, work: Path, logs: Path,
              writer: csv.DictWriter, handle: Any) -> list[dict[str, Any]]:
     from speed import NUMBA_CACHE, child_env, make_clone, run_measured, stage_order
@@ -141,6 +151,7 @@ def run_size(size: int, config: dict, methods: list[str], args: argparse.Namespa
             summary = clone / "data" / "biased" / "summary.json"
             row["n_train"] = json.loads(summary.read_text())["splits"]["train"]["n"] if summary.exists() else None
             row["rss_above_torch_mib"] = row["peak_rss_mib"] - baseline
+            row["cnc_batches"] = cnc_batches(clone, stage)
             rows.append(row)
             writer.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()})
             handle.flush()
@@ -201,6 +212,12 @@ def markdown(rows: list[dict[str, Any]], header: list[str]) -> str:
             lines.append(f"- N={n} ({n_train} training images): largest peak RSS {top['peak_rss_mib']:.0f} MiB "
                          f"({label(top['method'], top['stage'])}), {top['rss_above_torch_mib']:.0f} MiB above a process "
                          "that only imports torch")
+    work = [r for r in rows if r.get("cnc_batches")]
+    if work:
+        lines += ["", "CNC's train_contrastive per unit of work (its epoch is one two-sided batch per anchor of the "
+                      "inferred groups' anchor pool, so its time follows that pool, not N alone):"]
+        lines += [f"- N={int(r['size'])}: {int(r['cnc_batches'])} batches per epoch, {r['body_s'] or r['wall_s']:.1f} s "
+                  f"({1000 * (r['body_s'] or r['wall_s']) / r['cnc_batches']:.1f} ms a batch)" for r in work]
     lines.append("")
     return "\n".join(lines)
 
