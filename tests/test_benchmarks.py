@@ -156,3 +156,17 @@ def test_rows_read_back_from_csv_files_let_a_rerun_replace_its_row(tmp_path) -> 
     rows = quality.read_rows([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")])
     assert [(r["method"], r["seed"], r["test_avg"], r["warnings"]) for r in rows] == [
         ("erm", 0, 0.2, None), ("jtt", 0, 0.9, None), ("jtt", 1, 0.7, None)]
+
+
+def test_a_failed_queue_start_is_reported_not_fatal(monkeypatch, tmp_path, capsys) -> None:
+    """Workers already running keep going when one ``dvc queue start`` fails; the next poll retries it."""
+    calls = []
+
+    def fake_run(args, **kwargs):
+        calls.append(args)
+        return quality.subprocess.CompletedProcess(args, 255 if len(calls) == 1 else 0)
+
+    monkeypatch.setattr(quality.subprocess, "run", fake_run)
+    assert quality.start_workers(tmp_path, 2, {}) is False
+    assert "dvc queue start -j 2 exited 255" in capsys.readouterr().err
+    assert quality.start_workers(tmp_path, 2, {}) is True and calls[1] == ["dvc", "queue", "start", "-j", "2"]
