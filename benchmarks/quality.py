@@ -40,6 +40,8 @@ ACCURACY = ("avg", "unbiased", "worst_group")
 HEADLINE = {"avg": "avg", "unbiased": "unbiased", "worst_group": "worst"}  # accuracy -> its headline key suffix
 UPSTREAM = "upstream"  # the method name of a (setting, seed)'s shared-upstream experiment; its ERM is the ERM row
 TERMINAL = ("Success", "Failed")
+# The official idx files of a torchvision MNIST-format source (Fashion-MNIST here), ``.gz`` or not.
+RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 # --------------------------------------------------------------------------- configuration
@@ -145,6 +147,23 @@ def make_workspace(workdir: Path, base_params: dict) -> None:
         run(command, cwd=workdir)
 
 
+def missing_raw_files(raw: Path) -> list[str]:
+    """The idx files of :data:`RAW_FILES` that ``raw`` holds neither as ``name`` nor ``name.gz``."""
+    return [name for name in RAW_FILES if not any((raw / c).is_file() for c in (name, f"{name}.gz"))]
+
+
+def link_raw_files(clone: Path, raw: Path) -> None:
+    """Link the idx files (``name`` or ``name.gz``) into the clone's torchvision folder (the source decompresses
+    ``.gz`` files beside them, inside the clone)."""
+    if missing := missing_raw_files(raw):
+        raise SystemExit(f"{raw} lacks {', '.join(missing)} (or .gz): point --raw at the Fashion-MNIST idx files")
+    target = clone / "data" / "raw" / "fashion_mnist" / "FashionMNIST" / "raw"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in RAW_FILES:
+        found = next(raw / c for c in (name, f"{name}.gz") if (raw / c).is_file())
+        (target / found.name).symlink_to(found.resolve())
+
+
 def stage_env(threads: int, workdir: Path) -> dict[str, str]:
     """The environment ``dvc queue start`` hands to every worker (machine settings, never params).
 
@@ -174,8 +193,8 @@ def queue_status(workdir: Path) -> dict[str, str]:
 
 def start_workers(workdir: Path, workers: int, env: dict[str, str]) -> bool:
     """``dvc queue start -j N``: tops the queue up to N workers (running ones are kept; idle ones exit). A failure
-    (measured: exit 255 once in ~70 calls while 2 workers ran, the next call fine) is reported and retried at the
-    next poll rather than ending a benchmark whose workers are still running."""
+    (seen once: exit 255 while 2 workers ran, the next call fine) is reported and retried at the next poll rather
+    than ending a benchmark whose workers are still running."""
     # The workers outlive the command and inherit its stdout: no pipe, or waiting on it waits for them.
     done = subprocess.run(["dvc", "queue", "start", "-j", str(workers)], cwd=workdir, env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -473,8 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --npz (mnist10k.npz) or --raw (Fashion-MNIST idx files)")
     if args.npz and not Path(args.npz).is_file():
         parser.error(f"--npz {args.npz}: no such file")
-    if args.raw and not Path(args.raw).is_dir():
-        parser.error(f"--raw {args.raw}: no such folder")
+    if args.raw and (not Path(args.raw).is_dir() or missing_raw_files(Path(args.raw))):
+        parser.error(f"--raw {args.raw}: not a folder holding {', '.join(RAW_FILES)} (.gz accepted)")
     settings = args.settings or list(config["settings"])
     methods = args.methods or list(config["methods"])
     base = merge(config["base"], {"data": {"path": str(Path(args.npz).resolve())}}) if args.npz else config["base"]
@@ -503,9 +522,6 @@ def main(argv: list[str] | None = None) -> int:
             workdir.rmdir() if workdir.exists() else None
             make_workspace(workdir, base)
             if args.raw:
-                sys.path.insert(0, str(HERE))
-                from scale import link_raw_files  # the idx files are linked as the scaling benchmark links them
-
                 link_raw_files(workdir, Path(args.raw))
         deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
         unfinished = run_queue(workdir, jobs, args.jobs, stage_env(args.threads, workdir), deadline)

@@ -41,11 +41,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from quality import merge  # noqa: E402
+from quality import link_raw_files, merge  # noqa: E402
 
 # benchmarks/speed.py's clone, environment and measurement helpers, imported when a run starts (it imports torch).
 
-RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 STAGE2_STAGES = ("train_contrastive", "linear_probe", "evaluate", "report")  # rerun for every further method
 FIELDS = ["size", "method", "stage", "n_train", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "rss_above_torch_mib",
           "cnc_batches"]
@@ -68,18 +67,6 @@ def size_params(config: dict, size: int, method: str, quick: bool) -> dict:
         overrides = merge(overrides, config.get("quick", {}).get("base", {}))
         overrides = merge(overrides, config.get("quick", {}).get("methods", {}).get(method, {}))
     return merge(overrides, {"data": {"max_train": int(size)}})
-
-
-def link_raw_files(clone: Path, raw: Path) -> None:
-    """Link the idx files (``name`` or ``name.gz``) into the clone's torchvision folder (the source decompresses
-    ``.gz`` files beside them, inside the clone)."""
-    target = clone / "data" / "raw" / "fashion_mnist" / "FashionMNIST" / "raw"
-    target.mkdir(parents=True, exist_ok=True)
-    for name in RAW_FILES:
-        found = next((raw / candidate for candidate in (name, f"{name}.gz") if (raw / candidate).is_file()), None)
-        if found is None:
-            raise SystemExit(f"{raw} lacks {name}(.gz): point --raw at the Fashion-MNIST idx files")
-        (target / found.name).symlink_to(found.resolve())
 
 
 def torch_baseline_rss(env: dict[str, str], cwd: Path, log: Path) -> float:

@@ -140,7 +140,9 @@ def test_fullsize_profiles_plan_experiments_that_pass_the_params_schema(profile)
 
 
 def test_profile_and_data_arguments_are_checked_before_any_work(tmp_path, capsys) -> None:
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"")  # 1 of the 4 idx files
     for argv, message in ((["--raw", str(tmp_path / "none")], "--raw"), (["--profile", "gpu"], "--profile gpu"),
+                          (["--raw", str(tmp_path)], "not a folder holding train-images-idx3-ubyte"),
                           ([], "give --npz"), (["--npz", "a.npz", "--raw", str(tmp_path)], "not allowed with")):
         with pytest.raises(SystemExit):
             quality.main([*argv, "--config", str(REPO / "benchmarks" / "fullsize.yaml"), "--workdir", str(tmp_path / "w")])
@@ -170,3 +172,19 @@ def test_a_failed_queue_start_is_reported_not_fatal(monkeypatch, tmp_path, capsy
     assert quality.start_workers(tmp_path, 2, {}) is False
     assert "dvc queue start -j 2 exited 255" in capsys.readouterr().err
     assert quality.start_workers(tmp_path, 2, {}) is True and calls[1] == ["dvc", "queue", "start", "-j", "2"]
+
+
+def test_raw_files_are_linked_gz_or_not_and_a_missing_one_is_named(tmp_path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for i, name in enumerate(quality.RAW_FILES):
+        (raw / (name + (".gz" if i % 2 else ""))).write_bytes(bytes([i]))
+    clone = tmp_path / "clone"
+    quality.link_raw_files(clone, raw)
+    linked = clone / "data" / "raw" / "fashion_mnist" / "FashionMNIST" / "raw"
+    assert sorted(p.name for p in linked.iterdir()) == sorted(p.name for p in raw.iterdir())
+    assert (linked / "train-labels-idx1-ubyte.gz").read_bytes() == bytes([1])
+    (raw / "t10k-labels-idx1-ubyte.gz").unlink()
+    assert quality.missing_raw_files(raw) == ["t10k-labels-idx1-ubyte"]
+    with pytest.raises(SystemExit, match="lacks t10k-labels-idx1-ubyte"):
+        quality.link_raw_files(tmp_path / "other", raw)
