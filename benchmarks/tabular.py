@@ -67,8 +67,11 @@ def result_of(metrics: dict, job: dict, derived: dict | None = None) -> dict:
     return {} if found["avg"] is None else found
 
 
-def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]], config: dict) -> list[dict]:
-    """One row per (setting, seed, method) with a result: accuracies, EOd, DP difference, training seconds."""
+def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]], config: dict,
+            warnings: dict[str, dict[str, list[str]]] | None = None) -> list[dict]:
+    """One row per (setting, seed, method) with a result: accuracies, EOd, DP difference, training seconds, and the
+    warning codes (``;``-joined) of the stage that produced its numbers (``warnings``: :func:`quality.stage_warnings`)."""
+    warnings = warnings or {}
     rows = []
     by_name = {job["name"]: job for job in jobs}
     for job in jobs:
@@ -92,7 +95,8 @@ def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[st
                          "val_avg": val_avg,
                          "train_seconds": seconds.get(job["name"], {}).get(stage),
                          "experiment_seconds": sum(seconds.get(job["name"], {}).values()) or None,
-                         "experiment": job["name"], "chosen": None})
+                         "experiment": job["name"], "chosen": None,
+                         "warnings": ";".join(warnings.get(job["name"], {}).get(stage, []))})
     assert all(row["experiment"] in by_name for row in rows)
     return rows + grid_rows(rows, config)
 
@@ -109,6 +113,19 @@ def grid_rows(rows: list[dict], config: dict) -> list[dict]:
                 best = max(found, key=lambda r: (r["val_avg"], -candidates.index(r["method"])))
                 chosen.append({**best, "method": grid, "chosen": best["method"]})
     return chosen
+
+
+WARNING_NOTE = ("⚠ code in k of n: k of the row's n runs carried that warning of the stage behind its numbers "
+                "(debias.health; e.g. chance-level: test accuracy no better than always predicting the most frequent "
+                "class; degenerate-selection: the selection rule had nothing to choose by); the run's metrics JSON "
+                "and MLflow hold the full message.")
+
+
+def warning_flag(group: list[dict]) -> str:
+    """`` ⚠ code in k of n seeds`` for each warning code carried by some of the rows ``group`` ('' when none)."""
+    codes = [set(filter(None, (r.get("warnings") or "").split(";"))) for r in group]
+    found = sorted(set().union(*codes))
+    return "".join(f" ⚠ {code} in {sum(code in c for c in codes)} of {len(group)} seeds" for code in found)
 
 
 def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[str]) -> str:
@@ -132,8 +149,9 @@ def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[
             picks = sorted({r["chosen"] for r in group if r.get("chosen")})
             note = (" — chosen: " + ", ".join(f"{labels.get(c, c)} ×{sum(r['chosen'] == c for r in group)}" for c in picks)
                     if picks else "")
-            lines.append(f"| {setting} | {labels.get(method, method)}{note} | " + " | ".join(cells) + " |")
-    return "\n".join(lines + ["", "Paper: WCL paper (difficulty-based sampling for debiased contrastive learning), "
+            lines.append(f"| {setting} | {labels.get(method, method)}{note}{warning_flag(group)} | "
+                         + " | ".join(cells) + " |")
+    return "\n".join(lines + ["", WARNING_NOTE, "", "Paper: WCL paper (difficulty-based sampling for debiased contrastive learning), "
                               "Table 3, 5 random 70/15/15 splits, MLP; EOd = equalized-odds violation (lower is better)."])
 
 
@@ -190,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         unfinished = quality.run_queue(workdir, jobs, args.jobs, quality.stage_env(args.threads, workdir), deadline)
     wall = time.time() - started
     seconds, span, _ = quality.stage_runs(workdir)
-    rows = rows_of(jobs, quality.shown_experiments(workdir), seconds, config)
+    rows = rows_of(jobs, quality.shown_experiments(workdir), seconds, config, quality.stage_warnings(workdir))
     if not rows:
         print("[tabular] no results", file=sys.stderr)
         return 1

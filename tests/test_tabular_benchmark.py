@@ -63,14 +63,22 @@ def test_rows_read_erm_methods_derived_and_grids() -> None:
     }
     shown = {name: {"metrics": {k: v for stage, d in files.items() for k, v in headline.headline(stage, d).items()}}
              for name, files in detailed.items()}
-    rows = {r["method"]: r for r in tabular.rows_of(jobs, shown, {"a": {"train_contrastive": 12.0}}, config)}
+    warnings = {"b": {"train_contrastive": ["chance-level", "degenerate-selection"], "linear_probe": ["weak-groups"]}}
+    rows = {r["method"]: r for r in tabular.rows_of(jobs, shown, {"a": {"train_contrastive": 12.0}}, config, warnings)}
     assert set(rows) == {"erm", "lff_q01", "lff_q07", "eq_odds", "lff"}
+    # each row carries the warnings of the stage behind its numbers: stage 2 for a method, the probe for Eq. Odds
+    assert rows["lff_q07"]["warnings"] == "chance-level;degenerate-selection"
+    assert rows["eq_odds"]["warnings"] == "weak-groups" and rows["erm"]["warnings"] == rows["lff"]["warnings"] == ""
     assert rows["erm"]["test_avg"] == 0.65 and rows["erm"]["test_equalized_odds_difference"] == 0.3
     assert rows["eq_odds"]["test_equalized_odds_difference"] == 0.05 and rows["eq_odds"]["experiment"] == "b"
     assert rows["lff"]["chosen"] == "lff_q01" and rows["lff"]["test_avg"] == 0.62  # best validation accuracy
     text = tabular.markdown(list(rows.values()), config, ["compas"], ["lff_q01", "lff_q07"])
     assert "| compas | Baseline (ERM) | 65.0 | 0.300 | 0.100 | 30.0 | – | 1 | 65.2 / 0.289 |" in text
     assert "chosen: LfF, q = 0.1 ×1" in text
+    assert "| compas | LfF, q = 0.7 ⚠ chance-level in 1 of 1 seeds ⚠ degenerate-selection in 1 of 1 seeds | 40.0 |" in text
+    assert "| compas | LfF, q = 0.1 | 62.0 |" in text and tabular.WARNING_NOTE in text
+    mixed = [rows["lff_q07"], {**rows["lff_q07"], "seed": 1, "warnings": ""}]
+    assert tabular.warning_flag(mixed) == " ⚠ chance-level in 1 of 2 seeds ⚠ degenerate-selection in 1 of 2 seeds"
 
 
 @pytest.mark.skipif(not (SHARED_DATASETS / "compas").is_dir(), reason="shared datasets not present")
