@@ -180,14 +180,27 @@ def stage_env(threads: int, workdir: Path) -> dict[str, str]:
     return env
 
 
+# A resumed benchmark requeues a failed experiment under the same name, so ``dvc queue status`` lists both entries;
+# the name's status is its most telling entry: one still running or queued, else one that succeeded, else Failed.
+STATUS_PRIORITY = ("Running", "Queued", "Success", "Failed")
+
+
 def queue_status(workdir: Path) -> dict[str, str]:
-    """Experiment name -> status (Queued, Running, Success, Failed) from ``dvc queue status``."""
-    statuses = {}
-    for line in run(["dvc", "queue", "status"], cwd=workdir, check=False).splitlines():
+    """Experiment name -> status (Queued, Running, Success, Failed) from ``dvc queue status`` (several entries of
+    one name: the first of ``STATUS_PRIORITY`` among them)."""
+    return parse_queue_status(run(["dvc", "queue", "status"], cwd=workdir, check=False))
+
+
+def parse_queue_status(text: str) -> dict[str, str]:
+    """:func:`queue_status` of the text ``dvc queue status`` printed (columns: task, name, created..., status)."""
+    statuses: dict[str, str] = {}
+    for line in text.splitlines():
         words = line.split()
-        for status in ("Queued", "Running", "Success", "Failed"):
-            if status in words and len(words) >= 2:
-                statuses[words[1]] = status
+        found = [status for status in STATUS_PRIORITY if status in words[2:]]
+        if found:
+            current = statuses.get(words[1])
+            if current is None or STATUS_PRIORITY.index(found[0]) < STATUS_PRIORITY.index(current):
+                statuses[words[1]] = found[0]
     return statuses
 
 

@@ -188,3 +188,18 @@ def test_raw_files_are_linked_gz_or_not_and_a_missing_one_is_named(tmp_path) -> 
     assert quality.missing_raw_files(raw) == ["t10k-labels-idx1-ubyte"]
     with pytest.raises(SystemExit, match="lacks t10k-labels-idx1-ubyte"):
         quality.link_raw_files(tmp_path / "other", raw)
+
+
+def test_queue_status_prefers_a_requeued_experiment_over_its_earlier_failure() -> None:
+    # a resumed run requeues a failed experiment under its name; the old Failed entry must not end the wait for it
+    text = """Task     Name                     Created       Status
+4227bcb  adult-s4-cnc             12:49 AM      Failed
+6a53e68  adult-s2-cnc             Nov 23, 2026  Failed
+614cd0d  adult-s4-cnc             01:41 AM      Running
+23c1372  adult-s3-cnc             01:41 AM      Success
+d83e00d  adult-s3-cnc             12:49 AM      Failed
+9b1e2f0  adult-s0-wcl             01:42 AM      Queued
+
+Worker status: 1 active, 0 idle"""
+    assert quality.parse_queue_status(text) == {"adult-s4-cnc": "Running", "adult-s2-cnc": "Failed",
+                                                "adult-s3-cnc": "Success", "adult-s0-wcl": "Queued"}
