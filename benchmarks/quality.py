@@ -401,6 +401,25 @@ def mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {spread:.{digits}f}"
 
 
+def warning_flag(group: list[dict]) -> str:
+    """`` ⚠ code in k of n seeds`` for each warning code carried by some of the rows ``group`` ('' when none)."""
+    codes = [set(filter(None, (r.get("warnings") or "").split(";"))) for r in group]
+    return "".join(f" ⚠ {code} in {sum(code in c for c in codes)} of {len(group)} seeds"
+                   for code in sorted(set().union(*codes)))
+
+
+def warning_notes(rows: list[dict]) -> list[str]:
+    """The legend of the warning codes the rows carry (:data:`debias.health.CODES`); empty when none."""
+    from debias.health import CODES
+
+    found = sorted({code for r in rows for code in (r.get("warnings") or "").split(";") if code})
+    if not found:
+        return []
+    return ["⚠ code in k of n seeds: k of the row's n runs carried that warning (debias.health) from the stage behind "
+            "its numbers; each run's metrics JSON and MLflow hold the full message. "
+            + " ".join(f"*{code}*: {CODES.get(code, 'see debias.health')}." for code in found)]
+
+
 def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[str]) -> str:
     """Mean ± std over seeds per (setting, method); accuracies in %, alignment loss and Î(A;Z) (nats) on test."""
     labels = config.get("labels", {})
@@ -419,9 +438,8 @@ def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[
                 seconds = [r[key] for r in group if r[key] is not None]
                 cells.append(f"{statistics.mean(seconds):.0f}" if seconds else "–")
             cells += [str(len(group)), paper.get(method, "")]
-            degenerate = sum("degenerate-selection" in (r.get("warnings") or "") for r in group)
-            flag = f" ⚠ degenerate selection in {degenerate} of {len(group)} seeds" if degenerate else ""
-            lines.append(f"| {setting} | {labels.get(method, method)}{flag} | " + " | ".join(cells) + " |")
+            lines.append(f"| {setting} | {labels.get(method, method)}{warning_flag(group)} | "
+                         + " | ".join(cells) + " |")
     notes = [f"- {setting}: {config['paper'][setting]['reference']}" for setting in settings
              if setting in config.get("paper", {})]
     counts = []
@@ -432,9 +450,7 @@ def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[
         if conflicting:
             low, high = min(conflicting), max(conflicting)
             counts.append(f"{setting}: {low if low == high else f'{low}–{high}'} of {n_train[0]}")
-    return "\n".join(lines + ["", "⚠ degenerate selection: validation worst-group accuracy was 0 at every epoch, so "
-                                  "the kept epoch was chosen by the tie-breaks (validation unbiased, then average "
-                                  "accuracy); read those rows' worst-group numbers as no better than ERM's.",
+    return "\n".join(lines + ["", *warning_notes(rows),
                               "", "Bias-conflicting training images: " + "; ".join(counts) + ".",
                               "", "Papers' numbers (column *paper*):", *notes])
 

@@ -115,19 +115,6 @@ def grid_rows(rows: list[dict], config: dict) -> list[dict]:
     return chosen
 
 
-WARNING_NOTE = ("⚠ code in k of n: k of the row's n runs carried that warning of the stage behind its numbers "
-                "(debias.health; e.g. chance-level: test accuracy no better than always predicting the most frequent "
-                "class; degenerate-selection: the selection rule had nothing to choose by); the run's metrics JSON "
-                "and MLflow hold the full message.")
-
-
-def warning_flag(group: list[dict]) -> str:
-    """`` ⚠ code in k of n seeds`` for each warning code carried by some of the rows ``group`` ('' when none)."""
-    codes = [set(filter(None, (r.get("warnings") or "").split(";"))) for r in group]
-    found = sorted(set().union(*codes))
-    return "".join(f" ⚠ {code} in {sum(code in c for c in codes)} of {len(group)} seeds" for code in found)
-
-
 def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[str]) -> str:
     """Mean ± sample std over seeds per (setting, method): accuracy and worst-group in %, EOd and DP difference."""
     labels = config.get("labels", {})
@@ -149,9 +136,10 @@ def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[
             picks = sorted({r["chosen"] for r in group if r.get("chosen")})
             note = (" — chosen: " + ", ".join(f"{labels.get(c, c)} ×{sum(r['chosen'] == c for r in group)}" for c in picks)
                     if picks else "")
-            lines.append(f"| {setting} | {labels.get(method, method)}{note}{warning_flag(group)} | "
+            lines.append(f"| {setting} | {labels.get(method, method)}{note}{quality.warning_flag(group)} | "
                          + " | ".join(cells) + " |")
-    return "\n".join(lines + ["", WARNING_NOTE, "", "Paper: WCL paper (difficulty-based sampling for debiased contrastive learning), "
+    return "\n".join(lines + ["", *quality.warning_notes(rows), "", "Paper: WCL paper (difficulty-based sampling "
+                              "for debiased contrastive learning), "
                               "Table 3, 5 random 70/15/15 splits, MLP; EOd = equalized-odds violation (lower is better)."])
 
 

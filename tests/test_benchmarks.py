@@ -106,8 +106,9 @@ def test_rows_carry_their_stages_warnings_and_degenerate_selections_are_flagged(
     rows = quality.add_warnings(rows, warnings)
     assert [r["warnings"] for r in rows] == ["", "chance-level", "degenerate-selection", ""]  # each row's own stage
     table = quality.markdown(rows, CONFIG, ["cmnist_096"], ["supcon"])
-    assert "| SupCon ⚠ degenerate selection in 1 of 2 seeds |" in table
-    assert "| ERM |" in table and "ERM ⚠" not in table
+    assert "| SupCon ⚠ degenerate-selection in 1 of 2 seeds |" in table
+    assert "| ERM ⚠ chance-level in 1 of 2 seeds |" in table  # every code is flagged, not only degenerate selection
+    assert "*chance-level*: accuracy no better than" in table and "*degenerate-selection*: " in table
 
 
 def test_unknown_method_is_refused_before_any_work(tmp_path, capsys) -> None:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from debias import headline
+from debias import headline, health
 from debias.params import validate
 from tests.conftest import REPO, SHARED_DATASETS
 
@@ -76,9 +76,12 @@ def test_rows_read_erm_methods_derived_and_grids() -> None:
     assert "| compas | Baseline (ERM) | 65.0 | 0.300 | 0.100 | 30.0 | – | 1 | 65.2 / 0.289 |" in text
     assert "chosen: LfF, q = 0.1 ×1" in text
     assert "| compas | LfF, q = 0.7 ⚠ chance-level in 1 of 1 seeds ⚠ degenerate-selection in 1 of 1 seeds | 40.0 |" in text
-    assert "| compas | LfF, q = 0.1 | 62.0 |" in text and tabular.WARNING_NOTE in text
+    assert "| compas | LfF, q = 0.1 | 62.0 |" in text
+    # the legend explains exactly the codes the table carries, from debias.health.CODES
+    assert f"*chance-level*: {health.CODES['chance-level']}." in text and "*weak-groups*" in text
+    assert "*collapsed-representation*" not in text
     mixed = [rows["lff_q07"], {**rows["lff_q07"], "seed": 1, "warnings": ""}]
-    assert tabular.warning_flag(mixed) == " ⚠ chance-level in 1 of 2 seeds ⚠ degenerate-selection in 1 of 2 seeds"
+    assert tabular.quality.warning_flag(mixed) == " ⚠ chance-level in 1 of 2 seeds ⚠ degenerate-selection in 1 of 2 seeds"
 
 
 @pytest.mark.skipif(not (SHARED_DATASETS / "compas").is_dir(), reason="shared datasets not present")

@@ -160,6 +160,20 @@ def test_health_checks_name_a_collapsed_representation_and_chance_accuracy() -> 
     assert health.chance_warning(0.9, 0.6, "test average") is None
 
 
+def test_every_warning_code_is_documented_and_an_unknown_one_is_refused() -> None:
+    import re
+    from pathlib import Path
+
+    from debias import health
+
+    src = Path(health.__file__).parent
+    used = {code for path in src.rglob("*.py") for code in re.findall(r'warning\(\s*"([a-z-]+)"', path.read_text())}
+    assert len(used) >= 6 and used <= set(health.CODES)  # each code a stage emits has a meaning for the legends
+    assert health.warning("chance-level", "a\n  b") == "chance-level: a b"
+    with pytest.raises(ValueError, match="unknown warning code 'chance_level'"):
+        health.warning("chance_level", "typo")
+
+
 def test_a_training_stage_writes_its_selection_and_warnings(tmp_path, capsys) -> None:
     """write_outputs puts the selection block and the warnings into the metrics JSON and prints each warning."""
     import json

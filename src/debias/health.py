@@ -5,11 +5,7 @@ A warning is one line that starts with a short code and a colon, e.g.
 accuracy"``. A stage puts its warnings into its metrics JSON (``"warnings": [...]``), prints each one in its
 log and records them in MLflow (:meth:`debias.tracking.StageRun.log_warnings`); the report shows them.
 
-Codes: ``degenerate-selection`` (the selection rule had nothing to choose by: validation worst-group 0 at every
-epoch, or the first epoch kept), ``collapsed-representation`` (the L2-normalised features are nearly identical),
-``chance-level`` (accuracy no better than always predicting the most frequent class), ``fairkl-starved``
-(FairKL's pair sets were missing from most batches, so it contributed nothing there), ``cnc-small-pools`` (CNC
-drew positives or negatives with replacement from pools smaller than a batch needs).
+The codes and what each means: :data:`CODES` (the report and the benchmarks' tables explain a code from there).
 """
 
 from __future__ import annotations
@@ -26,8 +22,22 @@ COLLAPSE_SPREAD = 0.05
 CHANCE_MARGIN = 0.1
 
 
+CODES: dict[str, str] = {
+    "degenerate-selection": "the selection rule had nothing to choose by (validation worst-group accuracy 0 at every "
+                            "epoch, or the first epoch kept): the kept epoch came from the tie-breaks, so its "
+                            "worst-group number is no better than ERM's",
+    "collapsed-representation": "the L2-normalised features are nearly identical",
+    "chance-level": "accuracy no better than always predicting the most frequent class (plus a margin)",
+    "fairkl-starved": "FairKL's pair sets were missing from most batches, so it contributed nothing there",
+    "cnc-small-pools": "CNC drew positives or negatives with replacement from pools smaller than a batch needs",
+    "weak-groups": "the inferred minority misses most bias-conflicting points or is mostly others",
+}
+
+
 def warning(code: str, message: str) -> str:
-    """``"code: message"`` on one line."""
+    """``"code: message"`` on one line; ``code`` must be one of :data:`CODES`."""
+    if code not in CODES:
+        raise ValueError(f"unknown warning code {code!r}; known: {sorted(CODES)}")
     return f"{code}: {' '.join(message.split())}"
 
 
