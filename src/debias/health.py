@@ -5,7 +5,7 @@ A warning is one line that starts with a short code and a colon, e.g.
 accuracy"``. A stage puts its warnings into its metrics JSON (``"warnings": [...]``), prints each one in its
 log and records them in MLflow (:meth:`debias.tracking.StageRun.log_warnings`); the report shows them.
 
-The codes and what each means: :data:`CODES` (the report and the benchmarks' tables explain a code from there).
+The codes and what each means: :data:`CODES` (the benchmarks' tables take their legends from there).
 """
 
 from __future__ import annotations
