@@ -483,6 +483,66 @@ def write_results(out: Path, rows: list[dict], text: str, header: str) -> None:
     out.with_suffix(".md").write_text(f"{header}\n\n{text}\n")
 
 
+def add_queue_arguments(parser: argparse.ArgumentParser, seeds: list[int]) -> None:
+    """The options quality.py and tabular.py share: what to run (seeds, settings, methods, --set), how (workers,
+    threads, time limit) and where (--workdir, --collect-only)."""
+    parser.add_argument("--seeds", type=int, nargs="+", default=seeds)
+    parser.add_argument("--settings", nargs="*", help="subset of the config's settings")
+    parser.add_argument("--methods", nargs="*", help="subset of the config's methods")
+    parser.add_argument("--jobs", type=int, default=2, help="DVC queue workers (dvc queue start -j)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (DEBIAS_THREADS)")
+    parser.add_argument("--workdir", help="scratch clone to create or resume (default: a temporary folder)")
+    parser.add_argument("--max-minutes", type=float, help="stop the queue after this long and report what finished")
+    parser.add_argument("--collect-only", action="store_true", help="only rebuild the tables from --workdir")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="overrides of every experiment (YAML values, over setting and method), e.g. for a "
+                        "smoke run: stage2.epochs=1")
+
+
+def parse_sets(items: list[str]) -> dict:
+    """``["a.b=1", "c=x"]`` -> ``{"a": {"b": 1}, "c": "x"}`` (values parsed as YAML)."""
+    forced: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. stage2.epochs=1")
+        node = forced
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return forced
+
+
+def checked_selection(parser: argparse.ArgumentParser, config: dict,
+                      args: argparse.Namespace) -> tuple[list[str], list[str], dict]:
+    """The settings and methods to run (default: all of the config's) and the --set overrides; an unknown name
+    or a malformed --set is a usage error naming it."""
+    unknown = [s for s in args.settings or [] if s not in config["settings"]]
+    unknown += [m for m in args.methods or [] if m not in config["methods"]]
+    if unknown:
+        parser.error(f"unknown settings/methods {unknown}; allowed: {sorted(config['settings'])}, "
+                     f"{sorted(config['methods'])}")
+    try:
+        forced = parse_sets(args.set)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args.settings or list(config["settings"]), args.methods or list(config["methods"]), forced
+
+
+def open_workdir(parser: argparse.ArgumentParser, workdir: Path, base: dict) -> bool:
+    """Make the benchmark clone at ``workdir`` unless it is one already (then it is resumed); True when made.
+    A non-empty folder that is not a clone is a usage error."""
+    if (workdir / ".dvc").is_dir():
+        return False
+    if workdir.exists() and any(workdir.iterdir()):
+        parser.error(f"--workdir {workdir} exists and is not a benchmark clone")
+    if workdir.exists():
+        workdir.rmdir()
+    make_workspace(workdir, base)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     data = parser.add_mutually_exclusive_group()
@@ -492,16 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(HERE / "quality.yaml"))
     parser.add_argument("--profile", help="a profile of the config's `profiles` (e.g. cpu), merged over its base and "
                         "methods")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--settings", nargs="*", help="subset of the config's settings")
-    parser.add_argument("--methods", nargs="*", help="subset of the config's methods")
-    parser.add_argument("--jobs", type=int, default=2, help="DVC queue workers (dvc queue start -j)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (DEBIAS_THREADS)")
-    parser.add_argument("--workdir", help="scratch clone to create or resume (default: a temporary folder)")
-    parser.add_argument("--max-minutes", type=float, help="stop the queue after this long and report what finished")
-    parser.add_argument("--collect-only", action="store_true", help="only rebuild the tables from --workdir")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="extra base overrides (YAML values), e.g. for a smoke run: stage2.epochs=1")
+    add_queue_arguments(parser, seeds=[0, 1, 2])
     parser.add_argument("--from-csv", nargs="*", metavar="CSV",
                         help="only rebuild the Markdown from earlier runs' CSV files (e.g. halves run on two machines)")
     parser.add_argument("--out", default=str(HERE / "results" / "quality"))
@@ -511,11 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile and args.profile not in config.get("profiles", {}):
         parser.error(f"--profile {args.profile}: not in {args.config}; allowed: {sorted(config.get('profiles', {}))}")
     config = apply_profile(config, args.profile)
-    unknown = [s for s in args.settings or [] if s not in config["settings"]]
-    unknown += [m for m in args.methods or [] if m not in config["methods"]]
-    if unknown:
-        parser.error(f"unknown settings/methods {unknown}; allowed: {sorted(config['settings'])}, "
-                     f"{sorted(config['methods'])}")
+    settings, methods, forced = checked_selection(parser, config, args)
     needs_data = not (args.from_csv or args.collect_only)
     if needs_data and not (args.npz or args.raw):
         parser.error("give --npz (mnist10k.npz) or --raw (Fashion-MNIST idx files)")
@@ -523,17 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--npz {args.npz}: no such file")
     if args.raw and (not Path(args.raw).is_dir() or missing_raw_files(Path(args.raw))):
         parser.error(f"--raw {args.raw}: not a folder holding {', '.join(RAW_FILES)} (.gz accepted)")
-    settings = args.settings or list(config["settings"])
-    methods = args.methods or list(config["methods"])
     base = merge(config["base"], {"data": {"path": str(Path(args.npz).resolve())}}) if args.npz else config["base"]
-    forced: dict = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        node = forced
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
     jobs = plan(config, settings, args.seeds, methods, forced)
     command = "python benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.from_csv:
@@ -545,13 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir).resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="debias-quality-"))
     started = time.time()
     if not args.collect_only:
-        if not (workdir / ".dvc").is_dir():
-            if workdir.exists() and any(workdir.iterdir()):
-                parser.error(f"--workdir {workdir} exists and is not a benchmark clone")
-            workdir.rmdir() if workdir.exists() else None
-            make_workspace(workdir, base)
-            if args.raw:
-                link_raw_files(workdir, Path(args.raw))
+        if open_workdir(parser, workdir, base) and args.raw:
+            link_raw_files(workdir, Path(args.raw))
         deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
         unfinished = run_queue(workdir, jobs, args.jobs, stage_env(args.threads, workdir), deadline)
     wall = time.time() - started

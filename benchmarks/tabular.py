@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -147,39 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True, help="folder holding adult/ and compas/ with the original files")
     parser.add_argument("--config", default=str(HERE / "tabular.yaml"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--settings", nargs="*", help="subset of the config's settings (adult, compas)")
-    parser.add_argument("--methods", nargs="*", help="subset of the config's methods")
-    parser.add_argument("--jobs", type=int, default=2, help="DVC queue workers (dvc queue start -j)")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker (DEBIAS_THREADS)")
-    parser.add_argument("--workdir", help="scratch clone to create or resume (default: a temporary folder)")
-    parser.add_argument("--max-minutes", type=float, help="stop the queue after this long and report what finished")
-    parser.add_argument("--collect-only", action="store_true", help="only rebuild the tables from --workdir")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="extra overrides of every experiment (YAML values), e.g. for a smoke run: stage2.epochs=1")
+    quality.add_queue_arguments(parser, seeds=[0, 1, 2, 3, 4])
     parser.add_argument("--out", default=str(HERE / "results" / "tabular"))
     args = parser.parse_args(argv)
 
     config = yaml.safe_load(Path(args.config).read_text())
-    unknown = [s for s in args.settings or [] if s not in config["settings"]]
-    unknown += [m for m in args.methods or [] if m not in config["methods"]]
-    if unknown:
-        parser.error(f"unknown settings/methods {unknown}; allowed: {sorted(config['settings'])}, "
-                     f"{sorted(config['methods'])}")
-    settings = args.settings or list(config["settings"])
-    methods = args.methods or list(config["methods"])
+    settings, methods, forced = quality.checked_selection(parser, config, args)
     try:
         config = with_data_paths(config, Path(args.data_dir))
     except FileNotFoundError as exc:
         parser.error(str(exc))
-    forced: dict[str, Any] = {}
-    for item in args.set:
-        key, _, value = item.partition("=")
-        node = forced
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
     jobs = quality.plan(config, settings, args.seeds, methods, forced)
     command = "python benchmarks/tabular.py " + " ".join(sys.argv[1:] if argv is None else argv)
 
@@ -187,11 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     unfinished: list[str] = []
     if not args.collect_only:
-        if not (workdir / ".dvc").is_dir():
-            if workdir.exists() and any(workdir.iterdir()):
-                parser.error(f"--workdir {workdir} exists and is not a benchmark clone")
-            workdir.rmdir() if workdir.exists() else None
-            quality.make_workspace(workdir, config["base"])
+        quality.open_workdir(parser, workdir, config["base"])
         deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
         unfinished = quality.run_queue(workdir, jobs, args.jobs, quality.stage_env(args.threads, workdir), deadline)
     wall = time.time() - started

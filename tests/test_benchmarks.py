@@ -118,6 +118,17 @@ def test_unknown_method_is_refused_before_any_work(tmp_path, capsys) -> None:
         quality.main(["--npz", str(npz), "--methods", "nope", "--workdir", str(tmp_path / "w")])
     assert "unknown settings/methods ['nope']" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+    with pytest.raises(SystemExit):  # a --set without '=' would silently set the key to None
+        quality.main(["--npz", str(npz), "--set", "stage2.epochs", "--workdir", str(tmp_path / "w")])
+    assert "--set 'stage2.epochs': expected KEY=VALUE" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+def test_set_overrides_parse_as_yaml_into_nested_keys() -> None:
+    assert quality.parse_sets(["stage2.epochs=1", "stage2.lff.q=0.4", "groups.method=true", "x=[1, 2]"]) == {
+        "stage2": {"epochs": 1, "lff": {"q": 0.4}}, "groups": {"method": True}, "x": [1, 2]}
+    with pytest.raises(ValueError, match="expected KEY=VALUE"):
+        quality.parse_sets(["=3"])
 
 
 @pytest.mark.parametrize("profile", [None, "cpu"])
