@@ -11,10 +11,9 @@ commands add ``--reweight_groups``, a sampler with weights 1 / n_g; without it a
 absent from ~94 % of batches of 32, its ``q`` barely moves and its loss barely counts). Per batch: the mean
 cross-entropy of each group present, ``q_g <- q_g exp(η (L_g + C / sqrt(n_g)))`` over the groups present,
 renormalised to the mass they held (:func:`debias.losses.group_dro_weights`; an absent group keeps its weight), then
-a step on ``sum_g q_g L_g``
-(:func:`debias.losses.group_dro_loss`). ``η`` = ``stage2.groupdro.step_size`` (the paper's 0.01), ``C`` =
-``stage2.groupdro.adjustment`` (CNC's CMNIST* runs: 0), ``n_g`` the training size of group g. ``q`` is training
-state, saved and restored on resume; the stage's info file reports the final ``q`` per group.
+a step on ``sum_g q_g L_g`` (:func:`debias.losses.group_dro_loss`). ``η`` = ``stage2.groupdro.step_size`` (the
+paper's 0.01), ``C`` = ``stage2.groupdro.adjustment`` (CNC's CMNIST* runs: 0), ``n_g`` the training size of group
+g. ``q`` is training state, saved and restored on resume; the stage's info file reports the final ``q`` per group.
 """
 
 from __future__ import annotations
