@@ -31,6 +31,9 @@ from debias.params import BiasParams, DataParams, MLPParams, ModelParams, Tabula
 from tests.conftest import SHARED_DATASETS, committed_text, tiny_grey_digits
 from tests.faults.conftest import make_workspace, run_entrypoint_in_process
 
+# The small files these tests write in the datasets' formats are not the published ones (sha256): read on purpose.
+SMALL = TabularParams(verify_sha256=False)
+
 
 @pytest.fixture
 def offline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +91,7 @@ def test_adult_from_placed_files_offline(tmp_path, offline) -> None:
     records = write_adult(tmp_path / "adult")
     kept = [r for r in records if "?" not in r.values()]
     assert len(records) == 50 and len(kept) == 40  # ten rows with a '?' are dropped
-    splits = load_source(DataParams(source="adult"), tmp_path, seed=3)
+    splits = load_source(DataParams(source="adult", tabular=SMALL), tmp_path, seed=3)
     assert {name: len(s) for name, s in splits.items()} == {"train": 28, "val": 6, "test": 6}  # 70/15/15
     index = random_split(40, 0.15, 0.15, seed=3)
     names = splits["train"].feature_names
@@ -115,7 +118,7 @@ def test_adult_from_placed_files_offline(tmp_path, offline) -> None:
 
 def test_adult_without_the_sensitive_feature_and_capped(tmp_path, offline) -> None:
     write_adult(tmp_path / "adult")
-    params = DataParams(source="adult", max_per_split=5, tabular=TabularParams(keep_sensitive_feature=False))
+    params = DataParams(source="adult", max_per_split=5, tabular=TabularParams(keep_sensitive_feature=False, verify_sha256=False))
     splits = load_source(params, tmp_path, seed=1)  # seed 0 leaves the 6-row validation split without class 1
     assert all(len(s) == 5 for s in splits.values())
     assert not any(name.startswith("sex=") for name in splits["train"].feature_names)
@@ -193,7 +196,7 @@ def test_propublica_filter_keeps_exactly_the_rows_it_should(tmp_path) -> None:
 
 def test_compas_source_features_and_splits(tmp_path, offline) -> None:
     write_compas(tmp_path / "compas")
-    splits = load_source(DataParams(source="compas"), tmp_path, seed=0)
+    splits = load_source(DataParams(source="compas", tabular=SMALL), tmp_path, seed=0)
     assert {name: len(s) for name, s in splits.items()} == {"train": 9, "val": 2, "test": 2}  # 13 rows, 70/15/15
     assert splits["train"].feature_names == (
         "age", "priors_count", "juv_fel_count", "juv_misd_count", "juv_other_count",
@@ -215,14 +218,14 @@ def test_download_is_checked_and_written_once(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(urllib.request, "urlopen", serve)
     monkeypatch.setattr(tabular, "COMPAS_FILES", (RemoteFile("compas-scores-two-years.csv", "https://example.invalid/c.csv",
-                                                             hashlib.sha256(payload).hexdigest()),))
+                                                             hashlib.sha256(payload).hexdigest(), 13, 1),))
     raw = tmp_path / "raw"
     assert sum(len(s) for s in load_source(DataParams(source="compas"), raw, seed=0).values()) == 13
     assert (raw / "compas" / "compas-scores-two-years.csv").read_bytes() == payload
     load_source(DataParams(source="compas"), raw, seed=0)
     assert calls == ["https://example.invalid/c.csv"]  # the second run uses the file in place
     monkeypatch.setattr(tabular, "COMPAS_FILES", (RemoteFile("compas-scores-two-years.csv", "https://example.invalid/c.csv",
-                                                             "0" * 64),))
+                                                             "0" * 64, 13, 1),))
     with pytest.raises(DataSourceError, match="has sha256 .* expected 0000"):
         load_source(DataParams(source="compas"), tmp_path / "other", seed=0)
     assert not (tmp_path / "other" / "compas" / "compas-scores-two-years.csv").exists()
@@ -235,7 +238,7 @@ def test_data_path_reads_the_original_files_in_place_and_never_downloads(tmp_pat
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("the source tried the network"))
     folder = tmp_path / "mine"
     write_compas(folder)
-    params = DataParams(source="compas", path=str(folder))
+    params = DataParams(source="compas", path=str(folder), tabular=SMALL)
     assert sum(len(s) for s in load_source(params, tmp_path / "raw", seed=0).values()) == 13
     assert not (tmp_path / "raw").exists()
     assert external_files(params) == {"data.path": folder}  # fingerprinted by the source stage
@@ -286,7 +289,7 @@ def test_check_params_accepts_adult_with_every_other_default(tmp_path, capsys) -
 
 def _feature_splits(tmp_path: Path) -> dict[str, RawSplit]:
     write_compas(tmp_path / "compas")
-    return load_source(DataParams(source="compas"), tmp_path, seed=0)
+    return load_source(DataParams(source="compas", tabular=SMALL), tmp_path, seed=0)
 
 
 def test_feature_splits_round_trip_through_the_store(tmp_path, offline) -> None:
@@ -355,7 +358,8 @@ def test_given_keeps_feature_vectors_and_colour_protocols_refuse_them(tmp_path, 
 
 def test_compas_through_the_data_stages_and_erm_with_every_other_default(tmp_path, monkeypatch, capsys) -> None:
     """data.source=compas and nothing else changed (lenet5, augment_shift 2, protocol auto): the stages run."""
-    workspace = make_workspace(tmp_path / "ws", {"data": {"source": "compas"}, "erm": {"epochs": 1}})
+    workspace = make_workspace(tmp_path / "ws", {"data": {"source": "compas", "tabular": {"verify_sha256": False}},
+                                                     "erm": {"epochs": 1}})
     write_compas(workspace / "data" / "raw" / "compas")
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("the stage tried the network"))
     download = run_entrypoint_in_process(workspace, "download", monkeypatch, capsys)

@@ -184,6 +184,10 @@ class TabularParams(Section):
     compas_races: list[str] = Field(
         default_factory=lambda: ["African-American", "Caucasian"], min_length=2,
         description="compas: the races kept, in attribute order (a = position); rows of other races are dropped")
+    verify_sha256: bool = Field(
+        True, description="ours: refuse adult/compas files whose sha256 is not the published one (a copy cut at a line "
+                          "boundary reads without any error, with fewer rows); false reads a file changed on purpose "
+                          "(e.g. a small file in the dataset's format)")
 
     @model_validator(mode="after")
     def _fractions_leave_a_train_split(self) -> "TabularParams":

@@ -39,9 +39,24 @@ def draw(label: int, place: int, size: int, rng: np.random.Generator) -> np.ndar
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
+def check_empty_folder(root: Path, force: bool) -> None:
+    """``root`` must be missing or empty (a ValueError naming what it holds), unless ``force``: then the files this
+    writes (``metadata.csv``, ``images/<split>_<n>.png``) replace their namesakes and nothing else is touched."""
+    if force or not root.exists():
+        return
+    if not root.is_dir():
+        raise ValueError(f"{root} is a file; allowed: a new or empty folder")
+    held = sorted(p.name for p in root.iterdir())
+    if held:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise ValueError(f"{root} is not empty ({shown}): its metadata.csv and images/ would be overwritten; choose a "
+                         "new folder, or pass --force to write into it anyway")
+
+
 def write_shapes_folder(root: str | Path, n_train: int = 400, n_eval: int = 100, rho: float = 0.95, size: int = 32,
-                        seed: int = 0) -> Path:
-    """Write the PNGs under ``root/images/`` and ``root/metadata.csv``; return the table's path."""
+                        seed: int = 0, force: bool = False) -> Path:
+    """Write the PNGs under ``root/images/`` and ``root/metadata.csv`` into a new or empty ``root`` (any folder with
+    ``force``); return the table's path."""
     import pandas as pd
     from PIL import Image
 
@@ -50,6 +65,7 @@ def write_shapes_folder(root: str | Path, n_train: int = 400, n_eval: int = 100,
     if n_train < 8 or n_eval < 4:
         raise ValueError(f"n_train = {n_train}, n_eval = {n_eval}; allowed: n_train >= 8 and n_eval >= 4")
     root = Path(root)
+    check_empty_folder(root, force)
     (root / "images").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     rows = []
