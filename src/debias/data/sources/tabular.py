@@ -248,7 +248,8 @@ def read_adult(path: Path) -> pd.DataFrame:
 def check_complete_rows(frame: pd.DataFrame, path: Path, source: str, last_column: str) -> None:
     """Every row reaches the last column (never empty in the published file): a row that ends early names its
     data row, and the last one says the file looks truncated (a copy cut mid-line)."""
-    short = np.flatnonzero(frame[last_column].isna().to_numpy())
+    last = frame[last_column]
+    short = np.flatnonzero((last.isna() | (last.astype(str).str.strip() == "")).to_numpy())
     if len(short) == 0:
         return
     row = int(short[0])
