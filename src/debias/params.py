@@ -723,7 +723,7 @@ def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
     if not key:
         return message
     if kind == "value_error" and isinstance(value, dict):  # a section's own check; its message starts with a field
-        return f"{key}.{message}"
+        return message if message.startswith(f"{key}.") else f"{key}.{message}"  # named in full already: not twice
     if kind == "literal_error":
         return f"{key} = {show(value)} is not allowed; allowed: {error['ctx']['expected']}"
     if kind in EXPECTED_KIND and isinstance(value, (bool, str)):

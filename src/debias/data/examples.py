@@ -15,6 +15,7 @@ import numpy as np
 
 BACKGROUNDS = ((40, 150, 40), (40, 70, 200))  # attribute 0: green, 1: blue
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+MIN_SIZE = 8  # pixels (ours): the smallest shape (radius 0.18 x size) is then 2.9 pixels across
 
 
 def group_counts(n: int, rho: float, balanced: bool) -> dict[tuple[int, int], int]:
@@ -64,6 +65,8 @@ def write_shapes_folder(root: str | Path, n_train: int = 400, n_eval: int = 100,
         raise ValueError(f"rho = {rho}; allowed: 0.5 (no bias) to 1 (every training image aligned)")
     if n_train < 8 or n_eval < 4:
         raise ValueError(f"n_train = {n_train}, n_eval = {n_eval}; allowed: n_train >= 8 and n_eval >= 4")
+    if size < MIN_SIZE:
+        raise ValueError(f"size = {size}; allowed: {MIN_SIZE} pixels or more")
     root = Path(root)
     check_empty_folder(root, force)
     (root / "images").mkdir(parents=True, exist_ok=True)

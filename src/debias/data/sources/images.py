@@ -247,7 +247,7 @@ def decode_image(path: Path, size: int, fit: ImageFit, crop_fraction: float) -> 
 def decode_threads() -> int:
     """``DEBIAS_THREADS`` when set (machine setting, as for torch), else the cores this process may use."""
     wanted = os.environ.get("DEBIAS_THREADS", "")
-    if wanted.isdigit() and int(wanted) >= 1:
+    if wanted.isascii() and wanted.isdigit() and int(wanted) >= 1:  # '²'.isdigit() is True; int('²') fails
         return int(wanted)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
