@@ -30,7 +30,11 @@ def plots_template(path: str | None) -> int:
     from debias.paths import repo_root
     from debias.report.plots_page import PLOTS_TEMPLATE, write_plots_template
 
-    written = write_plots_template(path or repo_root() / PLOTS_TEMPLATE)
+    try:
+        written = write_plots_template(path or repo_root() / PLOTS_TEMPLATE)
+    except ValueError as exc:  # an existing file that is not a plots template, or a folder: left as it is
+        print(f"debias plots-template: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {written}: `dvc plots show` and `dvc plots diff` render offline with it")
     return 0
 

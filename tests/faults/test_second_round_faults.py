@@ -59,3 +59,23 @@ def test_a_section_check_names_its_keys_once(tmp_path: Path) -> None:
     assert_clean_failure(done, "data.tabular.val_fraction + data.tabular.test_fraction = 0.95 leaves too little",
                          stage="download")
     assert "data.tabular.data.tabular" not in done.stderr
+
+
+def test_commands_that_write_into_a_user_folder_leave_other_files_alone(tmp_path: Path, capsys) -> None:
+    """plots-template over a user's file (or onto a folder) is refused, over a template it replaces; example-folder
+    refuses a size it cannot draw (its non-empty-folder refusal: tests/test_image_sources.py)."""
+    from debias.cli import main as cli_main
+
+    mine = tmp_path / "README.md"
+    mine.write_text("my notes\n")
+    assert cli_main(["plots-template", str(mine)]) == 2
+    assert "is not a plots template (it lacks DVC's {plot_divs} placeholder); it is left as it is" in capsys.readouterr().err
+    assert mine.read_text() == "my notes\n"
+    assert cli_main(["plots-template", str(tmp_path)]) == 2 and "is a folder" in capsys.readouterr().err
+    template = tmp_path / "template.html"
+    assert cli_main(["plots-template", str(template)]) == 0
+    assert cli_main(["plots-template", str(template)]) == 0  # its own file: replaced
+    for size in ("0", "-3", "7"):
+        assert cli_main(["example-folder", str(tmp_path / f"shapes{size}"), "--size", size]) == 2
+        assert f"size = {size}; allowed: 8 pixels or more" in capsys.readouterr().err
+        assert not (tmp_path / f"shapes{size}").exists()
