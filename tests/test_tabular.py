@@ -573,6 +573,15 @@ def test_fairness_over_one_attribute_value_is_not_computed_never_zero() -> None:
                                                "equalized_odds_mean", "accuracy_difference"))
     assert "only a = [0]: not computed" in report["reason"]
     assert fairness_scalars(report) == {}  # nothing logged as a number
+    from debias.evaluation.probe import split_report
+    from debias.training.erm import metrics_entry
+
+    one_group = BiasedSplit(torch.zeros(4, 3), torch.tensor([1, 0, 0, 1]), torch.zeros(4, dtype=torch.long),
+                            torch.ones(4, dtype=torch.bool), 2, 1)
+    probed = split_report(one_group, torch.tensor([1, 0, 1, 1]))
+    assert probed["fairness"]["equalized_odds_difference"] is None and "not computed" in probed["fairness"]["reason"]
+    entry = metrics_entry(probed)  # what the metrics JSON holds: the reason, no number
+    assert entry["fairness"] == {"reason": report["reason"]}
 
 
 def test_the_data_path_fingerprint_covers_the_files_read_through_links(tmp_path, monkeypatch) -> None:

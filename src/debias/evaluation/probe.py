@@ -149,7 +149,7 @@ def split_report(split: BiasedSplit, pred: torch.Tensor, index: torch.Tensor | N
     report = accuracy_report(pred, y, a, aligned, split.n_classes, split.n_attrs)
     if fairness and split.n_classes == 2:  # binary tasks: equalized odds and friends beside the accuracies
         fairness = fairness_report(pred, y, a, split.n_classes)
-        report["fairness"] = {k: v for k, v in fairness.items() if k != "reason"}
+        report["fairness"] = {k: v for k, v in fairness.items() if k != "reason" or v is not None}  # why not computed
     return report
 
 
