@@ -79,3 +79,32 @@ def test_commands_that_write_into_a_user_folder_leave_other_files_alone(tmp_path
         assert cli_main(["example-folder", str(tmp_path / f"shapes{size}"), "--size", size]) == 2
         assert f"size = {size}; allowed: 8 pixels or more" in capsys.readouterr().err
         assert not (tmp_path / f"shapes{size}").exists()
+
+
+def test_check_params_checks_the_files_of_other_sources_too(tmp_path: Path, capsys) -> None:
+    """The neighbours of the image-folder checks: an npz that is not there, a data.path folder without the
+    dataset's files; and equalized_odds against the npz's own labels (3 classes)."""
+    import numpy as np
+    import yaml
+
+    from debias.cli import main as cli_main
+    from tests.conftest import committed_text
+
+    def check(data: dict, probe: dict | None = None) -> tuple[int, str]:
+        params = yaml.safe_load(committed_text("params.yaml"))
+        params["data"].update(data)
+        params["probe"].update(probe or {})
+        (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+        code = cli_main(["check-params", str(tmp_path / "params.yaml")])
+        return code, capsys.readouterr().err
+
+    code, err = check({"source": "npz", "path": str(tmp_path / "absent.npz")})
+    assert code == 2 and "absent.npz' does not exist" in err
+    (tmp_path / "empty").mkdir()
+    code, err = check({"source": "adult", "path": str(tmp_path / "empty")})
+    assert code == 2 and "lacks adult.data; put the original files" in err
+    np.savez(tmp_path / "three.npz", x=np.zeros((6, 8, 8), np.uint8), y=np.array([0, 1, 2, 0, 1, 2]),
+             a=np.array([0, 1, 0, 1, 0, 1]))
+    assert check({"source": "npz", "path": str(tmp_path / "three.npz")})[0] == 0
+    code, err = check({"source": "npz", "path": str(tmp_path / "three.npz")}, {"postprocess": "equalized_odds"})
+    assert code == 2 and "data.source = npz (bias.protocol = auto) has 3 classes" in err
