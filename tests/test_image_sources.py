@@ -618,3 +618,15 @@ def test_corruption_errors_name_the_fix(tmp_path, monkeypatch) -> None:
         inject_bias(cifar_like(2), BiasParams(protocol="corruption", corruption={"frost_dir": str(empty)}), seed=0)
     with pytest.raises(BiasProtocolError, match="2 corruption types .* for 10 classes"):
         inject_bias(cifar_like(2), BiasParams(protocol="corruption", corruption={"types": ["contrast", "pixelate"]}), seed=0)
+
+
+def test_celeba_partition_listing_an_image_twice_is_refused(tmp_path, monkeypatch) -> None:
+    """The neighbour of an image folder's repeated rows: CelebA's partition list naming an image in two partitions."""
+    folder = tmp_path / "celeba" / "celeba"
+    write_celeba(folder)
+    no_network(monkeypatch)
+    partition = folder / "list_eval_partition.txt"
+    partition.write_text(partition.read_text() + "000001.jpg 2\n")  # train already
+    with pytest.raises(DataSourceError, match=r"list_eval_partition.txt lists 1 image\(s\) more than once in column "
+                                              r"'image': .*000001.jpg \(rows 0, 30\)"):
+        load_source(DataParams(source="celeba", image_size=16), tmp_path, seed=0)

@@ -117,7 +117,7 @@ def encode_values(values: pd.Series, names: list[int | str] | None, key: str, ro
         unmatched = [name for name in names if str(name) not in present]
         if unmatched:  # a misspelt name would leave a class (or attribute) without any image
             raise DataSourceError(f"{key} names {_shown(unmatched)}, which no row of metadata table {path} holds in "
-                                  f"column '{column}'; the values present: {_shown(sorted(set(text)))}")
+                                  f"column '{column}'; the values present: {_shown(sorted(present))}")
         return text.map(lookup).to_numpy(np.int64), [str(n) for n in names]
     numeric = pd.to_numeric(values, errors="coerce")
     if numeric.isna().any() or not np.all(np.mod(numeric.to_numpy(float), 1) == 0):
@@ -431,6 +431,7 @@ def celeba_table(folder: Path, params: CelebAParams) -> ImageTable:
     y = (rows[params.target].to_numpy() > 0).astype(np.int64)
     a = (rows[params.attribute].to_numpy() > 0).astype(np.int64)
     paths = [folder / CELEBA_IMAGES / name for name in partition.index]
+    check_unique(paths, "image", folder / CELEBA_PARTITION)  # a name listed twice would sit in two partitions
     return ImageTable(paths, y, a, split, params.target, [f"not {params.target}", params.target],
                       params.attribute, [f"not {params.attribute}", params.attribute])
 
