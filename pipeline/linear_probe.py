@@ -42,7 +42,10 @@ def run(params: Params, run: StageRun) -> None:
 
 def fairness_note(report: dict) -> str:
     fairness = report.get("fairness")
-    return f", equalized-odds difference {fairness['equalized_odds_difference']:.3f}" if fairness else ""
+    if not fairness:
+        return ""
+    value = fairness.get("equalized_odds_difference")
+    return f", equalized-odds difference {value:.3f}" if value is not None else f" ({fairness.get('reason')})"
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from debias.data.sources.base import DataSourceError, external_files
+from debias.data.sources.base import DataSourceError, external_files, source_digests
 from debias.fingerprint import file_digest, tree_digest
 from debias.io import save_json
 from debias.params import ParamsError, load_params
@@ -16,11 +16,14 @@ from debias.paths import SOURCE_FINGERPRINT
 def fingerprint() -> dict:
     params = load_params().data
     files = {}
-    for key, path in external_files(params).items():
+    external = external_files(params)
+    for key, path in external.items():
         if not path.exists():
             raise DataSourceError(f"{key} = '{path}' does not exist; point {key} at the file")
+    own = source_digests(params) if external else {}  # the files the source reads, where a walk would miss some
+    for key, path in external.items():
         files[key] = {"value": str(getattr(params, key.removeprefix("data."), path)),
-                      "digest": tree_digest(path) if path.is_dir() else file_digest(path)}
+                      "digest": own.get(key) or (tree_digest(path) if path.is_dir() else file_digest(path))}
     return {"source": params.source, "files": files}
 
 

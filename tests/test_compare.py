@@ -172,3 +172,99 @@ def test_headline_files_hold_the_flat_rounded_scalars_and_skip_what_is_missing(t
     assert headline.local_warnings(tmp_path) == {"train_erm": ["degenerate-selection: ties"]}
     assert headline.warnings_summary(headline.local_warnings(tmp_path)) == "1 warning: degenerate-selection (train_erm)"
     assert headline.upstream_stages("linear_probe")[-1] == "linear_probe" and headline.upstream_stages("download") == ()
+
+
+# --------------------------------------------------------------------------- second round (issue 23)
+
+
+def _page(sweep: list[Experiment]) -> compare.Comparison:
+    return compare.build_comparison(compare.select(sweep), sweep)
+
+
+def test_out_replaces_only_what_compare_wrote_there(sweep, tmp_path: Path) -> None:
+    """A user's own figure in --out/figures survives; a figure an earlier comparison wrote and this one does not is
+    removed; a file of the page's names that compare did not write (a pipeline report's index.html) is refused."""
+    out = tmp_path / "mine"
+    (out / "figures").mkdir(parents=True)
+    (out / "figures" / "my_plot.png").write_bytes(b"mine")
+    (out / "notes.md").write_text("mine")
+    compare.write_page(_page(sweep), out)
+    assert (out / "figures" / "my_plot.png").read_bytes() == b"mine" and (out / "notes.md").read_text() == "mine"
+    listed = json.loads((out / compare.MANIFEST).read_text())["files"]
+    assert "figures/my_plot.png" not in listed and "index.html" in listed and "figures/per_group_1.png" in listed
+    (out / "figures" / "per_group_2.png").write_bytes(b"an older comparison's")  # as if it had drawn 5+ runs
+    (out / compare.MANIFEST).write_text(json.dumps({"files": [*listed, "figures/per_group_2.png"]}))
+    compare.write_page(_page(sweep), out)
+    assert not (out / "figures" / "per_group_2.png").exists() and (out / "figures" / "my_plot.png").exists()
+
+    reports = tmp_path / "reports"  # a pipeline's reports/: its own index.html and figures
+    (reports / "figures").mkdir(parents=True)
+    (reports / "index.html").write_text("the pipeline's report")
+    (reports / "figures" / "per_group.png").write_bytes(b"pipeline")
+    with pytest.raises(ValueError, match=r"--out .*reports holds index.html, which debias compare did not write"):
+        compare.write_page(_page(sweep), reports)
+    assert (reports / "index.html").read_text() == "the pipeline's report"
+    assert sorted(p.name for p in reports.rglob("*")) == ["figures", "index.html", "per_group.png"]
+
+
+def test_out_that_is_a_file_or_unwritable_is_one_line(tmp_path: Path, capsys) -> None:
+    from debias.cli import main as cli_main
+
+    (tmp_path / "a_file").write_text("x")
+    assert cli_main(["compare", "--out", str(tmp_path / "a_file"), "--no-mlflow"]) == 2
+    assert capsys.readouterr().err == f"debias compare: --out {tmp_path / 'a_file'} is a file; allowed: a folder (new, or one debias compare wrote)\n"
+    assert cli_main(["compare", "--out", str(tmp_path / "a_file" / "sub"), "--no-mlflow"]) == 2
+    assert "cannot write there (Not a directory)" in capsys.readouterr().err
+    for args, message in ((["--last", "-2"], "--last -2; allowed: a whole number >= 1"),
+                          (["--last", "0"], "--last 0; allowed"), (["--width", "0"], "--width 0; allowed: 40 or more")):
+        assert cli_main(["compare", *args, "--out", str(tmp_path / "ok"), "--no-mlflow"]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "ok").exists()  # refused before anything was written
+
+
+def test_out_on_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.faults.conftest import stage_env
+    from tests.faults.test_actionable_faults import _namespaces_work
+
+    if not _namespaces_work():
+        pytest.skip("unprivileged user namespaces are unavailable (a read-only bind mount needs one)")
+    out = tmp_path / "ro"
+    out.mkdir()
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                           f"mount --bind {out} {out} && mount -o remount,bind,ro {out} && exec {sys.executable} -m "
+                           f"debias.cli compare --out {out} --no-mlflow"], capture_output=True, text=True,
+                          env=stage_env(), timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == f"debias compare: --out {out}: cannot write there (Read-only file system); choose a " \
+                                  "writable folder"
+
+
+def test_a_repeat_of_the_same_params_is_not_another_seed(sweep) -> None:
+    """The workspace holding the baseline's params (seed included) with other results counts once, with a note."""
+    rerun = experiment("workspace", 2, "cnc", 0.1, "09", kind="workspace")  # cnc-s2's params, other metrics
+    runs = [rerun, *[e for e in sweep if e.kind != "workspace"]]
+    comparison = compare.build_comparison(compare.select(runs), runs)
+    groups = comparison.groups.set_index("stage2.method")
+    assert groups.loc["cnc", "seeds"] == 3 and groups.loc["cnc", "s2_worst_mean"] == pytest.approx(0.6)
+    assert [e.name for e in comparison.experiments].count("workspace") == 0
+    text = compare.terminal_text(comparison)
+    assert "note: workspace has the same params as cnc-s2 (seed included) but other results: not counted as another" \
+           in " ".join(text.split())
+
+
+def test_a_metric_that_is_not_a_number_is_left_out_of_the_mean_with_a_note(sweep) -> None:
+    from debias.report.collect import rejected_values
+
+    runs = [e for e in sweep if e.kind != "workspace"]
+    s1 = next(e for e in runs if e.name == "cnc-s1")
+    s1.rejected = rejected_values({"s2_worst": float("nan"), "s2_avg": "n/a", "erm_avg": 0.5})
+    del s1.metrics["s2_worst"], s1.metrics["s2_avg"]
+    comparison = compare.build_comparison(compare.select(runs), runs)
+    groups = comparison.groups.set_index("stage2.method")
+    assert groups.loc["cnc", "s2_worst_mean"] == pytest.approx(0.6)  # (0.5 + 0.7) / 2: the NaN left out
+    text = " ".join(compare.terminal_text(comparison).split())
+    assert "note: cnc-s1: " in text and "= NaN" in text and "= 'n/a' is not a number: left out of its group's mean" in text
+    assert rejected_values({"a": True, "b": None, "c": 1.0}) == {"a": "True", "b": "None"}

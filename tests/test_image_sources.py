@@ -222,6 +222,144 @@ def test_root_that_is_not_a_folder_and_the_memory_threshold(shapes, tmp_path) ->
         load_source(params, tmp_path, seed=0)
 
 
+# --------------------------------------------------------------------------- second round (issue 23): silent cases
+
+
+def test_sixteen_bit_pngs_are_scaled_by_their_range_and_unscaled_modes_refused(shapes, tmp_path) -> None:
+    """A real I;16 PNG (Pillow's convert('RGB') clips it to all-255) decodes to round(v * 255 / 65535)."""
+    root, table = shapes
+    name = table[table.split == 0].img_filename.iloc[0]
+    grey = np.full((16, 20), 32896, dtype=np.uint16)  # 32896 = 128 * 257: exactly 128 on 8 bits
+    grey[:, :10] = 65535
+    Image.fromarray(grey).save(root / name)
+    with Image.open(root / name) as check:
+        assert check.mode == "I;16"  # the file really is 16-bit
+    splits = load_source(folder_params(root, size=20), tmp_path, seed=0)
+    first = splits["train"].x[0]
+    assert np.array_equal(first[:, 12:], np.full((20, 8, 3), 128, np.uint8))
+    assert (first[:, :8] == 255).all()
+    Image.fromarray(np.full((16, 20), 0.5, dtype=np.float32)).save(root / "float.tiff")  # mode F: no known range
+    table.loc[table.img_filename == name, "img_filename"] = "float.tiff"
+    table.to_csv(root / "metadata.csv", index=False)
+    with pytest.raises(DataSourceError, match=r"could not be decoded: .*float.tiff.*mode F \(32-bit float pixels\) has "
+                                              r"no known value range"):
+        load_source(folder_params(root), tmp_path, seed=0)
+
+
+def test_an_image_listed_twice_is_refused_naming_it_and_its_rows(shapes, tmp_path) -> None:
+    root, table = shapes
+    repeated = table.iloc[[3, 3, 5]].copy()
+    repeated.iloc[1, repeated.columns.get_loc("img_filename")] = "./" + repeated.iloc[1].img_filename  # same file
+    doubled = pd.concat([table, repeated], ignore_index=True).drop(columns="split")
+    doubled.to_csv(root / "dup.csv", index=False)
+    first, second = table.img_filename.iloc[3], table.img_filename.iloc[5]
+    with pytest.raises(DataSourceError, match=rf"lists 2 image\(s\) more than once in column 'img_filename': "
+                                              rf".*{first} \(rows 3, 28, 29\), .*{second} \(rows 5, 30\).*drop the repeated"):
+        load_source(folder_params(root, metadata="dup.csv", split_column=None), tmp_path, seed=0)
+
+
+def test_list_values_that_match_no_row_are_refused_naming_the_values_present(shapes, tmp_path) -> None:
+    root, table = shapes
+    with pytest.raises(DataSourceError, match=r"label_values names 2, which no row .* holds in column 'y'; the values "
+                                              r"present: 0, 1"):
+        load_source(folder_params(root, label_values=[0, 1, 2]), tmp_path, seed=0)
+    table[table.split != 2].to_csv(root / "no_test.csv", index=False)
+    with pytest.raises(DataSourceError, match=r"split_values \(test: 2\) matches no row .* column 'split' holds 0, 1"):
+        load_source(folder_params(root, metadata="no_test.csv"), tmp_path, seed=0)
+
+
+def write_linked_folder(tmp_path):
+    """An image folder whose images live partly behind a linked folder and partly outside the root (``../``), with
+    its table elsewhere (an absolute data.imagefolder.metadata): what a folder walk of the root misses."""
+    store, root, tables = tmp_path / "store", tmp_path / "root", tmp_path / "tables"
+    table = write_shapes(store, {"train": 3, "val": 2, "test": 2})
+    root.mkdir()
+    tables.mkdir()
+    (root / "linked").symlink_to(store / "class_0", target_is_directory=True)  # class 0 behind a linked folder
+    table["img_filename"] = [name.replace("class_0/", "linked/") if name.startswith("class_0/") else f"../store/{name}"
+                             for name in table.img_filename]  # class 1 outside the root
+    table.to_csv(tables / "meta.csv", index=False)
+    return root, tables / "meta.csv", table
+
+
+def test_the_fingerprint_follows_links_dot_dot_paths_and_a_table_elsewhere(tmp_path) -> None:
+    """The source stage's fingerprint (pipeline/source.py, run for real) changes when an image behind a linked
+    folder, an image outside the root or the table elsewhere changes, and not for a file the table does not name."""
+    from tests.faults.conftest import make_workspace, run_stage
+
+    root, meta, table = write_linked_folder(tmp_path)
+    workspace = make_workspace(tmp_path / "ws", {"data": {"source": "imagefolder", "image_size": 16, "max_per_split": None,
+                                                          "imagefolder": {"root": str(root), "metadata": str(meta)}}})
+
+    def fingerprint() -> str:
+        done = run_stage(workspace, "source")
+        assert done.returncode == 0, done.stderr
+        return (workspace / "data" / "source.json").read_text()
+
+    first = fingerprint()
+    assert len(load_source(folder_params(root, metadata=str(meta)), tmp_path, seed=0)["train"]) == 12
+    (root / "unrelated.txt").write_text("not an image of the table")
+    assert fingerprint() == first
+    changes = {
+        "linked folder": lambda: draw_shape(1, 1).save(root / table.img_filename.iloc[0]),
+        "../ image": lambda: draw_shape(0, 0).save(root / table.img_filename.iloc[3]),
+        "table elsewhere": lambda: meta.write_text(meta.read_text().replace(",1,0,", ",1,1,", 1)),
+    }
+    for what, change in changes.items():
+        before = fingerprint()
+        change()
+        assert fingerprint() != before, what
+
+
+def _check_params(tmp_path, imagefolder: dict) -> tuple[int, str]:
+    import io
+    from contextlib import redirect_stderr
+
+    import yaml
+
+    from debias.cli import main as cli_main
+    from tests.conftest import committed_text
+
+    params = yaml.safe_load(committed_text("params.yaml"))
+    params["data"].update(source="imagefolder", imagefolder=imagefolder)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    errors = io.StringIO()
+    with redirect_stderr(errors):
+        code = cli_main(["check-params", str(path)])
+    return code, errors.getvalue()
+
+
+def test_check_params_checks_an_image_folder_cheaply(shapes, tmp_path) -> None:
+    root, table = shapes
+    assert _check_params(tmp_path, {"root": str(root)}) == (0, "")
+    code, message = _check_params(tmp_path, {"root": str(root / "absent")})
+    assert code == 2 and "is not a folder" in message
+    code, message = _check_params(tmp_path, {"root": str(root), "attribute_column": "background"})
+    assert code == 2 and "no column for data.imagefolder.attribute_column = 'background'" in message
+    (root / table.img_filename.iloc[4]).unlink()
+    code, message = _check_params(tmp_path, {"root": str(root)})
+    assert code == 2 and f"1 of 28 image file(s) are missing: {root / table.img_filename.iloc[4]}" in message
+    code, message = _check_params(tmp_path, {"root": str(root), "metadata": "absent.csv"})
+    assert code == 2 and "absent.csv does not exist" in message
+
+
+def test_example_folder_refuses_a_folder_that_is_not_empty_unless_forced(tmp_path, capsys) -> None:
+    from debias.cli import main as cli_main
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "metadata.csv").write_text("my own table\n")
+    (mine / "notes.txt").write_text("mine\n")
+    assert cli_main(["example-folder", str(mine), "--n-train", "8", "--n-eval", "4"]) == 2
+    refused = capsys.readouterr().err
+    assert "is not empty (metadata.csv, notes.txt)" in refused and "pass --force" in refused
+    assert (mine / "metadata.csv").read_text() == "my own table\n" and not (mine / "images").exists()
+    assert cli_main(["example-folder", str(mine / "notes.txt")]) == 2  # a file
+    assert cli_main(["example-folder", str(mine), "--n-train", "8", "--n-eval", "4", "--force"]) == 0
+    assert (mine / "notes.txt").read_text() == "mine\n" and (mine / "metadata.csv").read_text().startswith("img_filename")
+
+
 # --------------------------------------------------------------------------- waterbirds, celeba, cifar10
 
 
@@ -480,3 +618,15 @@ def test_corruption_errors_name_the_fix(tmp_path, monkeypatch) -> None:
         inject_bias(cifar_like(2), BiasParams(protocol="corruption", corruption={"frost_dir": str(empty)}), seed=0)
     with pytest.raises(BiasProtocolError, match="2 corruption types .* for 10 classes"):
         inject_bias(cifar_like(2), BiasParams(protocol="corruption", corruption={"types": ["contrast", "pixelate"]}), seed=0)
+
+
+def test_celeba_partition_listing_an_image_twice_is_refused(tmp_path, monkeypatch) -> None:
+    """The neighbour of an image folder's repeated rows: CelebA's partition list naming an image in two partitions."""
+    folder = tmp_path / "celeba" / "celeba"
+    write_celeba(folder)
+    no_network(monkeypatch)
+    partition = folder / "list_eval_partition.txt"
+    partition.write_text(partition.read_text() + "000001.jpg 2\n")  # train already
+    with pytest.raises(DataSourceError, match=r"list_eval_partition.txt lists 1 image\(s\) more than once in column "
+                                              r"'image': .*000001.jpg \(rows 0, 30\)"):
+        load_source(DataParams(source="celeba", image_size=16), tmp_path, seed=0)

@@ -31,6 +31,9 @@ from debias.params import BiasParams, DataParams, MLPParams, ModelParams, Tabula
 from tests.conftest import SHARED_DATASETS, committed_text, tiny_grey_digits
 from tests.faults.conftest import make_workspace, run_entrypoint_in_process
 
+# The small files these tests write in the datasets' formats are not the published ones (sha256): read on purpose.
+SMALL = TabularParams(verify_sha256=False)
+
 
 @pytest.fixture
 def offline(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,7 +91,7 @@ def test_adult_from_placed_files_offline(tmp_path, offline) -> None:
     records = write_adult(tmp_path / "adult")
     kept = [r for r in records if "?" not in r.values()]
     assert len(records) == 50 and len(kept) == 40  # ten rows with a '?' are dropped
-    splits = load_source(DataParams(source="adult"), tmp_path, seed=3)
+    splits = load_source(DataParams(source="adult", tabular=SMALL), tmp_path, seed=3)
     assert {name: len(s) for name, s in splits.items()} == {"train": 28, "val": 6, "test": 6}  # 70/15/15
     index = random_split(40, 0.15, 0.15, seed=3)
     names = splits["train"].feature_names
@@ -115,7 +118,7 @@ def test_adult_from_placed_files_offline(tmp_path, offline) -> None:
 
 def test_adult_without_the_sensitive_feature_and_capped(tmp_path, offline) -> None:
     write_adult(tmp_path / "adult")
-    params = DataParams(source="adult", max_per_split=5, tabular=TabularParams(keep_sensitive_feature=False))
+    params = DataParams(source="adult", max_per_split=5, tabular=TabularParams(keep_sensitive_feature=False, verify_sha256=False))
     splits = load_source(params, tmp_path, seed=1)  # seed 0 leaves the 6-row validation split without class 1
     assert all(len(s) == 5 for s in splits.values())
     assert not any(name.startswith("sex=") for name in splits["train"].feature_names)
@@ -193,7 +196,7 @@ def test_propublica_filter_keeps_exactly_the_rows_it_should(tmp_path) -> None:
 
 def test_compas_source_features_and_splits(tmp_path, offline) -> None:
     write_compas(tmp_path / "compas")
-    splits = load_source(DataParams(source="compas"), tmp_path, seed=0)
+    splits = load_source(DataParams(source="compas", tabular=SMALL), tmp_path, seed=0)
     assert {name: len(s) for name, s in splits.items()} == {"train": 9, "val": 2, "test": 2}  # 13 rows, 70/15/15
     assert splits["train"].feature_names == (
         "age", "priors_count", "juv_fel_count", "juv_misd_count", "juv_other_count",
@@ -215,14 +218,14 @@ def test_download_is_checked_and_written_once(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(urllib.request, "urlopen", serve)
     monkeypatch.setattr(tabular, "COMPAS_FILES", (RemoteFile("compas-scores-two-years.csv", "https://example.invalid/c.csv",
-                                                             hashlib.sha256(payload).hexdigest()),))
+                                                             hashlib.sha256(payload).hexdigest(), 13, 1),))
     raw = tmp_path / "raw"
     assert sum(len(s) for s in load_source(DataParams(source="compas"), raw, seed=0).values()) == 13
     assert (raw / "compas" / "compas-scores-two-years.csv").read_bytes() == payload
     load_source(DataParams(source="compas"), raw, seed=0)
     assert calls == ["https://example.invalid/c.csv"]  # the second run uses the file in place
     monkeypatch.setattr(tabular, "COMPAS_FILES", (RemoteFile("compas-scores-two-years.csv", "https://example.invalid/c.csv",
-                                                             "0" * 64),))
+                                                             "0" * 64, 13, 1),))
     with pytest.raises(DataSourceError, match="has sha256 .* expected 0000"):
         load_source(DataParams(source="compas"), tmp_path / "other", seed=0)
     assert not (tmp_path / "other" / "compas" / "compas-scores-two-years.csv").exists()
@@ -235,7 +238,7 @@ def test_data_path_reads_the_original_files_in_place_and_never_downloads(tmp_pat
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("the source tried the network"))
     folder = tmp_path / "mine"
     write_compas(folder)
-    params = DataParams(source="compas", path=str(folder))
+    params = DataParams(source="compas", path=str(folder), tabular=SMALL)
     assert sum(len(s) for s in load_source(params, tmp_path / "raw", seed=0).values()) == 13
     assert not (tmp_path / "raw").exists()
     assert external_files(params) == {"data.path": folder}  # fingerprinted by the source stage
@@ -286,7 +289,7 @@ def test_check_params_accepts_adult_with_every_other_default(tmp_path, capsys) -
 
 def _feature_splits(tmp_path: Path) -> dict[str, RawSplit]:
     write_compas(tmp_path / "compas")
-    return load_source(DataParams(source="compas"), tmp_path, seed=0)
+    return load_source(DataParams(source="compas", tabular=SMALL), tmp_path, seed=0)
 
 
 def test_feature_splits_round_trip_through_the_store(tmp_path, offline) -> None:
@@ -355,7 +358,8 @@ def test_given_keeps_feature_vectors_and_colour_protocols_refuse_them(tmp_path, 
 
 def test_compas_through_the_data_stages_and_erm_with_every_other_default(tmp_path, monkeypatch, capsys) -> None:
     """data.source=compas and nothing else changed (lenet5, augment_shift 2, protocol auto): the stages run."""
-    workspace = make_workspace(tmp_path / "ws", {"data": {"source": "compas"}, "erm": {"epochs": 1}})
+    workspace = make_workspace(tmp_path / "ws", {"data": {"source": "compas", "tabular": {"verify_sha256": False}},
+                                                     "erm": {"epochs": 1}})
     write_compas(workspace / "data" / "raw" / "compas")
     monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("the stage tried the network"))
     download = run_entrypoint_in_process(workspace, "download", monkeypatch, capsys)
@@ -478,3 +482,157 @@ def test_fairness_metrics_are_none_with_a_reason_for_multiclass_tasks() -> None:
     assert report["equalized_odds_difference"] is None and report["per_group"] is None
     assert "binary task" in report["reason"] and "5 classes" in report["reason"]
     assert fairness_scalars(report) == {}
+
+
+# --------------------------------------------------------------------------- second round (issue 23): silent cases
+
+
+def publish(monkeypatch, folder: Path, source: str) -> list[Path]:
+    """Make the small files in ``folder`` the 'published' ones of ``source`` (their sha256 and rows), as if
+    downloaded: what the checks compare a copy against."""
+    files = tuple(RemoteFile(f.name, f.url, hashlib.sha256((folder / f.name).read_bytes()).hexdigest(),
+                             tabular.count_rows(folder / f.name, f), f.other_lines)
+                  for f in tabular.DATASET_FILES[source])
+    monkeypatch.setattr(tabular, {"adult": "ADULT_FILES", "compas": "COMPAS_FILES"}[source], files)
+    monkeypatch.setitem(tabular.DATASET_FILES, source, files)
+    return [folder / f.name for f in files]
+
+
+def cut_lines(path: Path, keep: int) -> None:
+    """Keep the first ``keep`` lines of ``path``: a copy cut at a line boundary."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(b"".join(lines[:keep]))
+
+
+def test_files_cut_at_a_line_boundary_are_refused_with_their_row_counts(tmp_path, offline, monkeypatch) -> None:
+    write_adult(tmp_path / "adult")
+    write_compas(tmp_path / "compas")
+    publish(monkeypatch, tmp_path / "adult", "adult")
+    publish(monkeypatch, tmp_path / "compas", "compas")
+    assert sum(len(s) for s in load_source(DataParams(source="adult"), tmp_path, seed=3).values()) == 40
+    cut_lines(tmp_path / "adult" / "adult.data", 20)  # 36 rows of data published
+    with pytest.raises(DataSourceError, match=r"adult.data is not the published adult.data \(sha256 .*\); it holds 20 "
+                                              r"rows of data where the published file has 36: it looks truncated"):
+        load_source(DataParams(source="adult"), tmp_path, seed=3)
+    cut_lines(tmp_path / "compas" / "compas-scores-two-years.csv", 12)  # header + 11 of 20 rows
+    with pytest.raises(DataSourceError, match=r"it holds 11 rows of data where the published file has 20: it looks "
+                                              r"truncated.*verify_sha256: false"):
+        load_source(DataParams(source="compas"), tmp_path, seed=0)
+    assert sum(len(s) for s in load_source(DataParams(source="compas", tabular=SMALL), tmp_path, seed=0).values()) == 4
+
+
+@pytest.mark.skipif(not (SHARED_DATASETS / "adult" / "adult.data").exists(),
+                    reason="shared datasets are not beside the repository")
+def test_truncated_copies_of_the_real_files_are_refused(tmp_path, offline) -> None:
+    for name, file, keep, rows, published in (("adult", "adult.data", 14_000, "14,000", "32,561"),
+                                              ("compas", "compas-scores-two-years.csv", 3_001, "3,000", "7,214")):
+        (tmp_path / name).mkdir()
+        for original in (SHARED_DATASETS / name).iterdir():
+            (tmp_path / name / original.name).write_bytes(original.read_bytes())
+        cut_lines(tmp_path / name / file, keep)
+        with pytest.raises(DataSourceError, match=rf"it holds {rows} rows of data where the published file has "
+                                                  rf"{published}: it looks truncated"):
+            load_source(DataParams(source=name), tmp_path, seed=0)
+
+
+def test_a_file_cut_mid_line_names_the_row_and_says_truncated(tmp_path, offline) -> None:
+    path = write_compas(tmp_path / "compas")
+    text = path.read_bytes()
+    path.write_bytes(text[: text.rstrip().rfind(b",")])  # the last line loses its last field
+    with pytest.raises(DataSourceError, match=r"data row 20 of 20 ends before column two_year_recid \(the last row: the "
+                                              r"file looks truncated mid-line\)"):
+        load_source(DataParams(source="compas", tabular=SMALL), tmp_path, seed=0)
+    write_adult(tmp_path / "adult")
+    adult = tmp_path / "adult" / "adult.data"
+    adult.write_bytes(adult.read_bytes().rstrip()[:-12])
+    with pytest.raises(DataSourceError, match=r"adult.data: data row 36 of 36 ends before column income \(the last row"):
+        load_source(DataParams(source="adult", tabular=SMALL), tmp_path, seed=0)
+    write_compas(tmp_path / "compas")
+    rows = path.read_text().splitlines()
+    fields = rows[3].split(",")
+    fields[COMPAS_HEADER.index("priors_count")] = "many"
+    rows[3] = ",".join(fields)
+    path.write_text("\n".join(rows) + "\n")
+    with pytest.raises(DataSourceError, match=r"data row 3: column priors_count holds 'many'; allowed: numbers"):
+        load_source(DataParams(source="compas", tabular=SMALL), tmp_path, seed=0)
+
+
+def test_compas_races_that_match_no_row_are_refused_naming_the_races_present(tmp_path, offline) -> None:
+    write_compas(tmp_path / "compas")
+    params = DataParams(source="compas", tabular=TabularParams(compas_races=["African American", "Caucasian"],
+                                                               verify_sha256=False))
+    with pytest.raises(DataSourceError, match=r"data.tabular.compas_races names \['African American'\], which no row of "
+                                              r".* holds after ProPublica's filter; the races present: "
+                                              r"\['African-American', 'Caucasian', 'Hispanic'\]"):
+        load_source(params, tmp_path, seed=0)
+
+
+def test_fairness_over_one_attribute_value_is_not_computed_never_zero() -> None:
+    report = fairness_report(torch.tensor([1, 0, 1, 1]), torch.tensor([1, 0, 0, 1]), torch.tensor([0, 0, 0, 0]), 2)
+    assert all(report[key] is None for key in ("equalized_odds_difference", "demographic_parity_difference",
+                                               "equalized_odds_mean", "accuracy_difference"))
+    assert "only a = [0]: not computed" in report["reason"]
+    assert fairness_scalars(report) == {}  # nothing logged as a number
+    from debias.evaluation.probe import split_report
+    from debias.training.erm import metrics_entry
+
+    one_group = BiasedSplit(torch.zeros(4, 3), torch.tensor([1, 0, 0, 1]), torch.zeros(4, dtype=torch.long),
+                            torch.ones(4, dtype=torch.bool), 2, 1)
+    probed = split_report(one_group, torch.tensor([1, 0, 1, 1]))
+    assert probed["fairness"]["equalized_odds_difference"] is None and "not computed" in probed["fairness"]["reason"]
+    entry = metrics_entry(probed)  # what the metrics JSON holds: the reason, no number
+    assert entry["fairness"] == {"reason": report["reason"]}
+
+
+def test_the_data_path_fingerprint_covers_the_files_read_through_links(tmp_path, monkeypatch) -> None:
+    """data.path's fingerprint: the bytes of the files the source reads, a linked one included; others ignored."""
+    from debias.data.sources.base import source_digests
+
+    originals, folder = tmp_path / "originals", tmp_path / "mine"
+    write_compas(originals)
+    folder.mkdir()
+    (folder / "compas-scores-two-years.csv").symlink_to(originals / "compas-scores-two-years.csv")
+    params = DataParams(source="compas", path=str(folder), tabular=SMALL)
+    first = source_digests(params)
+    (folder / "notes.txt").write_text("not read by the source")
+    assert source_digests(params) == first
+    cut_lines(originals / "compas-scores-two-years.csv", 12)  # the linked file changes, the link does not
+    assert source_digests(params) != first
+
+
+def _check(tmp_path: Path, changes: dict) -> tuple[int, str]:
+    import contextlib
+
+    params = yaml.safe_load(committed_text("params.yaml"))
+    for section, values in changes.items():
+        params[section].update(values)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors):
+        code = cli_main(["check-params", str(tmp_path / "params.yaml")])
+    return code, errors.getvalue()
+
+
+def test_equalized_odds_on_a_multiclass_task_is_refused_by_check_params_and_the_probe(tmp_path) -> None:
+    from debias.evaluation.probe import probe_encoders
+    from debias.params import ProbeParams
+
+    code, message = _check(tmp_path, {"probe": {"postprocess": "equalized_odds"}})  # digits, 5 classes (foreground)
+    assert code == 2 and "probe.postprocess = equalized_odds needs a binary task; data.source = digits" in message
+    assert "has 5 classes" in message
+    code, message = _check(tmp_path, {"probe": {"postprocess": "equalized_odds"}, "data": {"source": "mnist"},
+                                      "bias": {"protocol": "background"}})
+    assert code == 2 and "has 10 classes" in message
+    write_compas(tmp_path / "compas")
+    code, message = _check(tmp_path, {"probe": {"postprocess": "equalized_odds"},
+                                      "data": {"source": "compas", "path": str(tmp_path / "compas")}})
+    assert code == 2 and "is not the published compas-scores-two-years.csv" in message  # the file is checked
+    params = {"probe": {"postprocess": "equalized_odds"},
+              "data": {"source": "compas", "path": str(tmp_path / "compas"), "tabular": {"verify_sha256": False}}}
+    assert _check(tmp_path, params) == (0, "")
+    x = torch.zeros(6, 4)
+    split = BiasedSplit(x, torch.tensor([0, 1, 2, 0, 1, 2]), torch.zeros(6, dtype=torch.long),
+                        torch.ones(6, dtype=torch.bool), 3, 1)
+    with pytest.raises(ValueError, match="probe.postprocess = equalized_odds needs a binary task; this one has 3 classes"):
+        probe_encoders({"erm": None}, {"val": split, "test": split}, ProbeParams(postprocess="equalized_odds"), 0,
+                       torch.device("cpu"))

@@ -13,9 +13,12 @@ DESCRIPTION = ("debias: tools around the DVC pipeline (the pipeline itself runs 
 
 
 def check_params(path: str) -> int:
+    from debias.data.sources.checks import DataSourceError, check_source
+
     try:
         params = load_params(path)
-    except ParamsError as exc:
+        check_source(params)  # the files the source reads, and params that need the class count (cheap)
+    except (ParamsError, DataSourceError) as exc:
         print(exc, file=sys.stderr)
         return 2
     print(f"{path}: valid (source={params.data.source}, protocol={params.bias.protocol}, "
@@ -27,7 +30,11 @@ def plots_template(path: str | None) -> int:
     from debias.paths import repo_root
     from debias.report.plots_page import PLOTS_TEMPLATE, write_plots_template
 
-    written = write_plots_template(path or repo_root() / PLOTS_TEMPLATE)
+    try:
+        written = write_plots_template(path or repo_root() / PLOTS_TEMPLATE)
+    except ValueError as exc:  # an existing file that is not a plots template, or a folder: left as it is
+        print(f"debias plots-template: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {written}: `dvc plots show` and `dvc plots diff` render offline with it")
     return 0
 
@@ -81,7 +88,7 @@ def example_folder(args: argparse.Namespace) -> int:
     from debias.data.examples import write_shapes_folder
 
     try:
-        table = write_shapes_folder(args.root, args.n_train, args.n_eval, args.rho, args.size, args.seed)
+        table = write_shapes_folder(args.root, args.n_train, args.n_eval, args.rho, args.size, args.seed, args.force)
     except ValueError as exc:
         print(f"debias example-folder: {exc}", file=sys.stderr)
         return 2
@@ -142,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes.add_argument("--rho", type=float, default=0.95, help="share of training images on their class's background")
     shapes.add_argument("--size", type=int, default=32, help="image side in pixels")
     shapes.add_argument("--seed", type=int, default=0)
+    shapes.add_argument("--force", action="store_true", help="write into a folder that is not empty (its metadata.csv "
+                                                             "and images/ files of the same names are replaced)")
     args = parser.parse_args(argv)
     if args.command == "check-params":
         return check_params(args.path)

@@ -81,7 +81,7 @@ def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
     if not value:
         return default
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise ValueError(f"{name} = '{value}' (set by torchrun); expected a whole number >= 0")
     return int(value)
 

@@ -2,7 +2,8 @@
 
 - :func:`tensor_digest` hashes tensors by dtype, shape and bytes (training data, labels, weights);
 - :func:`code_version` hashes the source of every ``debias`` module the process has imported;
-- :func:`file_digest` hashes a file's bytes, :func:`tree_digest` a folder's files (names, sizes, mtimes);
+- :func:`file_digest` hashes a file's bytes, :func:`tree_digest` a folder's files (names, sizes, mtimes),
+  :func:`files_digest` named files wherever they are (resolved paths, sizes, mtimes);
 - :func:`digest` combines JSON-able values into one short hex string.
 A training stage's resume state is keyed by ``{"params", "data", "code"}`` digests (:mod:`debias.training.loop`),
 and the ``source`` stage fingerprints external data files so DVC reruns ``download`` when they change.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -92,4 +94,17 @@ def tree_digest(folder: Path) -> str:
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         stat = path.stat()
         entries.append([str(path.relative_to(folder)), stat.st_size, stat.st_mtime_ns])
+    return digest(entries)
+
+
+def files_digest(paths: Iterable[Path]) -> str:
+    """BLAKE2b over each named file's name, resolved path (links and ``..`` followed), size and modification time,
+    in the order given; a missing file counts as ``missing`` (as :func:`tree_digest`, without reading the files)."""
+    entries: list[list[Any]] = []
+    for path in paths:
+        try:
+            stat = path.stat()
+            entries.append([str(path), os.path.realpath(path), stat.st_size, stat.st_mtime_ns])
+        except OSError:
+            entries.append([str(path), "missing"])
     return digest(entries)

@@ -32,7 +32,7 @@ def nproc_from_env(environ: dict[str, str] | None = None) -> int:
     value = (os.environ if environ is None else environ).get(NPROC_VARIABLE, "").strip()
     if not value:
         return 1
-    if not value.isdigit() or int(value) < 1:
+    if not (value.isascii() and value.isdigit()) or int(value) < 1:  # '²'.isdigit() is True; int('²') fails
         raise ValueError(f"{NPROC_VARIABLE} = '{value}'; allowed: a whole number >= 1 (processes on this machine)")
     return int(value)
 

@@ -20,7 +20,8 @@ computed by fairlearn (``fairlearn.metrics``) with its definitions, positive lab
   the condition the WCL paper writes for EOd, P(Y_hat = Y | A=0) = P(Y_hat = Y | A=1), read literally;
 - ``per_group``  per attribute value: n, positives, negatives, TPR, FPR, selection rate, accuracy.
 fairlearn counts the TPR of a group without positives (FPR: without negatives) as 0; ``notes``
-names such groups. Multiclass tasks get every value None and a ``reason``.
+names such groups. Multiclass tasks, and splits holding fewer than two values of ``a`` (a difference over one
+group would read 0, "perfectly fair"), get every value None and a ``reason``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,11 @@ def fairness_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_clas
     pred, y, a = (t.detach().cpu().numpy() for t in (pred, y, a))
     if len(y) == 0:
         raise ValueError("fairness_report: the split holds no samples")
+    values = sorted(set(a.tolist()))
+    if len(values) < 2:
+        return {**dict.fromkeys(FAIRNESS_KEYS), "per_group": None, "notes": [],
+                "reason": f"fairness differences need two or more values of the sensitive attribute a; this split holds "
+                          f"only a = {values}: not computed (a difference over one group is not 0)"}
     frame = MetricFrame(metrics={"tpr": true_positive_rate, "fpr": false_positive_rate, "selection_rate": selection_rate,
                                  "accuracy": accuracy_score, "n": count},
                         y_true=y, y_pred=pred, sensitive_features=a)

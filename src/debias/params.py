@@ -184,6 +184,10 @@ class TabularParams(Section):
     compas_races: list[str] = Field(
         default_factory=lambda: ["African-American", "Caucasian"], min_length=2,
         description="compas: the races kept, in attribute order (a = position); rows of other races are dropped")
+    verify_sha256: bool = Field(
+        True, description="ours: refuse adult/compas files whose sha256 is not the published one (a copy cut at a line "
+                          "boundary reads without any error, with fewer rows); false reads a file changed on purpose "
+                          "(e.g. a small file in the dataset's format)")
 
     @model_validator(mode="after")
     def _fractions_leave_a_train_split(self) -> "TabularParams":
@@ -719,7 +723,7 @@ def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
     if not key:
         return message
     if kind == "value_error" and isinstance(value, dict):  # a section's own check; its message starts with a field
-        return f"{key}.{message}"
+        return message if message.startswith(f"{key}.") else f"{key}.{message}"  # named in full already: not twice
     if kind == "literal_error":
         return f"{key} = {show(value)} is not allowed; allowed: {error['ctx']['expected']}"
     if kind in EXPECTED_KIND and isinstance(value, (bool, str)):

@@ -33,7 +33,7 @@ def pick_device() -> torch.device:
     mps = getattr(torch.backends, "mps", None)
     mps_available = mps is not None and mps.is_available()
     if wanted:
-        if wanted not in ("cuda", "mps", "cpu") and not (wanted.startswith("cuda:") and wanted[5:].isdigit()):
+        if wanted not in ("cuda", "mps", "cpu") and not (wanted.startswith("cuda:") and wanted[5:].isascii() and wanted[5:].isdigit()):
             raise DeviceError(f"DEBIAS_DEVICE = '{wanted[:40]}'; allowed: cuda, cuda:N, mps, cpu")
         if wanted.startswith("cuda"):
             if not torch.cuda.is_available():
@@ -128,7 +128,7 @@ def configure_threads() -> None:
         print(f"[debias] DEBIAS_THREADS unset: {queue_workers()} DVC queue workers share {usable_cores()} cores, "
               f"{threads} thread(s) per stage process", file=sys.stderr)
     if threads:
-        if not threads.isdigit() or int(threads) < 1:
+        if not (threads.isascii() and threads.isdigit()) or int(threads) < 1:  # '²'.isdigit() is True; int('²') fails
             raise ValueError(f"DEBIAS_THREADS = '{threads}'; allowed: a whole number >= 1")
         torch.set_num_threads(int(threads))
         for name in THREAD_VARIABLES:

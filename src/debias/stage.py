@@ -13,7 +13,10 @@ traceback (``DEBIAS_DEBUG=1`` re-raises):
 - an out-of-memory error: exit 2 with the params to lower;
 - Ctrl-C: exit 130, the MLflow run ended KILLED (as SIGTERM does).
 Every message is cut to :data:`MESSAGE_LIMIT` characters: no value is ever echoed unbounded.
-Outputs are written atomically, so a failed stage leaves the previous outputs intact.
+Outputs are written atomically, so a stage run by hand (``python pipeline/<stage>.py``) that fails leaves the
+previous outputs intact; under DVC (``dvc repro``, ``dvc exp run``: ``$DVC_STAGE`` set) DVC has already removed
+the stage's outputs (``persist: true`` ones excepted) before running it, and the message says so and how to get
+them back (:func:`outputs_note`).
 Under ``torchrun`` every rank runs the body; only rank 0 opens the MLflow run and writes the run
 record (:func:`debias.tracking.stage_run`), and the other ranks name themselves in error messages.
 """
@@ -82,6 +85,17 @@ def stage_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
     return paths
 
 
+def outputs_note() -> str:
+    """What is true of the stage's previous outputs after it failed: under DVC (``$DVC_STAGE`` set, as DVC sets it
+    for every stage command) DVC removed them before the command ran, and ``dvc checkout <stage>`` restores the
+    ones dvc.lock records; run by hand, the atomic writes left them intact."""
+    addressing = os.environ.get("DVC_STAGE", "").strip()
+    if addressing:
+        return (f"DVC removed this stage's previous outputs before running it (persist: true ones excepted); "
+                f"`dvc checkout {addressing}` restores the ones dvc.lock records")
+    return "the previous outputs are intact"
+
+
 def check_writable(outputs: list[Path]) -> None:
     """Create and delete a file in the folder of every output (made if missing): refuse a read-only or full
     disk now, before any work, naming the folder. A real write, not ``os.access``, which ignores read-only
@@ -95,8 +109,8 @@ def check_writable(outputs: list[Path]) -> None:
             os.unlink(probe)
         except OSError as exc:
             advice = OS_ADVICE.get(exc.errno or 0, "fix the folder's permissions or disk")
-            raise ResourceError(f"cannot write into {folder}/ ({exc.strerror}): {advice}; "
-                                "nothing was run and the previous outputs are intact") from None
+            raise ResourceError(f"cannot write into {folder}/ ({exc.strerror}): {advice}; nothing was run and "
+                                f"{outputs_note()}") from None
 
 
 def publish(stage: str, run: StageRun) -> None:
@@ -126,7 +140,10 @@ def publish(stage: str, run: StageRun) -> None:
 
 
 def _fail(who: str, message: str, code: int = 2) -> None:
-    print(f"[{who}] error: {bounded(message)}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
+    text = bounded(message)
+    if os.environ.get("DVC_STAGE", "").strip() and "DVC removed" not in text:  # under DVC: the outputs are gone
+        text += f"\n({outputs_note()})"
+    print(f"[{who}] error: {text}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
     sys.exit(code)
 
 
@@ -190,7 +207,7 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
     except KeyboardInterrupt:
         if debug:
             raise
-        print(f"[{who}] interrupted (Ctrl-C); the previous outputs are intact", file=sys.stderr)
+        print(f"[{who}] interrupted (Ctrl-C); {outputs_note()}", file=sys.stderr)
         sys.exit(130)
     except (DebiasError, FileNotFoundError, ValueError) as exc:
         if debug:
@@ -200,7 +217,7 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
         if debug or exc.errno not in OS_ADVICE:
             raise
         where = f" writing {exc.filename}" if exc.filename else ""
-        _fail(who, f"{exc.strerror}{where}: {OS_ADVICE[exc.errno]}; the previous outputs are intact")
+        _fail(who, f"{exc.strerror}{where}: {OS_ADVICE[exc.errno]}; {outputs_note()}")
     except (MemoryError, RuntimeError) as exc:  # a real out-of-memory error: say what to lower
         from debias.training.memory import is_out_of_memory, out_of_memory_advice
 

@@ -167,6 +167,10 @@ def test_dvc_checkout_brings_back_the_outputs_a_failed_stage_lost(npz_clone: Pat
     failed = dvc(clone, "repro", "download", check=False)
     assert failed.returncode != 0 and "data.max_per_split = 2 leaves split" in failed.stderr, failed.stderr
     assert not (clone / "reports/runs/download.json").exists()  # deleted by DVC before the stage ran
+    # the message says so, and how to get them back (never "the previous outputs are intact")
+    assert ("DVC removed this stage's previous outputs before running it (persist: true ones excepted); "
+            "`dvc checkout download` restores the ones dvc.lock records") in failed.stderr, failed.stderr
+    assert "intact" not in failed.stderr
     (clone / "params.yaml").write_text(params)
     dvc(clone, "checkout", "download")
     assert (clone / "reports/runs/download.json").read_bytes() == record

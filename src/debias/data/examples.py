@@ -15,6 +15,7 @@ import numpy as np
 
 BACKGROUNDS = ((40, 150, 40), (40, 70, 200))  # attribute 0: green, 1: blue
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}
+MIN_SIZE = 8  # pixels (ours): the smallest shape (radius 0.18 x size) is then 2.9 pixels across
 
 
 def group_counts(n: int, rho: float, balanced: bool) -> dict[tuple[int, int], int]:
@@ -39,9 +40,24 @@ def draw(label: int, place: int, size: int, rng: np.random.Generator) -> np.ndar
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
+def check_empty_folder(root: Path, force: bool) -> None:
+    """``root`` must be missing or empty (a ValueError naming what it holds), unless ``force``: then the files this
+    writes (``metadata.csv``, ``images/<split>_<n>.png``) replace their namesakes and nothing else is touched."""
+    if force or not root.exists():
+        return
+    if not root.is_dir():
+        raise ValueError(f"{root} is a file; allowed: a new or empty folder")
+    held = sorted(p.name for p in root.iterdir())
+    if held:
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        raise ValueError(f"{root} is not empty ({shown}): its metadata.csv and images/ would be overwritten; choose a "
+                         "new folder, or pass --force to write into it anyway")
+
+
 def write_shapes_folder(root: str | Path, n_train: int = 400, n_eval: int = 100, rho: float = 0.95, size: int = 32,
-                        seed: int = 0) -> Path:
-    """Write the PNGs under ``root/images/`` and ``root/metadata.csv``; return the table's path."""
+                        seed: int = 0, force: bool = False) -> Path:
+    """Write the PNGs under ``root/images/`` and ``root/metadata.csv`` into a new or empty ``root`` (any folder with
+    ``force``); return the table's path."""
     import pandas as pd
     from PIL import Image
 
@@ -49,7 +65,10 @@ def write_shapes_folder(root: str | Path, n_train: int = 400, n_eval: int = 100,
         raise ValueError(f"rho = {rho}; allowed: 0.5 (no bias) to 1 (every training image aligned)")
     if n_train < 8 or n_eval < 4:
         raise ValueError(f"n_train = {n_train}, n_eval = {n_eval}; allowed: n_train >= 8 and n_eval >= 4")
+    if size < MIN_SIZE:
+        raise ValueError(f"size = {size}; allowed: {MIN_SIZE} pixels or more")
     root = Path(root)
+    check_empty_folder(root, force)
     (root / "images").mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     rows = []

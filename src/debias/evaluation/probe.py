@@ -149,7 +149,7 @@ def split_report(split: BiasedSplit, pred: torch.Tensor, index: torch.Tensor | N
     report = accuracy_report(pred, y, a, aligned, split.n_classes, split.n_attrs)
     if fairness and split.n_classes == 2:  # binary tasks: equalized odds and friends beside the accuracies
         fairness = fairness_report(pred, y, a, split.n_classes)
-        report["fairness"] = {k: v for k, v in fairness.items() if k != "reason"}
+        report["fairness"] = {k: v for k, v in fairness.items() if k != "reason" or v is not None}  # why not computed
     return report
 
 
@@ -207,6 +207,15 @@ def fit_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedS
     }, chosen, select_index
 
 
+def check_postprocess(params: ProbeParams, splits: Mapping[str, BiasedSplit]) -> None:
+    """``probe.postprocess: equalized_odds`` needs a binary task (fairlearn's ThresholdOptimizer): a ValueError
+    naming the param otherwise, never a silently skipped post-processing."""
+    classes = splits["val"].n_classes if "val" in splits else None
+    if params.postprocess == "equalized_odds" and classes not in (None, 2):
+        raise ValueError(f"probe.postprocess = equalized_odds needs a binary task; this one has {classes} classes; "
+                         "allowed here: probe.postprocess = none")
+
+
 def probe_splits(params: ProbeParams) -> tuple[str, ...]:
     """The biased splits the probe reads."""
     return ("train", "val", "test") if params.train_split == "train" and params.method != "dfr" else ("val", "test")
@@ -237,7 +246,9 @@ def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], par
 
 def probe_encoders(encoders: Mapping[str, FrozenEncoder], splits: Mapping[str, BiasedSplit], params: ProbeParams,
                    seed: int, device: torch.device, batch_size: int = FEATURE_BATCH) -> dict[str, dict]:
-    """:func:`probe_encoder` for every encoder, keyed by encoder name."""
+    """:func:`probe_encoder` for every encoder, keyed by encoder name (a post-processing the task does not allow is
+    refused first, before any feature is computed)."""
+    check_postprocess(params, splits)
     return {name: probe_encoder(encoder, splits, params, seed, device, batch_size) for name, encoder in encoders.items()}
 
 

@@ -490,7 +490,7 @@ def fairness_blocks(rows: list[ResultRow], inputs: ReportInputs) -> list[Block]:
         per_group = (((inputs.get(f"{row.model}_groups") or {}).get("test") or {}).get("fairness") or {}).get(
             "per_group") if not row.label.endswith("probe") else None
         rates = " · ".join(f"a={a}: {pct(g.get('tpr'))} / {pct(g.get('fpr'))}" for a, g in (per_group or {}).items())
-        table.append(_fairness_cells(row.label, row.accuracy, rates or "–"))
+        table.append(_fairness_cells(row.label, row.accuracy, rates or fairness.get("reason") or "–"))
         post = (((_trained_entry(inputs.get("probe"), row.model) or {}).get("probe") or {}).get("equalized_odds")
                 or {}).get("test") if row.label.endswith("probe") else None
         if post and post.get("fairness"):

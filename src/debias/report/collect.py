@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import subprocess
 from collections.abc import Callable, Iterable
@@ -46,6 +47,7 @@ class Experiment:
     selection: dict[str, dict[str, Any]] = field(default_factory=dict)
     run_id: str | None = None  # the MLflow parent run
     reader: Callable[[Path], str | None] | None = field(default=None, repr=False)  # a file of this run, as text
+    rejected: dict[str, str] = field(default_factory=dict)  # headline keys whose value is not a number (NaN, text)
 
     @property
     def has_results(self) -> bool:
@@ -97,12 +99,26 @@ def dvc_exp_show(root: Path) -> list[dict[str, Any]]:
     return json.loads(text[text.index("["):]) if "[" in text else []
 
 
-def _headline_metrics(data: dict[str, Any]) -> dict[str, float]:
-    values: dict[str, float] = {}
+def is_number(value: Any) -> bool:
+    """A finite-or-infinite real number a mean can take: not NaN, not text, not a boolean, not None."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def _headline_values(data: dict[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
     for path, entry in (data.get("metrics") or {}).items():
         if path in HEADLINE_FILES and isinstance(entry, dict):
-            values.update({k: v for k, v in (entry.get("data") or {}).items() if isinstance(v, (int, float))})
+            values.update(entry.get("data") or {})
     return values
+
+
+def _headline_metrics(data: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in _headline_values(data).items() if is_number(v)}
+
+
+def rejected_values(values: dict[str, Any]) -> dict[str, str]:
+    """Headline values that are not numbers (NaN, text, ...), shown: left out of every mean, with a note."""
+    return {k: ("NaN" if isinstance(v, float) else repr(v)[:40]) for k, v in values.items() if not is_number(v)}
 
 
 def _params(data: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +144,8 @@ def parse_exp_show(shown: list[dict[str, Any]]) -> list[Experiment]:
         name = "workspace" if kind == "workspace" else (entry.get("name") or str(entry.get("rev", ""))[:7])
         found.append(Experiment(name, kind, _params(data), _headline_metrics(data),
                                 "done" if _headline_metrics(data) else "no results",
-                                None if kind == "workspace" else entry.get("rev"), data.get("timestamp")))
+                                None if kind == "workspace" else entry.get("rev"), data.get("timestamp"),
+                                rejected=rejected_values(_headline_values(data))))
         for experiment in entry.get("experiments") or []:
             revisions = experiment.get("revs") or []
             if not revisions:
@@ -137,7 +154,8 @@ def parse_exp_show(shown: list[dict[str, Any]]) -> list[Experiment]:
             data = revision.get("data") or {}
             name = revision.get("name") or experiment.get("name") or str(revision.get("rev", ""))[:7]
             found.append(Experiment(name, "experiment", _params(data), _headline_metrics(data),
-                                    _status(revision, experiment, data), revision.get("rev"), data.get("timestamp")))
+                                    _status(revision, experiment, data), revision.get("rev"), data.get("timestamp"),
+                                    rejected=rejected_values(_headline_values(data))))
     return found
 
 
@@ -217,9 +235,11 @@ def from_mlflow(uri: str, experiment_name: str, tags: dict[str, str] | None = No
                     if key.startswith("debias.warnings.")}
         status = {"FINISHED": "done", "RUNNING": "running", "FAILED": "failed", "KILLED": "failed"}.get(
             run.info.status, run.info.status.lower())
-        metrics = {k: v for k, v in run.data.metrics.items() if k in headline.LABELS}
+        values = {k: v for k, v in run.data.metrics.items() if k in headline.LABELS}
+        metrics = {k: v for k, v in values.items() if is_number(v)}
         experiment = Experiment(name, "mlflow", dict(run.data.params), metrics, status if metrics else "no results",
-                                None, _iso(run.info.start_time), warnings, {}, run.info.run_id)
+                                None, _iso(run.info.start_time), warnings, {}, run.info.run_id,
+                                rejected=rejected_values(values))
         experiment.reader = mlflow_reader(client, found.experiment_id, run.info.run_id, PARENT_TAG)
         experiments.append(experiment)
     return experiments

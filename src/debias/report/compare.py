@@ -17,6 +17,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +34,7 @@ from debias.report.build import Block, Figure, Section, Table, Text, render_html
 from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment
 
 MAX_WIDTH = 160  # terminal table, characters
+MIN_WIDTH = 40  # ours: the narrowest --width accepted (a name column and one metric column)
 MAX_FIGURE_RUNS = 8  # runs drawn in the per-group and curve figures
 SEED = "seed"
 RANK_METRIC = "s2_worst"  # groups are ranked by it (ERM's worst-group when no stage 2 ran)
@@ -128,6 +131,37 @@ def dedupe(experiments: list[Experiment]) -> list[Experiment]:
             kept.append(experiment)
     order = {id(e): i for i, e in enumerate(experiments)}
     return sorted(kept, key=lambda e: order[id(e)])
+
+
+def same_params(experiments: list[Experiment]) -> tuple[list[Experiment], list[str]]:
+    """One experiment per set of params: another with every param equal (the workspace holding the baseline's params,
+    a rerun) is the same seed again, not another one, so it is left out of the grouped mean ± std, with a note. A
+    named experiment is kept before the baseline commit before the workspace, then the newest."""
+    kept: list[Experiment] = []
+    notes: list[str] = []
+    key = lambda e: {k: param_text(v) for k, v in e.params.items()}  # noqa: E731
+    ordered = sorted(experiments, key=lambda e: (KIND_PREFERENCE.get(e.kind, 9), "~" if not e.timestamp else "",
+                                                  [-ord(c) for c in (e.timestamp or "")]))
+    for experiment in ordered:
+        twin = next((other for other in kept if key(other) == key(experiment)), None)
+        if twin is None:
+            kept.append(experiment)
+        else:
+            notes.append(f"{experiment.name} has the same params as {twin.name} (seed included) but other results: "
+                         f"not counted as another seed ({twin.name}'s results are used)")
+    order = {id(e): i for i, e in enumerate(experiments)}
+    return sorted(kept, key=lambda e: order[id(e)]), notes
+
+
+def rejected_notes(experiments: list[Experiment]) -> list[str]:
+    """One note per experiment whose headline values include one that is not a number: left out of the means."""
+    notes = []
+    for experiment in experiments:
+        shown = [f"{LABELS.get(k, k)} = {v}" for k, v in experiment.rejected.items() if k in METRIC_KEYS]
+        if shown:
+            notes.append(f"{experiment.name}: {', '.join(shown)} is not a number: left out of its group's mean ± std "
+                         "(the seed count includes it)")
+    return notes
 
 
 def varying_params(experiments: list[Experiment]) -> list[str]:
@@ -393,10 +427,13 @@ class Comparison:
     without_results: list[Experiment] = field(default_factory=list)
     source: str = "dvc"
     filters: str = ""
+    notes: list[str] = field(default_factory=list)  # what was left out of the means, and why
 
 
 def build_comparison(experiments: list[Experiment], all_experiments: list[Experiment] | None = None,
                      source: str = "dvc", filters: str = "") -> Comparison:
+    experiments, notes = same_params(experiments)
+    notes += rejected_notes(experiments)
     params = varying_params(experiments)
     group_params = [k for k in params if k != SEED]
     frame = experiments_frame(experiments, params)
@@ -407,7 +444,7 @@ def build_comparison(experiments: list[Experiment], all_experiments: list[Experi
     groups = groups_frame(frame, group_params)
     others = [e for e in (all_experiments or []) if not e.has_results or e.status != "done"]
     return Comparison(experiments, params, group_params, frame, groups, differences(frame, groups, group_params),
-                      others, source, filters)
+                      others, source, filters, notes)
 
 
 def difference_lines(comparison: Comparison) -> list[str]:
@@ -448,6 +485,8 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
         dropped += [c for c in group_dropped if c.key not in {d.key for d in dropped}]
         out += difference_lines(comparison)
     out.append("")
+    for note in comparison.notes:
+        out += wrap(f"note: {note}", max_width)
     if same:
         out += wrap("the same in every experiment: " + ", ".join(same), max_width)
     out += wrap(LEGEND, max_width)
@@ -505,6 +544,7 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
     if c.without_results:
         summary.append(Text(f"Not finished or without results (not compared): {describe_without_results(c.without_results)}.",
                             note=True))
+    summary += [Text(note[0].upper() + note[1:] + ".", note=True) for note in c.notes]
 
     warnings: list[Block] = []
     rows = [[e.name, stage, warning_code(m), m] for e in c.experiments for stage, ms in e.warnings.items() for m in ms]
@@ -546,8 +586,6 @@ def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, l
     drawn: dict[str, list[Path]] = {"groups": [], "per_group": [], "curves": [], "missing": []}
     folder = out / "figures"
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("*.png"):
-        old.unlink()
     rank = rank_metric(comparison.frame)
     if rank is not None:
         prefix = rank.split("_")[0]
@@ -596,10 +634,54 @@ def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, l
     return drawn, chosen
 
 
-def write_page(comparison: Comparison, out: Path, title: str = "debias: experiments compared") -> dict[str, Path]:
+MANIFEST = ".debias-compare.json"  # in the --out folder: the files compare wrote there, the only ones it replaces
+PAGE_FILES = ("index.html", "compare.md", "experiments.csv", "groups.csv", "table.txt")
+FIGURE_FILES = ("figures/groups.png", "figures/curves.png",
+                *(f"figures/per_group_{i + 1}.png" for i in range(math.ceil(MAX_FIGURE_RUNS / 4))))
+
+
+def default_out(root: Path) -> Path:
+    return root / "reports" / "compare"
+
+
+def written_before(out: Path) -> set[str]:
+    """The files (relative to ``out``) the last comparison wrote into ``out``, from its manifest; empty without one."""
+    try:
+        listed = json.loads((out / MANIFEST).read_text(encoding="utf-8")).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {str(name) for name in listed if isinstance(name, str)}
+
+
+def check_out(out: Path, own_folder: bool = False) -> set[str]:
+    """Refuse (ValueError, one line) an ``out`` that is a file, cannot be written, or holds a file of the page's names
+    that compare did not write (its manifest does not list it: a user's file, a pipeline report); return the files
+    it may replace. ``own_folder``: the default ``reports/compare``, whose files are compare's (older versions wrote
+    no manifest)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; allowed: a folder (new, or one debias compare wrote)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=".write-probe.", dir=out)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write there ({exc.strerror}); choose a writable folder") from None
+    owned = written_before(out) | (set(PAGE_FILES + FIGURE_FILES) if own_folder else set())
+    foreign = [name for name in (*PAGE_FILES, *FIGURE_FILES) if (out / name).exists() and name not in owned]
+    if foreign:
+        raise ValueError(f"--out {out} holds {', '.join(foreign[:5])}{' and more' if len(foreign) > 5 else ''}, which "
+                         f"debias compare did not write (its {MANIFEST} does not list them); it never replaces other "
+                         "files: choose another folder (default: reports/compare)")
+    return owned
+
+
+def write_page(comparison: Comparison, out: Path, title: str = "debias: experiments compared",
+               own_folder: bool = False) -> dict[str, Path]:
     """``out/index.html`` (self-contained), ``out/compare.md``, ``out/experiments.csv``, ``out/groups.csv`` and
-    the figures; returns the written files by name."""
-    out.mkdir(parents=True, exist_ok=True)
+    the figures, into a folder :func:`check_out` accepts; figures the last comparison there wrote and this one did
+    not are removed (its manifest lists them), nothing else. Returns the written files by name."""
+    owned = check_out(out, own_folder)
     figure_paths, chosen = draw(comparison, out)
     sections = page_sections(comparison, figure_paths, chosen)
     written = {"html": out / "index.html", "md": out / "compare.md", "experiments": out / "experiments.csv",
@@ -618,6 +700,12 @@ def write_page(comparison: Comparison, out: Path, title: str = "debias: experime
         for i, path in enumerate(paths):
             if isinstance(path, Path):
                 written[f"figure:{path.stem}"] = out / path
+    names = sorted(str(path.relative_to(out)) for path in written.values())
+    for stale in sorted(owned - set(names)):  # an older comparison's figures (fewer runs drawn now), and only those
+        if stale in PAGE_FILES + FIGURE_FILES:
+            (out / stale).unlink(missing_ok=True)
+    with atomic_path(out / MANIFEST) as tmp:
+        tmp.write_text(json.dumps({"written_by": "debias compare", "files": names}, indent=1), encoding="utf-8")
     return written
 
 
@@ -680,6 +768,12 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
     from debias.report import collect
     from debias.tracking import DEFAULT_EXPERIMENT, tracking_uri
 
+    if last is not None and last < 1:
+        raise ValueError(f"--last {last}; allowed: a whole number >= 1 (the most recent experiments to compare)")
+    if max_width < MIN_WIDTH:
+        raise ValueError(f"--width {max_width}; allowed: {MIN_WIDTH} or more characters")
+    page = out or default_out(root)
+    check_out(page, own_folder=page.resolve() == default_out(root).resolve())  # before the slow gathering
     gathered: list[Experiment] = []
     if source in ("dvc", "both"):
         gathered += collect.from_dvc(root)
@@ -699,7 +793,7 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
         experiment.load_notes()
     comparison = build_comparison(chosen, gathered, source, filters)
     text = terminal_text(comparison, max_width)
-    written = write_page(comparison, out or root / "reports" / "compare")
+    written = write_page(comparison, page, own_folder=page.resolve() == default_out(root).resolve())
     logged = log_to_mlflow(comparison, written, root) if mlflow else "not logged to MLflow (--no-mlflow)"
     text += "\n".join(wrap(f"page: {written['html']} (opens offline); {logged}", max_width)) + "\n"
     return comparison, written, text

@@ -99,8 +99,14 @@ def render_page(bundle: str, versions: dict[str, str]) -> str:
 
 
 def write_plots_template(path: str | Path = PLOTS_TEMPLATE) -> Path:
-    """Write the offline page to ``path`` (atomically) and return it."""
+    """Write the offline page to ``path`` (atomically) and return it. An existing file is replaced only when it is a
+    plots template (it holds DVC's ``{plot_divs}`` placeholder): a ValueError names any other file, or a folder."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; allowed: the path of an .html file")
+    if path.exists() and "{plot_divs}" not in path.read_text(encoding="utf-8", errors="replace"):
+        raise ValueError(f"{path} exists and is not a plots template (it lacks DVC's {{plot_divs}} placeholder); it is "
+                         "left as it is: choose another path")
     page = render_page(*javascript_bundle())
     with atomic_path(path) as tmp:
         tmp.write_text(page, encoding="utf-8")

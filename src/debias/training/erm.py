@@ -135,6 +135,8 @@ def metrics_entry(report: dict) -> dict:
     entry: dict = scalars(report)
     if report.get("fairness") is not None:
         entry["fairness"] = fairness_scalars(report["fairness"])
+        if report["fairness"].get("reason"):  # differences not computed (one attribute value): say why, not 0
+            entry["fairness"]["reason"] = report["fairness"]["reason"]
     return entry
 
 

@@ -66,6 +66,7 @@ class RawSplit:
 RawSplits = dict[str, RawSplit]
 SourceFn = Callable[[DataParams, Path, int], RawSplits]
 FilesFn = Callable[[DataParams], dict[str, Path]]
+DigestsFn = Callable[[DataParams], dict[str, str]]
 SOURCES: dict[str, SourceFn] = {}
 # The bias protocol each source's data calls for (``bias.protocol: auto`` resolves through it):
 # ``foreground`` for grey digits, ``given`` where the data carries its own bias attribute.
@@ -73,16 +74,23 @@ SOURCE_PROTOCOLS: dict[str, str] = {}
 # Files outside the pipeline a source reads, by the param naming them (npz: data.path); the ``source``
 # stage fingerprints their content so DVC reruns ``download`` when one changes in place.
 SOURCE_FILES: dict[str, FilesFn] = {}
+# A source's own fingerprint of some of those params (the files it actually reads), where a folder's walk
+# (names, sizes, times of what lies under it) would miss files or see others: keyed as its files.
+SOURCE_DIGESTS: dict[str, DigestsFn] = {}
 
 
-def register_source(name: str, protocol: str = "foreground", files: FilesFn | None = None) -> Callable[[SourceFn], SourceFn]:
+def register_source(name: str, protocol: str = "foreground", files: FilesFn | None = None,
+                    digests: DigestsFn | None = None) -> Callable[[SourceFn], SourceFn]:
     """Register ``fn`` as ``data.source = name``; ``protocol`` is the bias protocol its data calls for,
-    ``files(params)`` the external files (or folders) it reads, by the param that names each."""
+    ``files(params)`` the external files (or folders) it reads, by the param that names each, ``digests(params)``
+    its own fingerprint of some of them (default: a file's bytes, a folder's walk)."""
     def decorate(fn: SourceFn) -> SourceFn:
         SOURCES[name] = fn
         SOURCE_PROTOCOLS[name] = protocol
         if files is not None:
             SOURCE_FILES[name] = files
+        if digests is not None:
+            SOURCE_DIGESTS[name] = digests
         return fn
 
     return decorate
@@ -91,6 +99,11 @@ def register_source(name: str, protocol: str = "foreground", files: FilesFn | No
 def external_files(params: DataParams) -> dict[str, Path]:
     """The external files (or folders) ``data.source`` reads, by the param naming each (resolved paths)."""
     return SOURCE_FILES[params.source](params) if params.source in SOURCE_FILES else {}
+
+
+def source_digests(params: DataParams) -> dict[str, str]:
+    """The source's own fingerprints of its external files, by param (empty: each file or folder as it is)."""
+    return SOURCE_DIGESTS[params.source](params) if params.source in SOURCE_DIGESTS else {}
 
 
 # --------------------------------------------------------------------------- helpers

@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 
 from debias.data.sources.base import (SPLITS, DataSourceError, RawSplit, RawSplits, cap_index, check_memory,
                                       register_source, stratified_split)
+from debias.fingerprint import digest, file_digest, files_digest
 from debias.lazy import lazy_callable, lazy_module
 from debias.params import CelebAParams, DataParams, ImageFit, ImageFolderParams, WaterbirdsParams
 from debias.paths import resolve_data_path
@@ -112,6 +113,11 @@ def encode_values(values: pd.Series, names: list[int | str] | None, key: str, ro
         unknown = sorted(set(text) - set(lookup))
         if unknown:
             raise DataSourceError(f"metadata table {path}: column '{column}' holds {_shown(unknown)}, not in {key} = {names}")
+        present = set(text)
+        unmatched = [name for name in names if str(name) not in present]
+        if unmatched:  # a misspelt name would leave a class (or attribute) without any image
+            raise DataSourceError(f"{key} names {_shown(unmatched)}, which no row of metadata table {path} holds in "
+                                  f"column '{column}'; the values present: {_shown(sorted(present))}")
         return text.map(lookup).to_numpy(np.int64), [str(n) for n in names]
     numeric = pd.to_numeric(values, errors="coerce")
     if numeric.isna().any() or not np.all(np.mod(numeric.to_numpy(float), 1) == 0):
@@ -137,12 +143,35 @@ def split_rows(values: pd.Series, split_values: dict[str, int | str], path: Path
         stray = sorted(set(text[~claimed]))
         raise DataSourceError(f"metadata table {path}: column '{values.name}' holds {_shown(stray)}, which no split claims; "
                               f"data.imagefolder.split_values = {split_values}")
+    unmatched = [f"{name}: {split_values[name]}" for name in SPLITS if len(index[name]) == 0]
+    if unmatched:
+        raise DataSourceError(f"data.imagefolder.split_values ({', '.join(unmatched)}) matches no row of metadata table "
+                              f"{path}; column '{values.name}' holds {_shown(sorted(set(text)))}")
     return index
+
+
+def table_path(spec: ImageFolderParams, root: Path) -> Path:
+    """The metadata table: ``data.imagefolder.metadata`` as given when absolute, else under ``root``."""
+    return Path(spec.metadata) if Path(spec.metadata).is_absolute() else root / spec.metadata
+
+
+def check_unique(paths: list[Path], column: str, table: Path) -> None:
+    """Every image is listed once (paths compared resolved: ``a.png``, ``./a.png`` and a link to it are one image);
+    a repeated row would put the same image in two splits, or weigh it twice."""
+    rows: dict[Path, list[int]] = {}
+    for row, path in enumerate(paths):
+        rows.setdefault(Path(os.path.realpath(path)), []).append(row)
+    repeated = [(path, found) for path, found in rows.items() if len(found) > 1]
+    if repeated:
+        shown = [f"{paths[found[0]]} (rows {', '.join(map(str, found[:SHOWN]))})" for _, found in repeated]
+        raise DataSourceError(f"metadata table {table} lists {len(repeated)} image(s) more than once in column "
+                              f"'{column}': {_shown(shown)}; each image may be listed once (a repeated image can land "
+                              "in train and test): drop the repeated rows")
 
 
 def table_from_metadata(spec: ImageFolderParams, root: Path) -> ImageTable:
     """Read and check ``spec``'s metadata table: columns, labels, attributes, splits and that every file exists."""
-    path = Path(spec.metadata) if Path(spec.metadata).is_absolute() else root / spec.metadata
+    path = table_path(spec, root)
     table = read_table(path)
     columns = {"data.imagefolder.path_column": spec.path_column, "data.imagefolder.label_column": spec.label_column,
                "data.imagefolder.attribute_column": spec.attribute_column}
@@ -155,6 +184,7 @@ def table_from_metadata(spec: ImageFolderParams, root: Path) -> ImageTable:
     a, a_names = encode_values(table[spec.attribute_column], spec.attribute_values, "data.imagefolder.attribute_values", "a", path)
     split = split_rows(table[spec.split_column], spec.split_values, path) if spec.split_column is not None else None
     paths = [root / str(name) for name in table[spec.path_column]]
+    check_unique(paths, spec.path_column, path)
     return ImageTable(paths, y, a, split, spec.label_column, y_names, spec.attribute_column, a_names)
 
 
@@ -188,10 +218,28 @@ def fit_box(width: int, height: int, fit: ImageFit, crop_fraction: float) -> tup
     return left, top, left + width_kept, top + height_kept
 
 
+# Pillow's modes of 16-bit grey images (PNG, TIFF): values 0..65535. Its convert("RGB") clips them at 255.
+SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+# Modes whose value range the file does not say (32-bit integers, floats): refused rather than guessed.
+UNSCALED_MODES = {"I": "32-bit integer", "F": "32-bit float"}
+
+
+def to_rgb(image: Image.Image, path: Path) -> Image.Image:
+    """The image as 8-bit RGB: 16-bit grey scaled by its type's range, ``round(v * 255 / 65535)``; other modes by Pillow."""
+    if image.mode in SIXTEEN_BIT_MODES:
+        grey = np.asarray(image).astype(np.float64) * (255 / 65535)
+        return Image.fromarray(np.round(grey).astype(np.uint8), mode="L").convert("RGB")
+    if image.mode in UNSCALED_MODES:
+        raise DataSourceError(f"{path}: mode {image.mode} ({UNSCALED_MODES[image.mode]} pixels) has no known value "
+                              "range to map to 0..255; allowed: 8-bit images (L, RGB, RGBA, P, ...) and 16-bit grey "
+                              f"({', '.join(SIXTEEN_BIT_MODES)})")
+    return image.convert("RGB")
+
+
 def decode_image(path: Path, size: int, fit: ImageFit, crop_fraction: float) -> np.ndarray:
     """RGB uint8 ``[size, size, 3]``: the ``fit`` region of the image at ``path``, resized bilinearly (antialiased)."""
     with Image.open(path) as image:
-        rgb = image.convert("RGB")
+        rgb = to_rgb(image, path)
         box = fit_box(rgb.width, rgb.height, fit, crop_fraction)
         return np.asarray(rgb.resize((size, size), Image.Resampling.BILINEAR, box=box), dtype=np.uint8)
 
@@ -199,7 +247,7 @@ def decode_image(path: Path, size: int, fit: ImageFit, crop_fraction: float) -> 
 def decode_threads() -> int:
     """``DEBIAS_THREADS`` when set (machine setting, as for torch), else the cores this process may use."""
     wanted = os.environ.get("DEBIAS_THREADS", "")
-    if wanted.isdigit() and int(wanted) >= 1:
+    if wanted.isascii() and wanted.isdigit() and int(wanted) >= 1:  # '²'.isdigit() is True; int('²') fails
         return int(wanted)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -247,12 +295,38 @@ def decode_splits(table: ImageTable, fit: ImageFit, crop_fraction: float, params
 
 
 def imagefolder_files(params: DataParams) -> dict[str, Path]:
-    """The folder the source stage fingerprints (names, sizes and times of its files): an image or the metadata
-    table changed in place reruns ``download``."""
+    """The folder the source stage checks exists (its fingerprint: :func:`imagefolder_digests`)."""
     return {"data.imagefolder.root": resolve_data_path(params.imagefolder.root or "")}
 
 
-@register_source("imagefolder", protocol="given", files=imagefolder_files)
+def imagefolder_digests(params: DataParams) -> dict[str, str]:
+    """The fingerprint of exactly what the source reads: the metadata table's bytes (wherever it is) and each
+    image it names, through links and ``..`` (resolved path, size, modification time); an image or the table
+    changed in place reruns ``download``. Walking the folder instead missed linked folders, images outside
+    the root and a table elsewhere."""
+    spec = params.imagefolder
+    root = resolve_data_path(spec.root or "")
+    path = table_path(spec, root)
+    table = read_table(path)
+    require_columns(table, {"data.imagefolder.path_column": spec.path_column}, path)
+    images = files_digest([root / str(name) for name in table[spec.path_column]])
+    return {"data.imagefolder.root": digest([str(path.resolve()), file_digest(path), images])}
+
+
+def check_imagefolder(params: DataParams) -> str:
+    """What ``debias check-params`` checks of an image folder, cheaply (no image is decoded): the root is a folder,
+    the table reads and has the named columns, labels, attributes and splits are valid, no image is listed twice
+    and every image exists. Returns a one-line summary; a failure is a DataSourceError."""
+    spec = params.imagefolder
+    root = resolve_data_path(spec.root or "")
+    if not root.is_dir():
+        raise DataSourceError(f"data.imagefolder.root = '{root}' is not a folder; point it at the folder of images")
+    table = table_from_metadata(spec, root)
+    check_files_exist(table.paths)
+    return f"{len(table.paths)} images listed in {table_path(spec, root)}, all present"
+
+
+@register_source("imagefolder", protocol="given", files=imagefolder_files, digests=imagefolder_digests)
 def imagefolder_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """A folder of images and a metadata table (``data.imagefolder``; a relative root is resolved against the
     repository root, as under ``dvc exp run --temp`` and the queue)."""
@@ -357,6 +431,7 @@ def celeba_table(folder: Path, params: CelebAParams) -> ImageTable:
     y = (rows[params.target].to_numpy() > 0).astype(np.int64)
     a = (rows[params.attribute].to_numpy() > 0).astype(np.int64)
     paths = [folder / CELEBA_IMAGES / name for name in partition.index]
+    check_unique(paths, "image", folder / CELEBA_PARTITION)  # a name listed twice would sit in two partitions
     return ImageTable(paths, y, a, split, params.target, [f"not {params.target}", params.target],
                       params.attribute, [f"not {params.attribute}", params.attribute])
 

@@ -60,6 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from debias.data.sources.base import DataSourceError, RawSplit, RawSplits, random_split, register_source
+from debias.fingerprint import digest, file_digest
 from debias.io import atomic_path
 from debias.lazy import lazy_module
 from debias.params import DataParams, TabularParams
@@ -72,11 +73,14 @@ DOWNLOAD_TIMEOUT_S = 60
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One original file of a dataset: its name in ``data/raw/<source>/``, public URL and sha256."""
+    """One original file of a dataset: its name in ``data/raw/<source>/``, public URL, sha256, its rows of data
+    and the other non-empty lines (a header, adult.test's ``|1x3 Cross validator``), as published."""
 
     name: str
     url: str
     sha256: str
+    rows: int
+    other_lines: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,13 +94,15 @@ class TableSpec:
 
 UCI_ADULT = "https://archive.ics.uci.edu/ml/machine-learning-databases/adult"
 ADULT_FILES = (
-    RemoteFile("adult.data", f"{UCI_ADULT}/adult.data", "5b00264637dbfec36bdeaab5676b0b309ff9eb788d63554ca0a249491c86603d"),
-    RemoteFile("adult.test", f"{UCI_ADULT}/adult.test", "a2a9044bc167a35b2361efbabec64e89d69ce82d9790d2980119aac5fd7e9c05"),
+    RemoteFile("adult.data", f"{UCI_ADULT}/adult.data", "5b00264637dbfec36bdeaab5676b0b309ff9eb788d63554ca0a249491c86603d",
+               32561),
+    RemoteFile("adult.test", f"{UCI_ADULT}/adult.test", "a2a9044bc167a35b2361efbabec64e89d69ce82d9790d2980119aac5fd7e9c05",
+               16281, other_lines=1),
 )
 COMPAS_FILES = (
     RemoteFile("compas-scores-two-years.csv",
                "https://raw.githubusercontent.com/propublica/compas-analysis/master/compas-scores-two-years.csv",
-               "c451db85908b2f7fef1d83203bedf6b71ecda0d5af468d82ae62178f91d0cc7d"),
+               "c451db85908b2f7fef1d83203bedf6b71ecda0d5af468d82ae62178f91d0cc7d", 7214, other_lines=1),
 )
 
 ADULT_COLUMNS = ("age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
@@ -134,6 +140,52 @@ def source_folder(params: DataParams, raw_dir: Path, source: str) -> tuple[Path,
 def path_files(params: DataParams) -> dict[str, Path]:
     """The external folder the source stage fingerprints: ``data.path`` when set."""
     return {"data.path": resolve_data_path(params.path)} if params.path else {}
+
+
+DATASET_FILES: dict[str, tuple[RemoteFile, ...]] = {}  # filled below: the original files of each source
+
+
+def path_digests(params: DataParams) -> dict[str, str]:
+    """The fingerprint of ``data.path``: the bytes of the dataset's files the source reads there (links followed),
+    not a walk of the folder (other files in it do not matter; a linked file's change does)."""
+    if not params.path:
+        return {}
+    folder = resolve_data_path(params.path)
+    entries = [[remote.name, file_digest(folder / remote.name) if (folder / remote.name).is_file() else "missing"]
+               for remote in DATASET_FILES[params.source]]
+    return {"data.path": digest(entries)}
+
+
+def sha256_of(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+def count_rows(path: Path, remote: RemoteFile) -> int:
+    """Rows of data in ``path``: its non-empty lines but the published file's other lines (header, comment)."""
+    with open(path, "rb") as handle:
+        return sum(1 for line in handle if line.strip()) - remote.other_lines
+
+
+def verify_files(paths: Sequence[Path], files: Sequence[RemoteFile], source: str, params: TabularParams) -> None:
+    """Each file must be the published one (its sha256), unless ``data.tabular.verify_sha256`` is false; the error
+    says how many rows it holds against the published count (a copy cut at a line boundary reads without error)."""
+    if not params.verify_sha256:
+        return
+    for path, remote in zip(paths, files):
+        actual = sha256_of(path)
+        if actual == remote.sha256:
+            continue
+        rows = count_rows(path, remote)
+        what = (f"holds {rows:,} rows of data where the published file has {remote.rows:,}: it looks truncated"
+                if rows < remote.rows else f"holds {rows:,} rows of data (published: {remote.rows:,}): another version")
+        raise DataSourceError(
+            f"data.source={source}: {path} is not the published {remote.name} (sha256 {actual[:16]}..., expected "
+            f"{remote.sha256[:16]}...); it {what}. Put the original there ({remote.url}), or set "
+            "data.tabular.verify_sha256: false to read a file changed on purpose")
 
 
 def fetch_files(folder: Path, files: Sequence[RemoteFile], source: str, download: bool = True) -> list[Path]:
@@ -188,27 +240,43 @@ def read_adult(path: Path) -> pd.DataFrame:
     """One UCI Adult file as a table: values stripped, '?' as missing, '|' lines skipped, the label's '.' stripped."""
     frame = _read_csv(path, "adult", header=None, names=list(ADULT_COLUMNS), skipinitialspace=True,
                       na_values=["?"], keep_default_na=False, comment="|", skip_blank_lines=True)
+    check_complete_rows(frame, path, "adult", "income")
     frame["income"] = frame["income"].astype(str).str.strip().str.rstrip(".")
     return frame
 
 
+def check_complete_rows(frame: pd.DataFrame, path: Path, source: str, last_column: str) -> None:
+    """Every row reaches the last column (never empty in the published file): a row that ends early names its
+    data row, and the last one says the file looks truncated (a copy cut mid-line)."""
+    last = frame[last_column]
+    short = np.flatnonzero((last.isna() | (last.astype(str).str.strip() == "")).to_numpy())
+    if len(short) == 0:
+        return
+    row = int(short[0])
+    cut = " (the last row: the file looks truncated mid-line)" if row == len(frame) - 1 else ""
+    raise DataSourceError(f"data.source={source}: {path}: data row {row + 1:,} of {len(frame):,} ends before column "
+                          f"{last_column}{cut}; put the original file there")
+
+
 def clean_adult(frame: pd.DataFrame, where: str = "adult") -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     """Rows with a missing value dropped; ``(table, y = income >50K, a = sex (0 Female, 1 Male))``."""
-    frame = frame.dropna().reset_index(drop=True)
+    frame = frame.dropna()
     _require_values(frame["income"], set(ADULT_LABELS), "income", where, "adult")
     _require_values(frame["sex"], set(ADULT_SEX), "sex", where, "adult")
     for column in ADULT_SPEC.numeric:
         frame[column] = _numeric(frame[column], column, where, "adult")
+    frame = frame.reset_index(drop=True)
     y = frame["income"].map(ADULT_LABELS).to_numpy(np.int64)
     a = frame["sex"].map(ADULT_SEX).to_numpy(np.int64)
     return frame, y, a
 
 
-@register_source("adult", protocol="given", files=path_files)
+@register_source("adult", protocol="given", files=path_files, digests=path_digests)
 def adult_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """UCI Adult (adult.data + adult.test pooled), sensitive attribute sex; see the module docstring."""
     folder, download = source_folder(params, raw_dir, "adult")
     paths = fetch_files(folder, ADULT_FILES, "adult", download)
+    verify_files(paths, ADULT_FILES, "adult", params.tabular)
     frame, y, a = clean_adult(pd.concat([read_adult(path) for path in paths], ignore_index=True),
                               " + ".join(str(p) for p in paths))
     return tabular_splits(frame, y, a, ADULT_SPEC, params.tabular, seed, "adult")
@@ -219,7 +287,10 @@ def adult_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
 
 def read_compas(path: Path) -> pd.DataFrame:
     """ProPublica's CSV as a table; only empty fields are missing ("N/A" is a score_text value the filter drops)."""
-    return _read_csv(path, "compas", keep_default_na=False, na_values=[""])
+    frame = _read_csv(path, "compas", keep_default_na=False, na_values=[""])
+    if "two_year_recid" in frame.columns and frame.columns[-1] == "two_year_recid":
+        check_complete_rows(frame, path, "compas", "two_year_recid")
+    return frame
 
 
 def propublica_filter(frame: pd.DataFrame) -> pd.Series:
@@ -240,32 +311,45 @@ def clean_compas(frame: pd.DataFrame, races: Sequence[str], where: str = "compas
         raise DataSourceError(f"data.source=compas: {where} lacks the column(s) {missing}; "
                               "expected ProPublica's compas-scores-two-years.csv")
     frame = frame[propublica_filter(frame)]
-    frame = frame[frame["race"].isin(list(races))].reset_index(drop=True)
+    present = sorted(set(frame["race"].astype(str)))
+    unmatched = [race for race in races if race not in present]
+    if unmatched:  # a misspelt race would leave one attribute value: every fairness number meaningless
+        raise DataSourceError(f"data.tabular.compas_races names {unmatched}, which no row of {where} holds after "
+                              f"ProPublica's filter; the races present: {present}")
+    frame = frame[frame["race"].isin(list(races))]
     for column in (*COMPAS_SPEC.numeric, "two_year_recid"):
         frame[column] = _numeric(frame[column], column, where, "compas")
+    frame = frame.reset_index(drop=True)
     _require_values(frame["two_year_recid"], {0, 1}, "two_year_recid", where, "compas")
     y = frame["two_year_recid"].to_numpy(np.int64)
     a = frame["race"].map({race: index for index, race in enumerate(races)}).to_numpy(np.int64)
     return frame, y, a
 
 
-@register_source("compas", protocol="given", files=path_files)
+@register_source("compas", protocol="given", files=path_files, digests=path_digests)
 def compas_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """ProPublica COMPAS two-year recidivism, sensitive attribute race; see the module docstring."""
     folder, download = source_folder(params, raw_dir, "compas")
     (path,) = fetch_files(folder, COMPAS_FILES, "compas", download)
+    verify_files([path], COMPAS_FILES, "compas", params.tabular)
     frame, y, a = clean_compas(read_compas(path), params.tabular.compas_races, str(path))
     return tabular_splits(frame, y, a, COMPAS_SPEC, params.tabular, seed, "compas")
+
+
+DATASET_FILES.update(adult=ADULT_FILES, compas=COMPAS_FILES)
 
 
 # --------------------------------------------------------------------------- shared encoding
 
 
 def _numeric(values: pd.Series, column: str, where: str, source: str) -> pd.Series:
+    """``values`` as numbers; the first that is not names its data row (the frame's index, counted from 1)."""
     converted = pd.to_numeric(values, errors="coerce")
     if converted.isna().any():
-        bad = values[converted.isna()].iloc[0]
-        raise DataSourceError(f"data.source={source}: {where}: column {column} holds {bad!r}; allowed: numbers")
+        bad, row = values[converted.isna()].iloc[0], values.index[converted.isna()][0]
+        shown = "nothing (an empty field)" if pd.isna(bad) else repr(str(bad)[:40])
+        raise DataSourceError(f"data.source={source}: {where}: data row {int(row) + 1:,}: column {column} holds "
+                              f"{shown}; allowed: numbers")
     return converted
 
 
