@@ -171,6 +171,13 @@ def instability_warnings(result: FitResult, thresholds: HealthParams) -> list[st
     return [] if found is None else [found]
 
 
+def selected_metrics(result: FitResult) -> dict[str, float]:
+    """The selected epoch's validation metrics under their own MLflow keys (``val/worst_group`` ->
+    ``selected.val.worst_group``), beside the per-epoch series whose last value is the last epoch's."""
+    row = next(row for row in result.history if int(row["epoch"]) == result.selected_epoch)
+    return {f"selected.{key.replace('/', '.')}": value for key, value in row.items() if key.startswith("val/")}
+
+
 def write_outputs(model: Network, model_name: str, result: FitResult, splits: dict[str, BiasedSplit], run: StageRun,
                   out: "StageOutputs", eval_batch_size: int, device: torch.device, label: str,
                   extra_metrics: dict | None = None, meta: dict | None = None,
@@ -197,6 +204,7 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     run.log_metrics({f"{split}.fairness.{k}": v for split, report in reports.items() if report.get("fairness")
                      for k, v in fairness_scalars(report["fairness"]).items()})
     run.log_metrics({"selected_epoch": result.selected_epoch})
+    run.log_metrics(selected_metrics(result))
     run.log_warnings(found)
     for path in (out.metrics, out.curves):
         run.log_artifact(path)
