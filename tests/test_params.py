@@ -166,3 +166,8 @@ def test_check_params_with_overrides_validates_each_value_and_leaves_the_file_un
     assert cli_main(["check-params", str(shipped), "-S", "other.yaml:a=1"]) == 2
     assert "reads only params.yaml" in capsys.readouterr().err
     assert shipped.read_bytes() == before
+    # another file name: the overrides (with or without its prefix) apply to it
+    other = tmp_path / "mine.yaml"
+    other.write_bytes(before)
+    assert cli_main(["check-params", str(other), "-S", "seed=3", "-S", "mine.yaml:loss.epsilon=0.5"]) == 0
+    assert other.read_bytes() == before

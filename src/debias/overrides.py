@@ -25,17 +25,19 @@ def override_sets(items: list[str], params_file: str = "params.yaml") -> list[li
     from dvc.utils.cli_parse import to_path_overrides
     from dvc.utils.hydra import get_hydra_sweeps
 
-    by_file = to_path_overrides(items)
-    others = sorted(name for name in by_file if Path(name) != Path(params_file))
+    by_file = to_path_overrides(items)  # an override without a file prefix is DVC's default, params.yaml
+    targets = {"params.yaml", params_file}
+    others = sorted(name for name in by_file if name not in targets)
     if others:
         raise ParamsError(f"-S for {', '.join(others)}: the pipeline reads only {params_file}; allowed: -S key=value "
                           f"or -S {params_file}:key=value")
+    merged = [override for name, overrides in by_file.items() if name in targets for override in overrides]
     try:
-        sweeps = get_hydra_sweeps(by_file)
+        sweeps = get_hydra_sweeps({params_file: merged})
     except Exception as exc:  # hydra's OverrideParseException, DVC's InvalidArgumentError (glob sweeps)
         raise ParamsError(f"-S {' '.join(items)}: not a valid override ({_cause(exc)}); allowed: key=value, "
                           "key=v1,v2 (a sweep), +key=value (a new key), ~key (delete)") from None
-    return [sweep[next(iter(by_file))] for sweep in sweeps]
+    return [sweep[params_file] for sweep in sweeps]
 
 
 def _cause(exc: BaseException) -> str:
