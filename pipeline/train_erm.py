@@ -12,7 +12,7 @@ OUTPUTS = StageOutputs(model=paths.ERM_MODEL, embeddings_dir=paths.ERM_DIR, metr
 
 
 def run(params: Params, run: StageRun) -> None:
-    train_erm(load_splits(paths.BIASED), params.model, params.erm, params.seed, run, OUTPUTS)
+    train_erm(load_splits(paths.BIASED), params.model, params.erm, params.seed, run, OUTPUTS, params.health)
 
 
 if __name__ == "__main__":

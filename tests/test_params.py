@@ -132,3 +132,42 @@ def test_check_params_cli(tmp_path, capsys) -> None:
 def test_yaml_true_selects_the_oracle_group_method() -> None:
     """`dvc exp run -S groups.method=true` writes a YAML boolean; it must mean the 'true' method."""
     assert validate(yaml.safe_load("groups: {method: true}")).groups.method == "true"
+
+
+def test_check_params_with_overrides_validates_each_value_and_leaves_the_file_untouched(tmp_path, capsys) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    shipped = tmp_path / "params.yaml"
+    shipped.write_text(committed_text("params.yaml"))
+    before = shipped.read_bytes()
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    done = subprocess.run([sys.executable, "-m", "debias.cli", "check-params", "-S", "loss.epsilon=-1"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "loss.epsilon = -1" in done.stderr and "allowed: 0 <= value" in done.stderr
+    assert shipped.read_bytes() == before
+    assert cli_main(["check-params", str(shipped), "-S", "loss.epsilon=0.25", "-S", "stage2.epochs=4"]) == 0
+    assert "with -S loss.epsilon=0.25 -S stage2.epochs=4: valid" in capsys.readouterr().out
+    # a sweep (dvc exp run --queue -S 'key=a,b'): every value checked, the bad one named
+    assert cli_main(["check-params", str(shipped), "-S", "loss.epsilon=0,0.25,-1"]) == 2
+    out, err = capsys.readouterr()
+    assert out.count(": valid") == 2 and "2 of 3 combinations valid" in out and "loss.epsilon = -1" in err
+    # a key params.yaml does not hold: DVC refuses it without '+', the schema with it; both name the key
+    assert cli_main(["check-params", str(shipped), "-S", "loss.epsilo=1"]) == 2
+    assert "did you mean 'loss.epsilon'?" in capsys.readouterr().err
+    assert cli_main(["check-params", str(shipped), "-S", "+loss.epsilo=1"]) == 2
+    assert "unknown parameter 'loss.epsilo'" in capsys.readouterr().err
+    # malformed overrides and other files: a clear refusal, no traceback
+    assert cli_main(["check-params", str(shipped), "-S", "loss.epsilon=["]) == 2
+    assert "not a valid override" in capsys.readouterr().err
+    assert cli_main(["check-params", str(shipped), "-S", "other.yaml:a=1"]) == 2
+    assert "reads only params.yaml" in capsys.readouterr().err
+    assert shipped.read_bytes() == before
+    # another file name: the overrides (with or without its prefix) apply to it
+    other = tmp_path / "mine.yaml"
+    other.write_bytes(before)
+    assert cli_main(["check-params", str(other), "-S", "seed=3", "-S", "mine.yaml:loss.epsilon=0.5"]) == 0
+    assert other.read_bytes() == before

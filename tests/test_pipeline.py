@@ -91,6 +91,12 @@ def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
 
     clone, output = pipeline
     assert ran(output) == STAGES
+    assert "is empty" not in output  # DVC warns about every empty file listed as a dep (package __init__.py files)
+    # progress in DVC's log (not a terminal): one plain line per training epoch, no bar redraws
+    for stage, epochs in (("train_erm", TINY["erm"]["epochs"]), ("train_contrastive", TINY["stage2"]["epochs"])):
+        lines = [line for line in output.splitlines() if re.match(rf"\[{stage}\] epoch \d+ \(\d+/{epochs}\): ", line)]
+        assert len(lines) == epochs and all("val avg" in line and "worst-group" in line for line in lines), stage
+    assert "\r" not in output
     summary = json.loads((clone / "data/biased/summary.json").read_text())
     assert summary["protocol"] == "foreground"
     assert abs(summary["splits"]["train"]["realised_correlation"] - 0.9) < 0.06

@@ -24,6 +24,28 @@ def test_readme_opens_with_two_commands_and_ci_runs_the_second_verbatim() -> Non
     assert test in [line.strip() for line in ci.splitlines()]
 
 
+def test_readme_is_short_and_links_every_docs_page() -> None:
+    """README is the first hour (<= 200 lines); everything else is a docs/ page, and none is unreachable from it."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    linked = set(re.findall(r"\]\((docs/[^)#\s]+\.md)", text))
+    pages = {f"docs/{page.name}" for page in (REPO / "docs").glob("*.md")}
+    assert pages and pages <= linked, sorted(pages - linked)
+    for page in (REPO / "docs").glob("*.md"):  # each page leads back
+        assert "](../README.md)" in page.read_text(), page.name
+
+
+def test_readme_documents_the_commands_a_new_user_needs() -> None:
+    text = (REPO / "README.md").read_text()
+    for needed in ("debias check-params -S", "git checkout params.yaml", "dvc exp apply",
+                   "mlflow ui --backend-store-uri sqlite:///mlflow.db", "Training runs",
+                   "--index-url https://download.pytorch.org/whl/cpu"):
+        assert needed in text, needed
+    from debias.tracking import tracking_uri
+
+    assert tracking_uri(REPO).endswith("/mlflow.db")  # the store the `mlflow ui` line opens
+
+
 TRAINING_STAGES = {"train_erm", "train_contrastive"}  # launched with DEBIAS_NPROC processes
 
 

@@ -234,3 +234,49 @@ def test_stage_runs_nest_under_one_parent_per_pipeline_run(tmp_path, monkeypatch
     assert parent.data.metrics["s2_worst"] == pytest.approx(0.2)  # the later stage's value
     parents = client.search_runs([parent.info.experiment_id], filter_string="tags.`debias.kind` = 'pipeline'")
     assert len(parents) == 2
+
+
+def test_experiments_open_on_their_training_runs(tmp_path, mlflow_template) -> None:
+    """MLflow 3's UI opens an experiment on GenAI traces unless mlflow.experimentKind says machine learning."""
+    from mlflow.tracking import MlflowClient
+
+    from debias.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, ensure_experiment
+
+    fresh_store(mlflow_template, tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    created = ensure_experiment(uri, "debias", tmp_path)
+    assert client.get_experiment(created).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND == "custom_model_development"
+    older = client.create_experiment("older")  # a store from before the tag: tagged on its next use
+    assert ensure_experiment(uri, "older", tmp_path) == older
+    assert client.get_experiment(older).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    chosen = client.create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "genai_development"})  # the user's choice
+    ensure_experiment(uri, "chosen", tmp_path)
+    assert client.get_experiment(chosen).tags[EXPERIMENT_KIND_TAG] == "genai_development"
+
+
+def test_a_training_stage_logs_the_selected_epochs_validation_metrics(tmp_path) -> None:
+    """The per-epoch series' last value is the last epoch's; the selected epoch's get their own keys."""
+    import torch
+
+    from debias.tracking import StageRun
+    from debias.training.erm import StageOutputs, write_outputs
+    from tests.test_training import run, tiny_split
+
+    class Recorder(StageRun):
+        def log_metrics(self, values, step=None) -> None:
+            self.logged.update({k: v for k, v in values.items() if step is None})
+
+    model, result = run(3)
+    result.selected_epoch = 1  # as if the selection had kept the middle epoch
+    for row, worst in zip(result.history, (0.1, 0.273, 0.18)):
+        row["val/worst_group"] = worst
+    out = StageOutputs(model=tmp_path / "m.pt", embeddings_dir=tmp_path / "emb", metrics=tmp_path / "metrics.json",
+                       curves=tmp_path / "curves.csv", resume=tmp_path / "state.pt")
+    splits = {"train": tiny_split(), "val": tiny_split(seed=1), "test": tiny_split(seed=2)}
+    recorder = Recorder(None, None)
+    recorder.logged = {}
+    write_outputs(model, "lenet5", result, splits, recorder, out, 64, torch.device("cpu"), "erm")
+    assert recorder.logged["selected.val.worst_group"] == 0.273
+    assert recorder.logged["selected.val.avg"] == result.history[1]["val/avg"]
+    assert not any(key.startswith("selected.train") for key in recorder.logged)

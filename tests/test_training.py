@@ -199,3 +199,53 @@ def test_a_training_stage_writes_its_selection_and_warnings(tmp_path, capsys) ->
     assert {"collapsed-representation", "chance-level"} <= set(codes)
     printed = capsys.readouterr().out
     assert all(f"WARNING {w}" in printed for w in metrics["warnings"])
+
+
+def test_unstable_training_fires_on_a_spike_or_a_high_end_and_not_on_a_smooth_or_noisy_loss() -> None:
+    import math
+    import random
+
+    from debias import health
+    from debias.params import HealthParams
+
+    limits = HealthParams()
+    check = lambda losses: health.instability_warning(losses, limits.loss_spike, limits.loss_end,  # noqa: E731
+                                                      limits.loss_min_fall)
+    smooth = [2.0 * math.exp(-t / 4) + 0.05 for t in range(30)]
+    rng = random.Random(0)
+    noisy = [value * (1 + rng.uniform(-0.1, 0.1)) for value in smooth]  # +-10 % epoch to epoch, still converging
+    assert check(smooth) is None and check(noisy) is None
+    # negative losses (eps-SupInfoNCE) that fall steadily: no warning either
+    assert check([5.5 - 0.2 * t for t in range(30)]) is None
+    # the default run's shape: 5.5 falling to 0.28, a jump to 1.9 (31 % of the fall), recovery
+    spiky = [5.5, 4.6, 3.9, 3.1, 2.4, 1.8, 1.3, 1.0, 0.63, 0.28, 1.9, 3.4, 2.6, 1.3, 0.6, 0.2]
+    message = check(spiky)
+    assert message is not None and message.startswith("unstable-training: ")
+    assert "from 0.28 at epoch 9 to 1.9 at epoch 10" in message and "31%" in message
+    # a bump one tenth as high (3 % of the fall) is noise, not instability
+    assert check(spiky[:10] + [0.44, 0.35, 0.3, 0.25, 0.2]) is None
+    # a loss that drifts back up and ends far above its minimum (no single jump above the spike threshold)
+    drifting = [4.0, 3.0, 2.0, 1.0, 0.5, 0.9, 1.3, 1.5]
+    assert check(drifting[:6]) is None
+    assert "ended at 1.5" in check(drifting)
+    # a negative-going loss with a spike: scale-free
+    assert check([1.0, 0.2, -0.5, -1.0, 0.5, -0.9]) is not None
+    # a loss that barely moved is not judged (no convergence to lose), nor a history too short to judge
+    assert check([1.0, 0.99, 1.01, 0.995]) is None and check([1.0, 3.0]) is None
+
+
+def test_a_training_stage_carries_the_instability_warning_into_its_metrics(tmp_path) -> None:
+    import json
+
+    from debias.tracking import StageRun
+    from debias.training.erm import StageOutputs, write_outputs
+
+    model, result = run(4)
+    for row, loss in zip(result.history, (2.0, 0.5, 1.6, 0.4)):
+        row["train/loss"] = loss
+    out = StageOutputs(model=tmp_path / "m.pt", embeddings_dir=tmp_path / "emb", metrics=tmp_path / "metrics.json",
+                       curves=tmp_path / "curves.csv", resume=tmp_path / "state.pt")
+    splits = {"train": tiny_split(), "val": tiny_split(seed=1), "test": tiny_split(seed=2)}
+    write_outputs(model, "lenet5", result, splits, StageRun(None, None), out, 64, torch.device("cpu"), "erm")
+    warnings = json.loads(out.metrics.read_text())["warnings"]
+    assert any(w.startswith("unstable-training: ") and "epoch 2" in w for w in warnings), warnings

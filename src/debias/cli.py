@@ -12,18 +12,41 @@ DESCRIPTION = ("debias: tools around the DVC pipeline (the pipeline itself runs 
                'Run "debias COMMAND --help" for the options of a command.')
 
 
-def check_params(path: str) -> int:
+def check_params(path: str, label: str | None = None) -> int:
     from debias.data.sources.checks import DataSourceError, check_source
 
     try:
         params = load_params(path)
         check_source(params)  # the files the source reads, and params that need the class count (cheap)
     except (ParamsError, DataSourceError) as exc:
-        print(exc, file=sys.stderr)
+        print(f"{label}: {exc}" if label else exc, file=sys.stderr)
         return 2
-    print(f"{path}: valid (source={params.data.source}, protocol={params.bias.protocol}, "
+    print(f"{label or path}: valid (source={params.data.source}, protocol={params.bias.protocol}, "
           f"model={params.model.name}, groups={params.groups.method}, stage2={params.stage2.method})")
     return 0
+
+
+def check_overrides(path: str, items: list[str]) -> int:
+    """``check-params -S ...``: each combination the overrides expand to (a sweep: one per value), applied by DVC to
+    a temporary copy of ``path`` and checked like ``path`` itself; ``path`` is only read. 0 when all are valid."""
+    from debias.overrides import override_files
+
+    try:
+        with override_files(path, items) as combinations:
+            codes = []
+            for overrides, applied in combinations:
+                label = f"{path} with -S {' -S '.join(overrides)}"
+                if isinstance(applied, ParamsError):
+                    print(applied, file=sys.stderr)
+                    codes.append(2)
+                else:
+                    codes.append(check_params(str(applied), label))
+    except ParamsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if len(codes) > 1:
+        print(f"{codes.count(0)} of {len(codes)} combinations valid; {path} unchanged")
+    return max(codes, default=0)
 
 
 def plots_template(path: str | None) -> int:
@@ -114,9 +137,14 @@ examples:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="debias", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
-    check = commands.add_parser("check-params", help="validate params.yaml against the schema, running nothing",
-                                description="Validate params.yaml against the schema without running anything.")
+    check = commands.add_parser("check-params", help="validate params.yaml (and -S overrides) against the schema, "
+                                "running nothing", description="Validate params.yaml against the schema without "
+                                "running anything; with -S, params.yaml as `dvc exp run -S` would change it (each "
+                                "value of a sweep), leaving the file itself untouched.")
     check.add_argument("path", nargs="?", default="params.yaml")
+    check.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="an override as `dvc exp run -S` takes it (repeatable): key=value, a sweep key=v1,v2, "
+                            "+key=value, ~key")
     cmp = commands.add_parser("compare", help="compare experiments: a table here and an HTML page",
                               description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     cmp.add_argument("--source", choices=("dvc", "mlflow", "both"), default="dvc",
@@ -153,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                                                              "and images/ files of the same names are replaced)")
     args = parser.parse_args(argv)
     if args.command == "check-params":
-        return check_params(args.path)
+        return check_overrides(args.path, args.overrides) if args.overrides else check_params(args.path)
     if args.command == "compare":
         return compare(args)
     if args.command == "plots-template":

@@ -10,6 +10,8 @@ The codes and what each means: :data:`CODES` (the benchmarks' tables take their 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 # Mean squared distance between L2-normalised features (pairs i != j) below which a representation counts as
@@ -31,6 +33,8 @@ CODES: dict[str, str] = {
     "fairkl-starved": "FairKL's pair sets were missing from most batches, so it contributed nothing there",
     "cnc-small-pools": "CNC drew positives or negatives with replacement from pools smaller than a batch needs",
     "weak-groups": "the inferred minority misses most bias-conflicting points or is mostly others",
+    "unstable-training": "the training loss jumped back up after it had fallen (or ended well above its minimum): "
+                         "the kept epoch may sit on a spike; lower the learning rate or look at the loss curve",
 }
 
 
@@ -79,3 +83,35 @@ def chance_warning(accuracy: float, chance: float, where: str) -> str | None:
                        f"{where} accuracy {accuracy:.3f} is no better than chance ({chance:.3f}, the most frequent "
                        f"class; counted as chance below {bound:.3f})")
     return None
+
+
+def loss_instability(losses: Sequence[float], spike: float, end: float, min_fall: float) -> str | None:
+    """Why the per-epoch training ``losses`` look unstable, or None.
+
+    With ``fall(t) = L_0 - min_{s<t} L_s`` (how far the loss had fallen before epoch t): a *spike* is an epoch with
+    ``L_t - L_{t-1} > spike * fall(t)`` (a jump back up) once ``fall(t) >= min_fall * |L_0|`` (the loss had fallen
+    some way); the loss *ends high* when ``L_last - min L > end * (L_0 - min L)`` (also a slow drift back up).
+    Scale-free, so it holds for losses that go negative (eps-SupInfoNCE) as for cross-entropy.
+    """
+    values = [float(v) for v in losses]
+    if len(values) < 3 or any(v != v for v in values):  # too short to judge; NaN stops training before this
+        return None
+    first = values[0]
+    for t in range(2, len(values)):
+        fall, jump = first - min(values[:t]), values[t] - values[t - 1]
+        if fall > 0 and fall >= min_fall * abs(first) and jump > spike * fall:
+            return (f"the training loss jumped from {values[t - 1]:.4g} at epoch {t - 1} to {values[t]:.4g} at epoch "
+                    f"{t}, {jump / fall:.0%} of its fall from {first:.4g} to {min(values[:t]):.4g} (more than "
+                    f"health.loss_spike = {spike:g})")
+    low = min(values)
+    fall, rebound = first - low, values[-1] - low
+    if fall > 0 and fall >= min_fall * abs(first) and rebound > end * fall:
+        return (f"the training loss ended at {values[-1]:.4g}, above its minimum {low:.4g} (epoch {values.index(low)}) "
+                f"by {rebound / fall:.0%} of its fall from {first:.4g} (more than health.loss_end = {end:g})")
+    return None
+
+
+def instability_warning(losses: Sequence[float], spike: float, end: float, min_fall: float) -> str | None:
+    """An ``unstable-training`` warning from :func:`loss_instability`, or None."""
+    reason = loss_instability(losses, spike, end, min_fall)
+    return None if reason is None else warning("unstable-training", reason)

@@ -45,9 +45,9 @@ STAGE_PARAMS: dict[str, list[str]] = {
     "source": ["data"],  # pipeline/source.py: a fingerprint of external data files, not a harnessed stage
     "download": ["seed", "data"],
     "inject_bias": ["seed", "bias"],
-    "train_erm": ["seed", "model", "erm"],
+    "train_erm": ["seed", "model", "erm", "health"],
     "infer_groups": ["seed", "groups"],
-    "train_contrastive": ["seed", "model", "stage2", "loss"],
+    "train_contrastive": ["seed", "model", "stage2", "loss", "health"],
     "linear_probe": ["seed", "probe"],
     "evaluate": ["seed", "evaluate"],
     "report": ["report"],  # plus params.yaml as a file dependency: the report shows every changed param

@@ -61,6 +61,9 @@ TRACKING_MODES = ("required", "optional", "off")
 PIPELINE_TAG = "debias.pipeline_run"  # the parent's key (see pipeline_run_key), on the parent and its stage runs
 KIND_TAG = "debias.kind"  # "pipeline" on a parent run
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own nesting tag
+# MLflow 3's UI opens an experiment on its GenAI traces view unless this tag says "machine learning"; then it opens
+# on "Training runs" (the values: mlflow/server/js, ExperimentKind; MLflow's own demo sets the GenAI one).
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # the logged models' code (MLflow "model from code")
 
 
@@ -224,16 +227,20 @@ def describe_difference(difference: dict[str, Any], width: int = 200) -> str:
 
 
 def ensure_experiment(uri: str, name: str, root: Path) -> str:
-    """Create (once, under a lock) the store and the experiment; return the experiment id."""
+    """Create (once, under a lock) the store and the experiment; return the experiment id. The experiment is
+    tagged as a machine-learning one (:data:`EXPERIMENT_KIND_TAG`) so the UI opens on its training runs; an older
+    experiment without the tag gets it (a kind chosen in the UI is kept)."""
     from mlflow.tracking import MlflowClient
 
     def get_or_create() -> str:
         client = MlflowClient(tracking_uri=uri)
         experiment = client.get_experiment_by_name(name)
         if experiment is not None:
+            if EXPERIMENT_KIND_TAG not in experiment.tags:
+                client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return experiment.experiment_id
         location = (root / "mlruns").as_uri() if uri.startswith("sqlite:") else None
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
 
     if uri.startswith("sqlite:"):
         with _file_lock(root / "mlflow.db.lock"):

@@ -1,0 +1,1 @@
+"""Data: sources (sources/), bias injection (bias.py, corruptions.py), stored splits (store.py), augmentation."""

@@ -32,6 +32,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from debias import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.probe import predict_labels, select_c, split_report, stratified_halves
 from debias.params import ProbeParams
@@ -87,7 +88,7 @@ def dfr_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedS
     if int(torch.unique(val.y[tune_index]).numel()) < 2:
         raise ValueError("DFR: the balanced validation subset holds fewer than 2 classes")
     models, scores = [], []
-    for c in dfr.c_grid:
+    for c in progress.bar(dfr.c_grid, "DFR: C grid", unit="C"):
         model = fit_sparse_logistic(val_z[tune_index], val.y[tune_index], c, dfr.penalty, params.max_iter,
                                     params.standardize, seed)
         report = split_report(val, predict_labels(model, val_z[select_index]), select_index, fairness=False)
@@ -99,7 +100,7 @@ def dfr_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedS
     scaler = StandardScaler().fit(val_z.double().numpy()) if params.standardize else None
     standardised = torch.from_numpy(scaler.transform(val_z.double().numpy())) if scaler is not None else val_z
     retrained, n_balanced = [], 0
-    for _ in range(dfr.retrains):
+    for _ in progress.bar(range(dfr.retrains), "DFR: retrains", unit="fit"):
         subset = balanced_subset(val.g, generator)
         n_balanced = len(subset)
         retrained.append(fit_sparse_logistic(standardised[subset], val.y[subset], c, dfr.penalty, params.max_iter,

@@ -36,6 +36,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from debias import progress
 from debias.data.store import BiasedSplit
 from debias.metrics import accuracy_report, fairness_report
 from debias.models import Network, load_network
@@ -188,7 +189,7 @@ def fit_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedS
     if int(torch.unique(fit_y).numel()) < 2:
         raise ValueError(f"linear probe: the {params.train_split} features to fit hold fewer than 2 classes")
     models, scores = [], []
-    for c in params.c_grid:
+    for c in progress.bar(params.c_grid, "linear probe: C grid", unit="C"):
         model = fit_logistic(fit_x, fit_y, c, params.max_iter, params.standardize, seed)
         report = split_report(val, predict_labels(model, select_x), select_index, fairness=False)
         models.append(model)
@@ -249,7 +250,11 @@ def probe_encoders(encoders: Mapping[str, FrozenEncoder], splits: Mapping[str, B
     """:func:`probe_encoder` for every encoder, keyed by encoder name (a post-processing the task does not allow is
     refused first, before any feature is computed)."""
     check_postprocess(params, splits)
-    return {name: probe_encoder(encoder, splits, params, seed, device, batch_size) for name, encoder in encoders.items()}
+    results = {}
+    for name, encoder in encoders.items():
+        with progress.step("linear_probe", f"probe of {name}"):
+            results[name] = probe_encoder(encoder, splits, params, seed, device, batch_size)
+    return results
 
 
 # --------------------------------------------------------------------------- output shaping

@@ -30,6 +30,7 @@ from debias.embedding import umap_fit
 import torch.nn.functional as F
 from scipy.special import xlogy
 
+from debias import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.probe import (FEATURE_BATCH, FrozenEncoder, encode, fit_logistic, predict_proba,
                                      stratified_halves)
@@ -267,13 +268,16 @@ def evaluate_encoders(encoders: Mapping[str, FrozenEncoder], splits: Mapping[str
         metrics[name] = {"trained": True, "method": encoder.method}
         for split_name in params.splits:
             split = splits[split_name]
-            z, _ = encode(encoder.network, split.x, device, batch_size)
-            features[(name, split_name)] = z
-            metrics[name][split_name] = representation_metrics(z, split.y, split.a, split.n_classes, split.n_attrs,
-                                                               params, seed)
+            with progress.step("evaluate", f"representation metrics of {name} on {split_name} ({len(split)} rows)"):
+                z, _ = encode(encoder.network, split.x, device, batch_size)
+                features[(name, split_name)] = z
+                metrics[name][split_name] = representation_metrics(z, split.y, split.a, split.n_classes,
+                                                                   split.n_attrs, params, seed)
     umaps = {}
     for (name, split_name), z in features.items():
         if split_name in umap_splits:
             split = splits[split_name]
-            umaps[(name, split_name)] = umap_embedding(z, split.y, split.a, params.umap, seed, embedder)
+            with progress.step("evaluate", f"UMAP of {name} on {split_name} ({min(len(z), params.umap.max_points)} "
+                                           "points)"):
+                umaps[(name, split_name)] = umap_embedding(z, split.y, split.a, params.umap, seed, embedder)
     return metrics, umaps

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from debias import health
+from debias import health, progress
 from debias.data.store import BiasedSplit
 from debias.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
 from debias.groups.matching import group_quality, hungarian_map
@@ -161,8 +161,9 @@ def infer_cluster(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, par
     start = _timed(timings, "umap_import_s", start)
     if len(z) < 3:
         raise ValueError(f"groups.method=cluster needs at least 3 training points for UMAP, found {len(z)}")
-    embedding = umap_fit(z, cluster_params.umap_components, cluster_params.umap_neighbors, cluster_params.umap_min_dist,
-                         seed)
+    with progress.step("infer_groups", f"UMAP of {len(z)} training points"):
+        embedding = umap_fit(z, cluster_params.umap_components, cluster_params.umap_neighbors,
+                             cluster_params.umap_min_dist, seed)
     start = _timed(timings, "umap_fit_s", start)
     k = cluster_params.per_class
     if k == 1:

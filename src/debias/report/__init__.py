@@ -1,0 +1,1 @@
+"""The report: metrics and runs collected (collect.py), figures, the report page (build.py), the compare page."""

@@ -23,7 +23,7 @@ from debias.data.store import BiasedSplit
 from debias.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
 from debias.metrics import accuracy_report, fairness_report, fairness_scalars, scalars
 from debias.models import Network, build_model, save_network
-from debias.params import ModelParams, OptimParams
+from debias.params import HealthParams, ModelParams, OptimParams
 from debias.paths import embeddings_path
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
@@ -166,15 +166,31 @@ def selection_warnings(result: FitResult) -> list[str]:
     return []
 
 
+def instability_warnings(result: FitResult, thresholds: HealthParams) -> list[str]:
+    """An ``unstable-training`` warning when the per-epoch training loss spiked or ended high (``health.*``)."""
+    found = health.instability_warning([row["train/loss"] for row in result.history if "train/loss" in row],
+                                       thresholds.loss_spike, thresholds.loss_end, thresholds.loss_min_fall)
+    return [] if found is None else [found]
+
+
+def selected_metrics(result: FitResult) -> dict[str, float]:
+    """The selected epoch's validation metrics under their own MLflow keys (``val/worst_group`` ->
+    ``selected.val.worst_group``), beside the per-epoch series whose last value is the last epoch's."""
+    row = next(row for row in result.history if int(row["epoch"]) == result.selected_epoch)
+    return {f"selected.{key.replace('/', '.')}": value for key, value in row.items() if key.startswith("val/")}
+
+
 def write_outputs(model: Network, model_name: str, result: FitResult, splits: dict[str, BiasedSplit], run: StageRun,
                   out: "StageOutputs", eval_batch_size: int, device: torch.device, label: str,
                   extra_metrics: dict | None = None, meta: dict | None = None,
-                  warnings: list[str] | None = None) -> dict[str, dict]:
+                  warnings: list[str] | None = None, thresholds: HealthParams | None = None) -> dict[str, dict]:
     """Load the selected weights and write a training stage's outputs: checkpoint, embeddings, metrics (with the
-    ``selection`` block and the ``warnings``: ``warnings`` given by the method, then the selection's and the health
-    checks'), curves; print each warning and log them to MLflow."""
+    ``selection`` block and the ``warnings``: ``warnings`` given by the method, then the selection's, the loss
+    curve's (``thresholds``: params ``health``) and the health checks'), curves; print each warning and log them
+    to MLflow."""
     model.load_state_dict(result.selected_state["model"])
-    found = list(warnings or []) + selection_warnings(result)
+    found = (list(warnings or []) + selection_warnings(result)
+             + instability_warnings(result, thresholds or HealthParams()))
     reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device, health=found)
     metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {}), "selection": result.selection,
                "warnings": found}
@@ -190,6 +206,7 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     run.log_metrics({f"{split}.fairness.{k}": v for split, report in reports.items() if report.get("fairness")
                      for k, v in fairness_scalars(report["fairness"]).items()})
     run.log_metrics({"selected_epoch": result.selected_epoch})
+    run.log_metrics(selected_metrics(result))
     run.log_warnings(found)
     for path in (out.metrics, out.curves):
         run.log_artifact(path)
@@ -226,10 +243,11 @@ class StageOutputs:
 
 
 def train_erm(splits: dict[str, BiasedSplit], model_params: str | ModelParams, optim: OptimParams, seed: int,
-              run: StageRun, out: StageOutputs) -> dict[str, dict]:
+              run: StageRun, out: StageOutputs, thresholds: HealthParams | None = None) -> dict[str, dict]:
     """Cross-entropy training from scratch, selection by ``optim.selection``, then every output.
 
-    ``model_params`` is ``params.model`` (or just a registry name, with the encoder's default options).
+    ``model_params`` is ``params.model`` (or just a registry name, with the encoder's default options);
+    ``thresholds`` is ``params.health`` (its defaults when None).
 
     Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
     outputs and returns the accuracy reports, the other ranks return ``{}``.
@@ -254,7 +272,7 @@ def train_erm(splits: dict[str, BiasedSplit], model_params: str | ModelParams, o
     reports: dict[str, dict] = {}
     if distributed.is_main():
         reports = write_outputs(model, model_name, result, splits, run, out, optim.eval_batch_size, device, "erm",
-                                meta={"method": "erm", "head_trained": True})
+                                meta={"method": "erm", "head_trained": True}, thresholds=thresholds)
         finish(out.resume)
     distributed.barrier()
     return reports

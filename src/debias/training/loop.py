@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import random
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from debias import distributed
+from debias import distributed, progress
 from debias.errors import TrainingDiverged
 from debias.fingerprint import code_version, digest, tensor_digest
 from debias.io import CorruptFileError, load_torch, save_torch
@@ -189,7 +190,9 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
     """Train ``epochs`` epochs; return the history and the selected weights.
 
     ``state_key`` (:func:`resume_key`) ties the resume state at ``state_path`` to its inputs; ``label`` names
-    the stage in messages, ``divergence_advice`` the params to lower when training diverges.
+    the stage in messages, ``divergence_advice`` the params to lower when training diverges. After every epoch
+    one line goes to stderr: the epoch, its loss and validation accuracies, its time and the ETA
+    (:func:`debias.progress.epoch_line`).
     """
     history: list[dict[str, float]] = []
     best_epoch, best_score, best_state = -1, None, None
@@ -225,7 +228,9 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
     distributed.agree(start, "the epoch to resume from (every rank reads rank 0's resume state)")
     distributed.broadcast_modules(task.modules().values())
 
+    loop_started = time.monotonic()
     for epoch in range(start, epochs):
+        epoch_started = time.monotonic()
         for module in task.modules().values():
             module.train()
         try:
@@ -250,6 +255,9 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
             best_epoch, best_score, best_state = epoch, score, _module_states(task)
         if on_epoch is not None:
             on_epoch(epoch, metrics)
+        now = time.monotonic()  # ETA: the mean time of this run's epochs (training + validation) so far
+        eta = (now - loop_started) / (epoch + 1 - start) * (epochs - epoch - 1) if epoch + 1 < epochs else None
+        progress.say(progress.epoch_line(label, epoch, epochs, metrics, now - epoch_started, eta))
         if state_path is not None and distributed.is_main():
             save_torch(state_path, {
                 "key": state_key, "epoch": epoch, "modules": _module_states(task),

@@ -264,7 +264,8 @@ def decode_images(paths: list[Path], size: int, fit: ImageFit, crop_fraction: fl
             failures.append((paths[i], f"{type(exc).__name__}: {exc}"))
 
     with ThreadPoolExecutor(max_workers=decode_threads()) as pool:
-        for _ in tqdm(pool.map(one, range(len(paths))), total=len(paths), desc=desc, unit="img", mininterval=2):
+        for _ in tqdm(pool.map(one, range(len(paths))), total=len(paths), desc=desc, unit="img", mininterval=2,
+                      disable=None):  # a bar on a terminal only: no carriage returns in a log
             pass
     if failures:
         failures.sort()

@@ -108,7 +108,7 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
         reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
                                 label=f"stage2 {s2.method}", extra_metrics={"method": s2.method},
                                 meta={"method": s2.method, "head_trained": spec.head_trained},
-                                warnings=setup.warnings(result.history))
+                                warnings=setup.warnings(result.history), thresholds=params.health)
         info_path = out.metrics.with_name(f"{out.metrics.stem}_info.json")
         save_json(info_path, {"method": s2.method, **setup.report(result.history)})
         run.log_artifact(info_path)

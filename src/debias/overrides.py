@@ -1,0 +1,86 @@
+"""``dvc exp run -S`` overrides checked before a run, without touching params.yaml.
+
+DVC applies ``-S key=value`` by rewriting params.yaml in the workspace, and a run that then fails leaves the value
+there. :func:`override_files` applies the same overrides with DVC's own code (``dvc.utils.hydra``: Hydra's
+override grammar, sweeps such as ``loss.epsilon=0,0.25`` or ``range(...)`` expanded into one combination each,
+as ``dvc exp run --queue -S`` does) to copies of the file in a temporary folder, so each copy can be validated
+like params.yaml itself and the original stays byte-identical.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from debias.params import ParamsError
+
+
+def override_sets(items: list[str], params_file: str = "params.yaml") -> list[list[str]]:
+    """The override lists of every combination ``items`` (``-S`` values) expand to; DVC's grouping by file
+    (``file.yaml:key=value``) and sweep expansion. Overrides of another file than ``params_file`` are refused
+    (the pipeline reads only params.yaml); a malformed override is a ParamsError naming it."""
+    from dvc.utils.cli_parse import to_path_overrides
+    from dvc.utils.hydra import get_hydra_sweeps
+
+    by_file = to_path_overrides(items)  # an override without a file prefix is DVC's default, params.yaml
+    targets = {"params.yaml", params_file}
+    others = sorted(name for name in by_file if name not in targets)
+    if others:
+        raise ParamsError(f"-S for {', '.join(others)}: the pipeline reads only {params_file}; allowed: -S key=value "
+                          f"or -S {params_file}:key=value")
+    merged = [override for name, overrides in by_file.items() if name in targets for override in overrides]
+    try:
+        sweeps = get_hydra_sweeps({params_file: merged})
+    except Exception as exc:  # hydra's OverrideParseException, DVC's InvalidArgumentError (glob sweeps)
+        raise ParamsError(f"-S {' '.join(items)}: not a valid override ({_cause(exc)}); allowed: key=value, "
+                          "key=v1,v2 (a sweep), +key=value (a new key), ~key (delete)") from None
+    return [sweep[params_file] for sweep in sweeps]
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost message of a chained exception, on one line."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _hint(exc: BaseException) -> str:
+    """For a key params.yaml does not hold (DVC sets only existing keys without ``+``): the closest known key."""
+    import difflib
+    import re
+
+    from debias.params import Params, _valid_keys
+
+    found = re.search(r"full_key: (\S+)", _cause(exc))
+    if found is None:
+        return ""
+    close = difflib.get_close_matches(found[1], _valid_keys(Params), n=1, cutoff=0.6)
+    return (f"; unknown parameter '{found[1]}'" + (f"; did you mean '{close[0]}'?" if close else "")
+            + " (+key=value adds a key params.yaml does not hold)")
+
+
+@contextlib.contextmanager
+def override_files(path: str | Path, items: list[str]) -> Iterator[list[tuple[list[str], Path | ParamsError]]]:
+    """For each combination of ``items``: its overrides and a temporary copy of ``path`` with them applied by DVC
+    (or the ParamsError DVC's refusal became, e.g. an unknown key set without ``+``). ``path`` is only read."""
+    from dvc.utils.hydra import apply_overrides
+
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path} not found: run from the repository root or name the params file")
+    with tempfile.TemporaryDirectory(prefix="debias-check-params-") as folder:
+        results: list[tuple[list[str], Path | ParamsError]] = []
+        for index, overrides in enumerate(override_sets(items, path.name)):
+            copy = Path(folder) / str(index) / path.name
+            copy.parent.mkdir()
+            shutil.copyfile(path, copy)
+            try:
+                apply_overrides(copy, overrides)
+            except Exception as exc:  # DVC's InvalidArgumentError around hydra's ConfigCompositionException
+                results.append((overrides, ParamsError(f"-S {' -S '.join(overrides)}: {_cause(exc)}{_hint(exc)}")))
+                continue
+            results.append((overrides, copy))
+        yield results
