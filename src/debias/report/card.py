@@ -71,7 +71,7 @@ def model_summary(label: str, accuracy: dict[str, Any] | None, table: dict[str, 
     """From a stage's test accuracies (``erm.json``'s ``test``) and per-group table (``erm_groups.json``'s
     ``test``); either may be None (the stage did not run)."""
     accuracy, table = accuracy or {}, table or {}
-    n = accuracy.get("n")
+    n = accuracy.get("n") or sum(map(sum, table.get("group_counts") or [])) or None  # the metrics file keeps no n
     avg = accuracy.get("avg")
     avg_interval = wilson_interval(round(avg * n), n, confidence) if avg is not None and n else None
     groups = (tuple(group_accuracies(table["per_group"], table["group_counts"], confidence))
