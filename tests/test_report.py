@@ -485,3 +485,20 @@ def test_params_table_against_the_committed_file_with_the_reasons(tmp_path: Path
     assert "| `data.source` | imagefolder |" in md and "| `data.imagefolder.root` | /x |" in md
     assert "| `bias.foreground" not in md and "| `stage2.cnc" not in md
     assert "Not listed:" in md and "`bias.foreground.p_corr`" in md.split("Not listed:")[-1]
+
+
+def test_fairkl_activity_constant_over_epochs_is_one_line() -> None:
+    """The issue's case: FairKL active in 100 % of the steps at each of 30 epochs is one line, not 30 rows; the
+    pair counts, which do vary, are summarised by their mean and range."""
+    epochs = [{"epoch": e, "pos_active": 1.0, "neg_active": 1.0,
+               "pairs": {"pos_aligned": 10.0 + e % 2, "pos_conflicting": 2.0, "neg_aligned": 40.0, "neg_conflicting": 8.0}}
+              for e in range(30)]
+    info = {"fairkl": {"sampler": "shuffle", "batch_size": 256, "epochs": epochs}}
+    inputs = build.ReportInputs({"stage2_info": info}, {}, {}, {}, None, None, None, [])
+    [block] = build.fairkl_activity_blocks(inputs)
+    assert isinstance(block, build.Text)
+    assert "In every one of the 30 epochs the + side was active in 100 % and the − side in 100 % of the steps" in block.text
+    assert "same y, same b 10.5 (10.0–11.0)" in block.text
+    epochs[3]["neg_active"] = 0.5  # the activity changes: the per-epoch table
+    [table] = build.fairkl_activity_blocks(inputs)
+    assert isinstance(table, build.Table) and len(table.rows) == 30 and table.rows[3][2] == "50"

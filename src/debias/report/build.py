@@ -692,12 +692,25 @@ def fairkl_activity_blocks(inputs: ReportInputs) -> list[Block]:
     activity = (inputs.get("stage2_info") or {}).get("fairkl")
     if not activity:
         return []
+    epochs = activity["epochs"]
+    explain = (f"FairKL activity (sampler `{activity['sampler']}`, batches of {activity['batch_size']}): a side (+: same "
+               "class, −: different classes) contributes only in batches where both of its sets (same / other bias "
+               "label b) hold at least two pairs")
+    active = {(pct(e["pos_active"], 0), pct(e["neg_active"], 0)) for e in epochs}
+    if len(epochs) > 1 and len(active) == 1:  # the activity never changes: one line, the pair counts summarised
+        (pos, neg), = active
+
+        def spread(name: str, label: str) -> str:
+            values = [e["pairs"].get(name, 0) for e in epochs]
+            return f"{label} {sum(values) / len(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+
+        pairs = ", ".join(spread(name, label) for name, label in FAIRKL_SET_NAMES.items())
+        return [Text(f"{explain}. In every one of the {len(epochs)} epochs the + side was active in {pos} % and the "
+                     f"− side in {neg} % of the steps; mean pairs per batch over the epochs (min–max): {pairs}.")]
     rows = [[str(e["epoch"]), pct(e["pos_active"], 0), pct(e["neg_active"], 0),
-             *(f"{e['pairs'].get(name, 0):.1f}" for name in FAIRKL_SET_NAMES)] for e in activity["epochs"]]
-    return [Table(["epoch", "+ side active %", "− side active %", *FAIRKL_SET_NAMES.values()], rows, same_rows="epochs", caption=(
-        f"FairKL activity (sampler `{activity['sampler']}`, batches of {activity['batch_size']}): a side (+: same class, "
-        "−: different classes) contributes only in batches where both of its sets (same / other bias label b) hold "
-        "at least two pairs; last four columns: mean pairs per batch."))]
+             *(f"{e['pairs'].get(name, 0):.1f}" for name in FAIRKL_SET_NAMES)] for e in epochs]
+    return [Table(["epoch", "+ side active %", "− side active %", *FAIRKL_SET_NAMES.values()], rows, same_rows="epochs",
+                  caption=f"{explain}; last four columns: mean pairs per batch.")]
 
 
 def groups_section(inputs: ReportInputs, drawn: dict[str, bool]) -> Section:
