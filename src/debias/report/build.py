@@ -28,6 +28,7 @@ from debias.metrics import GroupAccuracy, group_accuracies
 from debias.io import atomic_path, load_json, load_torch
 from debias.params import Params
 from debias.report import card, figures, params_table
+from debias.report.card import pct
 from debias.report.paper import Comparison, compare, method_key, settings_for, strength_of
 from debias.tracking import git_commit
 
@@ -138,13 +139,6 @@ def anchor(title: str) -> str:
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def pct(value: float | None, digits: int = 1) -> str:
-    """An accuracy in [0, 1] as a percentage, 'n/a' for None/NaN."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{100 * value:.{digits}f}"
 
 
 def num(value: float | None, digits: int = 3) -> str:

@@ -7,6 +7,7 @@ Content only (strings, rows): :mod:`debias.report.build` turns it into the docum
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +23,10 @@ QUALITY_SEEDS = 3  # the project's rule: a quality claim rests on >= 3 seeds
 
 
 def pct(value: float | None, digits: int = 1) -> str:
-    """A fraction as a percentage with ``digits`` decimals; 'n/a' for None."""
-    return "n/a" if value is None else f"{100 * value:.{digits}f}"
+    """An accuracy in [0, 1] as a percentage with ``digits`` decimals, 'n/a' for None/NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.{digits}f}"
 
 
 def interval_text(low: float, high: float) -> str:
