@@ -193,6 +193,6 @@ def test_the_page_opens_on_a_headline_card_with_each_seeds_worst_group(sweep, tm
     intervals = "; ".join(f"[{100 * lo:.1f}, {100 * hi:.1f}]" for lo, hi in
                           (wilson_interval(round(w * 5), 5, 0.95) for w in (0.5, 0.6, 0.7)))
     assert f"| {intervals} |" in card_md
-    assert "2 warnings: [degenerate-selection (cnc-s0/train_erm)](#warnings), " in card_md
+    assert "2 warnings: [degenerate-selection](#warnings) × 2 (train_erm; 2 experiments)." in card_md
     assert "**Next: Read the warning `degenerate-selection` of cnc-s0/train_erm first" in card_md
     assert "| worst group: y, a · n · interval |" in md.replace(" warnings |", " |")  # per-experiment column

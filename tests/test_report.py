@@ -374,12 +374,12 @@ def test_headline_card_comes_first_with_worst_group_n_and_interval(built) -> Non
     assert "| worst group (class y, attribute a) | y=1, a=2 | y=1, a=2 |" in card_md
     assert "| its test images n | 10 (fewer than 30: read with care) | 10 (fewer than 30: read with care) |" in card_md
     assert f"[{100 * low:.1f}, {100 * high:.1f}] |" in card_md
-    assert "1 warning: [degenerate-selection (train_erm)](#warnings)" in card_md
+    assert "1 warning: [degenerate-selection](#warnings) (train_erm)." in card_md
     assert "**Next: Read the warning `degenerate-selection` of train_erm first" in card_md
     # HTML: the card before the table of contents and every other section, its warning a working in-page link
     first_section = page.index("<section")
     assert page.index('<section id="headline" class="card">') == first_section < page.index("<nav>")
-    assert '<a href="#warnings">degenerate-selection (train_erm)</a>' in page and 'id="warnings"' in page
+    assert '<a href="#warnings">degenerate-selection</a> (train_erm)' in page and 'id="warnings"' in page
 
 
 def test_every_group_accuracy_carries_its_interval_and_n(built) -> None:
@@ -502,3 +502,11 @@ def test_fairkl_activity_constant_over_epochs_is_one_line() -> None:
     epochs[3]["neg_active"] = 0.5  # the activity changes: the per-epoch table
     [table] = build.fairkl_activity_blocks(inputs)
     assert isinstance(table, build.Table) and len(table.rows) == 30 and table.rows[3][2] == "50"
+
+
+def test_the_warnings_line_counts_each_code_once_with_its_stages() -> None:
+    found = [("train_erm", "chance-level: val"), ("train_erm", "chance-level: test"), ("infer_groups", "weak-groups: x"),
+             ("train_contrastive", "chance-level: test")]
+    assert card.warnings_line(found) == ("4 warnings: [chance-level](#warnings) × 3 (train_erm, train_contrastive), "
+                                         "[weak-groups](#warnings) (infer_groups). Read them before the numbers.")
+    assert card.warnings_line([]) == "No warnings."

@@ -111,12 +111,22 @@ def card_table(models: list[ModelSummary], min_n: int, confidence: float) -> tup
 
 
 def warnings_line(found: list[tuple[str, str]], link: str = WARNINGS_LINK) -> str:
-    """'2 warnings: [degenerate-selection (train_erm)](#warnings), …' or 'No warnings.' (``found``: (where, message))."""
+    """'5 warnings: [chance-level](#warnings) × 3 (train_erm, train_contrastive), …' or 'No warnings.': one entry
+    per warning code, with its count and stages (``found``: (where, message), where = stage or experiment/stage)."""
     if not found:
         return "No warnings."
-    names = list(dict.fromkeys(f"{warning_code(message)} ({where})" for where, message in found))
-    return (f"{len(found)} warning{'s' if len(found) > 1 else ''}: " + ", ".join(f"[{n}]({link})" for n in names)
-            + ". Read them before the numbers.")
+    by_code: dict[str, list[str]] = {}
+    for where, message in found:
+        by_code.setdefault(warning_code(message), []).append(where)
+
+    def entry(code: str, places: list[str]) -> str:
+        stages = ", ".join(dict.fromkeys(p.rpartition("/")[2] for p in places))
+        runs = {p.rpartition("/")[0] for p in places} - {""}
+        count = f" × {len(places)}" if len(places) > 1 else ""
+        return f"[{code}]({link}){count} ({stages}{f'; {len(runs)} experiments' if len(runs) > 1 else ''})"
+
+    return (f"{len(found)} warning{'s' if len(found) > 1 else ''}: "
+            + ", ".join(entry(code, places) for code, places in by_code.items()) + ". Read them before the numbers.")
 
 
 @dataclass(frozen=True)
