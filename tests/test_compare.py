@@ -268,3 +268,27 @@ def test_a_metric_that_is_not_a_number_is_left_out_of_the_mean_with_a_note(sweep
     text = " ".join(compare.terminal_text(comparison).split())
     assert "note: cnc-s1: " in text and "= NaN" in text and "= 'n/a' is not a number: left out of its group's mean" in text
     assert rejected_values({"a": True, "b": None, "c": 1.0}) == {"a": "True", "b": "None"}
+
+
+def test_the_page_opens_on_a_headline_card_with_each_seeds_worst_group(sweep, tmp_path: Path) -> None:
+    """ERM vs stage 2 for the best group (mean ± std over its 3 seeds), the worst group named with n and its Wilson
+    interval per seed, the warnings linked and the next step, before every other section."""
+    from debias.metrics import wilson_interval
+
+    comparison = compare.build_comparison(compare.select(sweep), sweep)
+    for run in comparison.experiments:
+        run.load_notes()
+    md = compare.write_page(comparison, tmp_path / "page")["md"].read_text(encoding="utf-8")
+    assert [line for line in md.splitlines() if line.startswith("## ")][0] == "## Headline"
+    card_md = md.split("\n## ")[1]
+    assert "| best: stage2.method=cnc (3 seeds) | ERM | stage 2 |" in card_md
+    assert "| worst-group % | 50.0 ± 0.0 | 60.0 ± 10.0 |" in card_md
+    # every cnc seed's lowest cell is y=0, a=0 (its worst-group value of 5 test images; the others are 0.8, 0.9)
+    assert "| worst group (class y, attribute a) | y=0, a=0 (every run) | y=0, a=0 (every run) |" in card_md
+    assert "| its test images n | 5 (< 30) (every run) |" in card_md
+    intervals = "; ".join(f"[{100 * lo:.1f}, {100 * hi:.1f}]" for lo, hi in
+                          (wilson_interval(round(w * 5), 5, 0.95) for w in (0.5, 0.6, 0.7)))
+    assert f"| {intervals} |" in card_md
+    assert "2 warnings: [degenerate-selection](#warnings) × 2 (train_erm; 2 experiments)." in card_md
+    assert "**Next: Read the warning `degenerate-selection` of cnc-s0/train_erm first" in card_md
+    assert "| worst group: y, a · n · interval |" in md.replace(" warnings |", " |")  # per-experiment column

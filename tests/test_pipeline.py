@@ -373,3 +373,35 @@ def test_compare_reports_the_metrics_files_and_mlflow_numbers(pipeline, tmp_path
         assert check.main([str(written["html"]), "--out", str(tmp_path / "compare.png"), "--window-size", "1400,2400"]) == 0
     [logged] = _runs(clone, "tags.`debias.kind` = 'compare'")
     assert "compare" in {a.path for a in _client(clone).list_artifacts(logged.info.run_id)}
+
+
+def test_the_report_opens_on_the_headline_card(pipeline) -> None:
+    """Issue 27's acceptance: the report of a real (tiny) pipeline puts the headline card before every other section,
+    with ERM's and stage 2's three test metrics, the worst group (its n and Wilson interval) and the params table
+    against the committed params.yaml."""
+    from debias.metrics import group_accuracies, wilson_interval, worst_group_of
+
+    clone, _ = pipeline
+    md, page = (clone / "reports/report.md").read_text(), (clone / "reports/report.html").read_text()
+    sections = [line[3:] for line in md.splitlines() if line.startswith("## ")]
+    assert sections[0] == "Headline" and len(sections) > 5
+    card = md.split("\n## ")[1]
+    erm = json.loads((clone / "reports/metrics/erm.json").read_text())["test"]
+    s2 = json.loads((clone / "reports/metrics/stage2_train.json").read_text())["test"]
+    rows = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |") for line in card.splitlines() if line.startswith("| ")}
+    for label, key in (("average % [95 % interval]", "avg"), ("unbiased % (mean over groups)", "unbiased"),
+                       ("worst-group %", "worst_group")):
+        cells = rows[label].split(" | ")
+        assert cells[1].startswith(f"{100 * erm[key]:.1f}") and cells[2].startswith(f"{100 * s2[key]:.1f}"), rows[label]
+    groups = json.loads((clone / "reports/metrics/stage2_train_groups.json").read_text())["test"]
+    worst = worst_group_of(group_accuracies(groups["per_group"], groups["group_counts"], 0.95))
+    assert worst.accuracy == s2["worst_group"]
+    assert rows["worst group (class y, attribute a)"].split(" | ")[2] == f"y={worst.y}, a={worst.a}"
+    n_cell = rows["its test images n"].split(" | ")[2]
+    assert n_cell.startswith(str(worst.n)) and ("fewer than 30" in n_cell) == (worst.n < 30)
+    low, high = wilson_interval(worst.correct, worst.n, 0.95)
+    assert rows["its 95 % interval (Wilson)"].split(" | ")[2] == f"[{100 * low:.1f}, {100 * high:.1f}]"
+    assert "**Next: " in card
+    starts = [m.start() for m in re.finditer(r"<section id=", page)]
+    assert page.index('<section id="headline" class="card">') == starts[0] < page.index("<nav>")
+    assert "None: this run used the committed params.yaml" in md  # the clone's commit holds the tiny params

@@ -56,7 +56,7 @@ def stage_outs() -> dict[str, str]:
 def curve_csv_header(path: str, tmp_path: Path) -> set[str]:
     """The header the code writes to ``path``: the per-group CSVs from the report with no inputs (header only)."""
     if path in {str(p) for p in build.PER_GROUP_CSV.values()}:
-        build.write_per_group_csvs(build.load_inputs(tmp_path), tmp_path)
+        build.write_per_group_csvs(build.load_inputs(tmp_path), tmp_path, 0.95)
         with open(tmp_path / path, newline="") as handle:
             return set(next(csv.reader(handle)))
     assert path.endswith("_curves.csv"), path

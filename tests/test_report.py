@@ -12,20 +12,24 @@ import base64
 import csv
 import importlib.util
 import json
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 from debias import paths
 from debias.io import save_json, save_torch
+from debias.applicability import RunContext, applies, rule_for
+from debias.metrics import GroupAccuracy, wilson_interval
 from debias.params import Params, validate
-from debias.report import build, paper
+from debias.report import build, card, paper, params_table
 from debias.report.build import FIGURE_FILES, PER_GROUP_CSV, REPORT_HTML, REPORT_MD, SECTIONS, build_report
 from debias.report.figures import placeholder
-from tests.conftest import REPO
+from tests.conftest import REPO, committed_text
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 N = 3  # classes and attributes
@@ -35,10 +39,15 @@ def accuracy(avg: float, worst: float) -> dict:
     return {"avg": avg, "unbiased": avg - 0.01, "worst_group": worst, "aligned": 0.95, "conflicting": avg - 0.05, "n": 40}
 
 
-def group_table(value: float) -> dict:
-    """A 3x3 per-group report with the (2, 0) group empty."""
-    per_group = [[value if (y, a) != (2, 0) else None for a in range(N)] for y in range(N)]
-    counts = [[0 if (y, a) == (2, 0) else 5 for a in range(N)] for y in range(N)]
+WORST_CELL = (1, 2)  # the worst test group of both models
+GROUP_N = 10  # test images per non-empty group
+
+
+def group_table(value: float, worst: float) -> dict:
+    """A 3x3 per-group report with the (2, 0) group empty and ``worst`` in :data:`WORST_CELL`."""
+    per_group = [[None if (y, a) == (2, 0) else worst if (y, a) == WORST_CELL else value for a in range(N)]
+                 for y in range(N)]
+    counts = [[0 if (y, a) == (2, 0) else GROUP_N for a in range(N)] for y in range(N)]
     return {"test": {"per_group": per_group, "group_counts": counts, "empty_groups": [[2, 0]]}}
 
 
@@ -66,9 +75,9 @@ def write_inputs(root: Path, protocol: str = "foreground", stage2_method: str = 
                                      "warnings": ["degenerate-selection: validation worst-group is 0 at every epoch"],
                                      "selection": {"rule": "last", "selected_epoch": 1, "degenerate": True,
                                                    "reason": "worst-group 0 at every epoch"}})
-    save_json(metrics / "erm_groups.json", group_table(0.6))
+    save_json(metrics / "erm_groups.json", group_table(0.6, 0.1))
     save_json(metrics / "stage2_train.json", {"selected_epoch": 0, "method": stage2_method, "test": accuracy(0.8, 0.5)})
-    save_json(metrics / "stage2_train_groups.json", group_table(0.8))
+    save_json(metrics / "stage2_train_groups.json", group_table(0.8, 0.5))
     save_json(metrics / "stage2_train_info.json", {"method": stage2_method, "sampler": {"skipped_classes": [1]}})
     save_json(metrics / "probe.json", {
         "erm": {"trained": True, "method": "erm", "probe": {"test": accuracy(0.65, 0.2)}},
@@ -157,7 +166,8 @@ def test_every_section_heading_is_in_markdown_and_html(built) -> None:
     assert {root / REPORT_MD, root / REPORT_HTML} <= set(written)
     for title in SECTIONS:
         assert f"\n## {title}\n" in md, title
-        assert f'<section id="{build.anchor(title)}"><h2>{title}</h2>' in page, title
+        css = ' class="card"' if title == "Headline" else ""
+        assert f'<section id="{build.anchor(title)}"{css}><h2>{title}</h2>' in page, title
 
 
 def test_html_is_self_contained_every_image_a_png_data_uri(built) -> None:
@@ -191,16 +201,17 @@ def test_every_figure_and_per_group_csv_is_written(built) -> None:
     with open(root / PER_GROUP_CSV["erm"], newline="") as handle:
         rows = list(csv.DictReader(handle))
     assert len(rows) == N * N - 1  # the empty group is left out, not written as 0
-    assert {"group", "class", "attribute", "n", "accuracy"} == set(rows[0])
+    assert {"group", "class", "attribute", "n", "accuracy", "low", "high"} == set(rows[0])
     assert ("2", "0") not in {(r["class"], r["attribute"]) for r in rows}
 
 
-def test_params_diff_table_lists_a_changed_param(built) -> None:
+def test_outside_git_the_params_table_says_so_and_lists_departures_from_the_papers(built) -> None:
     root, _ = built
-    assert "| `erm.lr` | 0.05 | 0.001 |" in (root / REPORT_MD).read_text()
-    diff = build.params_diff(tiny_params())
-    assert ("erm.lr", 0.05, 0.001) in diff
-    assert not any(key.startswith("seed") for key, _, _ in diff)
+    md = (root / REPORT_MD).read_text()
+    params = md[md.index("## Params"):]
+    assert "Not available: `git show HEAD:params.yaml` failed" in params
+    assert "| `erm.lr` | 0.05 | 0.001 | no comment in params.yaml |" in params
+    assert "`seed`" not in params and "stage2.cnc" not in md.split("## Params")[1].split("Not listed")[0]
 
 
 def test_provenance_names_stage_runs_wall_times_and_the_experiment(built) -> None:
@@ -249,7 +260,10 @@ def test_feature_vectors_get_a_feature_summary_figure_not_a_placeholder(tmp_path
 def test_results_table_has_erm_stage2_and_both_probes(built) -> None:
     root, _ = built
     md = (root / REPORT_MD).read_text()
-    assert "| ERM | 60.0 | 59.0 | 10.0 | 95.0 | 55.0 | 12.500 | 0.900 | 0.400 |" in md
+    low, high = wilson_interval(1, GROUP_N, 0.95)
+    assert (f"| ERM | 60.0 | 59.0 | 10.0 | y=1, a=2 · n = 10 (< 30) · [{100 * low:.1f}, {100 * high:.1f}] | 95.0 | 55.0 "
+            "| 12.500 | 0.900 | 0.400 |") in md
+    assert "| ERM linear probe | 65.0 | 64.0 | 20.0 | – |" in md
     assert "| stage 2 (cnc) | 80.0 |" in md
     assert "| ERM linear probe | 65.0 |" in md and "| stage-2 linear probe | 82.0 |" in md
     assert "skipped classes [1]" in md
@@ -274,7 +288,7 @@ def test_missing_stage2_degrades_gracefully(without_stage2: Path) -> None:
     assert "No UMAP of the training features" in md
     for rel in FIGURE_FILES.values():
         assert (root / rel).read_bytes()[:8] == PNG_MAGIC
-    assert (root / PER_GROUP_CSV["stage2"]).read_text().strip() == "group,class,attribute,n,accuracy"
+    assert (root / PER_GROUP_CSV["stage2"]).read_text().strip() == "group,class,attribute,n,accuracy,low,high"
     assert "| CMNIST* | ERM | 0.995 | average | 20.1 | ERM | 60.0 |" in md  # ERM still compared
 
 
@@ -339,3 +353,160 @@ def test_report_renders_in_headless_chromium(built, tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
     assert check.main([str(root / REPORT_HTML), "--out", str(shot), "--window-size", "1280,2000"]) == 0
     assert shot.read_bytes()[:8] == PNG_MAGIC and shot.stat().st_size > check.MIN_SCREENSHOT_BYTES
+
+
+# --------------------------------------------------------------------------- headline card, intervals, params
+
+
+def section_order(md: str) -> list[str]:
+    return [line[3:] for line in md.splitlines() if line.startswith("## ")]
+
+
+def test_headline_card_comes_first_with_worst_group_n_and_interval(built) -> None:
+    root, _ = built
+    md, page = (root / REPORT_MD).read_text(), (root / REPORT_HTML).read_text()
+    assert section_order(md) == list(SECTIONS) and SECTIONS[0] == "Headline"
+    card_md = md.split("\n## ")[1]
+    low, high = wilson_interval(5, GROUP_N, 0.95)  # stage 2's worst group: 50 % of 10
+    assert "| average % [95 % interval] | 60.0 [" in card_md
+    assert "| unbiased % (mean over groups) | 59.0 | 79.0 |" in card_md
+    assert "| worst-group % | 10.0 | 50.0 |" in card_md
+    assert "| worst group (class y, attribute a) | y=1, a=2 | y=1, a=2 |" in card_md
+    assert "| its test images n | 10 (fewer than 30: read with care) | 10 (fewer than 30: read with care) |" in card_md
+    assert f"[{100 * low:.1f}, {100 * high:.1f}] |" in card_md
+    assert "1 warning: [degenerate-selection](#warnings) (train_erm)." in card_md
+    assert "**Next: Read the warning `degenerate-selection` of train_erm first" in card_md
+    # HTML: the card before the table of contents and every other section, its warning a working in-page link
+    first_section = page.index("<section")
+    assert page.index('<section id="headline" class="card">') == first_section < page.index("<nav>")
+    assert '<a href="#warnings">degenerate-selection</a> (train_erm)' in page and 'id="warnings"' in page
+
+
+def test_every_group_accuracy_carries_its_interval_and_n(built) -> None:
+    root, _ = built
+    md = (root / REPORT_MD).read_text()
+    table = md[md.index("| y | a | test images n |"):].split("\n\n")[0].splitlines()[2:]
+    assert len(table) == N * N - 1  # every non-empty group, the empty one left out
+    low, high = wilson_interval(1, GROUP_N, 0.95)
+    assert table[0].startswith(f"| 1 | 2 | 10 (< 30) | 10.0 [{100 * low:.1f}, {100 * high:.1f}] | 50.0 [")  # lowest first
+    with open(root / PER_GROUP_CSV["erm"], newline="") as handle:
+        rows = {(r["class"], r["attribute"]): r for r in csv.DictReader(handle)}
+    assert float(rows[("1", "2")]["low"]) == pytest.approx(low, abs=1e-6)
+    assert float(rows[("1", "2")]["high"]) == pytest.approx(high, abs=1e-6)
+
+
+def facts(**changes) -> card.Facts:
+    base = dict(warnings=[], erm_worst=0.1, s2_worst=0.5, worst=GroupAccuracy(1, 2, 0.5, 100, 0.4, 0.6), min_n=30,
+                confidence=0.95, seeds=None)
+    return card.Facts(**{**base, **changes})
+
+
+def test_the_next_step_line_follows_the_results() -> None:
+    small = GroupAccuracy(3, 1, 5 / 13, 13, *wilson_interval(5, 13, 0.95))
+    assert card.next_step(facts(warnings=[("train_erm", "degenerate-selection: x"), ("evaluate", "y")])) == (
+        "Read the warning `degenerate-selection` of train_erm first (and 1 more): [Warnings](#warnings).")
+    assert card.next_step(facts(s2_worst=None)).startswith("Stage 2 has no test result")
+    line = card.next_step(facts(worst=small))
+    assert "(y=3, a=1) has only n = 13 test images (< 30)" in line and "[17.7, 64.5] spans 47 points" in line
+    assert card.next_step(facts(s2_worst=0.1)).startswith("Stage 2 does not beat ERM on worst-group (10.0 % against 10.0 %)")
+    assert card.next_step(facts()) == ("Stage 2 beats ERM on worst-group by 40.0 points on one run: check it holds "
+                                       "over >= 3 seeds (`debias compare`).")
+    assert "(mean of 2 seeds): run >= 3 seeds" in card.next_step(facts(seeds=2))
+    assert card.next_step(facts(seeds=3)).startswith("Stage 2 beats ERM on worst-group by 40.0 points over 3 seeds")
+
+
+def test_a_table_whose_rows_are_all_the_same_is_one_line() -> None:
+    same = build.Table(["epoch", "+ side active %", "− side active %"], [[str(e), "100", "100"] for e in range(30)],
+                       same_rows="epochs")
+    text = build.render_markdown("t", [build.Section("s", [same])], Path("."), Path("."))
+    assert "All 30 epochs (0–29) are the same: + side active % 100, − side active % 100." in text
+    assert "| 29 |" not in text
+    differs = build.Table(same.headers, [*same.rows[:-1], ["29", "100", "50"]], same_rows="epochs")
+    assert "| 29 | 100 | 50 |" in build.render_markdown("t", [build.Section("s", [differs])], Path("."), Path("."))
+    plain = build.Table(same.headers, same.rows)  # only tables that say what their rows are collapse
+    assert "| 29 | 100 | 100 |" in build.render_markdown("t", [build.Section("s", [plain])], Path("."), Path("."))
+
+
+def test_yaml_comments_read_the_block_above_and_the_inline_comment() -> None:
+    text = ("erm:\n  # block about the\n  # optimiser\n  optimizer: sgd\n  lr: 0.01   # inline\n"
+            "             # continued\n  epochs: 10\n\nbias:\n  foreground:\n    p_corr: 0.9  # 'quoted # not a comment'\n")
+    comments = params_table.yaml_comments(text)
+    assert comments["erm.optimizer"] == "block about the optimiser"
+    assert comments["erm.lr"] == "inline continued"
+    assert comments["erm.epochs"] == ""
+    assert params_table.reason("erm.epochs", comments) == "inline continued"  # the nearest comment above it
+    assert comments["bias.foreground.p_corr"] == "'quoted # not a comment'"
+    assert params_table.reason("bias.foreground.colours", comments) == ""
+
+
+def test_params_that_do_not_apply_are_not_listed() -> None:
+    folder = tiny_params(data={"source": "imagefolder", "imagefolder": {"root": "/x"}}, bias={"protocol": "given"},
+                         stage2={"method": "eps_supinfonce"})
+    context = RunContext(folder, "given")
+    assert not applies("bias.foreground.p_corr", context) and not applies("stage2.cnc.num_positives", context)
+    assert applies("data.imagefolder.root", context) and applies("erm.lr", context)
+    digits = RunContext(tiny_params(stage2={"method": "cnc"}), "foreground")
+    assert applies("stage2.cnc.num_positives", digits) and applies("bias.foreground.p_corr", digits)
+    assert not applies("data.imagefolder.root", digits) and not applies("loss.fairkl.weight", digits)
+    assert not applies("stage2.head.max_iter", digits)  # CNC trains its head with the encoder
+    assert applies("stage2.head.max_iter", RunContext(tiny_params(stage2={"method": "supcon"})))
+    auto = RunContext(tiny_params(), None)  # protocol auto and no summary yet: every protocol section is kept
+    assert applies("bias.background.rho", auto) and applies("bias.foreground.p_corr", auto)
+    assert rule_for("data.imagefolder.root") == "data.imagefolder." and rule_for("seed") is None
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=root, check=True, capture_output=True)
+
+
+def test_params_table_against_the_committed_file_with_the_reasons(tmp_path: Path) -> None:
+    """In git: this run's change against HEAD:params.yaml, and the committed departures from the papers with
+    params.yaml's comment; an imagefolder run lists neither bias.foreground.* nor stage2.cnc.*."""
+    text = committed_text("params.yaml")
+    (tmp_path / "params.yaml").write_text(text)
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "add", "params.yaml")
+    git(tmp_path, "commit", "-qm", "params")
+    committed = yaml.safe_load(text)
+    run = validate({**committed, "erm": {**committed["erm"], "lr": 0.2}})
+    section = build.params_section(build.ReportInputs({}, {}, {}, {}, None, None, None, []), run, tmp_path)
+    md = build.render_markdown("t", [section], tmp_path, tmp_path)
+    changed, departures = md.split("### Where the committed params depart from the papers")
+    assert f"| `erm.lr` | 0.2 | {committed['erm']['lr']} |" in changed
+    assert changed.count("| `") == 1  # nothing else changed
+    p_corr = next(line for line in departures.splitlines() if line.startswith("| `bias.foreground.p_corr`"))
+    assert "| 0.995 |" in p_corr and "CNC uses 0.995" in p_corr  # the reason from params.yaml's comment
+    folder = validate({**committed, "data": {**committed["data"], "source": "imagefolder",
+                                             "imagefolder": {**committed["data"]["imagefolder"], "root": "/x"}},
+                       "bias": {**committed["bias"], "protocol": "given"}})
+    assert folder.stage2.method != "cnc"
+    inputs = build.ReportInputs({"summary": {"protocol": "given"}}, {}, {}, {}, None, None, None, [])
+    md = build.render_markdown("t", [build.params_section(inputs, folder, tmp_path)], tmp_path, tmp_path)
+    assert "| `data.source` | imagefolder |" in md and "| `data.imagefolder.root` | /x |" in md
+    assert "| `bias.foreground" not in md and "| `stage2.cnc" not in md
+    assert "Not listed:" in md and "`bias.foreground.p_corr`" in md.split("Not listed:")[-1]
+
+
+def test_fairkl_activity_constant_over_epochs_is_one_line() -> None:
+    """The issue's case: FairKL active in 100 % of the steps at each of 30 epochs is one line, not 30 rows; the
+    pair counts, which do vary, are summarised by their mean and range."""
+    epochs = [{"epoch": e, "pos_active": 1.0, "neg_active": 1.0,
+               "pairs": {"pos_aligned": 10.0 + e % 2, "pos_conflicting": 2.0, "neg_aligned": 40.0, "neg_conflicting": 8.0}}
+              for e in range(30)]
+    info = {"fairkl": {"sampler": "shuffle", "batch_size": 256, "epochs": epochs}}
+    inputs = build.ReportInputs({"stage2_info": info}, {}, {}, {}, None, None, None, [])
+    [block] = build.fairkl_activity_blocks(inputs)
+    assert isinstance(block, build.Text)
+    assert "In every one of the 30 epochs the + side was active in 100 % and the − side in 100 % of the steps" in block.text
+    assert "same y, same b 10.5 (10.0–11.0)" in block.text
+    epochs[3]["neg_active"] = 0.5  # the activity changes: the per-epoch table
+    [table] = build.fairkl_activity_blocks(inputs)
+    assert isinstance(table, build.Table) and len(table.rows) == 30 and table.rows[3][2] == "50"
+
+
+def test_the_warnings_line_counts_each_code_once_with_its_stages() -> None:
+    found = [("train_erm", "chance-level: val"), ("train_erm", "chance-level: test"), ("infer_groups", "weak-groups: x"),
+             ("train_contrastive", "chance-level: test")]
+    assert card.warnings_line(found) == ("4 warnings: [chance-level](#warnings) × 3 (train_erm, train_contrastive), "
+                                         "[weak-groups](#warnings) (infer_groups). Read them before the numbers.")
+    assert card.warnings_line([]) == "No warnings."

@@ -22,11 +22,15 @@ computed by fairlearn (``fairlearn.metrics``) with its definitions, positive lab
 fairlearn counts the TPR of a group without positives (FPR: without negatives) as 0; ``notes``
 names such groups. Multiclass tasks, and splits holding fewer than two values of ``a`` (a difference over one
 group would read 0, "perfectly fair"), get every value None and a ``reason``.
+
+Uncertainty, :func:`group_accuracies`: each group's accuracy k/n with its Wilson score interval (scipy's
+``binomtest(...).proportion_ci(method='wilson')``) at the report's confidence level.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -135,3 +139,51 @@ def fairness_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_clas
 def fairness_scalars(report: dict, prefix: str = "") -> dict[str, float]:
     """The scalar fairness differences of a report (None dropped), keys prefixed for logging."""
     return {f"{prefix}{key}": report[key] for key in FAIRNESS_KEYS if report.get(key) is not None}
+
+
+# --------------------------------------------------------------------------- uncertainty of group accuracies
+
+
+def wilson_interval(successes: int, n: int, confidence: float) -> tuple[float, float]:
+    """Wilson score interval of the proportion ``successes / n`` at ``confidence`` (scipy's
+    ``binomtest(k, n).proportion_ci(method='wilson')``); ``n`` must be positive."""
+    from scipy.stats import binomtest
+
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: need 0 <= successes <= n and n > 0, got {successes} of {n}")
+    interval = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(interval.low), float(interval.high)
+
+
+@dataclass(frozen=True)
+class GroupAccuracy:
+    """Test accuracy of one (class y, attribute a) group with its count and ``confidence`` interval."""
+
+    y: int
+    a: int
+    accuracy: float
+    n: int
+    low: float
+    high: float
+
+    @property
+    def correct(self) -> int:
+        return round(self.accuracy * self.n)
+
+
+def group_accuracies(per_group: list[list[float | None]], counts: list[list[int]], confidence: float) -> list[GroupAccuracy]:
+    """Every non-empty group of a per-group table (``accuracy_report``'s ``per_group`` and ``group_counts``) with
+    its Wilson interval; the correct count is ``round(accuracy * n)``, exact for the stored float64 ratios."""
+    found = []
+    for y, (row, count_row) in enumerate(zip(per_group, counts)):
+        for a, (value, n) in enumerate(zip(row, count_row)):
+            if value is None or not n:
+                continue
+            low, high = wilson_interval(round(float(value) * int(n)), int(n), confidence)
+            found.append(GroupAccuracy(y, a, float(value), int(n), low, high))
+    return found
+
+
+def worst_group_of(groups: list[GroupAccuracy]) -> GroupAccuracy | None:
+    """The group with the lowest accuracy (ties: the larger n, the better-supported low value; then (y, a) order)."""
+    return min(groups, key=lambda g: (g.accuracy, -g.n, g.y, g.a)) if groups else None

@@ -22,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from debias import paths
+from debias.applicability import RunContext
 from debias.headline import local_selection, local_warnings, warning_code
+from debias.metrics import GroupAccuracy, group_accuracies
 from debias.io import atomic_path, load_json, load_torch
-from debias.params import Params, as_dict, flatten
-from debias.report import figures
+from debias.params import Params
+from debias.report import card, figures, params_table
+from debias.report.card import pct
 from debias.report.paper import Comparison, compare, method_key, settings_for, strength_of
 from debias.tracking import git_commit
 
@@ -60,14 +63,16 @@ def umap_test_path(model: str) -> Path:
     return paths.EVALUATE_DIR / f"umap_{model}_test.pt"
 
 
-SECTIONS = ("Warnings", "Provenance", "Dataset", "Results", "Per-group accuracy", "Representations", "Training curves",
-            "Group inference", "Comparison with the papers")
+# In the order a reader needs them: the headline card, what to distrust, the results, how they came about, then
+# the data, provenance and params.
+SECTIONS = ("Headline", "Warnings", "Results", "Per-group accuracy", "Training curves", "Representations",
+            "Group inference", "Comparison with the papers", "Dataset", "Provenance", "Params")
 STAGE_ORDER = ("download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
                "evaluate", "report")
 FAIRKL_METHODS = frozenset({"supcon", "eps_supcon", "eps_supinfonce"})  # the stage-2 methods that add FairKL
 ACCURACY_KEYS = ("avg", "unbiased", "worst_group", "aligned", "conflicting")
-RESULT_HEADERS = ("", "average %", "unbiased %", "worst-group %", "aligned %", "conflicting %", "alignment loss",
-                  "Î(Y;Z)", "Î(A;Z)")
+RESULT_HEADERS = ("", "average %", "unbiased %", "worst-group %", "worst group: y, a, n, interval", "aligned %",
+                  "conflicting %", "alignment loss", "Î(Y;Z)", "Î(A;Z)")
 METRIC_NAMES = {"avg": "average", "unbiased": "unbiased", "worst_group": "worst-group"}
 
 
@@ -80,6 +85,7 @@ class Text:
 
     text: str
     note: bool = False
+    lead: bool = False  # the line a reader should act on (bold)
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,7 @@ class Table:
     rows: list[list[str]]
     caption: str | None = None
     numeric: bool = True  # right-align cells that read as numbers
+    same_rows: str | None = None  # what the rows are ("epochs"): when every row but its first cell is the same, one line
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,7 @@ class Section:
 
     title: str
     blocks: list[Block] = field(default_factory=list)
+    card: bool = False  # the headline card: above the table of contents, boxed
 
 
 def anchor(title: str) -> str:
@@ -131,13 +139,6 @@ def anchor(title: str) -> str:
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def pct(value: float | None, digits: int = 1) -> str:
-    """An accuracy in [0, 1] as a percentage, 'n/a' for None/NaN."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    return f"{100 * value:.{digits}f}"
 
 
 def num(value: float | None, digits: int = 3) -> str:
@@ -251,13 +252,6 @@ def missing_note(rel: Path, what: str) -> Text:
 # --------------------------------------------------------------------------- content helpers
 
 
-def params_diff(params: Params, defaults: Params | None = None) -> list[tuple[str, Any, Any]]:
-    """``(dotted key, value, default)`` for every param whose value differs from the schema default."""
-    ours = flatten(as_dict(params))
-    base = flatten(as_dict(defaults if defaults is not None else Params()))
-    return [(key, value, base.get(key)) for key, value in ours.items() if base.get(key) != value]
-
-
 def dvc_experiment(records: dict[str, dict[str, Any]]) -> str:
     """``$DVC_EXP_NAME`` when set, else the experiment names in the run records, else a workspace run."""
     if os.environ.get("DVC_EXP_NAME"):
@@ -328,11 +322,20 @@ def result_rows(inputs: ReportInputs, labels: dict[str, str]) -> list[ResultRow]
     return rows
 
 
-def result_cells(row: ResultRow) -> list[str]:
-    """The formatted cells of a results row (n/a where a value is missing)."""
+def worst_cell(group: GroupAccuracy | None, min_n: int) -> str:
+    """'y=3, a=1 · n = 13 (< 30) · [17.7, 64.5]', or '–' without a per-group table."""
+    if group is None:
+        return "–"
+    flag = f" (< {min_n})" if group.n < min_n else ""
+    return f"{card.group_name(group)} · n = {group.n}{flag} · {card.interval_text(group.low, group.high)}"
+
+
+def result_cells(row: ResultRow, worst: GroupAccuracy | None = None, min_n: int = 0) -> list[str]:
+    """The formatted cells of a results row (n/a where a value is missing); ``worst``: its worst test group."""
     accuracy = row.accuracy or {}
     representation = row.representation or {}
-    return [row.label, *(pct(accuracy.get(k)) for k in ACCURACY_KEYS), num(representation.get("alignment_loss")),
+    return [row.label, *(pct(accuracy.get(k)) for k in ACCURACY_KEYS[:3]), worst_cell(worst, min_n),
+            *(pct(accuracy.get(k)) for k in ACCURACY_KEYS[3:]), num(representation.get("alignment_loss")),
             num(representation.get("mi_y")), num(representation.get("mi_a"))]
 
 
@@ -344,15 +347,23 @@ def aligned_attributes(summary: dict[str, Any] | None) -> list[int] | None:
     return [max(range(len(row)), key=row.__getitem__) for row in counts]
 
 
-def per_group_rows(table: list[list[float | None]], counts: list[list[int]] | None) -> list[dict[str, Any]]:
-    """Long format of a per-group accuracy table for ``dvc plots``: non-empty groups only (empty is blank, not 0)."""
+PER_GROUP_COLUMNS = ("group", "class", "attribute", "n", "accuracy", "low", "high")
+
+
+def per_group_rows(table: list[list[float | None]], counts: list[list[int]] | None,
+                   confidence: float) -> list[dict[str, Any]]:
+    """Long format of a per-group accuracy table for ``dvc plots``: non-empty groups only (empty is blank, not 0),
+    with the Wilson interval (``low``, ``high``) where the counts are known."""
+    intervals = {(g.y, g.a): g for g in group_accuracies(table, counts, confidence)} if counts else {}
     rows = []
     for label, row in enumerate(table):
         for attr, value in enumerate(row):
             if value is None:
                 continue
+            g = intervals.get((label, attr))
             rows.append({"group": f"y={label} a={attr}", "class": label, "attribute": attr,
-                         "n": counts[label][attr] if counts else "", "accuracy": round(float(value), 6)})
+                         "n": counts[label][attr] if counts else "", "accuracy": round(float(value), 6),
+                         "low": round(g.low, 6) if g else "", "high": round(g.high, 6) if g else ""})
     return rows
 
 
@@ -365,6 +376,38 @@ def write_csv(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) 
 
 
 # --------------------------------------------------------------------------- sections
+
+
+def model_summaries(inputs: ReportInputs, labels: dict[str, str], confidence: float) -> dict[str, card.ModelSummary]:
+    """ERM's and stage 2's test results with their per-group intervals (missing files give empty summaries)."""
+    return {model: card.model_summary(labels[model], (inputs.get(model) or {}).get("test"),
+                                      (inputs.get(f"{model}_groups") or {}).get("test"), confidence) for model in MODELS}
+
+
+def headline_facts(summaries: dict[str, card.ModelSummary], by_stage: dict[str, list[str]], params: Params) -> card.Facts:
+    """What the next-step rules of one run look at."""
+    chosen = summaries["stage2"] if summaries["stage2"].worst_group else summaries["erm"]
+    return card.Facts([(stage, m) for stage, ms in by_stage.items() for m in ms], summaries["erm"].worst,
+                      summaries["stage2"].worst, chosen.worst_group, params.report.min_group_n, params.report.confidence)
+
+
+def card_blocks(headers: list[str], rows: list[list[str]], warnings: str, next_line: str, caption: str) -> list[Block]:
+    """The card: its table, the warnings line and the next-step line (shared with ``debias compare``'s page)."""
+    return [Table(headers, rows, caption=caption, numeric=False), Text(warnings, note=warnings != "No warnings."),
+            Text(f"Next: {next_line}", lead=True)]
+
+
+def headline_section(summaries: dict[str, card.ModelSummary], root: Path, params: Params) -> Section:
+    """ERM against stage 2 on the test split, the warnings, and what to look at next."""
+    by_stage = local_warnings(root)
+    headers, rows = card.card_table([summaries["erm"], summaries["stage2"]], params.report.min_group_n,
+                                    params.report.confidence)
+    found = [(stage, m) for stage, ms in by_stage.items() for m in ms]
+    caption = (f"Test split; one run (seed {params.seed}). Intervals: Wilson score at {100 * params.report.confidence:g} % "
+               "from the group's n. The worst group is the (class, attribute) cell with the lowest test accuracy.")
+    return Section("Headline", card_blocks(headers, rows, card.warnings_line(found),
+                                           card.next_step(headline_facts(summaries, by_stage, params)), caption),
+                   card=True)
 
 
 def warnings_section(root: Path) -> Section:
@@ -391,7 +434,7 @@ def warnings_section(root: Path) -> Section:
 
 
 def provenance_section(inputs: ReportInputs, params: Params, root: Path, run_id: str | None) -> Section:
-    """Git commit, DVC experiment, params that differ from the defaults, MLflow run id and wall time per stage."""
+    """Git commit, DVC experiment, MLflow run id and wall time per stage."""
     records = inputs.runs
     uris = sorted({r["tracking_uri"] for r in records.values() if r.get("tracking_uri")})
     blocks: list[Block] = [Table(["", ""], [
@@ -401,13 +444,6 @@ def provenance_section(inputs: ReportInputs, params: Params, root: Path, run_id:
         ["MLflow pipeline (parent) run", ", ".join(sorted({r["parent_run_id"] for r in records.values()
                                                            if r.get("parent_run_id")})) or "none"],
     ])]
-    diff = params_diff(params)
-    blocks.append(Heading("Params that differ from the defaults"))
-    if diff:
-        blocks.append(Table(["param", "value", "default"], [[f"`{k}`", show(v), show(d)] for k, v, d in diff],
-                            caption="params.yaml against the schema defaults (the papers' settings) in src/debias/params.py"))
-    else:
-        blocks.append(Text("Every param has its default value (the papers' settings)."))
     blocks.append(Heading("Stages"))
     rows = [[stage, r.get("run_id") or "not logged", r.get("params_hash") or "", r.get("dvc_experiment") or "",
              num(r.get("wall_time_s"), 1)] for stage, r in records.items() if stage != "report"]
@@ -419,6 +455,53 @@ def provenance_section(inputs: ReportInputs, params: Params, root: Path, run_id:
     if not records:
         blocks.append(Text(f"Missing: no run records in `{paths.RUNS}/`; stage run ids and times are unknown.", note=True))
     return Section("Provenance", blocks)
+
+
+def run_context(inputs: ReportInputs, params: Params) -> RunContext:
+    """The params and the protocol the run resolved (from the bias summary; None when it is missing)."""
+    return RunContext(params, (inputs.get("summary") or {}).get("protocol"))
+
+
+def _not_listed(keys: list[str]) -> list[Block]:
+    if not keys:
+        return []
+    return [Text(f"Not listed: {len(keys)} param{'s' if len(keys) > 1 else ''} that do not apply to this run's source, "
+                 f"protocol or methods ({', '.join(f'`{k}`' for k in keys[:6])}{', …' if len(keys) > 6 else ''}).")]
+
+
+def params_section(inputs: ReportInputs, params: Params, root: Path) -> Section:
+    """What this run changed against the committed params.yaml, and where the committed params depart from the
+    papers' settings (the schema defaults) with params.yaml's reason; params that do not apply are left out."""
+    context = run_context(inputs, params)
+    blocks: list[Block] = [Heading("Changed by this run (against the committed params.yaml)")]
+    text, source = params_table.committed_text(root)
+    committed = None
+    if text is None:
+        blocks.append(Text(f"Not available: {source}, so this run's changes cannot be told from the committed "
+                           "settings. Every applicable param that departs from the papers' settings is listed below.",
+                           note=True))
+    else:
+        committed = params_table.committed_params(text)
+        changed, skipped = params_table.differing(params, committed, context)
+        if changed:
+            blocks.append(Table(["param", "this run", "committed"],
+                                [[f"`{c.key}`", show(c.value), show(c.base)] for c in changed],
+                                caption=f"Against {source} (e.g. `dvc exp run -S` overrides).", numeric=False))
+        else:
+            blocks.append(Text(f"None: this run used the committed params.yaml ({source}) as it is."))
+        blocks += _not_listed(skipped)
+    blocks.append(Heading(f"Where the {'committed' if committed else 'run’s'} params depart from the papers"))
+    departing, skipped = params_table.departures(committed or params, text or "", context)
+    if departing:
+        blocks.append(Table(["param", "committed" if committed else "this run", "papers (schema default)", "why (params.yaml)"],
+                            [[f"`{c.key}`", show(c.value), show(c.base), c.reason or "no comment in params.yaml"]
+                             for c in departing], numeric=False, caption=(
+            "The schema's defaults in src/debias/params.py are the papers' settings; the reason is the comment "
+            "params.yaml gives the param (or the comment above it in its section).")))
+    else:
+        blocks.append(Text("None: every applicable param has the papers' setting."))
+    blocks += _not_listed(skipped)
+    return Section("Params", blocks)
 
 
 def dataset_section(inputs: ReportInputs, params: Params, root: Path) -> Section:
@@ -453,11 +536,16 @@ def dataset_section(inputs: ReportInputs, params: Params, root: Path) -> Section
     return Section("Dataset", blocks)
 
 
-def results_section(rows: list[ResultRow], inputs: ReportInputs) -> Section:
+def results_section(rows: list[ResultRow], inputs: ReportInputs, summaries: dict[str, card.ModelSummary],
+                    params: Params) -> Section:
     """The one results table (test split) and notes on what is missing or was skipped."""
-    blocks: list[Block] = [Table(list(RESULT_HEADERS), [result_cells(r) for r in rows], caption=(
+    min_n = params.report.min_group_n
+    cells = [result_cells(r, summaries[r.model].worst_group if not r.label.endswith("probe") else None, min_n)
+             for r in rows]
+    blocks: list[Block] = [Table(list(RESULT_HEADERS), cells, caption=(
         "Test split. Accuracies in percent: average (sample-weighted), unbiased (mean over groups), worst-group (min "
-        "over non-empty groups), bias-aligned and bias-conflicting. Alignment loss (CNC Eq. 2–3) and mutual information "
+        f"over non-empty groups; its group, test images n and {100 * params.report.confidence:g} % Wilson interval), "
+        "bias-aligned and bias-conflicting. Alignment loss (CNC Eq. 2–3) and mutual information "
         "Î (CNC Eq. 16, nats) of the encoder's test representations; each probe shares its encoder's."))]
     representation = _trained_entry(inputs.get("representation"), "erm") or {}
     test = representation.get("test") or {}
@@ -510,8 +598,23 @@ def _fairness_cells(label: str, report: dict[str, Any], rates: str) -> list[str]
             num(fairness.get("accuracy_difference")), rates]
 
 
-def per_group_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str, bool]) -> Section:
-    """The per-group accuracy heatmaps of ERM and stage 2."""
+def interval_rows(summaries: dict[str, card.ModelSummary], min_n: int) -> list[list[str]]:
+    """One row per non-empty test group: n and each model's accuracy with its interval; lowest stage-2 accuracy
+    first (ERM's when stage 2 did not run); groups under ``min_n`` images are marked."""
+    by_model = {m: {(g.y, g.a): g for g in s.groups} for m, s in summaries.items()}
+    order = "stage2" if by_model["stage2"] else "erm"
+    cells = sorted(by_model[order].values(), key=lambda g: (g.accuracy, g.y, g.a))
+
+    def cell(group: GroupAccuracy | None) -> str:
+        return "n/a" if group is None else f"{card.pct(group.accuracy)} {card.interval_text(group.low, group.high)}"
+
+    return [[str(g.y), str(g.a), f"{g.n}" + (f" (< {min_n})" if g.n < min_n else ""),
+             *(cell(by_model[m].get((g.y, g.a))) for m in MODELS)] for g in cells]
+
+
+def per_group_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str, bool],
+                      summaries: dict[str, card.ModelSummary], params: Params) -> Section:
+    """The per-group accuracy heatmaps of ERM and stage 2, and every group's accuracy with its interval and n."""
     blocks: list[Block] = []
     if drawn["per_group"]:
         blocks.append(Figure(FIGURE_FILES["per_group"], (
@@ -521,6 +624,12 @@ def per_group_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[
     for model, name in (("erm", "erm_groups"), ("stage2", "stage2_groups")):
         if inputs.get(name) is None:
             blocks.append(missing_note(JSON_INPUTS[name], f"the {labels[model]} panel is not drawn"))
+    rows = interval_rows(summaries, params.report.min_group_n)
+    if rows:
+        level = f"{100 * params.report.confidence:g} %"
+        blocks.append(Table(["y", "a", "test images n", *(f"{labels[m]} % [{level}]" for m in MODELS)], rows, caption=(
+            f"Every non-empty test group, lowest first: accuracy with its {level} Wilson interval; n under "
+            f"{params.report.min_group_n} is marked. Also in the per-group CSVs (columns low, high).")))
     return Section("Per-group accuracy", blocks)
 
 
@@ -577,12 +686,25 @@ def fairkl_activity_blocks(inputs: ReportInputs) -> list[Block]:
     activity = (inputs.get("stage2_info") or {}).get("fairkl")
     if not activity:
         return []
+    epochs = activity["epochs"]
+    explain = (f"FairKL activity (sampler `{activity['sampler']}`, batches of {activity['batch_size']}): a side (+: same "
+               "class, −: different classes) contributes only in batches where both of its sets (same / other bias "
+               "label b) hold at least two pairs")
+    active = {(pct(e["pos_active"], 0), pct(e["neg_active"], 0)) for e in epochs}
+    if len(epochs) > 1 and len(active) == 1:  # the activity never changes: one line, the pair counts summarised
+        (pos, neg), = active
+
+        def spread(name: str, label: str) -> str:
+            values = [e["pairs"].get(name, 0) for e in epochs]
+            return f"{label} {sum(values) / len(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+
+        pairs = ", ".join(spread(name, label) for name, label in FAIRKL_SET_NAMES.items())
+        return [Text(f"{explain}. In every one of the {len(epochs)} epochs the + side was active in {pos} % and the "
+                     f"− side in {neg} % of the steps; mean pairs per batch over the epochs (min–max): {pairs}.")]
     rows = [[str(e["epoch"]), pct(e["pos_active"], 0), pct(e["neg_active"], 0),
-             *(f"{e['pairs'].get(name, 0):.1f}" for name in FAIRKL_SET_NAMES)] for e in activity["epochs"]]
-    return [Table(["epoch", "+ side active %", "− side active %", *FAIRKL_SET_NAMES.values()], rows, caption=(
-        f"FairKL activity (sampler `{activity['sampler']}`, batches of {activity['batch_size']}): a side (+: same class, "
-        "−: different classes) contributes only in batches where both of its sets (same / other bias label b) hold "
-        "at least two pairs; last four columns: mean pairs per batch."))]
+             *(f"{e['pairs'].get(name, 0):.1f}" for name in FAIRKL_SET_NAMES)] for e in epochs]
+    return [Table(["epoch", "+ side active %", "− side active %", *FAIRKL_SET_NAMES.values()], rows, same_rows="epochs",
+                  caption=f"{explain}; last four columns: mean pairs per batch.")]
 
 
 def groups_section(inputs: ReportInputs, drawn: dict[str, bool]) -> Section:
@@ -734,18 +856,29 @@ def draw_figures(inputs: ReportInputs, root: Path, labels: dict[str, str], dpi: 
     return drawn
 
 
-def write_per_group_csvs(inputs: ReportInputs, root: Path) -> list[Path]:
+def write_per_group_csvs(inputs: ReportInputs, root: Path, confidence: float) -> list[Path]:
     """``reports/plots/per_group_{erm,stage2}.csv`` (test split) for ``dvc plots``; header only when missing."""
     written = []
     for model, name in (("erm", "erm_groups"), ("stage2", "stage2_groups")):
         test = (inputs.get(name) or {}).get("test") or {}
-        rows = per_group_rows(test["per_group"], test.get("group_counts")) if test.get("per_group") else []
-        write_csv(root / PER_GROUP_CSV[model], rows, ("group", "class", "attribute", "n", "accuracy"))
+        rows = per_group_rows(test["per_group"], test.get("group_counts"), confidence) if test.get("per_group") else []
+        write_csv(root / PER_GROUP_CSV[model], rows, PER_GROUP_COLUMNS)
         written.append(root / PER_GROUP_CSV[model])
     return written
 
 
 # --------------------------------------------------------------------------- rendering
+
+
+def collapse_same_rows(table: Table) -> Block:
+    """A :class:`Table` with ``same_rows`` whose rows all agree but in their first cell, as one line ('All 30 epochs
+    (0–29): + side active % 100, …'); any other block unchanged."""
+    if not table.same_rows or len(table.rows) < 2 or any(row[1:] != table.rows[0][1:] for row in table.rows):
+        return table
+    values = ", ".join(f"{h} {c}" for h, c in zip(table.headers[1:], table.rows[0][1:]))
+    span = f"{table.rows[0][0]}–{table.rows[-1][0]}"
+    caption = f" {table.caption}" if table.caption else ""
+    return Text(f"All {len(table.rows)} {table.same_rows} ({span}) are the same: {values}.{caption}")
 
 
 def alt_text(figure: Figure) -> str:
@@ -760,8 +893,9 @@ def _md_cell(text: str) -> str:
 def _markdown_blocks(blocks: list[Block], md_dir: Path, root: Path) -> list[str]:
     lines: list[str] = []
     for block in blocks:
+        block = collapse_same_rows(block) if isinstance(block, Table) else block
         if isinstance(block, Text):
-            lines += [f"> **Note:** {block.text}" if block.note else block.text, ""]
+            lines += [f"> **Note:** {block.text}" if block.note else f"**{block.text}**" if block.lead else block.text, ""]
         elif isinstance(block, Heading):
             lines += [f"### {block.text}", ""]
         elif isinstance(block, Table):
@@ -792,8 +926,9 @@ _NUMERIC = re.compile(r"^(n/a|[-+]?[\d,.]+( ± [\d.]+)?( / [-+]?[\d.]+)?|…)$")
 
 
 def _inline(text: str) -> str:
-    """Escape ``text`` for HTML and turn `code` spans into <code>."""
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    """Escape ``text`` for HTML, turn `code` spans into <code> and in-page links ``[text](#id)`` into <a>."""
+    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+    return re.sub(r"\[([^\]]+)\]\((#[a-z0-9-]*)\)", r'<a href="\2">\1</a>', escaped)
 
 
 def data_uri(path: Path) -> str:
@@ -804,8 +939,10 @@ def data_uri(path: Path) -> str:
 def _html_blocks(blocks: list[Block], root: Path) -> list[str]:
     out: list[str] = []
     for block in blocks:
+        block = collapse_same_rows(block) if isinstance(block, Table) else block
         if isinstance(block, Text):
-            out.append(f'<p class="note">{_inline(block.text)}</p>' if block.note else f"<p>{_inline(block.text)}</p>")
+            css = ' class="note"' if block.note else ' class="next"' if block.lead else ""
+            out.append(f"<p{css}>{_inline(block.text)}</p>")
         elif isinstance(block, Heading):
             out.append(f"<h3>{_inline(block.text)}</h3>")
         elif isinstance(block, Table):
@@ -845,6 +982,9 @@ code { background: #f1f1f1; padding: 0 3px; border-radius: 3px; font-size: 12px;
 .note { background: #fff6e0; border-left: 4px solid #e0a800; padding: .4em .8em; }
 #warnings { border: 1px solid #e0a800; border-radius: 4px; padding: 0 1em .6em; margin-top: 1em; background: #fffdf5; }
 #warnings h2 { border: 0; margin-top: .6em; }
+.card { border: 2px solid #3b6ea8; border-radius: 6px; padding: 0 1em .6em; margin: 1em 0; background: #f5f9ff; }
+.card h2 { border: 0; margin-top: .5em; } .card .table { margin-bottom: .4em; }
+.next { font-weight: 600; }
 figure { margin: 1em 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 12px; }
 .columns { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
@@ -854,16 +994,19 @@ figcaption { color: #555; font-size: 12px; }
 def render_html(title: str, sections: list[Section], root: Path, style: str = "") -> str:
     """The report as one self-contained HTML page: inline CSS (``style`` added to it), images as data URIs, only
     in-page links."""
-    toc = "".join(f'<li><a href="#{anchor(s.title)}">{html.escape(s.title)}</a></li>' for s in sections)
-    body = []
+    toc = "".join(f'<li><a href="#{anchor(s.title)}">{html.escape(s.title)}</a></li>' for s in sections if not s.card)
+    cards, body = [], []
     for section in sections:
-        body.append(f'<section id="{anchor(section.title)}"><h2>{html.escape(section.title)}</h2>')
-        body += _html_blocks(section.blocks, root)
-        body.append("</section>")
+        target = cards if section.card else body
+        css = ' class="card"' if section.card else ""
+        target.append(f'<section id="{anchor(section.title)}"{css}><h2>{html.escape(section.title)}</h2>')
+        target += _html_blocks(section.blocks, root)
+        target.append("</section>")
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f"<title>{html.escape(title)}</title>\n<style>{STYLE}{style}</style>\n</head>\n<body>\n<main>\n"
-            f"<h1>{html.escape(title)}</h1>\n<nav><ol>{toc}</ol></nav>\n" + "\n".join(body) + "\n</main>\n</body>\n</html>\n")
+            f"<h1>{html.escape(title)}</h1>\n" + "".join(f"{line}\n" for line in cards)
+            + f"<nav><ol>{toc}</ol></nav>\n" + "\n".join(body) + "\n</main>\n</body>\n</html>\n")
 
 
 # --------------------------------------------------------------------------- entry
@@ -873,18 +1016,21 @@ def report_sections(inputs: ReportInputs, params: Params, root: Path, run_id: st
                     labels: dict[str, str], drawn: dict[str, bool]) -> list[Section]:
     """The report's sections, in :data:`SECTIONS` order."""
     rows = result_rows(inputs, labels)
-    results = results_section(rows, inputs)
+    summaries = model_summaries(inputs, labels, params.report.confidence)
+    results = results_section(rows, inputs, summaries, params)
     results.blocks.extend(fairness_blocks(rows, inputs))
     return [
+        headline_section(summaries, root, params),
         warnings_section(root),
-        provenance_section(inputs, params, root, run_id),
-        dataset_section(inputs, params, root),
         results,
-        per_group_section(inputs, labels, drawn),
-        representation_section(inputs, labels, drawn),
+        per_group_section(inputs, labels, drawn, summaries, params),
         curves_section(inputs, labels, drawn),
+        representation_section(inputs, labels, drawn),
         groups_section(inputs, drawn),
         paper_section(rows, inputs, params, labels),
+        dataset_section(inputs, params, root),
+        provenance_section(inputs, params, root, run_id),
+        params_section(inputs, params, root),
     ]
 
 
@@ -894,7 +1040,7 @@ def build_report(root: Path, params: Params, run_id: str | None = None) -> list[
     inputs = load_inputs(root)
     labels = {"erm": "ERM", "stage2": stage2_label(stage2_method(inputs, params), params)}
     drawn = draw_figures(inputs, root, labels, params.report.dpi, protocol_colours(inputs.get("summary"), params))
-    written = [root / path for path in FIGURE_FILES.values()] + write_per_group_csvs(inputs, root)
+    written = [root / path for path in FIGURE_FILES.values()] + write_per_group_csvs(inputs, root, params.report.confidence)
     sections = report_sections(inputs, params, root, run_id, labels, drawn)
     md_path, html_path = root / REPORT_MD, root / REPORT_HTML
     with atomic_path(md_path) as tmp:

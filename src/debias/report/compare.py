@@ -29,8 +29,11 @@ import pandas as pd
 from debias import paths
 from debias.headline import LABELS, warning_code
 from debias.io import atomic_path
-from debias.report import figures
-from debias.report.build import Block, Figure, Section, Table, Text, render_html, render_markdown
+from debias.metrics import GroupAccuracy
+from debias.params import ReportParams
+from debias.report import card, figures
+from debias.report.build import (Block, Figure, Section, Table, Text, card_blocks, render_html, render_markdown,
+                                 worst_cell)
 from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment
 
 MAX_WIDTH = 160  # terminal table, characters
@@ -509,10 +512,68 @@ def describe_without_results(experiments: list[Experiment]) -> str:
 # --------------------------------------------------------------------------- the page
 
 
-def _table(frame: pd.DataFrame, params: list[str], grouped: bool) -> Table:
+def worst_groups(experiment: Experiment, confidence: float) -> dict[str, GroupAccuracy | None]:
+    """ERM's and stage 2's worst test group of ``experiment`` (None where its per-group file is missing)."""
+    return {model: card.model_summary(model, None, (experiment.read_json(GROUP_FILES[model]) or {}).get("test"),
+                                      confidence).worst_group for model in GROUP_FILES}
+
+
+def _distinct(values: list[str]) -> str:
+    """The values joined, or one of them with '(every run)' when they all agree."""
+    return f"{values[0]} (every run)" if len(values) > 1 and len(set(values)) == 1 else "; ".join(values) or "n/a"
+
+
+def headline_section(comparison: Comparison, worst: dict[str, dict[str, GroupAccuracy | None]], confidence: float,
+                     min_n: int) -> Section:
+    """The page's card: ERM against stage 2 for the best group (mean ± std over its seeds), each seed's worst group
+    named with its n and interval, the warning count with a link, and what to look at next."""
+    c = comparison
+    best = c.groups.iloc[0]
+    names = str(best["experiments"]).split(", ")
+    members = [e for e in c.experiments if e.name in names]
+    seeds = int(best["seeds"])
+
+    def mean(key: str) -> str:
+        if f"{key}_mean" not in best or pd.isna(best[f"{key}_mean"]):
+            return "n/a"
+        return fmt_mean_std(best[f"{key}_mean"], best[f"{key}_std"], True, " ± ")
+
+    def per_run(model: str, text: Any) -> str:
+        found = [worst[e.name].get(model) for e in members]
+        return _distinct([text(g) if g is not None else "n/a" for g in found])
+
+    level = f"{100 * confidence:g} %"
+    models = (("erm", "erm"), ("stage2", "s2"))
+    rows = [
+        ["average %", *(mean(f"{short}_avg") for _, short in models)],
+        ["unbiased %", *(mean(f"{short}_unbiased") for _, short in models)],
+        ["worst-group %", *(mean(f"{short}_worst") for _, short in models)],
+        ["worst group (class y, attribute a)", *(per_run(m, card.group_name) for m, _ in models)],
+        ["its test images n", *(per_run(m, lambda g: f"{g.n}" + (f" (< {min_n})" if g.n < min_n else "")) for m, _ in models)],
+        [f"its {level} interval (Wilson)", *(per_run(m, lambda g: card.interval_text(g.low, g.high)) for m, _ in models)],
+    ]
+    label = group_label(best, c.group_params) if c.group_params else "every experiment"
+    headers = [f"best: {label} ({seeds} seed{'s' if seeds != 1 else ''})", "ERM", "stage 2"]
+    found = [(f"{e.name}/{stage}", m) for e in c.experiments for stage, ms in e.warnings.items() for m in ms]
+    mine = [w for w in found if w[0].split("/")[0] in names]
+    chosen = [worst[e.name].get("stage2") or worst[e.name].get("erm") for e in members]
+    smallest = min((g for g in chosen if g is not None), key=lambda g: g.n, default=None)
+    number = {key: (None if f"{key}_mean" not in best or pd.isna(best[f"{key}_mean"]) else float(best[f"{key}_mean"]))
+              for key in ("erm_worst", "s2_worst")}
+    facts = card.Facts(mine, number["erm_worst"], number["s2_worst"], smallest, min_n, confidence, seeds)
+    caption = (f"Test split, ranked first of {len(c.groups)} group{'s' if len(c.groups) != 1 else ''}: mean ± sample std "
+               f"over its seeds; the worst group and its Wilson interval per run ({', '.join(names)}).")
+    return Section("Headline", card_blocks(headers, rows, card.warnings_line(found), card.next_step(facts), caption),
+                   card=True)
+
+
+def _table(frame: pd.DataFrame, params: list[str], grouped: bool, extra: dict[str, str] | None = None,
+           extra_header: str = "") -> Table:
+    """The grouped or per-experiment table; ``extra``: one more cell per experiment name (per-experiment only)."""
     metrics = [m for m in METRICS if _metric_present(frame, m.key, "_mean" if grouped else "")]
     headers = (params if grouped else ["experiment", *params]) or ["group"]
-    headers = [*headers, *(["seeds"] if grouped else []), *(f"{m.group} {m.label}" for m in metrics), "warnings"]
+    headers = [*headers, *(["seeds"] if grouped else []), *(f"{m.group} {m.label}" for m in metrics),
+               *([extra_header] if extra is not None else []), "warnings"]
     rows = []
     for _, row in frame.iterrows():
         cells = [str(row[k]) for k in ([] if grouped else ["experiment"]) + params] or ["all"]
@@ -521,14 +582,19 @@ def _table(frame: pd.DataFrame, params: list[str], grouped: bool) -> Table:
             cells += [fmt_mean_std(row[f"{m.key}_mean"], row[f"{m.key}_std"], m.percent, " ± ") for m in metrics]
         else:
             cells += [fmt(row[m.key], m.percent) for m in metrics]
+        if extra is not None:
+            cells.append(extra.get(row["experiment"], "–"))
         cells.append(str(row["warnings"]) if row["warnings"] else "")
         rows.append(cells)
     return Table(headers, rows)
 
 
-def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], chosen: list[Experiment]) -> list[Section]:
-    """The page: summary, warnings, grouped table, per-experiment table, per-group heatmaps, validation curves."""
+def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], chosen: list[Experiment],
+                  confidence: float = ReportParams().confidence, min_n: int = ReportParams().min_group_n) -> list[Section]:
+    """The page: headline card, summary, warnings, grouped table, per-experiment table, per-group heatmaps,
+    validation curves. ``confidence``, ``min_n``: the Wilson intervals' level and the small-group mark."""
     c = comparison
+    worst = {e.name: worst_groups(e, confidence) for e in c.experiments}
     summary: list[Block] = [Text(
         f"{len(c.experiments)} experiments from {c.source}{' (' + c.filters + ')' if c.filters else ''}, compared "
         f"{dt.datetime.now().isoformat(timespec='seconds')}. Params that differ: "
@@ -559,7 +625,10 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
     if figure_paths.get("groups"):
         grouped.append(Figure(figure_paths["groups"][0], "Stage-2 test accuracy per group: mean ± std (bars) and each "
                               "seed (dots)."))
-    per_experiment: list[Block] = [_table(c.frame, c.params, False), Text(LEGEND)]
+    worst_cells = {name: worst_cell(w.get("stage2") or w.get("erm"), min_n) for name, w in worst.items()}
+    per_experiment: list[Block] = [_table(c.frame, c.params, False, worst_cells, "worst group: y, a · n · interval"),
+                                   Text(f"{LEGEND}; worst group: stage 2's (ERM's where stage 2 did not run) worst test "
+                                        f"group, its n and {100 * confidence:g} % Wilson interval")]
     names = ", ".join(e.name for e in chosen)
     heatmaps: list[Block] = [Figure(path, f"Test accuracy (%) per (class y, bias attribute a) of the stage-2 model "
                                     f"(ERM where stage 2 did not run); hatched: no test image; red box: the bias-aligned "
@@ -575,7 +644,8 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
             blocks.append(Text(f"No {what} to draw (the files were not found for these experiments).", note=True))
     if missing:
         curves.append(Text("Not found: " + "; ".join(missing) + ".", note=True))
-    return [Section("Summary", summary), Section("Warnings", warnings), Section("Grouped by everything but the seed", grouped),
+    return [headline_section(c, worst, confidence, min_n), Section("Summary", summary), Section("Warnings", warnings),
+            Section("Grouped by everything but the seed", grouped),
             Section("Experiments", per_experiment), Section("Per-group accuracy", heatmaps),
             Section("Validation curves", curves)]
 
@@ -677,13 +747,15 @@ def check_out(out: Path, own_folder: bool = False) -> set[str]:
 
 
 def write_page(comparison: Comparison, out: Path, title: str = "debias: experiments compared",
-               own_folder: bool = False) -> dict[str, Path]:
+               own_folder: bool = False, report: ReportParams | None = None) -> dict[str, Path]:
     """``out/index.html`` (self-contained), ``out/compare.md``, ``out/experiments.csv``, ``out/groups.csv`` and
     the figures, into a folder :func:`check_out` accepts; figures the last comparison there wrote and this one did
-    not are removed (its manifest lists them), nothing else. Returns the written files by name."""
+    not are removed (its manifest lists them), nothing else. Returns the written files by name. ``report``: the
+    intervals' level and small-group mark (params.yaml's ``report`` section; the schema's defaults without one)."""
     owned = check_out(out, own_folder)
+    report = report or ReportParams()
     figure_paths, chosen = draw(comparison, out)
-    sections = page_sections(comparison, figure_paths, chosen)
+    sections = page_sections(comparison, figure_paths, chosen, report.confidence, report.min_group_n)
     written = {"html": out / "index.html", "md": out / "compare.md", "experiments": out / "experiments.csv",
                "groups": out / "groups.csv", "text": out / "table.txt"}
     with atomic_path(written["html"]) as tmp:
@@ -758,6 +830,17 @@ def log_to_mlflow(comparison: Comparison, written: dict[str, Path], root: Path) 
     return f"logged to MLflow experiment '{name}' as run {run_id}"
 
 
+def workspace_report_params(root: Path) -> ReportParams:
+    """The ``report`` section of ``root``'s params.yaml (the intervals' level; the page states it), the schema's
+    defaults where the file is missing or does not validate."""
+    from debias.params import load_params
+
+    try:
+        return load_params(root / "params.yaml").report
+    except (OSError, ValueError):
+        return ReportParams()
+
+
 def compare(root: Path, source: str = "dvc", method: str | None = None, param_filters: Iterable[str] = (),
             last: int | None = None, tags: dict[str, str] | None = None, out: Path | None = None,
             mlflow: bool = True, max_width: int = MAX_WIDTH) -> tuple[Comparison, dict[str, Path], str]:
@@ -793,7 +876,8 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
         experiment.load_notes()
     comparison = build_comparison(chosen, gathered, source, filters)
     text = terminal_text(comparison, max_width)
-    written = write_page(comparison, page, own_folder=page.resolve() == default_out(root).resolve())
+    written = write_page(comparison, page, own_folder=page.resolve() == default_out(root).resolve(),
+                         report=workspace_report_params(root))
     logged = log_to_mlflow(comparison, written, root) if mlflow else "not logged to MLflow (--no-mlflow)"
     text += "\n".join(wrap(f"page: {written['html']} (opens offline); {logged}", max_width)) + "\n"
     return comparison, written, text

@@ -130,7 +130,8 @@ def per_group_heatmaps(panels: list[tuple[str, AccuracyTable, list[list[int]] | 
     n_rows = max(len(table) for _, table, _ in panels)
     n_cols = max(len(table[0]) for _, table, _ in panels)
     cell = 0.42 if n_cols <= 6 else 0.36
-    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * (cell * n_cols + 0.9) + 0.6, cell * n_rows + 1.0),
+    panel_in = cell * n_cols + 0.9
+    fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * panel_in + 0.6, cell * n_rows + 1.0),
                              squeeze=False)
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")
     image = None
@@ -154,7 +155,7 @@ def per_group_heatmaps(panels: list[tuple[str, AccuracyTable, list[list[int]] | 
         ax.tick_params(labelsize=7, length=0)
         ax.set_xlabel("bias attribute a", fontsize=8)
         ax.set_ylabel("class y", fontsize=8)
-        ax.set_title(title, fontsize=9)
+        ax.set_title(wrap_title(title, panel_in - 0.5), fontsize=TITLE_FONT)
     if image is not None:
         bar = fig.colorbar(image, ax=list(axes[0]), fraction=0.025, pad=0.02)
         bar.ax.tick_params(labelsize=7)
@@ -163,6 +164,16 @@ def per_group_heatmaps(panels: list[tuple[str, AccuracyTable, list[list[int]] | 
 
 
 LEGEND_FONT = 8  # legends and tick labels: readable at the report's width
+TITLE_FONT = 9
+CHAR_EM = 0.55  # mean width of a DejaVu Sans character, in ems (for wrapping titles to their panel)
+
+
+def wrap_title(text: str, width_in: float, fontsize: float = TITLE_FONT) -> str:
+    """``text`` wrapped to lines that fit ``width_in`` inches at ``fontsize`` points (titles of side-by-side panels
+    otherwise run into each other)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, max(8, int(width_in * 72 / (CHAR_EM * fontsize))))) or text
 
 
 def _scatter_by(ax: plt.Axes, coords: torch.Tensor, labels: torch.Tensor, name: str, legend: bool,
@@ -191,7 +202,8 @@ def umap_grid(columns: list[tuple[str, dict[str, torch.Tensor]]], path: str | Pa
 
     ``attribute_colours`` (0..255 RGB, one per attribute value): the colours the bias protocol paints, so the
     bottom row shows an attribute in the colour the images have; else tab10."""
-    fig, axes = plt.subplots(2, len(columns), figsize=(3.3 * len(columns) + 1.2, 5.8), squeeze=False)
+    panel_in = 3.3
+    fig, axes = plt.subplots(2, len(columns), figsize=(panel_in * len(columns) + 1.2, 5.8), squeeze=False)
     for col, (title, payload) in enumerate(columns):
         index = figure_subset(len(payload["coords"]), FIGURE_MAX_POINTS)  # evaluate.umap.max_points may be large
         coords = payload["coords"][index].float()
@@ -200,7 +212,10 @@ def umap_grid(columns: list[tuple[str, dict[str, torch.Tensor]]], path: str | Pa
             _scatter_by(ax, coords, payload[key][index].long(), name, legend=col == len(columns) - 1,
                         colours=rgb_colours(attribute_colours) if key == "a" else None)
             _bare(ax)
-            ax.set_title(f"{title}: coloured by {'class y' if key == 'y' else 'bias attribute a'}", fontsize=9)
+            if col == 0:  # what a row shows, once, beside it; the model once, above its column (titles never meet)
+                ax.set_ylabel(f"coloured by {'class y' if key == 'y' else 'bias attribute a'}", fontsize=9)
+        axes[0, col].set_title(wrap_title(title, panel_in), fontsize=TITLE_FONT)
+    fig.tight_layout()
     save_figure(fig, path, dpi=dpi)
 
 
@@ -211,28 +226,34 @@ def training_curves(curves: dict[str, dict[str, list[float]]], selected: dict[st
     ``curves[model]`` maps CSV columns (``epoch``, ``train/loss``, ``val/worst_group``, ``val/avg``) to values;
     ``selected[model]`` marks the kept epoch.
     """
+    from matplotlib.lines import Line2D
+
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9.0, 3.2))
     colours = _category_colours(max(len(curves), 1))
     for colour, (model, columns) in zip(colours, curves.items()):
         epochs = columns.get("epoch", [])
         if "train/loss" in columns:
             loss_ax.plot(epochs, columns["train/loss"], color=colour, marker=".", label=model)
-        for key, style, suffix in (("val/worst_group", "-", "worst-group"), ("val/avg", "--", "average")):
+        for key, style in (("val/worst_group", "-"), ("val/avg", "--")):
             if key in columns:
-                acc_ax.plot(epochs, columns[key], style, color=colour, marker="." if style == "-" else None,
-                            label=f"{model} {suffix}")
+                acc_ax.plot(epochs, columns[key], style, color=colour, marker="." if style == "-" else None)
         if selected.get(model) is not None:
             for ax in (loss_ax, acc_ax):
                 ax.axvline(selected[model], color=colour, lw=0.8, ls=":")
     loss_ax.set_title("training loss", fontsize=9)
-    acc_ax.set_title("validation accuracy (dotted line: kept epoch)", fontsize=9)
+    acc_ax.set_title("validation accuracy", fontsize=9)
     acc_ax.set_ylim(-0.02, 1.02)
     for ax in (loss_ax, acc_ax):
         ax.set_xlabel("epoch", fontsize=8)
         ax.tick_params(labelsize=LEGEND_FONT)
-        ax.legend(fontsize=LEGEND_FONT, frameon=False)
         ax.grid(alpha=0.3)
+    # One legend below both panels (inside an axis it covers the curves): the models' colours, then the line styles.
+    handles = [Line2D([], [], color=colour, marker=".", label=model) for colour, model in zip(colours, curves)]
+    handles += [Line2D([], [], color="0.3", ls=ls, label=label) for ls, label in
+                (("-", "worst-group (validation)"), ("--", "average (validation)"), (":", "kept epoch"))]
     fig.tight_layout()
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(handles), 3),
+               fontsize=LEGEND_FONT, frameon=False)
     save_figure(fig, path, dpi=dpi)
 
 

@@ -1,0 +1,201 @@
+"""The headline card at the top of the report and of ``debias compare``'s page: ERM against stage 2 on the test
+split (average, unbiased, worst-group; the worst group named with its n and Wilson interval), the warning count
+with links, and one line saying what to look at next, chosen by the first rule of :data:`NEXT_STEPS` that fires.
+
+Content only (strings, rows): :mod:`debias.report.build` turns it into the document's blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from debias.headline import warning_code
+from debias.metrics import GroupAccuracy, group_accuracies, wilson_interval, worst_group_of
+
+WARNINGS_LINK = "#warnings"
+QUALITY_SEEDS = 3  # the project's rule: a quality claim rests on >= 3 seeds
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def pct(value: float | None, digits: int = 1) -> str:
+    """An accuracy in [0, 1] as a percentage with ``digits`` decimals, 'n/a' for None/NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.{digits}f}"
+
+
+def interval_text(low: float, high: float) -> str:
+    """'[17.7, 64.5]' (percent)."""
+    return f"[{pct(low)}, {pct(high)}]"
+
+
+def group_name(group: GroupAccuracy) -> str:
+    """'y=3, a=1': the group's class and bias attribute."""
+    return f"y={group.y}, a={group.a}"
+
+
+def small(group: GroupAccuracy | None, min_n: int) -> bool:
+    """Whether ``group`` has fewer than ``min_n`` test images."""
+    return group is not None and group.n < min_n
+
+
+def group_text(group: GroupAccuracy | None, min_n: int) -> str:
+    """'38.5 % [17.7, 64.5] (y=3, a=1; n = 13, n < 30)': a group accuracy with its interval, name and n."""
+    if group is None:
+        return "n/a"
+    flag = f", n < {min_n}" if small(group, min_n) else ""
+    return f"{pct(group.accuracy)} % {interval_text(group.low, group.high)} ({group_name(group)}; n = {group.n}{flag})"
+
+
+# --------------------------------------------------------------------------- one model
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """One model's test results as the card shows them."""
+
+    label: str
+    avg: float | None
+    unbiased: float | None
+    worst: float | None
+    n: int | None  # test images
+    avg_interval: tuple[float, float] | None
+    worst_group: GroupAccuracy | None
+    groups: tuple[GroupAccuracy, ...] = ()
+
+
+def model_summary(label: str, accuracy: dict[str, Any] | None, table: dict[str, Any] | None,
+                  confidence: float) -> ModelSummary:
+    """From a stage's test accuracies (``erm.json``'s ``test``) and per-group table (``erm_groups.json``'s
+    ``test``); either may be None (the stage did not run)."""
+    accuracy, table = accuracy or {}, table or {}
+    n = accuracy.get("n") or sum(map(sum, table.get("group_counts") or [])) or None  # the metrics file keeps no n
+    avg = accuracy.get("avg")
+    avg_interval = wilson_interval(round(avg * n), n, confidence) if avg is not None and n else None
+    groups = (tuple(group_accuracies(table["per_group"], table["group_counts"], confidence))
+              if table.get("per_group") and table.get("group_counts") else ())
+    return ModelSummary(label, avg, accuracy.get("unbiased"), accuracy.get("worst_group"), n, avg_interval,
+                        worst_group_of(list(groups)), groups)
+
+
+def card_table(models: list[ModelSummary], min_n: int, confidence: float) -> tuple[list[str], list[list[str]]]:
+    """(headers, rows) of the card's table: one column per model."""
+    level = f"{100 * confidence:g} %"
+
+    def avg(m: ModelSummary) -> str:
+        interval = f" {interval_text(*m.avg_interval)}" if m.avg_interval else ""
+        return f"{pct(m.avg)}{interval}" + (f" (n = {m.n})" if m.n else "")
+
+    def worst_n(m: ModelSummary) -> str:
+        g = m.worst_group
+        return "n/a" if g is None else f"{g.n}" + (f" (fewer than {min_n}: read with care)" if small(g, min_n) else "")
+
+    rows = [
+        [f"average % [{level} interval]", *(avg(m) for m in models)],
+        ["unbiased % (mean over groups)", *(pct(m.unbiased) for m in models)],
+        ["worst-group %", *(pct(m.worst) for m in models)],
+        ["worst group (class y, attribute a)", *(group_name(m.worst_group) if m.worst_group else "n/a" for m in models)],
+        ["its test images n", *(worst_n(m) for m in models)],
+        [f"its {level} interval (Wilson)", *(interval_text(m.worst_group.low, m.worst_group.high)
+                                             if m.worst_group else "n/a" for m in models)],
+    ]
+    return ["test split", *(m.label for m in models)], rows
+
+
+# --------------------------------------------------------------------------- warnings and next step
+
+
+def warnings_line(found: list[tuple[str, str]], link: str = WARNINGS_LINK) -> str:
+    """'5 warnings: [chance-level](#warnings) × 3 (train_erm, train_contrastive), …' or 'No warnings.': one entry
+    per warning code, with its count and stages (``found``: (where, message), where = stage or experiment/stage)."""
+    if not found:
+        return "No warnings."
+    by_code: dict[str, list[str]] = {}
+    for where, message in found:
+        by_code.setdefault(warning_code(message), []).append(where)
+
+    def entry(code: str, places: list[str]) -> str:
+        stages = ", ".join(dict.fromkeys(p.rpartition("/")[2] for p in places))
+        runs = {p.rpartition("/")[0] for p in places} - {""}
+        count = f" × {len(places)}" if len(places) > 1 else ""
+        return f"[{code}]({link}){count} ({stages}{f'; {len(runs)} experiments' if len(runs) > 1 else ''})"
+
+    return (f"{len(found)} warning{'s' if len(found) > 1 else ''}: "
+            + ", ".join(entry(code, places) for code, places in by_code.items()) + ". Read them before the numbers.")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the next-step rules look at."""
+
+    warnings: list[tuple[str, str]]  # (where: stage or experiment/stage, message), in order
+    erm_worst: float | None
+    s2_worst: float | None
+    worst: GroupAccuracy | None  # the worst test group of stage 2 (of ERM when stage 2 did not run)
+    min_n: int
+    confidence: float
+    seeds: int | None = None  # runs behind the numbers (the compare page); None: one run (the report)
+
+
+def _warning_first(f: Facts) -> str | None:
+    if not f.warnings:
+        return None
+    where, message = f.warnings[0]
+    more = f" (and {len(f.warnings) - 1} more)" if len(f.warnings) > 1 else ""
+    return f"Read the warning `{warning_code(message)}` of {where} first{more}: [Warnings]({WARNINGS_LINK})."
+
+
+def _no_stage2(f: Facts) -> str | None:
+    if f.s2_worst is not None:
+        return None
+    return "Stage 2 has no test result: run `dvc repro` to the end (train_contrastive) before comparing with ERM."
+
+
+def _small_worst_group(f: Facts) -> str | None:
+    if not small(f.worst, f.min_n):
+        return None
+    g = f.worst
+    return (f"The worst group ({group_name(g)}) has only n = {g.n} test images (< {f.min_n}): its "
+            f"{100 * f.confidence:g} % interval {interval_text(g.low, g.high)} spans {100 * (g.high - g.low):.0f} points, "
+            "so worst-group differences smaller than that are not evidence; test on more images or more seeds.")
+
+
+def _stage2_not_better(f: Facts) -> str | None:
+    if f.erm_worst is None or f.s2_worst > f.erm_worst:
+        return None
+    return (f"Stage 2 does not beat ERM on worst-group ({pct(f.s2_worst)} % against {pct(f.erm_worst)} %): check the "
+            "inferred groups (group inference) and the training curves before tuning.")
+
+
+def _gain(f: Facts) -> str:
+    if f.erm_worst is None:
+        return f"Stage 2's worst-group is {pct(f.s2_worst)} % (no ERM result to compare with)"
+    return f"Stage 2 beats ERM on worst-group by {100 * (f.s2_worst - f.erm_worst):.1f} points"
+
+
+def _too_few_seeds(f: Facts) -> str | None:
+    if f.seeds is None:
+        return f"{_gain(f)} on one run: check it holds over >= {QUALITY_SEEDS} seeds (`debias compare`)."
+    if f.seeds < QUALITY_SEEDS:
+        return f"{_gain(f)} (mean of {f.seeds} seed{'s' if f.seeds > 1 else ''}): run >= {QUALITY_SEEDS} seeds before claiming it."
+    return None
+
+
+def _settled(f: Facts) -> str | None:
+    return f"{_gain(f)} over {f.seeds} seeds: the Welch tests below say against which groups the lead is real."
+
+
+# Tried in order; the first that returns a line is the card's "next" line.
+NEXT_STEPS: tuple[Callable[[Facts], str | None], ...] = (
+    _warning_first, _no_stage2, _small_worst_group, _stage2_not_better, _too_few_seeds, _settled,
+)
+
+
+def next_step(facts: Facts) -> str:
+    """The one line saying what to look at next."""
+    return next(line for rule in NEXT_STEPS if (line := rule(facts)) is not None)
