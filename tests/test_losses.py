@@ -131,7 +131,7 @@ def ref_fairkl(z, y, w_same, variant, floor=1e-6):
     return total
 
 
-def ref_fairkl_authors(z, y, w_same, tau, kld, include_self):
+def ref_fairkl_released(z, y, w_same, tau, kld, include_self):
     b = len(y)
     mats = {name: [[0.0] * b for _ in range(b)] for name in L.FAIRKL_SETS}
     masks = {name: [[0.0] * b for _ in range(b)] for name in L.FAIRKL_SETS}
@@ -371,9 +371,9 @@ def test_anchors_without_positive_are_left_out_of_the_mean():
         lambda z, y, b: L.eps_supinfonce(z, y, 0.4, 0.1),
         lambda z, y, b: L.fairkl(z, y, b),
         lambda z, y, b: L.fairkl(z, y, b, "mean"),
-        lambda z, y, b: L.fairkl(z, y, b, "authors"),
+        lambda z, y, b: L.fairkl(z, y, b, "released"),
     ],
-    ids=["supcon", "eps_supcon", "eps_supinfonce", "fairkl_kl", "fairkl_mean", "fairkl_authors"],
+    ids=["supcon", "eps_supcon", "eps_supinfonce", "fairkl_kl", "fairkl_mean", "fairkl_released"],
 )
 def test_invariant_to_batch_permutation(fn):
     y = torch.tensor(LAYOUTS["mixed"])
@@ -417,7 +417,7 @@ def test_fairkl_soft_bias_matches_weighted_reference(case, variant):
 
 
 @pytest.mark.parametrize("case", list(FAIRKL_CASES))
-@pytest.mark.parametrize("variant", ["kl", "mean", "authors"])
+@pytest.mark.parametrize("variant", ["kl", "mean", "released"])
 def test_fairkl_soft_one_hot_equals_hard_exactly(case, variant):
     y, bias = FAIRKL_CASES[case]
     z = unit(len(y), 4, seed=12, dtype=torch.float32)
@@ -430,16 +430,16 @@ def test_fairkl_soft_one_hot_equals_hard_exactly(case, variant):
 
 @pytest.mark.parametrize("case", ["mixed", "three_bias", "no_pos_conflict"])
 @pytest.mark.parametrize("include_self", [False, True])
-def test_fairkl_authors_matches_reference(case, include_self):
+def test_fairkl_released_matches_reference(case, include_self):
     y, bias = FAIRKL_CASES[case]
     z = unit(len(y), 4, seed=31)
-    ref = ref_fairkl_authors(z, y, hard_same(bias), 1.0, 1.0, include_self)
-    got = L.fairkl(z, torch.tensor(y), torch.tensor(bias), "authors", authors_include_self=include_self)
+    ref = ref_fairkl_released(z, y, hard_same(bias), 1.0, 1.0, include_self)
+    got = L.fairkl(z, torch.tensor(y), torch.tensor(bias), "released", released_include_self=include_self)
     assert got.item() == pytest.approx(ref, rel=1e-9, abs=1e-12)
-    ref2 = ref_fairkl_authors(z, y, hard_same(bias), 0.1, 0.0, include_self)
+    ref2 = ref_fairkl_released(z, y, hard_same(bias), 0.1, 0.0, include_self)
     got2 = L.fairkl(
-        z, torch.tensor(y), torch.tensor(bias), "authors",
-        authors_temperature=0.1, authors_kld=0.0, authors_include_self=include_self,
+        z, torch.tensor(y), torch.tensor(bias), "released",
+        released_temperature=0.1, released_kld=0.0, released_include_self=include_self,
     )
     assert got2.item() == pytest.approx(ref2, rel=1e-9, abs=1e-12)
 
@@ -901,7 +901,7 @@ GRADCHECK = {
     "fairkl_kl": lambda z: L.fairkl(z, Y7, B7),
     "fairkl_mean": lambda z: L.fairkl(z, Y7, B7, "mean"),
     "fairkl_soft": lambda z: L.fairkl(z, Y7, P7),
-    "fairkl_authors": lambda z: L.fairkl(z, Y7, B7, "authors"),
+    "fairkl_released": lambda z: L.fairkl(z, Y7, B7, "released"),
     "cnc": lambda z: L.cnc_contrastive(z[:2], z[2:4], z[4:], 0.1),
     "cnc_two_sided": lambda z: L.cnc_two_sided(z[:2], z[2:4], z[4:6], z[5:], 0.1),
     "triplet": lambda z: L.triplet(z[:3], z[3:6]),
@@ -934,7 +934,7 @@ STABILITY = {
     "eps_supinfonce": lambda z, y, b: L.eps_supinfonce(z, y, 0.5, 0.05),
     "fairkl_kl": lambda z, y, b: L.fairkl(z, y, b),
     "fairkl_mean": lambda z, y, b: L.fairkl(z, y, b, "mean"),
-    "fairkl_authors": lambda z, y, b: L.fairkl(z, y, b, "authors", authors_temperature=0.05),
+    "fairkl_released": lambda z, y, b: L.fairkl(z, y, b, "released", released_temperature=0.05),
     "cnc": lambda z, y, b: L.cnc_two_sided(z[:8], z[8:16], z[16:24], z[24:32], 0.05),
     "triplet": lambda z, y, b: L.triplet(z[:32], z[32:], tau_plus=0.1),
     "nt_xent": lambda z, y, b: L.nt_xent(z[:32], z[32:], 0.05),
