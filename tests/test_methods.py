@@ -16,7 +16,9 @@ from debias.runtime import seed_everything
 from debias.training.loop import fit
 from debias.training.methods import (METHODS, Stage2Inputs, fit_head, head_trained_methods, jtt_pool, setup_method,
                                      stage2_validator)
-from debias.training.methods.supcon import fairkl_activity, fairkl_summary, fairkl_warnings, stratified_batches
+from debias.training.methods.supcon import (fairkl_activity, fairkl_summary, fairkl_warnings, objective,
+                                            stratified_batches)
+from tests.test_losses import RELEASED_CASES, ref_released_objective, unit
 from tests.test_training import tiny_split
 
 CPU = torch.device("cpu")
@@ -220,3 +222,50 @@ def test_augmentations_are_batched_shifts_and_noise() -> None:
     assert torch.equal(random_shift(x, 0, g), x)
     noisy = view(x, 0, 10.0, g)
     assert noisy.dtype == torch.float32 and 0 <= float(noisy.min()) and float(noisy.max()) <= 255
+
+
+RELEASED_FORMS = {"eps_supinfonce": ("supinfonce", 0.5), "eps_supcon": ("supcon", 0.25), "supcon": ("supcon", 0.0)}
+
+
+@pytest.mark.parametrize("method", sorted(RELEASED_FORMS))
+@pytest.mark.parametrize("alpha, lam", [(0.03, 0.75), (0.5, 0.25), (0.3, 0.0)])
+def test_released_objective_gets_alpha_and_lambda_as_configured(method: str, alpha: float, lam: float) -> None:
+    """loss.fairkl.variant released: the method's loss is main_infonce.py's criterion (alpha applied twice with
+    FairKL, once without; tau / 0.07; eps-SupCon's own epsilon and lambda) against the float64 reference."""
+    y, bias = RELEASED_CASES["mixed"]
+    z = unit(len(y), 5, seed=9)
+    params = validate({"stage2": {"method": method},
+                       "loss": {"alpha": alpha, "epsilon": 0.5, "temperature": 0.1,
+                                "fairkl": {"variant": "released", "weight": lam},
+                                "eps_supcon": {"epsilon": 0.25, "fairkl_weight": lam}}})
+    form, eps = RELEASED_FORMS[method]
+    loss, terms = objective(z, torch.tensor(y), torch.tensor(bias), method, params)
+    assert loss.item() == pytest.approx(ref_released_objective(z, y, bias, alpha, lam, eps, 0.1, form), rel=1e-10)
+    assert ("fairkl" in terms) == (lam > 0)
+
+
+@pytest.mark.parametrize("variant", ["kl", "mean"])
+def test_paper_objective_gets_alpha_lambda_and_eps_supcons_own_values(variant: str) -> None:
+    """kl / mean: alpha * L_con + lambda * FairKL (Eq. 11); eps_supcon reads loss.eps_supcon (FairKL Table 6)."""
+    y, bias = (torch.tensor(v) for v in RELEASED_CASES["three_bias"])
+    z = unit(len(y), 5, seed=2)
+    params = validate({"loss": {"alpha": 0.2, "epsilon": 0.5, "temperature": 0.1,
+                                "fairkl": {"variant": variant, "weight": 0.6},
+                                "eps_supcon": {"epsilon": 0.25, "fairkl_weight": 0.3}}})
+    reg = losses.fairkl(z, y, bias, variant)
+    loss, _ = objective(z, y, bias, "eps_supinfonce", params)
+    assert loss.item() == pytest.approx((0.2 * losses.eps_supinfonce(z, y, 0.5, 0.1) + 0.6 * reg).item(), rel=1e-12)
+    loss, _ = objective(z, y, bias, "eps_supcon", params)
+    assert loss.item() == pytest.approx((0.2 * losses.eps_supcon(z, y, 0.25, 0.1) + 0.3 * reg).item(), rel=1e-12)
+    loss, terms = objective(z, y, None, "supcon", params)  # no bias labels: FairKL left out
+    assert loss.item() == pytest.approx(0.2 * losses.supcon(z, y, 0.1).item(), rel=1e-12) and "fairkl" not in terms
+
+
+def test_a_released_training_step_logs_the_composed_loss() -> None:
+    """Through the task's step: the logged loss is alpha^2 * contrastive + lambda * fairkl, batch by batch."""
+    setup = inputs("eps_supinfonce")
+    setup.params.loss.alpha, setup.params.loss.fairkl.weight = 0.4, 0.7
+    setup.params.loss.fairkl.variant = "released"
+    row = setup_method(setup).task.train_epoch(0)
+    expected = 0.4 ** 2 * row["train/contrastive"] + 0.7 * row["train/fairkl"]
+    assert row["train/loss"] == pytest.approx(expected, rel=1e-5)

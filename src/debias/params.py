@@ -559,8 +559,9 @@ class LossParams(Section):
     eps_supcon: EpsSupConParams = Field(default_factory=EpsSupConParams)
 
     def epsilon_for(self, method: str) -> float:
-        """The epsilon margin ``method`` uses: eps_supcon has its own (FairKL Table 6), the others loss.epsilon."""
-        return self.eps_supcon.epsilon if method == "eps_supcon" else self.epsilon
+        """The epsilon margin ``method`` uses: eps_supcon has its own (FairKL Table 6), supcon none (0), the others
+        loss.epsilon."""
+        return {"eps_supcon": self.eps_supcon.epsilon, "supcon": 0.0}.get(method, self.epsilon)
 
     def fairkl_weight_for(self, method: str) -> float:
         """lambda of FairKL with ``method``: eps_supcon has its own (FairKL Table 6), the others loss.fairkl.weight."""
