@@ -866,7 +866,8 @@ def test_lff_weights():
     ce_b = torch.tensor([1.0, 3.0, 0.0, 0.0, 2.0], requires_grad=True)
     ce_d = torch.tensor([1.0, 1.0, 2.0, 0.0, 6.0])
     w = L.lff_weights(ce_b, ce_d)
-    assert w.tolist() == [0.5, 0.75, 0.0, 0.5, 0.25]  # 0 / 0 -> 0.5
+    # 0 / 0 -> 0, as LfF's train.py: loss_b / (loss_b + loss_d + 1e-8) is 0 / 1e-8 there
+    assert w.tolist() == [0.5, 0.75, 0.0, 0.0, 0.25]
     assert not w.requires_grad
 
 

@@ -926,7 +926,8 @@ def lff_weights(loss_biased: Tensor, loss_debiased: Tensor) -> Tensor:
     r"""LfF relative difficulty ``W(x) = CE_b(x) / (CE_b(x) + CE_d(x))`` per sample (detached, in [0, 1]).
 
     ``loss_biased`` / ``loss_debiased``: per-sample cross-entropies ``[B]`` of the biased
-    (GCE-trained) and the debiased model; ``0 / 0`` gives 0.5.  The debiased model then
+    (GCE-trained) and the debiased model; ``0 / 0`` gives 0, as LfF's train.py
+    (``loss_b / (loss_b + loss_d + 1e-8)``; its ``1e-8`` is left out elsewhere).  The debiased model then
     minimises ``mean_i W(x_i) CE_d(x_i)`` (LfF Eq. 3; WCL paper Eq. 4).  LfF's released code
     first smooths each sample's CE by a per-sample exponential moving average over epochs
     (α = 0.7) and divides it by the maximum of that average over the sample's class in the
@@ -938,7 +939,7 @@ def lff_weights(loss_biased: Tensor, loss_debiased: Tensor) -> Tensor:
     with torch.no_grad():
         den = loss_biased + loss_debiased
         ratio = loss_biased / den.clamp_min(torch.finfo(den.dtype).tiny)
-        return torch.where(den > 0, ratio, 0.5)
+        return torch.where(den > 0, ratio, 0.0)
 
 
 def group_mean_losses(per_sample_loss: Tensor, groups: Tensor, num_groups: int) -> tuple[Tensor, Tensor]:

@@ -439,19 +439,27 @@ class CNCParams(Section):
     init: Literal["scratch", "erm"] = "scratch"
     forward_chunk: int = Field(8, ge=1, le=1024, description="contrastive batches per forward pass (memory only)")
     skip_empty_classes: bool = Field(False, description="skip (and report) classes with no inferred minority point instead of failing")
+    short_pools: Literal["replace", "shrink"] = Field(
+        "replace", description="pools smaller than M or N: replace (ours: every batch keeps App. D.2.4's M and N, "
+                               "short pools drawn with replacement, with a cnc-small-pools warning) | shrink (the "
+                               "released contrastive_supervised_loader.py's adjust_num_pos_neg_: M and N cut to the "
+                               "smallest pool, for every batch)")
 
 
 class JTTParams(Section):
-    upweight: float = Field(20.0, ge=1, le=10000,
-                            description="JTT lambda_up: ERM training errors repeated this often (CNC's CMNIST*: ~1100)")
+    upweight: int = Field(20, ge=1, le=10000,
+                          description="JTT lambda_up: extra copies of each ERM training error per epoch (each appears "
+                                      "1 + upweight times, as JTT's run_expt.py; JTT paper's grid 20 / 50 / 100 on "
+                                      "Waterbirds and CelebA; CNC's CMNIST*: ~1100)")
 
 
 class WCLParams(Section):
     """Difficulty-weighted contrastive learning (Sec. 5.2) with a jointly trained triplet encoder."""
 
     temperature: float = Field(0.5, ge=MIN_TEMPERATURE, le=10, description="t of the weighted InfoNCE (Sec. 6: 0.5 for all methods)")
-    tau_plus: float = Field(0.1, ge=0, lt=1, description="class prior of the debiased-negative correction (Sec. 6: 0.1 "
-                                                         "CIFAR-10, 0.05 CIFAR-100, 0.3 CelebA / Waterbirds; 0: off)")
+    tau_plus: float | None = Field(None, ge=0, lt=1, description="class prior of the debiased-negative correction; "
+                                   "null: 1 / number of classes (DCL's tau+ = p(same class) under uniform classes; "
+                                   "WCL Sec. 6: 0.1 CIFAR-10, 0.05 CIFAR-100, 0.3 CelebA / Waterbirds); 0: off")
     projection_dim: int = Field(128, ge=0, le=8192, description="output width of the projection head the loss is computed "
                                 "on (Linear-BN-ReLU-Linear, hidden = the encoder's width; DCL / HCL code: 128); 0: no head")
     crop_min_scale: float = Field(0.2, gt=0, le=1, description="view: random resized crop of area U(crop_min_scale, 1)")
@@ -489,7 +497,11 @@ class DCLParams(Section):
     """Debiased contrastive loss (Chuang et al. 2020), WCL paper's comparison row."""
 
     temperature: float = Field(0.5, ge=MIN_TEMPERATURE, le=10, description="t (WCL paper Sec. 6.1: 0.5 for all methods)")
-    tau_plus: float = Field(0.1, ge=0, lt=1, description="class prior tau+ (WCL paper / DCL: 0.1 on CIFAR-10)")
+    tau_plus: float | None = Field(None, ge=0, lt=1, description="class prior tau+; null: 1 / number of classes "
+                                   "(DCL's tau+ = p(same class) under uniform classes; WCL paper / DCL: 0.1 on "
+                                   "CIFAR-10)")
+    projection_dim: int = Field(128, ge=0, le=8192, description="output width of the projection head the loss is "
+                                "computed on (Linear-BN-ReLU-Linear as stage2.wcl's; DCL / HCL code: 128); 0: none")
 
 
 class HCLParams(DCLParams):

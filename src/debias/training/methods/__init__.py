@@ -3,7 +3,7 @@
 One module per method family, each registering its methods (:func:`base.register_method`):
 
 ``classifier``  ``erm`` (a second ERM run with stage 2's optimiser settings) and ``jtt`` (ERM errors
-                repeated round(upweight) times per epoch): cross-entropy, head trained with the encoder.
+                present 1 + upweight times per epoch, JTT's run_expt.py): cross-entropy, head trained with the encoder.
 ``supcon``      ``supcon`` / ``eps_supcon`` / ``eps_supinfonce``: shuffled batches; loss =
                 alpha * L_con(z/|z|, y) + lambda * FairKL(z/|z|, y, b) with b the bias labels from
                 infer_groups (true or inferred), or the released code's objective (loss.fairkl.variant:
