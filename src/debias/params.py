@@ -550,11 +550,11 @@ class FairKLParams(Section):
 class EpsSupConParams(Section):
     """eps-SupCon's own margin and FairKL weight (FairKL paper Table 6 tunes them apart from eps-SupInfoNCE's)."""
 
-    epsilon: float = Field(0.25, ge=0, le=100, description="epsilon of eps-SupCon (logit units); FairKL paper Table 6: "
-                           "0.25 / 0 / 0.5 / 0 at rho 0.999 / 0.997 / 0.995 / 0.99 (default: rho 0.999's)")
-    fairkl_weight: float = Field(0.75, ge=0, le=1000, description="lambda of FairKL with eps-SupCon; FairKL paper "
-                                 "Table 6: 0.75 / 0.5 / 0.5 / 0.5 at rho 0.999 / 0.997 / 0.995 / 0.99 (default: "
-                                 "rho 0.999's); 0: off")
+    epsilon: float = Field(0.0, ge=0, le=100, description="epsilon of eps-SupCon (logit units); FairKL paper Table 6: "
+                           "0.25 / 0 / 0.5 / 0 at rho 0.999 / 0.997 / 0.995 / 0.99 (default: rho 0.99's)")
+    fairkl_weight: float = Field(0.0, ge=0, le=1000, description="lambda of FairKL with eps-SupCon (used instead of "
+                                 "loss.fairkl.weight); FairKL paper Table 6: 0.75 / 0.5 / 0.5 / 0.5 at rho 0.999 / "
+                                 "0.997 / 0.995 / 0.99; 0: off (the default, as loss.fairkl.weight's)")
 
 
 class LossParams(Section):
