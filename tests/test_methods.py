@@ -144,6 +144,10 @@ def test_fairkl_activity_counts_its_pair_sets_and_names_a_starved_side() -> None
                 **{f"train/fairkl_pairs_{name}": 1.0 for name in losses.FAIRKL_SETS}} for e in range(2)]
     (message,) = fairkl_warnings(fairkl_summary(history, params))
     assert message.startswith("fairkl-starved: ") and "positive side" in message and "stratified" in message
+    assert "FairKL contributes 0" in message
+    params.loss.fairkl.variant = "released"  # no side is zeroed there: an empty set's mean is 0
+    (message,) = fairkl_warnings(fairkl_summary(history, params))
+    assert "empty set's mean taken as 0" in message and "contributes 0" not in message
 
 
 def test_stratified_batches_hold_minority_points_and_every_other_point_once() -> None:

@@ -14,7 +14,8 @@ encoder); temperature ``loss.temperature`` (both papers: 0.1). The linear head i
 
 FairKL's positive side needs, in the batch, pairs of the same class with the same and with a different bias label;
 its negative side pairs of different classes with the same and with a different bias label. A side whose sets hold
-fewer than two pairs contributes 0 (:func:`debias.losses.fairkl`), so under strong bias, where a batch often holds
+fewer than two pairs contributes 0 in ``kl`` / ``mean`` (:func:`debias.losses.fairkl`; ``released`` takes an
+empty set's mean as 0, as the code), so under strong bias, where a batch often holds
 no bias-conflicting point, FairKL silently does nothing. Every epoch records how many steps each side was active and
 the mean pair counts (``train/fairkl_*``); training that left a side inactive in most steps ends with a
 ``fairkl-starved`` warning. ``loss.fairkl.sampler: stratified`` (an extension, not in the paper) puts
@@ -48,6 +49,9 @@ RELEASED_FORM: dict[str, losses.ReleasedForm] = {"supcon": "supcon", "eps_supcon
                                                  "eps_supinfonce": "supinfonce"}
 # Below this fraction of active steps (over the whole training) a FairKL side counts as starved.
 STARVED_FRACTION = 0.5
+# What a missing pair set does to each composition (the released code takes an empty set's mean as 0).
+STARVED_EFFECT = {"paper": "FairKL contributes 0",
+                  "released": "FairKL (released) compares against an empty set's mean taken as 0, as the code does,"}
 SIDES = {"pos": "positive side (same class: same vs different bias label)",
          "neg": "negative side (different classes: same vs different bias label)"}
 
@@ -173,7 +177,8 @@ def fairkl_summary(history: list[dict[str, float]], params: Params) -> dict[str,
     epochs = [{"epoch": int(row["epoch"]),
                "pos_active": row["train/fairkl_pos_active"], "neg_active": row["train/fairkl_neg_active"],
                "pairs": {name: row[f"train/fairkl_pairs_{name}"] for name in losses.FAIRKL_SETS}} for row in history]
-    return {"sampler": params.loss.fairkl.sampler, "batch_size": params.stage2.batch_size,
+    return {"sampler": params.loss.fairkl.sampler, "variant": params.loss.fairkl.variant,
+            "batch_size": params.stage2.batch_size,
             "pos_active": sum(e["pos_active"] for e in epochs) / len(epochs),
             "neg_active": sum(e["neg_active"] for e in epochs) / len(epochs), "epochs": epochs}
 
@@ -190,7 +195,8 @@ def fairkl_warnings(summary: dict[str, Any] | None) -> list[str]:
     where = "; ".join(f"its {SIDES[side]} was active in {summary[f'{side}_active']:.0%} of the steps" for side in starved)
     remedy = ("" if summary["sampler"] == "stratified" else
               "; loss.fairkl.sampler: stratified puts inferred-minority points into every batch (an extension)")
-    return [health.warning("fairkl-starved", f"FairKL contributes 0 where a batch lacks one of its pair sets: {where} "
+    effect = (STARVED_EFFECT["released"] if summary.get("variant") == "released" else STARVED_EFFECT["paper"])
+    return [health.warning("fairkl-starved", f"{effect} where a batch lacks one of its pair sets: {where} "
                                              f"(mean pairs per batch in the last epoch: {mean_pairs}){remedy}")]
 
 
