@@ -1,6 +1,7 @@
 """Cross-entropy baselines: ``erm`` (a second ERM run with stage 2's optimiser settings, for seed-matched
-comparisons) and ``jtt`` (JTT: the inferred minority, ERM's errors when groups.method is pred, present 1 + upweight times per epoch, as the
-official run_expt.py concatenates ``up_weight`` extra copies of them to the training set)."""
+comparisons) and ``jtt`` (JTT: the inferred minority, ERM's errors when groups.method is pred, present
+1 + upweight times per epoch, as the official run_expt.py concatenates ``up_weight`` extra copies of them to the
+training set)."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class TwoViewTask(GeneratorTask):
         return {"model": self.model, "projector": self.projector}
 
     def project(self, views: torch.Tensor) -> torch.Tensor:
-        """``z = g(f(x)) / |g(f(x))|``: the encoder, the projection head, L2-normalised (the official code's ``out``)."""
+        """``z = g(f(x)) / |g(f(x))|``: encoder, projection head, L2-normalised (the official code's ``out``)."""
         return normalise(self.projector(self.model.embed(views)))
 
     def batch_loss(self, first: torch.Tensor, second: torch.Tensor, batch: int) -> torch.Tensor:

@@ -6,8 +6,8 @@ batched on tensors, :func:`debias.data.augment.simclr_view`, so colour alone can
 vectors: SCARF's corruption, :func:`debias.data.augment.tabular_view`). The debiased encoder E_d is trained with the
 relative-difficulty weighted InfoNCE over both views (every view an anchor, its other view the positive, the other
 2B - 2 views its negatives, symmetric; temperature ``stage2.wcl.temperature``, Sec. 6: 0.5; debiased-negative prior
-``stage2.wcl.tau_plus``, null: 1 / number of classes), the biased encoder E_b jointly with the triplet loss on the same views (class labels
-unused). As in the DCL / HCL code the paper follows, both losses are computed on a projection head
+``stage2.wcl.tau_plus``, null: 1 / number of classes), the biased encoder E_b jointly with the triplet loss on the
+same views (class labels unused). As in the DCL / HCL code the paper follows, both losses are computed on a projection head
 (Linear-BN-ReLU-Linear, ``stage2.wcl.projection_dim``) after each encoder; the linear head is fitted on the
 encoder's own output, the penultimate layer (Sec. 6), after every epoch (:mod:`debias.training.methods.head`).
 """
