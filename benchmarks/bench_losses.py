@@ -207,7 +207,7 @@ def make_cases(b: int, d: int, device: torch.device) -> list[tuple[str, Callable
         ("eps_supinfonce", lambda z: L.eps_supinfonce(z, y, EPS, TAU),
          lambda z: base_eps_supinfonce(z, y, EPS, TAU), [z]),
         ("fairkl (kl)", lambda z: L.fairkl(z, y, bias), lambda z: base_fairkl(z, y, bias), [z]),
-        ("fairkl (authors)", lambda z: L.fairkl(z, y, bias, "authors"),
+        ("fairkl (released)", lambda z: L.fairkl(z, y, bias, "released", released_include_self=False),
          lambda z: base_fairkl_authors(z, y, bias), [z]),
         (f"cnc_two_sided (K={k}, M=N={M})", lambda *t: L.cnc_two_sided(*t, TAU),
          lambda *t: base_cnc_two_sided(*t, TAU), cnc),

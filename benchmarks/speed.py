@@ -320,7 +320,7 @@ def baseline_classifier_epoch(model: PaperNet, optimizer: torch.optim.Optimizer,
 def baseline_contrastive_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, data: DataLoader, params: Params,
                                device: torch.device) -> None:
     method, loss_params = params.stage2.method, params.loss
-    tau, eps = loss_params.temperature, loss_params.epsilon
+    tau, eps = loss_params.temperature, loss_params.epsilon_for(method)
     model.train()
     running = 0.0
     for x, y, bias in data:
@@ -333,8 +333,8 @@ def baseline_contrastive_epoch(model: PaperNet, optimizer: torch.optim.Optimizer
         else:
             con = base_eps_supinfonce(z, y, eps, tau)
         loss = loss_params.alpha * con
-        if loss_params.fairkl.weight > 0:
-            loss = loss + loss_params.fairkl.weight * base_fairkl(z, y, bias)
+        if loss_params.fairkl_weight_for(method) > 0:
+            loss = loss + loss_params.fairkl_weight_for(method) * base_fairkl(z, y, bias)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -14,7 +14,7 @@ from debias.groups import infer_groups, load_groups, save_groups
 from debias.params import validate
 from debias.runtime import seed_everything
 from debias.training.methods import Stage2Inputs, setup_method
-from debias.training.methods import dclhcl, views
+from debias.training.methods import selfsup, views
 from debias.training.methods.base import group_balanced_batches
 from debias.training.methods.groupdro import compact_groups
 from debias.training.methods.lff import LossEMA
@@ -163,14 +163,22 @@ def test_self_supervised_methods_use_scarf_views_on_feature_vectors(method, monk
     assert calls[0]["groups"].tolist() == [0, 1, 2, 2, 2]  # the one-hot columns are one feature
 
 
-def test_dcl_and_hcl_use_simclr_views_on_images(monkeypatch) -> None:
-    shapes = []
-    original = dclhcl.simclr_view
-    monkeypatch.setattr(dclhcl, "simclr_view", lambda x, g: shapes.append(tuple(x.shape)) or original(x, g))
+def test_dcl_and_hcl_use_wcls_simclr_views_on_images(monkeypatch) -> None:
+    """The same views as WCL (stage2.wcl's options, colour strength 1.0), so the rows differ only in the loss."""
+    shapes, options = [], []
+    original = selfsup.simclr_view
+
+    def recording(x, g, **kw):
+        shapes.append(tuple(x.shape))
+        options.append(kw)
+        return original(x, g, **kw)
+
+    monkeypatch.setattr(selfsup, "simclr_view", recording)
     monkeypatch.setattr(views, "tabular_view", lambda *a, **k: pytest.fail("images took tabular views"))
     setup = setup_method(stage2_inputs("hcl", tiny_split(32), {"batch_size": 16}))
     setup.task.train_epoch(0)
     assert shapes == [(16, 3, 28, 28)] * 4
+    assert all(kw["brightness"] == 0.8 and kw["hue"] == 0.2 and kw["crop_scale"] == (0.2, 1.0) for kw in options)
 
 
 # --------------------------------------------------------------------------- soft bias scores

@@ -131,7 +131,7 @@ def ref_fairkl(z, y, w_same, variant, floor=1e-6):
     return total
 
 
-def ref_fairkl_authors(z, y, w_same, tau, kld, include_self):
+def ref_fairkl_released(z, y, w_same, tau, kld, include_self):
     b = len(y)
     mats = {name: [[0.0] * b for _ in range(b)] for name in L.FAIRKL_SETS}
     masks = {name: [[0.0] * b for _ in range(b)] for name in L.FAIRKL_SETS}
@@ -155,6 +155,69 @@ def ref_fairkl_authors(z, y, w_same, tau, kld, include_self):
     mu_loss = (mu[pc] - mu[pa]) ** 2 + (mu[na] - mu[nc]) ** 2
     sd_loss = (sd[pa] - sd[pc]) ** 2 + (sd[na] - sd[nc]) ** 2
     return mu_loss + kld * sd_loss - mu[pc] + mu[na]
+
+
+def ref_released_contrastive(z, y, eps, tau, form, *, tau_factor=True, guard=1e-6, all_anchors=True):
+    """The released EpsilonSupInfoNCE / EpsilonSupCon forward_out, one loop per anchor and pair (float64).
+
+    logits l_ij = s_ij - max_j s_ij (self included); supinfonce: u_ip = e^-eps e^l_ip + sum_n e^l_in;
+    supcon: u_i = sum_{p'} e^-eps e^l_ip' + sum_n e^l_in; log_prob_ip = l_ip - log(u + 1e-6);
+    loss = -(tau / 0.07) mean_i [sum_p log_prob_ip / max(|P(i)|, 1)] over all anchors.
+    The keyword flags switch one ingredient off (to show that each matters)."""
+    b = len(y)
+    omega = math.exp(-eps)
+    per_anchor = []
+    for i in range(b):
+        row = [sim(z, i, j, tau) for j in range(b)]
+        m = max(row)
+        lg = [v - m for v in row]
+        pos = [j for j in range(b) if j != i and y[j] == y[i]]
+        neg = [j for j in range(b) if y[j] != y[i]]
+        neg_sum = sum(math.exp(lg[n]) for n in neg)
+        total = 0.0
+        for p in pos:
+            if form == "supinfonce":
+                u = omega * math.exp(lg[p]) + neg_sum
+            else:
+                u = sum(omega * math.exp(lg[q]) for q in pos) + neg_sum
+            total += lg[p] - math.log(u + guard)
+        if pos or all_anchors:
+            per_anchor.append(-total / max(len(pos), 1))
+    factor = tau / 0.07 if tau_factor else 1.0
+    return factor * sum(per_anchor) / len(per_anchor)
+
+
+def ref_released_objective(z, y, bias, alpha, lam, eps, tau, form, *, alpha_twice=True, tau_factor=True,
+                           include_self=True, linear=True):
+    """main_infonce.py's criterion: alpha * (alpha * infonce) + lam * fairkl(z, y, b, 1.0, kld=1); alpha * infonce
+    when lam == 0.  ``linear=False`` drops fairkl's two linear terms (to show that they matter)."""
+    con = ref_released_contrastive(z, y, eps, tau, form, tau_factor=tau_factor)
+    if lam == 0:
+        return alpha * con
+    same = hard_same(bias)
+    reg = ref_fairkl_released(z, y, same, 1.0, 1.0, include_self)
+    if not linear:
+        reg -= ref_fairkl_released_linear(z, y, same, include_self)
+    return (alpha * alpha if alpha_twice else alpha) * con + lam * reg
+
+
+def ref_fairkl_released_linear(z, y, w_same, include_self):
+    """The two linear terms of the released fairkl, ``- mu(pos, conflicting) + mu(neg, aligned)``."""
+    b = len(y)
+    sums = {"pc": 0.0, "na": 0.0}
+    counts = {"pc": 0.0, "na": 0.0}
+    for i in range(b):
+        for j in range(b):
+            if i == j and not include_self:
+                continue
+            s = sim(z, i, j, 1.0)
+            if y[i] == y[j]:
+                sums["pc"] += s * (1 - w_same[i][j])
+                counts["pc"] += 1 - w_same[i][j]
+            else:
+                sums["na"] += s * w_same[i][j]
+                counts["na"] += w_same[i][j]
+    return -sums["pc"] / max(counts["pc"], 1) + sums["na"] / max(counts["na"], 1)
 
 
 def ref_cnc(anchors, pos, neg, tau):
@@ -371,9 +434,9 @@ def test_anchors_without_positive_are_left_out_of_the_mean():
         lambda z, y, b: L.eps_supinfonce(z, y, 0.4, 0.1),
         lambda z, y, b: L.fairkl(z, y, b),
         lambda z, y, b: L.fairkl(z, y, b, "mean"),
-        lambda z, y, b: L.fairkl(z, y, b, "authors"),
+        lambda z, y, b: L.fairkl(z, y, b, "released"),
     ],
-    ids=["supcon", "eps_supcon", "eps_supinfonce", "fairkl_kl", "fairkl_mean", "fairkl_authors"],
+    ids=["supcon", "eps_supcon", "eps_supinfonce", "fairkl_kl", "fairkl_mean", "fairkl_released"],
 )
 def test_invariant_to_batch_permutation(fn):
     y = torch.tensor(LAYOUTS["mixed"])
@@ -417,7 +480,7 @@ def test_fairkl_soft_bias_matches_weighted_reference(case, variant):
 
 
 @pytest.mark.parametrize("case", list(FAIRKL_CASES))
-@pytest.mark.parametrize("variant", ["kl", "mean", "authors"])
+@pytest.mark.parametrize("variant", ["kl", "mean", "released"])
 def test_fairkl_soft_one_hot_equals_hard_exactly(case, variant):
     y, bias = FAIRKL_CASES[case]
     z = unit(len(y), 4, seed=12, dtype=torch.float32)
@@ -430,16 +493,16 @@ def test_fairkl_soft_one_hot_equals_hard_exactly(case, variant):
 
 @pytest.mark.parametrize("case", ["mixed", "three_bias", "no_pos_conflict"])
 @pytest.mark.parametrize("include_self", [False, True])
-def test_fairkl_authors_matches_reference(case, include_self):
+def test_fairkl_released_matches_reference(case, include_self):
     y, bias = FAIRKL_CASES[case]
     z = unit(len(y), 4, seed=31)
-    ref = ref_fairkl_authors(z, y, hard_same(bias), 1.0, 1.0, include_self)
-    got = L.fairkl(z, torch.tensor(y), torch.tensor(bias), "authors", authors_include_self=include_self)
+    ref = ref_fairkl_released(z, y, hard_same(bias), 1.0, 1.0, include_self)
+    got = L.fairkl(z, torch.tensor(y), torch.tensor(bias), "released", released_include_self=include_self)
     assert got.item() == pytest.approx(ref, rel=1e-9, abs=1e-12)
-    ref2 = ref_fairkl_authors(z, y, hard_same(bias), 0.1, 0.0, include_self)
+    ref2 = ref_fairkl_released(z, y, hard_same(bias), 0.1, 0.0, include_self)
     got2 = L.fairkl(
-        z, torch.tensor(y), torch.tensor(bias), "authors",
-        authors_temperature=0.1, authors_kld=0.0, authors_include_self=include_self,
+        z, torch.tensor(y), torch.tensor(bias), "released",
+        released_temperature=0.1, released_kld=0.0, released_include_self=include_self,
     )
     assert got2.item() == pytest.approx(ref2, rel=1e-9, abs=1e-12)
 
@@ -803,7 +866,8 @@ def test_lff_weights():
     ce_b = torch.tensor([1.0, 3.0, 0.0, 0.0, 2.0], requires_grad=True)
     ce_d = torch.tensor([1.0, 1.0, 2.0, 0.0, 6.0])
     w = L.lff_weights(ce_b, ce_d)
-    assert w.tolist() == [0.5, 0.75, 0.0, 0.5, 0.25]  # 0 / 0 -> 0.5
+    # 0 / 0 -> 0, as LfF's train.py: loss_b / (loss_b + loss_d + 1e-8) is 0 / 1e-8 there
+    assert w.tolist() == [0.5, 0.75, 0.0, 0.0, 0.25]
     assert not w.requires_grad
 
 
@@ -888,6 +952,70 @@ def _gc_inputs():
     return z.requires_grad_()
 
 
+RELEASED_CASES = {
+    "mixed": (LAYOUTS["mixed"], [0, 1, 0, 0, 1, 1, 0, 1, 1, 0, 0, 1]),
+    "three_bias": ([0, 0, 0, 1, 1, 1, 2, 2, 2, 0], [0, 1, 2, 0, 1, 2, 0, 1, 2, 1]),
+    "singletons": (LAYOUTS["singletons_mixed"], [0, 1, 0, 1, 0, 1, 1, 0]),  # class 0 and 2 anchors: no positive
+    "all_same": (LAYOUTS["all_same"], [0, 0, 1, 1, 0, 1]),  # no negative at all
+}
+
+
+@pytest.mark.parametrize("case", list(RELEASED_CASES))
+@pytest.mark.parametrize("form", ["supinfonce", "supcon"])
+@pytest.mark.parametrize("eps, tau", [(0.5, 0.1), (0.0, 0.1), (0.25, 0.5)])
+def test_released_contrastive_matches_the_released_code(case, form, eps, tau):
+    y, _ = RELEASED_CASES[case]
+    z = unit(len(y), 5, seed=len(y) + 40)
+    ref = ref_released_contrastive(z, y, eps, tau, form)
+    assert L.released_contrastive(z, torch.tensor(y), eps, tau, form).item() == pytest.approx(ref, rel=1e-10,
+                                                                                               abs=1e-12)
+
+
+def test_released_contrastive_is_the_papers_loss_times_tau_over_0_07_up_to_its_guard_and_anchor_mean():
+    y, _ = RELEASED_CASES["mixed"]
+    z = unit(len(y), 5, seed=3)
+    for form, paper in (("supinfonce", L.eps_supinfonce), ("supcon", L.eps_supcon)):
+        unguarded = ref_released_contrastive(z, y, 0.5, 0.1, form, guard=0.0)
+        assert unguarded == pytest.approx(0.1 / 0.07 * paper(z, torch.tensor(y), 0.5, 0.1).item(), rel=1e-10)
+        # the guard 1e-6 is added to the max-shifted denominator: it changes the value
+        assert abs(L.released_contrastive(z, torch.tensor(y), 0.5, 0.1, form).item() - unguarded) > 1e-6
+    y, _ = RELEASED_CASES["singletons"]  # anchors without a positive count 0 in the released mean
+    z = unit(len(y), 5, seed=3)
+    got = L.released_contrastive(z, torch.tensor(y), 0.5, 0.1)
+    assert got.item() == pytest.approx(ref_released_contrastive(z, y, 0.5, 0.1, "supinfonce"), rel=1e-10)
+    assert got.item() != pytest.approx(ref_released_contrastive(z, y, 0.5, 0.1, "supinfonce", all_anchors=False),
+                                       rel=1e-3)
+
+
+def test_released_contrastive_rejects_an_unknown_form():
+    with pytest.raises(ValueError, match="unknown released form 'nce'"):
+        L.released_contrastive(unit(4, 3, seed=0), torch.tensor([0, 0, 1, 1]), 0.5, 0.1, "nce")
+
+
+@pytest.mark.parametrize("case", ["mixed", "three_bias"])
+def test_released_objective_reference_depends_on_each_ingredient_of_the_code(case):
+    """alpha^2, tau / 0.07, self-pairs and the linear terms each change the released objective: a library that
+    dropped any of them would miss the reference (the library's pieces are checked against it above and in
+    test_methods.py's composition test)."""
+    y, bias = RELEASED_CASES[case]
+    z = unit(len(y), 5, seed=17)
+    full = ref_released_objective(z, y, bias, 0.3, 0.75, 0.5, 0.1, "supinfonce")
+    for flag in ("alpha_twice", "tau_factor", "include_self", "linear"):
+        assert ref_released_objective(z, y, bias, 0.3, 0.75, 0.5, 0.1, "supinfonce", **{flag: False}) != \
+            pytest.approx(full, rel=1e-3), flag
+    got = (0.3 ** 2 * L.released_contrastive(z, torch.tensor(y), 0.5, 0.1)
+           + 0.75 * L.fairkl(z, torch.tensor(y), torch.tensor(bias), "released"))
+    assert got.item() == pytest.approx(full, rel=1e-10)
+
+
+def test_fairkl_released_counts_self_pairs_by_default():
+    y, bias = RELEASED_CASES["mixed"]
+    z = unit(len(y), 4, seed=5)
+    got = L.fairkl(z, torch.tensor(y), torch.tensor(bias), "released")
+    assert got.item() == pytest.approx(ref_fairkl_released(z, y, hard_same(bias), 1.0, 1.0, True), rel=1e-10)
+    assert got.item() != pytest.approx(ref_fairkl_released(z, y, hard_same(bias), 1.0, 1.0, False), rel=1e-3)
+
+
 Y7 = torch.tensor([0, 0, 1, 1, 1, 2, 0])
 B7 = torch.tensor([0, 1, 0, 1, 1, 0, 0])
 P7 = torch.softmax(torch.randn(7, 2, generator=torch.Generator().manual_seed(1), dtype=DT), 1)
@@ -901,7 +1029,9 @@ GRADCHECK = {
     "fairkl_kl": lambda z: L.fairkl(z, Y7, B7),
     "fairkl_mean": lambda z: L.fairkl(z, Y7, B7, "mean"),
     "fairkl_soft": lambda z: L.fairkl(z, Y7, P7),
-    "fairkl_authors": lambda z: L.fairkl(z, Y7, B7, "authors"),
+    "fairkl_released": lambda z: L.fairkl(z, Y7, B7, "released"),
+    "released_supinfonce": lambda z: L.released_contrastive(z, Y7, 0.5, 0.2),
+    "released_supcon": lambda z: L.released_contrastive(z, Y7, 0.5, 0.2, "supcon"),
     "cnc": lambda z: L.cnc_contrastive(z[:2], z[2:4], z[4:], 0.1),
     "cnc_two_sided": lambda z: L.cnc_two_sided(z[:2], z[2:4], z[4:6], z[5:], 0.1),
     "triplet": lambda z: L.triplet(z[:3], z[3:6]),
@@ -934,7 +1064,9 @@ STABILITY = {
     "eps_supinfonce": lambda z, y, b: L.eps_supinfonce(z, y, 0.5, 0.05),
     "fairkl_kl": lambda z, y, b: L.fairkl(z, y, b),
     "fairkl_mean": lambda z, y, b: L.fairkl(z, y, b, "mean"),
-    "fairkl_authors": lambda z, y, b: L.fairkl(z, y, b, "authors", authors_temperature=0.05),
+    "fairkl_released": lambda z, y, b: L.fairkl(z, y, b, "released", released_temperature=0.05),
+    "released_supinfonce": lambda z, y, b: L.released_contrastive(z, y, 0.5, 0.05),
+    "released_supcon": lambda z, y, b: L.released_contrastive(z, y, 0.5, 0.05, "supcon"),
     "cnc": lambda z, y, b: L.cnc_two_sided(z[:8], z[8:16], z[16:24], z[24:32], 0.05),
     "triplet": lambda z, y, b: L.triplet(z[:32], z[32:], tau_plus=0.1),
     "nt_xent": lambda z, y, b: L.nt_xent(z[:32], z[32:], 0.05),

@@ -16,7 +16,9 @@ from debias.runtime import seed_everything
 from debias.training.loop import fit
 from debias.training.methods import (METHODS, Stage2Inputs, fit_head, head_trained_methods, jtt_pool, setup_method,
                                      stage2_validator)
-from debias.training.methods.supcon import fairkl_activity, fairkl_summary, fairkl_warnings, stratified_batches
+from debias.training.methods.supcon import (fairkl_activity, fairkl_summary, fairkl_warnings, objective,
+                                            stratified_batches)
+from tests.test_losses import RELEASED_CASES, ref_released_objective, unit
 from tests.test_training import tiny_split
 
 CPU = torch.device("cpu")
@@ -142,6 +144,10 @@ def test_fairkl_activity_counts_its_pair_sets_and_names_a_starved_side() -> None
                 **{f"train/fairkl_pairs_{name}": 1.0 for name in losses.FAIRKL_SETS}} for e in range(2)]
     (message,) = fairkl_warnings(fairkl_summary(history, params))
     assert message.startswith("fairkl-starved: ") and "positive side" in message and "stratified" in message
+    assert "FairKL contributes 0" in message
+    params.loss.fairkl.variant = "released"  # no side is zeroed there: an empty set's mean is 0
+    (message,) = fairkl_warnings(fairkl_summary(history, params))
+    assert "empty set's mean taken as 0" in message and "contributes 0" not in message
 
 
 def test_stratified_batches_hold_minority_points_and_every_other_point_once() -> None:
@@ -164,9 +170,13 @@ def test_cnc_without_inferred_minority_names_the_class() -> None:
 
 
 def test_jtt_upweights_errors_and_needs_some() -> None:
+    """lambda_up extra copies, as JTT's run_expt.py (ConcatDataset of the set and up_weight copies of the errors)."""
     minority = torch.tensor([False, True, False, True])
     pool = jtt_pool(4, minority, upweight=3)
-    assert torch.bincount(pool, minlength=4).tolist() == [1, 3, 1, 3]
+    assert torch.bincount(pool, minlength=4).tolist() == [1, 4, 1, 4]
+    assert len(jtt_pool(10, torch.arange(10) < 2, upweight=20)) == 10 + 2 * 20
+    with pytest.raises(ParamsError, match="stage2.jtt.upweight"):
+        validate({"stage2": {"jtt": {"upweight": 2.5}}})
     train = tiny_split(120)
     with pytest.raises(ValueError, match="jtt: infer_groups found no inferred minority"):
         setup_method(inputs("jtt", inferred=train.y.clone()))
@@ -220,3 +230,113 @@ def test_augmentations_are_batched_shifts_and_noise() -> None:
     assert torch.equal(random_shift(x, 0, g), x)
     noisy = view(x, 0, 10.0, g)
     assert noisy.dtype == torch.float32 and 0 <= float(noisy.min()) and float(noisy.max()) <= 255
+
+
+RELEASED_FORMS = {"eps_supinfonce": ("supinfonce", 0.5), "eps_supcon": ("supcon", 0.25), "supcon": ("supcon", 0.0)}
+
+
+@pytest.mark.parametrize("method", sorted(RELEASED_FORMS))
+@pytest.mark.parametrize("alpha, lam", [(0.03, 0.75), (0.5, 0.25), (0.3, 0.0)])
+def test_released_objective_gets_alpha_and_lambda_as_configured(method: str, alpha: float, lam: float) -> None:
+    """loss.fairkl.variant released: the method's loss is main_infonce.py's criterion (alpha applied twice with
+    FairKL, once without; tau / 0.07; eps-SupCon's own epsilon and lambda) against the float64 reference."""
+    y, bias = RELEASED_CASES["mixed"]
+    z = unit(len(y), 5, seed=9)
+    params = validate({"stage2": {"method": method},
+                       "loss": {"alpha": alpha, "epsilon": 0.5, "temperature": 0.1,
+                                "fairkl": {"variant": "released", "weight": lam},
+                                "eps_supcon": {"epsilon": 0.25, "fairkl_weight": lam}}})
+    form, eps = RELEASED_FORMS[method]
+    loss, terms = objective(z, torch.tensor(y), torch.tensor(bias), method, params)
+    assert loss.item() == pytest.approx(ref_released_objective(z, y, bias, alpha, lam, eps, 0.1, form), rel=1e-10)
+    assert ("fairkl" in terms) == (lam > 0)
+
+
+@pytest.mark.parametrize("variant", ["kl", "mean"])
+def test_paper_objective_gets_alpha_lambda_and_eps_supcons_own_values(variant: str) -> None:
+    """kl / mean: alpha * L_con + lambda * FairKL (Eq. 11); eps_supcon reads loss.eps_supcon (FairKL Table 6)."""
+    y, bias = (torch.tensor(v) for v in RELEASED_CASES["three_bias"])
+    z = unit(len(y), 5, seed=2)
+    params = validate({"loss": {"alpha": 0.2, "epsilon": 0.5, "temperature": 0.1,
+                                "fairkl": {"variant": variant, "weight": 0.6},
+                                "eps_supcon": {"epsilon": 0.25, "fairkl_weight": 0.3}}})
+    reg = losses.fairkl(z, y, bias, variant)
+    loss, _ = objective(z, y, bias, "eps_supinfonce", params)
+    assert loss.item() == pytest.approx((0.2 * losses.eps_supinfonce(z, y, 0.5, 0.1) + 0.6 * reg).item(), rel=1e-12)
+    loss, _ = objective(z, y, bias, "eps_supcon", params)
+    assert loss.item() == pytest.approx((0.2 * losses.eps_supcon(z, y, 0.25, 0.1) + 0.3 * reg).item(), rel=1e-12)
+    loss, terms = objective(z, y, None, "supcon", params)  # no bias labels: FairKL left out
+    assert loss.item() == pytest.approx(0.2 * losses.supcon(z, y, 0.1).item(), rel=1e-12) and "fairkl" not in terms
+
+
+def test_a_released_training_step_logs_the_composed_loss() -> None:
+    """Through the task's step: the logged loss is alpha^2 * contrastive + lambda * fairkl, batch by batch."""
+    setup = inputs("eps_supinfonce")
+    setup.params.loss.alpha, setup.params.loss.fairkl.weight = 0.4, 0.7
+    setup.params.loss.fairkl.variant = "released"
+    row = setup_method(setup).task.train_epoch(0)
+    expected = 0.4 ** 2 * row["train/contrastive"] + 0.7 * row["train/fairkl"]
+    assert row["train/loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def _official_two_view(out_1: torch.Tensor, out_2: torch.Tensor, t: float, tau_plus: float,
+                       beta: float | None) -> float:
+    """The criterion of the official DCL code (chingyaoc/DCL main.py) and, with ``beta``, HCL's (joshr17/HCL
+    image/main.py), on the normalised projections ``out_1``, ``out_2``, written as loops in float64:
+    ``Ng = max((-tau+ N pos + sum_neg w e^s) / (1 - tau+), N e^{-1/t})``, ``loss = mean -log(pos / (pos + Ng))``,
+    ``w = 1`` (DCL) or ``e^{beta s} / mean_neg e^{beta s}`` (HCL)."""
+    out = torch.cat([out_1, out_2]).double()
+    rows, batch = out.shape[0], out_1.shape[0]
+    n = rows - 2
+    total = 0.0
+    for k in range(rows):
+        partner = (k + batch) % rows
+        pos = math.exp(float(out[k] @ out[partner]) / t)
+        negs = [math.exp(float(out[k] @ out[j]) / t) for j in range(rows) if j not in (k, partner)]
+        if beta is None:
+            weighted = sum(negs)
+        else:
+            imp = [v ** beta for v in negs]
+            weighted = sum(i * v for i, v in zip(imp, negs)) / (sum(imp) / len(imp))
+        ng = max((-tau_plus * n * pos + weighted) / (1 - tau_plus), n * math.exp(-1 / t))
+        total += -math.log(pos / (pos + ng))
+    return total / rows
+
+
+@pytest.mark.parametrize("method", ["dcl", "hcl"])
+def test_dcl_and_hcl_train_a_128d_projection_head_with_the_official_criterion(method: str) -> None:
+    """Like the official DCL / HCL code (and our WCL): the loss is computed on a 128-d projection head after the
+    encoder, trained with it; tau+ null is 1 / number of classes; the views are WCL's (colour strength 1.0)."""
+    setup_inputs = inputs(method)
+    setup = setup_method(setup_inputs)
+    task = setup.task
+    train = setup_inputs.splits["train"]
+    assert task.tau_plus == pytest.approx(1 / train.n_classes)
+    trained = {id(p) for group in setup.optimizer.param_groups for p in group["params"]}
+    assert all(id(p) in trained for p in task.projector.parameters())
+    g = torch.Generator().manual_seed(3)
+    rows = train.x[:16]
+    first, second = task.views(rows, g), task.views(rows, g)
+    with torch.no_grad():
+        z1, z2 = task.project(first), task.project(second)
+        got = float(task.batch_loss(first, second, 16))
+    assert z1.shape == (16, 128)
+    hcl = setup_inputs.params.stage2.hcl
+    beta = hcl.beta if method == "hcl" else None
+    assert got == pytest.approx(_official_two_view(z1, z2, 0.5, 1 / train.n_classes, beta), rel=1e-5)
+    assert setup_inputs.params.stage2.wcl.colour_strength == 1.0
+
+
+def test_cnc_short_pools_shrink_cuts_m_and_n_to_the_smallest_pool_as_the_released_loader() -> None:
+    """short_pools: shrink = contrastive_supervised_loader.py's adjust_num_pos_neg_ (min over the pools); replace
+    keeps M and N and draws short pools with replacement."""
+    setup = inputs("cnc", cnc={"num_positives": 50, "num_negatives": 60})
+    replace = setup_method(setup).task.sampler.report()
+    assert (replace["num_anchors"], replace["num_negatives"]) == (50, 60) and replace["short_pools"]
+    classes = [e for e in replace["classes"].values() if e["skipped"] is None]
+    smallest_pos = min(min(e["anchor_pool"], e["positive_pool"]) for e in classes)
+    smallest_neg = min(s for e in classes for s in (e["negative_pool"], *e["negatives2_pools"].values()))
+    setup.params.stage2.cnc.short_pools = "shrink"
+    shrunk = setup_method(setup).task.sampler.report()
+    assert (shrunk["num_anchors"], shrunk["num_negatives"]) == (min(50, smallest_pos), min(60, smallest_neg))
+    assert not shrunk["short_pools"]

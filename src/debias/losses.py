@@ -29,8 +29,11 @@ Functions (one-line formulas; ``lse`` = log-sum-exp)
     (+a, +c, -a, -c: same/different class x same/different bias);
     ``"kl"``:  ``KL(N(mu_{+a}, var_{+a}) || N(mu_{+c}, var_{+c})) + KL(same for -)`` (Eq. 10),
     ``"mean"``: ``(mu_{+a} - mu_{+c})^2 + (mu_{-a} - mu_{-c})^2`` (Eq. 9),
-    ``"authors"``: the released code's moment matching on similarities (comparison only).
+    ``"released"``: the released code's moment matching on similarities plus two linear terms.
     ``fairkl_report`` returns the per-set pair counts / means / variances for logging.
+``released_contrastive(z, y, epsilon, temperature, form)``
+    The FairKL authors' released ε-SupInfoNCE / ε-SupCon value, with its ``τ / 0.07`` factor and
+    its ``+1e-6`` inside the log, averaged over all anchors (the ``released`` objective's first term).
 ``cnc_contrastive(anchor, positives, negatives, temperature)``
     CNC Eq. 1 / 15: ``l_a = -mean_p log( e^{s_ap} / (sum_{p'} e^{s_ap'} + sum_n e^{s_an}) )``
     ``= lse([s_ap'; s_an]) - mean_p s_ap``; also batched over K contrastive batches.
@@ -94,6 +97,9 @@ __all__ = [
     "fairkl_report",
     "FAIRKL_SETS",
     "fairkl_pair_counts",
+    "released_contrastive",
+    "RELEASED_BASE_TEMPERATURE",
+    "RELEASED_LOG_GUARD",
     "cnc_contrastive",
     "cnc_two_sided",
     "triplet",
@@ -113,7 +119,15 @@ __all__ = [
     "group_dro_loss",
 ]
 
-FairKLVariant = Literal["kl", "mean", "authors"]
+FairKLVariant = Literal["kl", "mean", "released"]
+ReleasedForm = Literal["supinfonce", "supcon"]
+
+#: The FairKL authors' released losses return ``-(temperature / base_temperature) * log_prob`` with this
+#: ``base_temperature`` (EIDOSLAB/unbiased-contrastive-learning, debiasing/losses.py, EpsilonSupInfoNCE's default,
+#: which main_infonce.py keeps).
+RELEASED_BASE_TEMPERATURE = 0.07
+#: ... and add this inside the log of their max-shifted denominator ("prevent nan", the same file).
+RELEASED_LOG_GUARD = 1e-6
 
 #: Names of the four FairKL pair sets, in the order used everywhere in this module (debias.metrics.PAIR_KINDS).
 FAIRKL_SETS = PAIR_KINDS
@@ -272,6 +286,47 @@ def eps_supinfonce(
     return _mean_over_anchors(per_anchor, valid)
 
 
+def released_contrastive(
+    z: Tensor, y: Tensor, epsilon: float = 0.0, temperature: float = 0.1, form: ReleasedForm = "supinfonce"
+) -> Tensor:
+    r"""The FairKL authors' released ε-SupInfoNCE / ε-SupCon (``forward_out``), value and gradient:
+    ``(τ / 0.07) mean_i [ (1 / max(|P(i)|, 1)) sum_{p in P(i)} ( log(D_ip + 1e-6) - l_ip ) ]``.
+
+    ``l_ij = s_ij - m_i`` with ``m_i = max_j s_ij`` (self included, detached); ``form="supinfonce"``:
+    ``D_ip = e^{l_ip - ε} + sum_{n in N(i)} e^{l_in}``; ``form="supcon"``:
+    ``D_ip = sum_{p' in P(i)} e^{l_ip' - ε} + sum_{n in N(i)} e^{l_in}``.  The mean runs over all B
+    anchors (one without a positive adds 0), not only those with a positive as in ``eps_supinfonce``;
+    the ``1e-6`` (``RELEASED_LOG_GUARD``) is added to the max-shifted sum, so it weighs
+    ``1e-6 e^{m_i}`` in unshifted units.  Without those three (factor, guard, anchors) this is
+    ``eps_supinfonce`` / ``eps_supcon``.  Source: EIDOSLAB/unbiased-contrastive-learning,
+    debiasing/losses.py (``EpsilonSupInfoNCE``, ``EpsilonSupCon``), one view, ``contrast_mode='all'``.
+    """
+    _check_batch(z, y)
+    _check_temperature(temperature)
+    if form not in ("supinfonce", "supcon"):
+        raise ValueError(f"unknown released form {form!r}; use 'supinfonce' or 'supcon'")
+    zc = _compute(z)
+    y = y.to(zc.device)
+    s = torch.mm(zc / temperature, zc.T)
+    m = s.detach().amax(1)
+    same = _same_label(y)
+    pos = _off_diagonal(same)
+    n_pos = pos.sum(1)
+    no_self = _logits_no_self(zc, temperature)
+    if form == "supinfonce":
+        neg_logits = no_self.masked_fill(same, float("-inf"))
+        has_neg = ~same.all(1)
+        safe = torch.where(has_neg[:, None], neg_logits, 0.0)  # finite rows: no NaN in backward
+        lse_neg = torch.where(has_neg, _logsumexp(safe, dim=1), float("-inf"))
+        log_den = torch.logaddexp(torch.where(pos, s, 0.0) - epsilon, lse_neg[:, None])  # [B, B]
+    else:
+        log_den = _logsumexp(no_self - epsilon * same.to(s.dtype), dim=1)[:, None]  # [B, 1]
+    guarded = torch.logaddexp(log_den - m[:, None], s.new_tensor(math.log(RELEASED_LOG_GUARD)))
+    pair = guarded - (s - m[:, None])
+    per_anchor = torch.where(pos, pair, 0.0).sum(1) / n_pos.clamp_min(1)
+    return (temperature / RELEASED_BASE_TEMPERATURE) * per_anchor.mean()
+
+
 # --------------------------------------------------------------------------- FairKL
 
 
@@ -336,7 +391,7 @@ def _fairkl_moments(z: Tensor, y: Tensor, bias: Tensor) -> list[tuple[Tensor, Te
     return [_weighted_moments(d, w) for w in _pair_weights(y, bias, z.dtype)]
 
 
-def _fairkl_authors(
+def _fairkl_released(
     z: Tensor,
     y: Tensor,
     bias: Tensor,
@@ -344,7 +399,7 @@ def _fairkl_authors(
     kld: float,
     include_self: bool,
 ) -> Tensor:
-    """The released code's FairKL (comparison only): see ``fairkl(variant="authors")``."""
+    """The released code's FairKL term: see ``fairkl(variant="released")``."""
     sim = torch.mm(z / temperature, z.T)
     same_y = _same_label(y)
     neg = (~same_y).to(z.dtype)
@@ -369,9 +424,9 @@ def fairkl(
     variant: FairKLVariant = "kl",
     *,
     variance_floor: float = 1e-6,
-    authors_temperature: float = 1.0,
-    authors_kld: float = 1.0,
-    authors_include_self: bool = False,
+    released_temperature: float = 1.0,
+    released_kld: float = 1.0,
+    released_include_self: bool = True,
 ) -> Tensor:
     r"""FairKL: ``KL(N_{+a} || N_{+c}) + KL(N_{-a} || N_{-c})`` on ``d_ij = ||z_i - z_j||^2``.
 
@@ -384,15 +439,18 @@ def fairkl(
     * ``variant="kl"`` (default, Eq. 10 for + and -):
       ``½[(var_a + (mu_a - mu_c)²)/var_c - log(var_a/var_c) - 1]`` per side.
     * ``variant="mean"`` (Eq. 9): ``(mu_{+a} - mu_{+c})² + (mu_{-a} - mu_{-c})²``.
-    * ``variant="authors"``: the authors' released code, kept only as a named comparison
-      (not the paper): on similarities ``s = z z^T / authors_temperature`` (their call
-      uses 1.0), means ``sum(s * mask) / max(|mask|, 1)``, "spreads" = unbiased
-      ``torch.std`` of the zero-padded ``B x B`` matrix ``s * mask``, and
-      ``L = (mu_{+c}-mu_{+a})² + (mu_{-a}-mu_{-c})² + authors_kld ((sd_{+a}-sd_{+c})² +
-      (sd_{-a}-sd_{-c})²) - mu_{+c} + mu_{-a}`` (two extra linear terms).  Empty sets give
-      mean 0 as in the code.  The code counts self-pairs (i, i) in the positive-aligned
-      set; this module's contract excludes them, ``authors_include_self=True`` restores
-      the code's behaviour.
+    * ``variant="released"``: the FairKL term of the authors' released code
+      (EIDOSLAB/unbiased-contrastive-learning, debiasing/losses.py ``fairkl``), not Eq. 10:
+      on similarities ``s = z z^T / released_temperature`` (main_infonce.py passes 1.0),
+      means ``sum(s * mask) / max(|mask|, 1)``, "spreads" = unbiased ``torch.std`` of the
+      zero-padded ``B x B`` matrix ``s * mask`` (all ``B²`` entries), and
+      ``L = (mu_{+c}-mu_{+a})² + (mu_{-a}-mu_{-c})² + released_kld ((sd_{+a}-sd_{+c})² +
+      (sd_{-a}-sd_{-c})²) - mu_{+c} + mu_{-a}`` (the two linear terms pull same-class /
+      different-bias pairs together and push different-class / same-bias pairs apart).
+      Empty sets give mean 0 as in the code.  The code's positive mask ``y_i == y_j``
+      keeps the diagonal, so self-pairs (i, i) count in the positive-aligned set
+      (``released_include_self=True``, the default here, against this module's
+      convention); ``released_kld`` is main_infonce.py's ``--kld`` (default 1).
 
     A side (+ or -) where either set has fewer than two pairs contributes 0 in ``"kl"``
     and ``"mean"``.
@@ -408,11 +466,11 @@ def fairkl(
     _check_batch(z, y)
     zc = _compute(z)
     y = y.to(zc.device)
-    if variant == "authors":
-        _check_temperature(authors_temperature)
-        return _fairkl_authors(zc, y, bias, authors_temperature, authors_kld, authors_include_self)
+    if variant == "released":
+        _check_temperature(released_temperature)
+        return _fairkl_released(zc, y, bias, released_temperature, released_kld, released_include_self)
     if variant not in ("kl", "mean"):
-        raise ValueError(f"unknown FairKL variant {variant!r}; use 'kl', 'mean' or 'authors'")
+        raise ValueError(f"unknown FairKL variant {variant!r}; use 'kl', 'mean' or 'released'")
     (n_pa, mu_pa, var_pa), (n_pc, mu_pc, var_pc), (n_na, mu_na, var_na), (n_nc, mu_nc, var_nc) = (
         _fairkl_moments(zc, y, bias)
     )
@@ -868,7 +926,8 @@ def lff_weights(loss_biased: Tensor, loss_debiased: Tensor) -> Tensor:
     r"""LfF relative difficulty ``W(x) = CE_b(x) / (CE_b(x) + CE_d(x))`` per sample (detached, in [0, 1]).
 
     ``loss_biased`` / ``loss_debiased``: per-sample cross-entropies ``[B]`` of the biased
-    (GCE-trained) and the debiased model; ``0 / 0`` gives 0.5.  The debiased model then
+    (GCE-trained) and the debiased model; ``0 / 0`` gives 0, as LfF's train.py
+    (``loss_b / (loss_b + loss_d + 1e-8)``; its ``1e-8`` is left out elsewhere).  The debiased model then
     minimises ``mean_i W(x_i) CE_d(x_i)`` (LfF Eq. 3; WCL paper Eq. 4).  LfF's released code
     first smooths each sample's CE by a per-sample exponential moving average over epochs
     (α = 0.7) and divides it by the maximum of that average over the sample's class in the
@@ -880,7 +939,7 @@ def lff_weights(loss_biased: Tensor, loss_debiased: Tensor) -> Tensor:
     with torch.no_grad():
         den = loss_biased + loss_debiased
         ratio = loss_biased / den.clamp_min(torch.finfo(den.dtype).tiny)
-        return torch.where(den > 0, ratio, 0.5)
+        return torch.where(den > 0, ratio, 0.0)
 
 
 def group_mean_losses(per_sample_loss: Tensor, groups: Tensor, num_groups: int) -> tuple[Tensor, Tensor]:

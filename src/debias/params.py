@@ -443,19 +443,27 @@ class CNCParams(Section):
     init: Literal["scratch", "erm"] = "scratch"
     forward_chunk: int = Field(8, ge=1, le=1024, description="contrastive batches per forward pass (memory only)")
     skip_empty_classes: bool = Field(False, description="skip (and report) classes with no inferred minority point instead of failing")
+    short_pools: Literal["replace", "shrink"] = Field(
+        "replace", description="pools smaller than M or N: replace (ours: every batch keeps App. D.2.4's M and N, "
+                               "short pools drawn with replacement, with a cnc-small-pools warning) | shrink (the "
+                               "released contrastive_supervised_loader.py's adjust_num_pos_neg_: M and N cut to the "
+                               "smallest pool, for every batch)")
 
 
 class JTTParams(Section):
-    upweight: float = Field(20.0, ge=1, le=10000,
-                            description="JTT lambda_up: ERM training errors repeated this often (CNC's CMNIST*: ~1100)")
+    upweight: int = Field(20, ge=1, le=10000,
+                          description="JTT lambda_up: extra copies of each ERM training error per epoch (each appears "
+                                      "1 + upweight times, as JTT's run_expt.py; JTT paper's grid 20 / 50 / 100 on "
+                                      "Waterbirds and CelebA; CNC's CMNIST*: ~1100)")
 
 
 class WCLParams(Section):
     """Difficulty-weighted contrastive learning (Sec. 5.2) with a jointly trained triplet encoder."""
 
     temperature: float = Field(0.5, ge=MIN_TEMPERATURE, le=10, description="t of the weighted InfoNCE (Sec. 6: 0.5 for all methods)")
-    tau_plus: float = Field(0.1, ge=0, lt=1, description="class prior of the debiased-negative correction (Sec. 6: 0.1 "
-                                                         "CIFAR-10, 0.05 CIFAR-100, 0.3 CelebA / Waterbirds; 0: off)")
+    tau_plus: float | None = Field(None, ge=0, lt=1, description="class prior of the debiased-negative correction; "
+                                   "null: 1 / number of classes (DCL's tau+ = p(same class) under uniform classes; "
+                                   "WCL Sec. 6: 0.1 CIFAR-10, 0.05 CIFAR-100, 0.3 CelebA / Waterbirds); 0: off")
     projection_dim: int = Field(128, ge=0, le=8192, description="output width of the projection head the loss is computed "
                                 "on (Linear-BN-ReLU-Linear, hidden = the encoder's width; DCL / HCL code: 128); 0: no head")
     crop_min_scale: float = Field(0.2, gt=0, le=1, description="view: random resized crop of area U(crop_min_scale, 1)")
@@ -493,7 +501,11 @@ class DCLParams(Section):
     """Debiased contrastive loss (Chuang et al. 2020), WCL paper's comparison row."""
 
     temperature: float = Field(0.5, ge=MIN_TEMPERATURE, le=10, description="t (WCL paper Sec. 6.1: 0.5 for all methods)")
-    tau_plus: float = Field(0.1, ge=0, lt=1, description="class prior tau+ (WCL paper / DCL: 0.1 on CIFAR-10)")
+    tau_plus: float | None = Field(None, ge=0, lt=1, description="class prior tau+; null: 1 / number of classes "
+                                   "(DCL's tau+ = p(same class) under uniform classes; WCL paper / DCL: 0.1 on "
+                                   "CIFAR-10)")
+    projection_dim: int = Field(128, ge=0, le=8192, description="output width of the projection head the loss is "
+                                "computed on (Linear-BN-ReLU-Linear as stage2.wcl's; DCL / HCL code: 128); 0: none")
 
 
 class HCLParams(DCLParams):
@@ -525,7 +537,11 @@ class Stage2Params(OptimParams):
 
 class FairKLParams(Section):
     weight: float = Field(0.0, ge=0, le=1000, description="lambda of the FairKL term (0: off)")
-    variant: Literal["kl", "mean", "authors"] = "kl"
+    variant: Literal["kl", "mean", "released"] = Field(
+        "kl", description="kl: the paper's Eq. 10 (Gaussian KL of the pair-set distances) with alpha * L_con; mean: "
+                          "Eq. 9; released: the objective of the authors' released code (main_infonce.py, losses.py), "
+                          "alpha^2 * (tau / 0.07) * L_con + weight * (moment matching on similarities + two linear "
+                          "terms), the code that produced the paper's tables (docs/methods.md)")
     variance_floor: float = Field(1e-6, gt=0, le=1, description="variances of the pair-set distances are floored at this "
                                   "(squared-distance units, 0..16) so the Gaussian KL (Eq. 10) stays finite")
     sampler: Literal["shuffle", "stratified"] = Field(
@@ -533,6 +549,16 @@ class FairKLParams(Section):
                                "minority_per_batch inferred-minority points, so FairKL's four pair sets are never empty "
                                "(an extension, not in the paper)")
     minority_per_batch: int = Field(16, ge=1, le=65536, description="stratified: inferred-minority points per batch")
+
+
+class EpsSupConParams(Section):
+    """eps-SupCon's own margin and FairKL weight (FairKL paper Table 6 tunes them apart from eps-SupInfoNCE's)."""
+
+    epsilon: float = Field(0.0, ge=0, le=100, description="epsilon of eps-SupCon (logit units); FairKL paper Table 6: "
+                           "0.25 / 0 / 0.5 / 0 at rho 0.999 / 0.997 / 0.995 / 0.99 (default: rho 0.99's)")
+    fairkl_weight: float = Field(0.0, ge=0, le=1000, description="lambda of FairKL with eps-SupCon (used instead of "
+                                 "loss.fairkl.weight); FairKL paper Table 6: 0.75 / 0.5 / 0.5 / 0.5 at rho 0.999 / "
+                                 "0.997 / 0.995 / 0.99; 0: off (the default, as loss.fairkl.weight's)")
 
 
 class LossParams(Section):
@@ -543,8 +569,19 @@ class LossParams(Section):
                                "papers: 0.1); s_ij = z_i . z_j / tau (>= MIN_TEMPERATURE: float32)")
     epsilon: float = Field(0.5, ge=0, le=100, description="epsilon margin (logit units, after division by tau); FairKL "
                            "paper Table 6: 0.5 for eps-SupInfoNCE at every rho")
-    alpha: float = Field(1.0, ge=0, le=1000, description="weight of the contrastive term")
+    alpha: float = Field(1.0, ge=0, le=1000, description="weight of the contrastive term (FairKL paper Eq. 11 / "
+                         "Table 6: 0.03; with fairkl.variant released the code applies it twice, alpha^2)")
     fairkl: FairKLParams = Field(default_factory=FairKLParams)
+    eps_supcon: EpsSupConParams = Field(default_factory=EpsSupConParams)
+
+    def epsilon_for(self, method: str) -> float:
+        """The epsilon margin ``method`` uses: eps_supcon has its own (FairKL Table 6), supcon none (0), the others
+        loss.epsilon."""
+        return {"eps_supcon": self.eps_supcon.epsilon, "supcon": 0.0}.get(method, self.epsilon)
+
+    def fairkl_weight_for(self, method: str) -> float:
+        """lambda of FairKL with ``method``: eps_supcon has its own (FairKL Table 6), the others loss.fairkl.weight."""
+        return self.eps_supcon.fairkl_weight if method == "eps_supcon" else self.fairkl.weight
 
 
 def _positive_distinct(values: list[float]) -> list[float]:

@@ -271,7 +271,7 @@ def stage2_method(inputs: ReportInputs, params: Params) -> str | None:
 
 def fairkl_weight(method: str | None, params: Params) -> float:
     """The FairKL weight that applied to ``method`` (0 for methods without the regulariser)."""
-    return params.loss.fairkl.weight if method in FAIRKL_METHODS else 0.0
+    return params.loss.fairkl_weight_for(method) if method in FAIRKL_METHODS else 0.0
 
 
 def stage2_label(method: str | None, params: Params) -> str:

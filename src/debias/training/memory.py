@@ -306,7 +306,7 @@ def check_stage2_fits(method: str, networks: list[nn.Module], optimizer: torch.o
     elif method == "wcl":
         plan = StepPlan("stage2.batch_size", s2.batch_size, forwards=4, max_value=n_train, pairwise=12)
     elif method in ("supcon", "eps_supcon", "eps_supinfonce"):
-        pairwise = 8 + (8 if params.loss.fairkl.weight > 0 else 0)
+        pairwise = 8 + (8 if params.loss.fairkl_weight_for(method) > 0 else 0)
         plan = StepPlan("stage2.batch_size", s2.batch_size, max_value=n_train, pairwise=pairwise)
     elif method in ("dcl", "hcl"):  # two views of the batch through one encoder, a 2B x 2B similarity matrix
         plan = StepPlan("stage2.batch_size", s2.batch_size, forwards=2, max_value=n_train, pairwise=12)

@@ -3,10 +3,11 @@
 One module per method family, each registering its methods (:func:`base.register_method`):
 
 ``classifier``  ``erm`` (a second ERM run with stage 2's optimiser settings) and ``jtt`` (ERM errors
-                repeated round(upweight) times per epoch): cross-entropy, head trained with the encoder.
+                present 1 + upweight times per epoch, JTT's run_expt.py): cross-entropy, head trained with the encoder.
 ``supcon``      ``supcon`` / ``eps_supcon`` / ``eps_supinfonce``: shuffled batches; loss =
-                alpha * L_con(z/|z|, y) + fairkl.weight * FairKL(z/|z|, y, b) with b the bias labels from
-                infer_groups (true or inferred); no projection head.
+                alpha * L_con(z/|z|, y) + lambda * FairKL(z/|z|, y, b) with b the bias labels from
+                infer_groups (true or inferred), or the released code's objective (loss.fairkl.variant:
+                released, alpha^2 on L_con); no projection head.
 ``cnc``         CNC (App. B): two-sided contrastive batches from inferred labels;
                 loss = lambda * cnc_two_sided + (1 - lambda) * CE on every batch point.
 ``selfsup``     ``wcl``: difficulty-weighted contrastive learning between two augmented views, with a

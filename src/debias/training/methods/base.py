@@ -119,6 +119,17 @@ def fresh_model(inputs: Stage2Inputs) -> Network:
     return build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:]), activation).to(inputs.device)
 
 
+def class_prior(tau_plus: float | None, n_classes: int, name: str) -> float:
+    """tau+ of the debiased-negative estimators: ``tau_plus``, or ``1 / n_classes`` where it is None (DCL's class
+    prior under uniform classes); ``name`` is the parameter, for the error."""
+    if tau_plus is not None:
+        return tau_plus
+    if n_classes < 2:
+        raise ValueError(f"{name} = null means 1 / number of classes, but the training split has {n_classes} class; "
+                         f"set {name} in [0, 1)")
+    return 1.0 / n_classes
+
+
 def stage2_optimiser(inputs: Stage2Inputs, parameters: Any) -> tuple[torch.optim.Optimizer, Any | None]:
     """The optimiser and lr schedule of ``params.stage2`` over ``parameters``."""
     s2 = inputs.params.stage2

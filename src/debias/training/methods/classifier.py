@@ -1,6 +1,7 @@
 """Cross-entropy baselines: ``erm`` (a second ERM run with stage 2's optimiser settings, for seed-matched
-comparisons) and ``jtt`` (JTT: the inferred minority, ERM's errors when groups.method is pred, repeated
-round(upweight) times per epoch)."""
+comparisons) and ``jtt`` (JTT: the inferred minority, ERM's errors when groups.method is pred, present
+1 + upweight times per epoch, as the official run_expt.py concatenates ``up_weight`` extra copies of them to the
+training set)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ def erm_method(inputs: Stage2Inputs) -> Stage2Setup:
     return Stage2Setup(task, model, optimizer, scheduler)
 
 
-def jtt_pool(n: int, minority: torch.Tensor, upweight: float) -> torch.Tensor:
-    """Indices one JTT epoch visits: every point once, minority points round(upweight) times in all."""
-    extra = max(int(round(upweight)) - 1, 0)
+def jtt_pool(n: int, minority: torch.Tensor, upweight: int) -> torch.Tensor:
+    """Indices one JTT epoch visits: every point once plus ``upweight`` extra copies of each minority point
+    (``1 + upweight`` in all), as JTT's run_expt.py: ``ConcatDataset([train, Subset(train, errors * up_weight)])``."""
     errors = torch.nonzero(minority).flatten()
-    return torch.cat([torch.arange(n), errors.repeat(extra)])
+    return torch.cat([torch.arange(n), errors.repeat(upweight)])
 
 
 @register_method("jtt", head_trained=True)

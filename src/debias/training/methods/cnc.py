@@ -1,6 +1,8 @@
 """Correct-N-Contrast (CNC App. B): two-sided contrastive batches from inferred bias labels
 (:class:`debias.sampling.CNCBatchSampler`); loss = lambda * cnc_two_sided + (1 - lambda) * CE on every batch
-point; no projection head; ``accumulation`` contrastive batches per optimiser step."""
+point; no projection head; ``accumulation`` contrastive batches per optimiser step. Pools smaller than M or N
+(``stage2.cnc.short_pools``): drawn with replacement (``replace``, with a ``cnc-small-pools`` warning), or M and N
+shrunk to the smallest pool for every batch (``shrink``, the released code's ``adjust_num_pos_neg_``)."""
 
 from __future__ import annotations
 
@@ -90,13 +92,39 @@ def _temperature(params: Params) -> tuple[str, float]:
     return "stage2.cnc.temperature", params.stage2.cnc.temperature
 
 
+def shrunk_sizes(report: dict[str, Any]) -> tuple[int, int]:
+    """(M, N) cut to the smallest anchor / positive pool and the smallest negative pool of the classes that seed
+    batches (at least 1), as the released contrastive_supervised_loader.py's ``adjust_num_pos_neg_``:
+    ``num_pos = min(M, min_c |positives_c|)``, ``num_neg = min(N, min |negatives|)``."""
+    classes = [entry for entry in report["classes"].values() if entry["skipped"] is None]
+    positive = [min(e["anchor_pool"], e["positive_pool"]) for e in classes]
+    negative = [size for e in classes for size in (e["negative_pool"], *e["negatives2_pools"].values())]
+    m = min([report["num_anchors"], *positive])
+    n = min([report["num_negatives"], *negative])
+    return max(m, 1), max(n, 1)
+
+
+def cnc_sampler(train: BiasedSplit, inferred: torch.Tensor, params: Params) -> CNCBatchSampler:
+    """The CNC sampler of ``stage2.cnc``; with ``short_pools: shrink`` rebuilt with the shrunk M and N."""
+    cnc = params.stage2.cnc
+
+    def build(m: int, n: int) -> CNCBatchSampler:
+        return CNCBatchSampler(train.y, inferred, m, n, cnc.two_sided, seed=params.seed,
+                               skip_empty_classes=cnc.skip_empty_classes, anchor_fraction=cnc.anchor_fraction)
+
+    sampler = build(cnc.num_positives, cnc.num_negatives)
+    if cnc.short_pools == "shrink":
+        m, n = shrunk_sizes(sampler.report())
+        if (m, n) != (cnc.num_positives, cnc.num_negatives):
+            sampler = build(m, n)
+    return sampler
+
+
 @register_method("cnc", head_trained=True, temperature=_temperature)
 def cnc_method(inputs: Stage2Inputs) -> Stage2Setup:
     cnc = inputs.params.stage2.cnc
     train = inputs.splits["train"]
-    sampler = CNCBatchSampler(train.y, inputs.inferred, cnc.num_positives, cnc.num_negatives, cnc.two_sided,
-                              seed=inputs.params.seed, skip_empty_classes=cnc.skip_empty_classes,
-                              anchor_fraction=cnc.anchor_fraction)
+    sampler = cnc_sampler(train, inputs.inferred, inputs.params)
     model = fresh_model(inputs)
     if cnc.init == "erm":
         if inputs.erm_state is None:

@@ -6,8 +6,8 @@ batched on tensors, :func:`debias.data.augment.simclr_view`, so colour alone can
 vectors: SCARF's corruption, :func:`debias.data.augment.tabular_view`). The debiased encoder E_d is trained with the
 relative-difficulty weighted InfoNCE over both views (every view an anchor, its other view the positive, the other
 2B - 2 views its negatives, symmetric; temperature ``stage2.wcl.temperature``, Sec. 6: 0.5; debiased-negative prior
-``stage2.wcl.tau_plus``), the biased encoder E_b jointly with the triplet loss on the same views (class labels
-unused). As in the DCL / HCL code the paper follows, both losses are computed on a projection head
+``stage2.wcl.tau_plus``, null: 1 / number of classes), the biased encoder E_b jointly with the triplet loss on the
+same views (class labels unused). As in the DCL / HCL code the paper follows, both losses are computed on a projection head
 (Linear-BN-ReLU-Linear, ``stage2.wcl.projection_dim``) after each encoder; the linear head is fitted on the
 encoder's own output, the penultimate layer (Sec. 6), after every epoch (:mod:`debias.training.methods.head`).
 """
@@ -23,8 +23,8 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params, WCLParams
 from debias.training.loop import GeneratorTask, ensure_finite
-from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
-                                          register_method, shuffled_batches, stage2_optimiser)
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, class_prior, epoch_steps, fresh_model,
+                                          normalise, register_method, shuffled_batches, stage2_optimiser)
 from debias.training.methods.views import Views
 
 
@@ -57,6 +57,7 @@ class WCLTask(GeneratorTask):
         self.params, self.generator, self.device = params, generator, device
         wcl = params.stage2.wcl
         self.views = Views(train, params, wcl_image_view(wcl))  # SimCLR views of images, SCARF of feature vectors
+        self.tau_plus = class_prior(wcl.tau_plus, train.n_classes, "stage2.wcl.tau_plus")
 
     def modules(self) -> dict[str, nn.Module]:
         return {"model": self.model, "biased": self.biased, "projector": self.projector,
@@ -71,7 +72,7 @@ class WCLTask(GeneratorTask):
         z_d = [normalise(self.projector(self.model.embed(v))) for v in (first, second)]
         z_b = [normalise(self.biased_projector(self.biased.embed(v))) for v in (first, second)]
         z_d_a, z_d_p, z_b_a, z_b_p = (distributed.all_gather_rows(z, len(index)) for z in (*z_d, *z_b))
-        _, weighted, triplet = losses.wcl_loss(z_d_a, z_d_p, z_b_a, z_b_p, wcl.temperature, wcl.tau_plus,
+        _, weighted, triplet = losses.wcl_loss(z_d_a, z_d_p, z_b_a, z_b_p, wcl.temperature, self.tau_plus,
                                                return_parts=True)
         return weighted + wcl.triplet_weight * triplet, weighted, triplet
 

@@ -2,14 +2,20 @@
 (FairKL paper Eq. 5 and 4), each optionally with the FairKL regulariser (Eq. 9-10) on the bias labels from
 infer_groups (true or inferred).
 
-Batches of ``stage2.batch_size``; loss = alpha * L_con(z/|z|, y) + fairkl.weight * FairKL(z/|z|, y, b); no projection
+Batches of ``stage2.batch_size``; the loss is composed by ``loss.fairkl.variant`` (:data:`OBJECTIVES`):
+``kl`` / ``mean`` (the paper, Eq. 10 / 9 with Eq. 11): ``alpha * L_con(z/|z|, y) + lambda * FairKL(z/|z|, y, b)``;
+``released`` (the authors' released main_infonce.py, which produced the paper's tables):
+``alpha^2 * (tau / 0.07) * L_con + lambda * FairKL_released`` (:func:`debias.losses.released_contrastive`,
+``fairkl(variant="released")``; with lambda = 0 the code applies alpha once). ``lambda`` is ``loss.fairkl.weight``,
+``loss.eps_supcon.fairkl_weight`` for eps_supcon (which also has its own epsilon, FairKL Table 6). No projection
 head (so the encoder's feature layer ends in Tanh under ``model.feature_activation: auto``, as the FairKL authors'
 encoder); temperature ``loss.temperature`` (both papers: 0.1). The linear head is fitted after every epoch
 (:mod:`debias.training.methods.head`).
 
 FairKL's positive side needs, in the batch, pairs of the same class with the same and with a different bias label;
 its negative side pairs of different classes with the same and with a different bias label. A side whose sets hold
-fewer than two pairs contributes 0 (:func:`debias.losses.fairkl`), so under strong bias, where a batch often holds
+fewer than two pairs contributes 0 in ``kl`` / ``mean`` (:func:`debias.losses.fairkl`; ``released`` takes an
+empty set's mean as 0, as the code), so under strong bias, where a batch often holds
 no bias-conflicting point, FairKL silently does nothing. Every epoch records how many steps each side was active and
 the mean pair counts (``train/fairkl_*``); training that left a side inactive in most steps ends with a
 ``fairkl-starved`` warning. ``loss.fairkl.sampler: stratified`` (an extension, not in the paper) puts
@@ -35,11 +41,17 @@ from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, e
 
 CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tensor]] = {
     "supcon": lambda z, y, p: losses.supcon(z, y, p.loss.temperature),
-    "eps_supcon": lambda z, y, p: losses.eps_supcon(z, y, p.loss.epsilon, p.loss.temperature),
+    "eps_supcon": lambda z, y, p: losses.eps_supcon(z, y, p.loss.epsilon_for("eps_supcon"), p.loss.temperature),
     "eps_supinfonce": lambda z, y, p: losses.eps_supinfonce(z, y, p.loss.epsilon, p.loss.temperature),
 }
+# The released code's classes: EpsilonSupCon for eps_supcon (and supcon, epsilon 0), EpsilonSupInfoNCE otherwise.
+RELEASED_FORM: dict[str, losses.ReleasedForm] = {"supcon": "supcon", "eps_supcon": "supcon",
+                                                 "eps_supinfonce": "supinfonce"}
 # Below this fraction of active steps (over the whole training) a FairKL side counts as starved.
 STARVED_FRACTION = 0.5
+# What a missing pair set does to each composition (the released code takes an empty set's mean as 0).
+STARVED_EFFECT = {"paper": "FairKL contributes 0",
+                  "released": "FairKL (released) compares against an empty set's mean taken as 0, as the code does,"}
 SIDES = {"pos": "positive side (same class: same vs different bias label)",
          "neg": "negative side (different classes: same vs different bias label)"}
 
@@ -61,6 +73,49 @@ def stratified_batches(minority: torch.Tensor, batch_size: int, per_batch: int,
     return [torch.cat([order[i * k:(i + 1) * k], part]) for i, part in enumerate(majority)]
 
 
+Terms = dict[str, torch.Tensor]
+
+
+def paper_objective(z: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, method: str,
+                    params: Params) -> tuple[torch.Tensor, Terms]:
+    """FairKL paper Eq. 11: ``alpha * L_con + lambda * FairKL`` (Eq. 10 or 9 by ``loss.fairkl.variant``)."""
+    con = CONTRASTIVE[method](z, y, params)
+    loss, terms = params.loss.alpha * con, {"contrastive": con}
+    weight = params.loss.fairkl_weight_for(method)
+    if weight > 0 and bias is not None:
+        reg = losses.fairkl(z, y, bias, params.loss.fairkl.variant, variance_floor=params.loss.fairkl.variance_floor)
+        loss, terms["fairkl"] = loss + weight * reg, reg
+    return loss, terms
+
+
+def released_objective(z: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, method: str,
+                       params: Params) -> tuple[torch.Tensor, Terms]:
+    """The released main_infonce.py: ``target_loss = alpha * infonce``; with lambda != 0 the criterion is
+    ``alpha * target_loss + lambda * fairkl(F.normalize(feats), y, b, 1.0, kld=1)``, i.e. ``alpha^2 * L_con``
+    (``infonce`` already carries ``tau / 0.07``); without FairKL, ``alpha * L_con``."""
+    loss_params = params.loss
+    con = losses.released_contrastive(z, y, loss_params.epsilon_for(method), loss_params.temperature,
+                                      RELEASED_FORM[method])
+    weight = loss_params.fairkl_weight_for(method)
+    if weight == 0 or bias is None:
+        return loss_params.alpha * con, {"contrastive": con}
+    reg = losses.fairkl(z, y, bias, "released")
+    return loss_params.alpha * loss_params.alpha * con + weight * reg, {"contrastive": con, "fairkl": reg}
+
+
+# loss.fairkl.variant -> the composition of the stage-2 loss
+OBJECTIVES: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, str, Params],
+                               tuple[torch.Tensor, Terms]]] = {
+    "kl": paper_objective, "mean": paper_objective, "released": released_objective}
+
+
+def objective(z: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None, method: str,
+              params: Params) -> tuple[torch.Tensor, Terms]:
+    """The stage-2 loss of one batch of normalised features ``z`` and its terms (undetached), by
+    ``loss.fairkl.variant``; ``bias=None`` leaves FairKL out."""
+    return OBJECTIVES[params.loss.fairkl.variant](z, y, bias, method, params)
+
+
 class ContrastiveTask(GeneratorTask):
     """Batches (shuffled, or stratified by inferred minority); alpha * L_con + lambda * FairKL on normalised
     features; FairKL's activity per epoch."""
@@ -70,17 +125,17 @@ class ContrastiveTask(GeneratorTask):
         self.model, self.optimizer, self.train, self.bias = model, optimizer, train, bias
         self.minority = minority
         self.params, self.generator, self.device = params, generator, device
-        self.contrastive = CONTRASTIVE[params.stage2.method]
+        self.method = params.stage2.method
+        self.fairkl_on = params.loss.fairkl_weight_for(self.method) > 0
 
     def batches(self) -> list[torch.Tensor]:
         fairkl = self.params.loss.fairkl
         batch_size = self.params.stage2.batch_size
-        if fairkl.weight > 0 and fairkl.sampler == "stratified":
+        if self.fairkl_on and fairkl.sampler == "stratified":
             return stratified_batches(self.minority, batch_size, fairkl.minority_per_batch, self.generator)
         return shuffled_batches(len(self.train), batch_size, self.generator)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        loss_params = self.params.loss
         progress = Progress()
         for step, index in epoch_steps(self.batches(), epoch):
             if len(index) < 2:
@@ -90,15 +145,10 @@ class ContrastiveTask(GeneratorTask):
             y = self.train.y[index].to(self.device)
             z = self.model.embed(x)
             zn = distributed.all_gather_rows(normalise(z), len(index))
-            con = self.contrastive(zn, y, self.params)
-            loss = loss_params.alpha * con
-            parts: dict[str, Any] = {"contrastive": con.detach()}
-            if loss_params.fairkl.weight > 0:
-                bias = self.bias[index].to(self.device)
-                reg = losses.fairkl(zn, y, bias, loss_params.fairkl.variant,
-                                    variance_floor=loss_params.fairkl.variance_floor)
-                loss = loss + loss_params.fairkl.weight * reg
-                parts["fairkl"] = reg.detach()
+            bias = self.bias[index].to(self.device) if self.fairkl_on else None
+            loss, terms = objective(zn, y, bias, self.method, self.params)
+            parts: dict[str, Any] = {name: term.detach() for name, term in terms.items()}
+            if bias is not None:
                 parts.update(fairkl_activity(y, bias))
             ensure_finite(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
@@ -121,12 +171,14 @@ def fairkl_activity(y: torch.Tensor, bias: torch.Tensor) -> dict[str, float]:
 def fairkl_summary(history: list[dict[str, float]], params: Params) -> dict[str, Any] | None:
     """FairKL's activity over training from the per-epoch history: per epoch the fraction of steps each side was
     active and the mean pairs per set; ``None`` without FairKL."""
-    if params.loss.fairkl.weight <= 0 or not history or "train/fairkl_pos_active" not in history[0]:
+    weight = params.loss.fairkl_weight_for(params.stage2.method)
+    if weight <= 0 or not history or "train/fairkl_pos_active" not in history[0]:
         return None
     epochs = [{"epoch": int(row["epoch"]),
                "pos_active": row["train/fairkl_pos_active"], "neg_active": row["train/fairkl_neg_active"],
                "pairs": {name: row[f"train/fairkl_pairs_{name}"] for name in losses.FAIRKL_SETS}} for row in history]
-    return {"sampler": params.loss.fairkl.sampler, "batch_size": params.stage2.batch_size,
+    return {"sampler": params.loss.fairkl.sampler, "variant": params.loss.fairkl.variant,
+            "batch_size": params.stage2.batch_size,
             "pos_active": sum(e["pos_active"] for e in epochs) / len(epochs),
             "neg_active": sum(e["neg_active"] for e in epochs) / len(epochs), "epochs": epochs}
 
@@ -143,7 +195,8 @@ def fairkl_warnings(summary: dict[str, Any] | None) -> list[str]:
     where = "; ".join(f"its {SIDES[side]} was active in {summary[f'{side}_active']:.0%} of the steps" for side in starved)
     remedy = ("" if summary["sampler"] == "stratified" else
               "; loss.fairkl.sampler: stratified puts inferred-minority points into every batch (an extension)")
-    return [health.warning("fairkl-starved", f"FairKL contributes 0 where a batch lacks one of its pair sets: {where} "
+    effect = (STARVED_EFFECT["released"] if summary.get("variant") == "released" else STARVED_EFFECT["paper"])
+    return [health.warning("fairkl-starved", f"{effect} where a batch lacks one of its pair sets: {where} "
                                              f"(mean pairs per batch in the last epoch: {mean_pairs}){remedy}")]
 
 

@@ -1,7 +1,9 @@
 """Augmented views for the self-supervised contrastive methods (WCL, DCL, HCL), by the data's modality, in one place.
 
 :class:`Views` is built once per training split and called once per view: images ``[N,3,H,W]`` get the method's
-image augmentation (WCL: shift + pixel noise; DCL / HCL: their papers' SimCLR views, :func:`simclr_view`);
+image augmentation (the SimCLR views of :func:`debias.data.augment.simclr_view`, with the options of
+``stage2.wcl``: random resized crop, colour distortion of strength ``colour_strength``, grayscale; WCL, DCL and HCL
+draw the same views, so their rows differ only in the loss);
 feature vectors ``[N,F]`` get SCARF's random feature corruption (:func:`tabular_view`: a random
 ``stage2.tabular_view.corruption_rate`` of each row's features replaced by their values in uniformly drawn
 training rows, the empirical marginals; one-hot columns of one original column replaced together), the
