@@ -211,7 +211,7 @@ SOURCES: dict[str, str] = {
     "evaluate.mi_max_iter": "ours: a cap of 1000 iterations, 10x scikit-learn's default 100 (not tuned)",
     "evaluate.mi_c": "paper: CNC App. D.2.1 fits scikit-learn's default logistic regression (C = 1)",
     # ----------------------------------------------------------------------------------------------- report
-    "report.title": "ours: display only",
+    "report.title": "ours: the report's heading (display only, no effect on results)",
     "report.paper_numbers": "ours: the papers' numbers beside ours where the protocol matches (display only)",
     "report.dpi": "ours: figure resolution (display only)",
 }
