@@ -16,6 +16,8 @@ SimCLR = Chen et al. 2020; SCARF = Bahri et al. 2022; DCL = Chuang et al. 2020; 
 from __future__ import annotations
 
 KINDS = ("paper: ", "code: ", "ours: ")
+_TAU_PLUS = ("paper: WCL Sec. 6.1 / DCL: tau+ is the class probability (0.1 on CIFAR-10's ten classes; a null "
+             "default means 1 / number of classes)")
 
 SOURCES: dict[str, str] = {
     "seed": "ours: any fixed seed; quality claims rest on >= 3 seeds (benchmarks/quality.py --seeds 0 1 2)",
@@ -78,7 +80,8 @@ SOURCES: dict[str, str] = {
                            "(0.99 the default)",
     "bias.corruption.eval_rho": "paper: FairKL Table 4 / DFA: unbiased test (uniform over the ten corruptions)",
     "bias.corruption.types": "code: DFA's ten corruptions (Lee et al. 2021), the data of FairKL Table 4",
-    "bias.corruption.severity": "code: LfF's code applies its SeverityK as Hendrycks' level K + 1 (params.yaml comment)",
+    "bias.corruption.severity": "code: LfF's code applies its SeverityK as Hendrycks' level K + 1 (params.yaml "
+                                "comment)",
     "bias.corruption.frost_dir": "code: Hendrycks' frost images as packaged in imagecorruptions (null: those)",
     # ----------------------------------------------------------------------------------------------- model
     "model.name": "paper: CNC App. D.2.2: LeNet-5 on CMNIST* (FairKL's SimpleConvNet, ResNets and the MLP through "
@@ -145,12 +148,14 @@ SOURCES: dict[str, str] = {
     "stage2.cnc.contrastive_weight": "paper: CNC App. D.2.4: lambda 0.75",
     "stage2.cnc.init": "paper: CNC App. D.2.4: a new model (scratch)",
     "stage2.cnc.forward_chunk": "ours: 8 batches per forward pass (memory only, no effect on results)",
+    "stage2.cnc.short_pools": "code: replace (ours: every batch keeps App. D.2.4's M and N, short pools drawn with "
+                              "replacement and warned of); shrink is the released code's adjust_num_pos_neg_",
     "stage2.cnc.skip_empty_classes": "paper: CNC Alg. 3 needs a positive per class (false: fail, schema default); "
                                      "params.yaml true (ours: ERM fits ~1k digits with no error in some classes)",
     "stage2.jtt.upweight": "ours: 20 at ~1k digits, not compared with other values (CNC App. D.2.5 tried "
                            "{10, 100, 1000} and used ~1100 at CMNIST* 0.995, benchmarks/fullsize.yaml)",
     "stage2.wcl.temperature": "paper: WCL Sec. 6.1: t = 0.5 for all methods",
-    "stage2.wcl.tau_plus": "paper: WCL Sec. 6.1: 0.1 (CIFAR-10)",
+    "stage2.wcl.tau_plus": _TAU_PLUS,
     "stage2.wcl.projection_dim": "code: DCL / HCL code: a 128-d projection head",
     "stage2.wcl.crop_min_scale": "code: MoCo v2's random resized crop scale (0.2, 1) (SimCLR's ImageNet setting: "
                                  "0.08)",
@@ -165,10 +170,12 @@ SOURCES: dict[str, str] = {
     "stage2.groupdro.adjustment": "paper: CNC App. D.2.5: C = 0 on CMNIST*",
     "stage2.groupdro.balanced_sampling": "code: GroupDRO's commands pass --reweight_groups (Alg. 1 draws a group "
                                          "uniformly)",
+    "stage2.dcl.projection_dim": "code: DCL's code: a 128-d projection head",
+    "stage2.hcl.projection_dim": "code: HCL's code: a 128-d projection head",
     "stage2.dcl.temperature": "paper: WCL Sec. 6.1: t = 0.5 for all methods",
-    "stage2.dcl.tau_plus": "paper: WCL Sec. 6.1 / DCL: 0.1 on CIFAR-10",
+    "stage2.dcl.tau_plus": _TAU_PLUS,
     "stage2.hcl.temperature": "paper: WCL Sec. 6.1: t = 0.5 for all methods",
-    "stage2.hcl.tau_plus": "paper: WCL Sec. 6.1 / DCL: 0.1 on CIFAR-10",
+    "stage2.hcl.tau_plus": _TAU_PLUS,
     "stage2.hcl.beta": "paper: WCL Sec. 6.1: beta = 1 for HCL",
     "stage2.tabular_view.corruption_rate": "paper: SCARF: corruption rate 0.6",
     # ----------------------------------------------------------------------------------------------- loss
@@ -177,6 +184,10 @@ SOURCES: dict[str, str] = {
     "loss.alpha": "ours: 1 with the kl variant (issue 30: with Table 6's alpha 0.03 the Eq. 10 objective starves the "
                   "contrastive term, 33.3 % against 57.5 % unbiased at Fashion-MNIST rho 0.997); 0.03 in the "
                   "presets (FairKL Table 6, with the released objective)",
+    "loss.eps_supcon.epsilon": "paper: FairKL Table 6: eps-SupCon's eps 0.25 at rho 0.999 (0 / 0.5 / 0 at 0.997 / "
+                               "0.995 / 0.99: presets fairkl-bmnist-*-eps-supcon)",
+    "loss.eps_supcon.fairkl_weight": "paper: FairKL Table 6: eps-SupCon's lambda 0.75 at rho 0.999 (0.5 at 0.997 / "
+                                     "0.995 / 0.99)",
     "loss.fairkl.weight": "paper: FairKL Table 6: lambda 0.75 for eps-SupInfoNCE at rho 0.995-0.999 (schema "
                           "default 0: off, the plain losses)",
     "loss.fairkl.variant": "paper: FairKL Eq. 10 (kl); the released objective reproduces the tables (issue 30, "
