@@ -296,3 +296,16 @@ def test_a_malformed_preset_file_is_refused(tmp_path, monkeypatch) -> None:
                                      "blocks:\n  - {source: s, params: {seed: 1}}\n")
     with pytest.raises(presets.PresetError, match="extends itself"):
         presets.load("y")
+
+
+def test_a_key_params_yaml_lacks_lands_after_its_sections_last_value_even_a_wrapped_list() -> None:
+    text = committed_text("params.yaml")
+    out = presets.rewrite(text, {"bias": {"background": {"probe_key": 1}}})
+    lines = out.splitlines()
+    at = lines.index("    probe_key: 1")
+    assert lines[at - 1].strip().endswith("[128, 128, 128]]")  # after the colours' second line, inside the section
+    assert yaml.safe_load(out)["bias"]["background"]["probe_key"] == 1
+    assert out.replace("    probe_key: 1\n", "", 1) == text
+    applied = presets.plan_apply(text, presets.load("cnc-cmnist"), {"bias": {"max_uncolourable": 0.02}})
+    assert validate(yaml.safe_load(applied.text)).bias.max_uncolourable == 0.02
+    assert applied.changes["bias.max_uncolourable"][1] == 0.02
