@@ -88,6 +88,19 @@ def set_param_args(overrides: dict) -> list[str]:
     return args
 
 
+def expand_preset(entry: dict) -> dict:
+    """``entry`` with its ``preset`` (a paper preset of src/debias/presets: a name, or ``{name, keys}`` to take only
+    those dotted subtrees) replaced by the preset's params, the entry's own values merged over them."""
+    spec = entry.get("preset")
+    if spec is None:
+        return entry
+    from debias import presets
+
+    name, keys = (spec, None) if isinstance(spec, str) else (spec["name"], spec.get("keys"))
+    own = {key: value for key, value in entry.items() if key != "preset"}
+    return merge(presets.select(presets.load(name).params(), keys), own)
+
+
 def experiment_name(setting: str, seed: int, method: str) -> str:
     return f"{setting}-s{seed}-{method}".replace("_", "-")
 
@@ -104,8 +117,8 @@ def plan(config: dict, settings: list[str], seeds: list[int], methods: list[str]
     """Every experiment to run, seed by seed, upstream ones first: name, setting, seed, method, overrides, targets
     (and ``result``, see :data:`JOB_KEYS`).
 
-    Overrides merge setting <- method <- seed <- ``forced`` (command-line ``--set``, e.g. for a smoke run).
-    """
+    Overrides merge setting <- method <- seed <- ``forced`` (command-line ``--set``, e.g. for a smoke run); a setting's
+    or method's ``preset`` is expanded first (:func:`expand_preset`)."""
     forced = forced or {}
     upstream_groups = {"groups": {"method": "cluster"}}
     jobs = []
@@ -113,12 +126,13 @@ def plan(config: dict, settings: list[str], seeds: list[int], methods: list[str]
         for setting in settings:
             jobs.append({"name": experiment_name(setting, seed, UPSTREAM), "setting": setting, "seed": seed,
                          "method": UPSTREAM, "targets": ["infer_groups"],
-                         "overrides": merge(merge(merge(config["settings"][setting], upstream_groups), {"seed": seed}),
+                         "overrides": merge(merge(merge(expand_preset(config["settings"][setting]), upstream_groups),
+                                                  {"seed": seed}),
                                             forced)})
         for setting in settings:
             for method in methods:
-                entry = {k: v for k, v in config["methods"][method].items() if k not in JOB_KEYS}
-                overrides = merge(merge(config["settings"][setting], entry), {"seed": seed})
+                entry = expand_preset({k: v for k, v in config["methods"][method].items() if k not in JOB_KEYS})
+                overrides = merge(merge(expand_preset(config["settings"][setting]), entry), {"seed": seed})
                 jobs.append({"name": experiment_name(setting, seed, method), "setting": setting, "seed": seed,
                              "method": method, "targets": list(config["methods"][method].get("targets", METHOD_TARGETS)),
                              "result": config["methods"][method].get("result"), "overrides": merge(overrides, forced)})

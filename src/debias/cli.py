@@ -119,6 +119,62 @@ def example_folder(args: argparse.Namespace) -> int:
     return 0
 
 
+PRESET_HELP = """\
+Paper presets: named, versioned params sets carrying a paper's protocol and the objective its numbers came
+from (src/debias/presets/*.yaml; docs/presets.md). apply composes one over params.yaml and rewrites only the
+values that change (comments and layout stay), after validating the result; nothing is written if it fails.
+
+examples:
+  debias preset list
+  debias preset show fairkl-bmnist-0.997-eps-supcon
+  debias preset apply cnc-cmnist --dry-run
+  debias preset apply cnc-cmnist@1                       # refuses if the preset's version is no longer 1
+  debias preset apply fairkl-bffhq --set data.imagefolder.root=data/external/bffhq
+  debias preset apply cnc-waterbirds --print-set | xargs dvc exp run --queue -S seed=1
+"""
+
+
+def preset(args: argparse.Namespace) -> int:
+    from debias import presets
+
+    try:
+        if args.action == "list":
+            for name in presets.names():
+                loaded = presets.load(name)
+                print(f"{name:<36} v{loaded.version}  {loaded.title}")
+            return 0
+        loaded = presets.load(args.name)
+        if args.action == "show":
+            print(presets.describe(loaded))
+            return 0
+        sets = presets.parse_sets(args.set)
+        path = Path(args.params)
+        if not path.is_file():
+            raise presets.PresetError(f"{path} not found: run from the repository root or give --params")
+        text = path.read_text(encoding="utf-8")
+        applied = presets.plan_apply(text, loaded, sets)
+    except presets.PresetError as exc:
+        print(f"debias preset: {exc}", file=sys.stderr)
+        return 2
+    except ParamsError as exc:
+        print(f"debias preset: {exc}", file=sys.stderr)
+        return 2
+    if args.print_set:
+        print(presets.shell_line(presets.set_args(presets.merge(loaded.params(), sets))))
+        return 0
+    for key, (old, new) in applied.changes.items():
+        print(f"{key}: {old!r} -> {new!r}" if old is not None else f"{key}: (absent) -> {new!r}")
+    if args.dry_run:
+        print(f"{path}: {len(applied.changes)} values would change (dry run: nothing written)")
+        return 0
+    if applied.changes:
+        presets.write_atomic(path, applied.text)
+    print(f"{path}: preset {loaded.name} version {loaded.version} applied ({len(applied.changes)} values changed)")
+    for deviation in loaded.deviations:
+        print(f"  deviation from the paper: {deviation}")
+    return 0
+
+
 COMPARE_HELP = """\
 Gather experiments into a table (one row per experiment: the params that differ and the headline test
 metrics; then grouped by everything but the seed, mean +- std over seeds) printed here at most --width
@@ -179,6 +235,21 @@ def main(argv: list[str] | None = None) -> int:
     shapes.add_argument("--seed", type=int, default=0)
     shapes.add_argument("--force", action="store_true", help="write into a folder that is not empty (its metadata.csv "
                                                              "and images/ files of the same names are replaced)")
+    pre = commands.add_parser("preset", help="list, show or apply the papers' presets (versioned params sets)",
+                              description=PRESET_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pre_actions = pre.add_subparsers(dest="action", required=True, metavar="ACTION")
+    pre_actions.add_parser("list", help="the presets, their versions and titles")
+    pre_show = pre_actions.add_parser("show", help="a preset's values, each with its source, and its deviations")
+    pre_show.add_argument("name", help="a name from `debias preset list`")
+    pre_apply = pre_actions.add_parser("apply", help="compose a preset over params.yaml (validated, comments kept)")
+    pre_apply.add_argument("name", help="a name from `debias preset list`; NAME@VERSION refuses another version")
+    pre_apply.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                           help="a value on top of the preset (repeatable; YAML, as dvc exp run -S)")
+    pre_apply.add_argument("--params", default="params.yaml", help="the file to rewrite (default: params.yaml)")
+    pre_apply.add_argument("--dry-run", action="store_true", help="print the changes, write nothing")
+    pre_apply.add_argument("--print-set", action="store_true",
+                           help="print the preset as `-S key=value` arguments for `dvc exp run` (after validating "
+                                "them over params.yaml), write nothing")
     args = parser.parse_args(argv)
     if args.command == "check-params":
         return check_overrides(args.path, args.overrides) if args.overrides else check_params(args.path)
@@ -190,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         return deps(args.write)
     if args.command == "example-folder":
         return example_folder(args)
+    if args.command == "preset":
+        return preset(args)
     return 1  # pragma: no cover - argparse enforces the choices
 
 

@@ -376,7 +376,7 @@ class OptimParams(Section):
     optimizer: Literal["sgd", "adam"] = "sgd"
     lr: float = Field(1e-3, gt=0, le=10)
     momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(5e-4, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0, le=10)
     batch_size: int = Field(32, ge=1, le=65536)
     epochs: int = Field(5, ge=1, le=10000)
     lr_milestones: list[int] = Field(default_factory=list, description="epochs at which the lr is multiplied by lr_gamma")

@@ -1,0 +1,311 @@
+"""Paper presets (src/debias/presets) and ``debias preset``: every preset composes into valid params over the
+committed params.yaml and yields the papers' values; apply keeps every byte but the changed values, refuses before
+writing, and names the presets on a bad name."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from debias import presets
+from debias.cli import main
+from debias.errors import ParamsError
+from debias.params import Params, validate
+from tests.conftest import committed_text
+
+# Values and params a preset carries that the schema does not have yet (issue 30's objective change adds them: the
+# released FairKL variant, eps-SupCon's own eps and lambda). A preset's test skips, naming them, only when these are
+# the sole validation problems; the rest is validated with them replaced (STAND_IN) or left out (PENDING_KEYS).
+PENDING = {"loss.fairkl.variant": "released"}
+STAND_IN = {"loss.fairkl.variant": "authors"}  # a value the schema accepts today, to check everything else
+PENDING_KEYS = ("loss.eps_supcon",)
+BFFHQ_ROOT = {"data": {"imagefolder": {"root": "data/external/bffhq"}}}
+
+
+def _pending_only(error: ParamsError) -> bool:
+    problems = [line.strip()[2:] for line in str(error).splitlines() if line.strip().startswith("- ")]
+    awaited = [f"{key} = {value!r} is not allowed" for key, value in PENDING.items()]
+    awaited += [f"unknown parameter '{key}'" for key in PENDING_KEYS]
+    return bool(problems) and all(any(line.startswith(a) for a in awaited) for line in problems)
+
+
+def _with_stand_ins(raw: dict) -> dict:
+    """``raw`` with the PENDING values replaced by STAND_IN ones and the PENDING_KEYS left out."""
+    flat = {k: v for k, v in presets.flatten(raw).items()
+            if not any(k == p or k.startswith(p + ".") for p in PENDING_KEYS)}
+    flat.update({k: v for k, v in STAND_IN.items() if flat.get(k) == PENDING[k]})
+    return presets.unflatten(flat)
+
+
+def validate_pending(raw: dict) -> Params:
+    """``validate(raw)``; where the only problems are the PENDING values, the params validated with STAND_IN values
+    in their place (every other check still runs)."""
+    try:
+        return validate(raw)
+    except ParamsError as exc:
+        if not _pending_only(exc):
+            raise
+        return validate(_with_stand_ins(raw))
+
+
+def validate_or_skip(raw: dict) -> Params:
+    """``validate(raw)``; skipped (with the reason) when the only problems are the PENDING values."""
+    try:
+        return validate(raw)
+    except ParamsError as exc:
+        if _pending_only(exc):
+            # model-level checks run only once every field is valid: the rest must pass with a stand-in value
+            validate(_with_stand_ins(raw))
+            pytest.skip(f"waits for the schema to accept {PENDING} and {PENDING_KEYS} (issue 30's objective change): "
+                        f"{exc}")
+        raise
+
+
+def _base() -> dict:
+    return yaml.safe_load(committed_text("params.yaml"))
+
+
+def _composed(name: str) -> Params:
+    preset = presets.load(name)
+    sets = BFFHQ_ROOT if preset.requires else None
+    return validate_or_skip(presets.compose(_base(), preset, sets))
+
+
+# --------------------------------------------------------------------------- every preset
+
+
+@pytest.mark.parametrize("name", presets.names())
+def test_every_preset_validates_over_the_committed_params_and_names_its_sources(name) -> None:
+    preset = presets.load(name)
+    assert preset.version >= 1 and preset.title and preset.paper and preset.objective
+    assert all(block["source"].strip() for block in preset.blocks)
+    assert set(presets.flatten(preset.params())) == set(preset.sources())
+    params = _composed(name)
+    # every value the preset sets is what the validated params hold
+    dumped = presets.flatten(params.model_dump(mode="json"))
+    for key, value in presets.flatten(preset.params()).items():
+        assert dumped[key] == value or (isinstance(value, (int, float)) and dumped[key] == pytest.approx(value)), key
+
+
+def test_the_presets_are_the_papers_tables() -> None:
+    names = set(presets.names())
+    table6 = {f"fairkl-bmnist-{rho}-{loss}" for rho in ("0.999", "0.997", "0.995", "0.99")
+              for loss in ("eps-supinfonce", "eps-supcon")}
+    table7 = {f"fairkl-ccifar10-{ratio}pct" for ratio in ("0.5", "1", "2", "5")}
+    assert table6 | table7 | {"fairkl-bffhq", "cnc-cmnist", "cnc-waterbirds", "cnc-celeba", "wcl-adult",
+                              "wcl-compas"} <= names
+    assert not any(name.startswith("_") for name in names)
+
+
+# FairKL App. B.2.1 Table 6: (alpha, lambda, eps) per rho and loss.
+TABLE6 = {("0.999", "eps-supcon"): (0.03, 0.75, 0.25), ("0.997", "eps-supcon"): (0.03, 0.5, 0.0),
+          ("0.995", "eps-supcon"): (0.03, 0.5, 0.5), ("0.99", "eps-supcon"): (0.03, 0.5, 0.0),
+          ("0.999", "eps-supinfonce"): (0.03, 0.75, 0.5), ("0.997", "eps-supinfonce"): (0.03, 0.75, 0.5),
+          ("0.995", "eps-supinfonce"): (0.03, 0.75, 0.5), ("0.99", "eps-supinfonce"): (0.03, 0.5, 0.5)}
+
+
+@pytest.mark.parametrize("rho,loss", sorted(TABLE6))
+def test_biased_mnist_presets_carry_table_6_and_app_b21(rho, loss) -> None:
+    values = presets.flatten(presets.load(f"fairkl-bmnist-{rho}-{loss}").params())
+    alpha, lam, eps = TABLE6[(rho, loss)]
+    own = "loss.eps_supcon.fairkl_weight", "loss.eps_supcon.epsilon"  # eps-SupCon's own lambda and eps
+    lam_key, eps_key = own if loss == "eps-supcon" else ("loss.fairkl.weight", "loss.epsilon")
+    assert (values["loss.alpha"], values[lam_key], values[eps_key]) == (alpha, lam, eps)
+    other = ("loss.fairkl.weight", "loss.epsilon") if loss == "eps-supcon" else own
+    assert not set(other) & set(values)  # the other loss's eps and lambda are left as they are
+    assert values["bias.background.rho"] == float(rho) and values["bias.protocol"] == "background"
+    assert values["stage2.method"] == loss.replace("-", "_")
+    assert values["loss.fairkl.variant"] == "released" and values["loss.temperature"] == 0.1
+    assert (values["stage2.optimizer"], values["stage2.lr"], values["stage2.weight_decay"]) == ("adam", 0.001, 1e-5)
+    assert (values["stage2.batch_size"], values["stage2.epochs"], values["stage2.lr_milestones"],
+            values["stage2.lr_gamma"]) == (256, 80, [26, 53], 0.1)
+    assert values["model.name"] == "simpleconv" and values["data.source"] == "mnist"
+    assert values["groups.method"] == "true" and values["stage2.augment_shift"] == 0
+
+
+def test_biased_mnist_0997_eps_supcon_is_eps_0_lambda_05() -> None:
+    values = presets.flatten(presets.load("fairkl-bmnist-0.997-eps-supcon").params())
+    assert (values["loss.eps_supcon.epsilon"], values["loss.eps_supcon.fairkl_weight"]) == (0.0, 0.5)
+    params = _composed("fairkl-bmnist-0.997-eps-supcon")
+    assert (params.loss.eps_supcon.epsilon, params.loss.eps_supcon.fairkl_weight, params.loss.alpha) == (0.0, 0.5, 0.03)
+    assert params.stage2.method == "eps_supcon" and params.bias.background.rho == 0.997
+
+
+@pytest.mark.parametrize("ratio,rho,eps", [("0.5", 0.995, 0.1), ("1", 0.99, 0.25), ("2", 0.98, 0.5), ("5", 0.95, 0.25)])
+def test_corrupted_cifar10_presets_carry_table_7_and_app_b22(ratio, rho, eps) -> None:
+    values = presets.flatten(presets.load(f"fairkl-ccifar10-{ratio}pct").params())
+    assert (values["loss.alpha"], values["loss.fairkl.weight"], values["loss.epsilon"]) == (0.1, 1.0, eps)
+    assert values["bias.corruption.rho"] == rho and values["data.source"] == "cifar10"
+    assert (values["model.name"], values["stage2.optimizer"], values["stage2.lr"], values["stage2.weight_decay"],
+            values["stage2.epochs"], values["stage2.batch_size"]) == ("resnet18", "adam", 0.001, 1e-4, 200, 256)
+    assert any("cosine" in d for d in presets.load(f"fairkl-ccifar10-{ratio}pct").deviations)
+
+
+def test_bffhq_preset_needs_its_folder_and_carries_app_b23() -> None:
+    preset = presets.load("fairkl-bffhq")
+    with pytest.raises(presets.PresetError, match="data.imagefolder.root"):
+        presets.compose(_base(), preset)
+    values = presets.flatten(preset.params())
+    assert (values["loss.alpha"], values["loss.epsilon"], values["loss.fairkl.weight"]) == (0.1, 0.25, 1.5)
+    assert (values["stage2.lr"], values["stage2.epochs"], values["stage2.batch_size"], values["stage2.weight_decay"],
+            values["model.name"]) == (0.0001, 100, 256, 1e-4, "resnet18")
+    assert values["data.source"] == "imagefolder" and any("imagefolder" in d for d in preset.deviations)
+
+
+@pytest.mark.parametrize("name,m,tau,lr,wd,epochs,erm", [
+    ("cnc-cmnist", 32, 0.05, 1e-3, 1e-4, 3, ("lenet5", 1e-3, 5e-4, 32, 5)),
+    ("cnc-waterbirds", 17, 0.1, 1e-4, 1e-3, 5, ("resnet50", 1e-3, 1.0, 128, 300)),
+    ("cnc-celeba", 64, 0.05, 1e-5, 0.1, 15, ("resnet50", 1e-4, 0.1, 128, 50)),
+])
+def test_cnc_presets_carry_app_d(name, m, tau, lr, wd, epochs, erm) -> None:
+    params = _composed(name)
+    cnc = params.stage2.cnc
+    assert (cnc.num_positives, cnc.num_negatives, cnc.temperature, cnc.contrastive_weight, cnc.accumulation,
+            cnc.anchor_fraction) == (m, m, tau, 0.75, 32, 1.0)
+    assert (params.stage2.method, params.stage2.optimizer, params.stage2.lr, params.stage2.momentum,
+            params.stage2.weight_decay, params.stage2.epochs) == ("cnc", "sgd", lr, 0.9, wd, epochs)
+    assert (params.model.name, params.erm.lr, params.erm.weight_decay, params.erm.batch_size, params.erm.epochs) == erm
+    assert params.groups.method == "cluster" and params.stage2.selection == "best_worst_group"
+    assert params.model.pretrained == (params.model.name == "resnet50")
+
+
+def test_cnc_cmnist_uses_app_d1_data() -> None:
+    params = _composed("cnc-cmnist")
+    assert (params.data.source, params.data.mnist_val_size, params.bias.foreground.p_corr) == ("mnist", 12000, 0.995)
+
+
+@pytest.mark.parametrize("name,source", [("wcl-adult", "adult"), ("wcl-compas", "compas")])
+def test_wcl_presets_carry_sec_6(name, source) -> None:
+    params = _composed(name)
+    assert params.data.source == source and params.stage2.method == "wcl"
+    assert (params.stage2.wcl.temperature, params.stage2.batch_size) == (0.5, 128)
+    assert (params.data.tabular.val_fraction, params.data.tabular.test_fraction) == (0.15, 0.15)
+    assert params.model.name == "mlp" and params.model.mlp.batch_norm
+
+
+# --------------------------------------------------------------------------- apply
+
+
+def _workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "params.yaml"
+    path.write_text(committed_text("params.yaml"))
+    return path
+
+
+def test_apply_keeps_every_byte_but_the_changed_values(tmp_path, capsys) -> None:
+    path = _workspace(tmp_path)
+    before = path.read_text()
+    assert main(["preset", "apply", "cnc-waterbirds", "--params", str(path)]) == 0
+    after = path.read_text()
+    assert before.count("\n") == after.count("\n") and after != before
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    expected = presets.flatten(presets.load("cnc-waterbirds").params())
+    old = presets.flatten(yaml.safe_load(before))
+    assert len(changed) == sum(1 for key, value in expected.items() if old.get(key) != value)
+    for a, b in changed:  # same key and comment, another value
+        key_a, _, rest_a = a.partition(":")
+        key_b, _, rest_b = b.partition(":")
+        assert key_a == key_b
+        assert rest_a.partition("#")[2] == rest_b.partition("#")[2]
+    # the same comments, all of them
+    assert [l for l in before.splitlines() if l.lstrip().startswith("#")] == \
+           [l for l in after.splitlines() if l.lstrip().startswith("#")]
+    params = validate(yaml.safe_load(after))
+    assert (params.data.source, params.stage2.cnc.num_positives, params.erm.weight_decay) == ("waterbirds", 17, 1.0)
+    assert "preset cnc-waterbirds version 1 applied" in capsys.readouterr().out
+    # applying it again changes nothing
+    assert main(["preset", "apply", "cnc-waterbirds", "--params", str(path)]) == 0
+    assert path.read_text() == after
+
+
+def test_apply_appends_a_key_params_yaml_lacks_to_its_section() -> None:
+    text = "seed: 0  # a comment\nbias:\n  protocol: auto   # which\n  foreground:\n    p_corr: 0.9\nloss:\n  alpha: 1.0\n"
+    out = presets.rewrite(text, {"bias": {"max_uncolourable": 0.02, "foreground": {"p_corr": 0.995}}, "seed": 3})
+    assert out == ("seed: 3  # a comment\nbias:\n  protocol: auto   # which\n  foreground:\n    p_corr: 0.995\n"
+                   "  max_uncolourable: 0.02\nloss:\n  alpha: 1.0\n")
+    flow = "stage2:\n  lr_milestones: []      # none\n  cnc: {temperature: 0.05, init: scratch}\n"
+    out = presets.rewrite(flow, {"stage2": {"lr_milestones": [26, 53], "cnc": {"init": "erm"}}})
+    assert out == "stage2:\n  lr_milestones: [26, 53]  # none\n  cnc: {temperature: 0.05, init: erm}\n"
+
+
+def test_dry_run_and_print_set_write_nothing(tmp_path, capsys) -> None:
+    path = _workspace(tmp_path)
+    before = path.read_bytes()
+    assert main(["preset", "apply", "cnc-cmnist", "--params", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "stage2.cnc.accumulation: 1 -> 32" in out and "dry run: nothing written" in out
+    assert main(["preset", "apply", "cnc-cmnist", "--params", str(path), "--print-set"]) == 0
+    args = shlex.split(capsys.readouterr().out)
+    assert path.read_bytes() == before
+    assert args[0::2] == ["-S"] * (len(args) // 2)
+    parsed = {a.partition("=")[0]: yaml.safe_load(a.partition("=")[2]) for a in args[1::2]}
+    assert parsed == presets.flatten(presets.load("cnc-cmnist").params())
+    assert parsed["stage2.cnc.num_positives"] == 32 and parsed["bias.foreground.class_digits"][0] == [0, 1]
+
+
+def test_a_bad_name_lists_the_presets(tmp_path, capsys) -> None:
+    path = _workspace(tmp_path)
+    assert main(["preset", "apply", "cnc-cmnst", "--params", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'cnc-cmnst'" in err and "did you mean 'cnc-cmnist'" in err
+    assert all(name in err for name in presets.names())
+    for bad in ("_fairkl-bmnist", "../params", ""):
+        with pytest.raises(presets.PresetError, match="unknown preset"):
+            presets.load(bad)
+
+
+def test_a_pinned_version_must_match(tmp_path) -> None:
+    assert presets.load("cnc-cmnist@1").version == 1
+    with pytest.raises(presets.PresetError, match="version 1, not 7"):
+        presets.load("cnc-cmnist@7")
+
+
+def test_a_failed_validation_writes_nothing(tmp_path, capsys) -> None:
+    path = _workspace(tmp_path)
+    before = path.read_bytes()
+    stamp = os.stat(path).st_mtime_ns
+    assert main(["preset", "apply", "cnc-cmnist", "--params", str(path), "--set", "stage2.cnc.temperature=0"]) == 2
+    err = capsys.readouterr().err
+    assert "stage2.cnc.temperature" in err and "nothing written" in err
+    assert main(["preset", "apply", "fairkl-bffhq", "--params", str(path)]) == 2  # its folder not given
+    assert "--set data.imagefolder.root=" in capsys.readouterr().err
+    assert path.read_bytes() == before and os.stat(path).st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == ["params.yaml"]  # no temporary file left
+
+
+def test_show_and_list(capsys) -> None:
+    assert main(["preset", "show", "fairkl-bmnist-0.997-eps-supcon"]) == 0
+    out = capsys.readouterr().out
+    assert "loss.eps_supcon.epsilon = 0.0" in out and "Table 6" in out and "released objective" in out
+    assert main(["preset", "list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == presets.names()
+
+
+def test_a_malformed_preset_file_is_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(presets, "PRESET_DIR", tmp_path)
+    (tmp_path / "x.yaml").write_text("name: x\nversion: 1\ntitle: t\npaper: p\nobjective: o\n"
+                                     "blocks:\n  - params: {seed: 1}\n")
+    with pytest.raises(presets.PresetError, match="source"):
+        presets.load("x")
+    (tmp_path / "y.yaml").write_text("name: y\nversion: 1\ntitle: t\npaper: p\nobjective: o\nextends: y\n"
+                                     "blocks:\n  - {source: s, params: {seed: 1}}\n")
+    with pytest.raises(presets.PresetError, match="extends itself"):
+        presets.load("y")
+
+
+def test_a_key_params_yaml_lacks_lands_after_its_sections_last_value_even_a_wrapped_list() -> None:
+    text = committed_text("params.yaml")
+    out = presets.rewrite(text, {"bias": {"background": {"probe_key": 1}}})
+    lines = out.splitlines()
+    at = lines.index("    probe_key: 1")
+    assert lines[at - 1].strip().endswith("[128, 128, 128]]")  # after the colours' second line, inside the section
+    assert yaml.safe_load(out)["bias"]["background"]["probe_key"] == 1
+    assert out.replace("    probe_key: 1\n", "", 1) == text
+    applied = presets.plan_apply(text, presets.load("cnc-cmnist"), {"bias": {"max_uncolourable": 0.02}})
+    assert validate(yaml.safe_load(applied.text)).bias.max_uncolourable == 0.02
+    assert applied.changes["bias.max_uncolourable"][1] == 0.02
