@@ -11,7 +11,6 @@ import yaml
 
 from debias.params import validate
 from tests.conftest import REPO, committed_text
-from tests.test_presets import validate_pending
 
 
 def _load_quality():
@@ -138,13 +137,13 @@ def test_fullsize_profiles_plan_experiments_that_pass_the_params_schema(profile)
     base = quality.merge(yaml.safe_load(committed_text("params.yaml")), config["base"])
     jobs = quality.plan(config, list(config["settings"]), [0], list(config["methods"]))
     for job in jobs:  # the FairKL rows carry the released objective (presets), which the schema may not take yet
-        params = validate_pending(quality.merge(base, job["overrides"]))
+        params = validate(quality.merge(base, job["overrides"]))
         assert params.data.source == "fashion_mnist" and params.data.mnist_val_size == 6000
     cnc = validate(quality.merge(base, next(j for j in jobs if j["method"] == "cnc")["overrides"])).stage2
     fairkl_job = next(j for j in jobs if j["method"] == "eps_supinfonce_fairkl_true" and j["setting"] == "bmnist_0997")
     assert fairkl_job["overrides"]["loss"]["fairkl"]["variant"] == "released"
     assert fairkl_job["overrides"]["bias"]["background"]["rho"] == 0.997  # the setting's preset
-    fairkl = validate_pending(quality.merge(base, fairkl_job["overrides"])).stage2
+    fairkl = validate(quality.merge(base, fairkl_job["overrides"])).stage2
     if profile is None:  # the papers' protocols: CNC Alg. 3 epochs with SGD and 32-batch steps, FairKL 80 epochs
         assert (cnc.cnc.anchor_fraction, cnc.cnc.accumulation, cnc.optimizer, cnc.epochs) == (1.0, 32, "sgd", 3)
         assert (fairkl.epochs, fairkl.lr_milestones) == (80, [26, 53])

@@ -17,52 +17,7 @@ from debias.errors import ParamsError
 from debias.params import Params, validate
 from tests.conftest import committed_text
 
-# Values and params a preset carries that the schema does not have yet (issue 30's objective change adds them: the
-# released FairKL variant, eps-SupCon's own eps and lambda). A preset's test skips, naming them, only when these are
-# the sole validation problems; the rest is validated with them replaced (STAND_IN) or left out (PENDING_KEYS).
-PENDING = {"loss.fairkl.variant": "released"}
-STAND_IN = {"loss.fairkl.variant": "authors"}  # a value the schema accepts today, to check everything else
-PENDING_KEYS = ("loss.eps_supcon",)
 BFFHQ_ROOT = {"data": {"imagefolder": {"root": "data/external/bffhq"}}}
-
-
-def _pending_only(error: ParamsError) -> bool:
-    problems = [line.strip()[2:] for line in str(error).splitlines() if line.strip().startswith("- ")]
-    awaited = [f"{key} = {value!r} is not allowed" for key, value in PENDING.items()]
-    awaited += [f"unknown parameter '{key}'" for key in PENDING_KEYS]
-    return bool(problems) and all(any(line.startswith(a) for a in awaited) for line in problems)
-
-
-def _with_stand_ins(raw: dict) -> dict:
-    """``raw`` with the PENDING values replaced by STAND_IN ones and the PENDING_KEYS left out."""
-    flat = {k: v for k, v in presets.flatten(raw).items()
-            if not any(k == p or k.startswith(p + ".") for p in PENDING_KEYS)}
-    flat.update({k: v for k, v in STAND_IN.items() if flat.get(k) == PENDING[k]})
-    return presets.unflatten(flat)
-
-
-def validate_pending(raw: dict) -> Params:
-    """``validate(raw)``; where the only problems are the PENDING values, the params validated with STAND_IN values
-    in their place (every other check still runs)."""
-    try:
-        return validate(raw)
-    except ParamsError as exc:
-        if not _pending_only(exc):
-            raise
-        return validate(_with_stand_ins(raw))
-
-
-def validate_or_skip(raw: dict) -> Params:
-    """``validate(raw)``; skipped (with the reason) when the only problems are the PENDING values."""
-    try:
-        return validate(raw)
-    except ParamsError as exc:
-        if _pending_only(exc):
-            # model-level checks run only once every field is valid: the rest must pass with a stand-in value
-            validate(_with_stand_ins(raw))
-            pytest.skip(f"waits for the schema to accept {PENDING} and {PENDING_KEYS} (issue 30's objective change): "
-                        f"{exc}")
-        raise
 
 
 def _base() -> dict:
@@ -72,7 +27,7 @@ def _base() -> dict:
 def _composed(name: str) -> Params:
     preset = presets.load(name)
     sets = BFFHQ_ROOT if preset.requires else None
-    return validate_or_skip(presets.compose(_base(), preset, sets))
+    return validate(presets.compose(_base(), preset, sets))
 
 
 # --------------------------------------------------------------------------- every preset

@@ -60,6 +60,8 @@ SOURCES: dict[str, str] = {
     "data.tabular.test_fraction": "paper: WCL Sec. 6.2 (70 / 15 / 15 % random splits)",
     "data.tabular.keep_sensitive_feature": "ours: the sensitive attribute stays an input feature, the usual setting "
                                            "of the Adult / COMPAS fairness benchmarks (WCL Table 3 does not say)",
+    "data.tabular.verify_sha256": "ours: true, the published files' sha256 (UCI adult.data / adult.test, ProPublica "
+                                  "compas-scores-two-years.csv): a file truncated at a line boundary is refused (issue 23)",
     "data.tabular.compas_races": "ours: African-American and Caucasian, COMPAS's two largest groups (the binary "
                                  "race attribute of the fairness literature; WCL Sec. 6.2 says race)",
     # ----------------------------------------------------------------------------------------------- bias
@@ -225,4 +227,13 @@ SOURCES: dict[str, str] = {
     "report.title": "ours: the report's heading (display only, no effect on results)",
     "report.paper_numbers": "ours: the papers' numbers beside ours where the protocol matches (display only)",
     "report.dpi": "ours: figure resolution (display only)",
+    "report.confidence": "ours: the conventional 95 % level of the Wilson intervals on group accuracies (display only)",
+    "report.min_group_n": "ours: the usual n >= 30 rule of thumb for a binomial proportion; a smaller worst group is "
+                          "marked, not hidden (display only)",
+    # ----------------------------------------------------------------------------------------------- health
+    "health.loss_spike": "ours: the default run's stage-2 loss rose by 31 % and 27 % of its fall at epochs 14 and 16 "
+                         "(its other rises <= 1 %): 0.25 flags those and not the noise",
+    "health.loss_end": "ours: 0.25 of the fall above the minimum at the last epoch, the spike threshold's scale",
+    "health.loss_min_fall": "ours: judged only once the loss fell by 10 % of |first epoch's loss| (before that a rise "
+                            "is not instability after converging)",
 }
