@@ -13,9 +13,10 @@ result depends on (:func:`resume_key`: the params the stage reads, the content o
 inputs, the code version); a state saved for another key is ignored, saying which part differs,
 a resume says so in the log, and the state is deleted on success.
 
-Divergence stops training at once: a task checks every step's loss (:func:`ensure_finite`), and
-``fit`` checks the weights after every epoch; either raises :class:`TrainingDiverged` naming the
-epoch, the step and the params to lower (``divergence_advice``).
+Divergence stops training at the end of the epoch where it happens: a task records every step's loss on the
+device (:class:`StepMetrics`; no host sync inside a step) and reads it once per epoch, and ``fit`` checks the
+weights after every epoch; either raises :class:`TrainingDiverged` naming the epoch, the first non-finite step
+and the params to lower (``divergence_advice``).
 
 Under ``torchrun`` (:mod:`debias.distributed`) every rank runs ``fit``: all ranks load the resume
 state (and must agree on the epoch it resumes from), only rank 0 saves or deletes it; each
@@ -39,6 +40,7 @@ from torch import nn
 
 from debias import distributed
 from debias.errors import TrainingDiverged
+from debias.data.store import BiasedSplit
 from debias.fingerprint import code_version, digest, tensor_digest
 from debias.io import CorruptFileError, load_torch, save_torch
 
@@ -51,6 +53,27 @@ class Task(Protocol):
     def extra_state(self) -> dict[str, Any]: ...
 
     def load_extra_state(self, state: dict[str, Any]) -> None: ...
+
+
+def on_device(split: BiasedSplit, device: torch.device) -> BiasedSplit:
+    """``split`` with its tensors on ``device`` (itself where they are there already): a task's training data is
+    held where it trains, so a step gathers its batch by index on the device instead of copying it from the host."""
+    if split.x.device == device:
+        return split
+    return BiasedSplit(split.x.to(device), split.y.to(device), split.a.to(device), split.aligned.to(device),
+                       split.n_classes, split.n_attrs, split.feature_names)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without a host sync: a non-blocking copy (a no-op where it is there already)."""
+    return t.to(device, non_blocking=True)
+
+
+def device_batches(batches: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """The epoch's index batches on ``device``, copied in one transfer (on the CPU: ``batches`` themselves)."""
+    if not batches or batches[0].device == device:
+        return batches
+    return list(to_device(torch.cat(batches), device).split([len(b) for b in batches]))
 
 
 class GeneratorTask:
@@ -81,6 +104,59 @@ def ensure_finite(loss: torch.Tensor, step: int, what: str = "loss") -> None:
     """Raise :class:`NonFiniteLoss` if ``loss`` holds NaN or infinity (one host sync per step)."""
     if not bool(torch.isfinite(loss.detach()).all()):
         raise NonFiniteLoss(step, float(loss.detach().float().flatten()[0]), what)
+
+
+def _accumulator_dtype(device: torch.device) -> torch.dtype:
+    """float64 sums where the device has it (MPS has no float64: float32 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+class StepMetrics:
+    """An epoch's step scalars summed where they are computed (on the device), and the first non-finite loss.
+
+    ``add(**scalars)`` and ``watch(loss, step)`` never read a value back to the host, so a step never waits for
+    the device; :meth:`means` reads everything at once (one transfer per epoch), raising :class:`NonFiniteLoss`
+    for the first step whose loss was NaN or infinite (training ran on to the epoch's end; its weights are
+    then non-finite too, and ``fit`` stops there).
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor | float] = {}
+        self.count = 0
+        self.bad: torch.Tensor | None = None  # [first non-finite step (-1: none), its loss value]
+
+    def add(self, **values: torch.Tensor | float) -> None:
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor):
+                value = value.detach().to(_accumulator_dtype(value.device)).reshape(())
+            old = self.sums.get(key)
+            self.sums[key] = value if old is None else old + value
+        self.count += 1
+
+    def watch(self, loss: torch.Tensor, step: int) -> None:
+        """Record ``loss`` (a scalar tensor) if it is the epoch's first non-finite one; no host sync."""
+        loss = loss.detach()
+        value = loss.flatten()[0].to(_accumulator_dtype(loss.device))
+        if self.bad is None:
+            self.bad = torch.full((2,), -1.0, dtype=value.dtype, device=value.device)  # a fill: no host copy
+        first = (self.bad[0] < 0) & ~torch.isfinite(loss).all()
+        self.bad = torch.where(first, torch.stack([torch.full_like(value, float(step)), value]), self.bad)
+
+    def read(self) -> dict[str, float]:
+        """The sums as floats (one host transfer); raises :class:`NonFiniteLoss` for a watched non-finite loss."""
+        keys = [k for k, v in self.sums.items() if isinstance(v, torch.Tensor)]
+        tensors = [self.sums[k].to("cpu", torch.float64).reshape(1) for k in keys]  # type: ignore[union-attr]
+        if self.bad is not None:
+            tensors.append(self.bad.to("cpu", torch.float64))
+        values = torch.cat(tensors).tolist() if tensors else []
+        if self.bad is not None and values[len(keys)] >= 0:
+            raise NonFiniteLoss(int(values[len(keys)]), values[len(keys) + 1])
+        return {**{k: float(v) for k, v in self.sums.items() if not isinstance(v, torch.Tensor)},
+                **dict(zip(keys, values))}
+
+    def means(self, prefix: str = "train/") -> dict[str, float]:
+        """``{prefix + key: sum / steps}`` (see :meth:`read`)."""
+        return {f"{prefix}{k}": v / max(self.count, 1) for k, v in self.read().items()}
 
 
 def nonfinite_weights(modules: dict[str, nn.Module]) -> list[str]:

@@ -25,7 +25,8 @@ from debias import distributed
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params
-from debias.training.loop import GeneratorTask, build_optimizer, build_scheduler
+from debias.training.loop import (GeneratorTask, StepMetrics, build_optimizer, build_scheduler, device_batches,
+                                  on_device, to_device)  # noqa: F401  (on_device, to_device: the methods' helpers)
 
 
 @dataclass
@@ -139,23 +140,28 @@ def group_balanced_batches(groups: torch.Tensor, batch_size: int, generator: tor
     return list(torch.multinomial(weights, len(groups), replacement=True, generator=generator).split(batch_size))
 
 
-def epoch_steps(batches: list[torch.Tensor], epoch: int) -> Iterable[tuple[int, torch.Tensor]]:
-    """``(step, index)`` over an epoch's batches, with a progress bar on the main process only."""
+def epoch_steps(batches: list[torch.Tensor], epoch: int,
+                device: torch.device | None = None) -> Iterable[tuple[int, torch.Tensor]]:
+    """``(step, index)`` over an epoch's batches (moved to ``device`` at once, :func:`device_batches`), with a
+    progress bar on the main process only."""
+    batches = batches if device is None else device_batches(batches, device)
     return enumerate(tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=None if distributed.is_main() else True))
 
 
 class StepTask(GeneratorTask):
     """A task whose epoch is ``self.batches()`` (default: one shuffled pass in ``stage2.batch_size`` batches), each
-    given to ``self.step(index, step)`` (returning that step's scalars); needs ``train``, ``params`` and
-    ``generator``."""
+    given to ``self.step(index, step)`` (returning that step's scalars as tensors, ``loss`` among them; the index on
+    ``self.device``); needs ``train``, ``params``, ``generator`` and ``device``."""
 
     def batches(self) -> list[torch.Tensor]:
         return shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
-        for step, index in epoch_steps(self.batches(), epoch):
-            progress.add(**self.step(index, step))
+        for step, index in epoch_steps(self.batches(), epoch, self.device):
+            values = self.step(index, step)
+            progress.watch(values["loss"], step)
+            progress.add(**values)
         return progress.means()
 
 
@@ -163,17 +169,6 @@ def normalise(z: torch.Tensor) -> torch.Tensor:
     return F.normalize(z, dim=1)
 
 
-class Progress:
-    """Running means for the progress bar and the epoch's returned metrics."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.count = 0
-
-    def add(self, **values: torch.Tensor | float) -> None:
-        for key, value in values.items():
-            self.sums[key] = self.sums.get(key, 0.0) + float(value)
-        self.count += 1
-
-    def means(self, prefix: str = "train/") -> dict[str, float]:
-        return {f"{prefix}{k}": v / max(self.count, 1) for k, v in self.sums.items()}
+class Progress(StepMetrics):
+    """Running sums for the epoch's returned metrics, kept on the device (:class:`debias.training.loop.StepMetrics`:
+    read once per epoch, never inside a step)."""

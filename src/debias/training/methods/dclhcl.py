@@ -20,9 +20,9 @@ from debias.data.augment import simclr_view
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.loop import GeneratorTask, ensure_finite
+from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
-                                          register_method, shuffled_batches, stage2_optimiser)
+                                          on_device, register_method, shuffled_batches, stage2_optimiser)
 from debias.training.methods.views import Views
 
 
@@ -40,23 +40,24 @@ class TwoViewTask(GeneratorTask):
 
     def __init__(self, method: str, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit,
                  params: Params, generator: torch.Generator, device: torch.device) -> None:
-        self.method, self.model, self.optimizer, self.train = method, model, optimizer, train
+        self.method, self.model, self.optimizer = method, model, optimizer
+        self.train = on_device(train, device)  # batches are gathered (and augmented) on the device
         self.params, self.generator, self.device = params, generator, device
-        self.views = Views(train, params, lambda x, g: simclr_view(x, g))
+        self.views = Views(self.train, params, lambda x, g: simclr_view(x, g))
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
         batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
-        for step, index in epoch_steps(batches, epoch):
+        for step, index in epoch_steps(batches, epoch, self.device):
             if len(index) < 2:
                 continue  # the loss needs another row's views as negatives
             rows = self.train.x[index]
             local = distributed.shard_slice(len(index))
-            first = self.views(rows, self.generator)[local].to(self.device)
-            second = self.views(rows, self.generator)[local].to(self.device)
+            first = self.views(rows, self.generator)[local]
+            second = self.views(rows, self.generator)[local]
             z1, z2 = (distributed.all_gather_rows(normalise(self.model.embed(v)), len(index)) for v in (first, second))
             loss = two_view_loss(self.method, z1, z2, self.params)
-            ensure_finite(loss, step)
+            progress.watch(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.sum_gradients(self.optimizer)

@@ -29,9 +29,9 @@ from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.loop import GeneratorTask, ensure_finite
+from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
-                                          register_method, shuffled_batches, stage2_optimiser)
+                                          on_device, register_method, shuffled_batches, stage2_optimiser)
 
 CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tensor]] = {
     "supcon": lambda z, y, p: losses.supcon(z, y, p.loss.temperature),
@@ -67,7 +67,8 @@ class ContrastiveTask(GeneratorTask):
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit, bias: torch.Tensor,
                  minority: torch.Tensor, params: Params, generator: torch.Generator, device: torch.device) -> None:
-        self.model, self.optimizer, self.train, self.bias = model, optimizer, train, bias
+        self.model, self.optimizer = model, optimizer
+        self.train, self.bias = on_device(train, device), bias.to(device)  # batches are gathered on the device
         self.minority = minority
         self.params, self.generator, self.device = params, generator, device
         self.contrastive = CONTRASTIVE[params.stage2.method]
@@ -82,25 +83,25 @@ class ContrastiveTask(GeneratorTask):
     def train_epoch(self, epoch: int) -> dict[str, float]:
         loss_params = self.params.loss
         progress = Progress()
-        for step, index in epoch_steps(self.batches(), epoch):
+        for step, index in epoch_steps(self.batches(), epoch, self.device):
             if len(index) < 2:
                 continue  # a single sample has no pair
             x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
-            x = x[distributed.shard_slice(len(index))].to(self.device)
-            y = self.train.y[index].to(self.device)
+            x = x[distributed.shard_slice(len(index))]
+            y = self.train.y[index]
             z = self.model.embed(x)
             zn = distributed.all_gather_rows(normalise(z), len(index))
             con = self.contrastive(zn, y, self.params)
             loss = loss_params.alpha * con
             parts: dict[str, Any] = {"contrastive": con.detach()}
             if loss_params.fairkl.weight > 0:
-                bias = self.bias[index].to(self.device)
+                bias = self.bias[index]
                 reg = losses.fairkl(zn, y, bias, loss_params.fairkl.variant,
                                     variance_floor=loss_params.fairkl.variance_floor)
                 loss = loss + loss_params.fairkl.weight * reg
                 parts["fairkl"] = reg.detach()
                 parts.update(fairkl_activity(y, bias))
-            ensure_finite(loss, step)
+            progress.watch(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.sum_gradients(self.optimizer)
@@ -109,12 +110,12 @@ class ContrastiveTask(GeneratorTask):
         return progress.means()
 
 
-def fairkl_activity(y: torch.Tensor, bias: torch.Tensor) -> dict[str, float]:
-    """One step's FairKL activity: whether each side was active (1 / 0) and the pairs in each of the four sets."""
-    counts = losses.fairkl_pair_counts(y, bias).tolist()
-    pairs = dict(zip(losses.FAIRKL_SETS, counts))
-    return {"fairkl_pos_active": float(pairs["pos_aligned"] >= 2 and pairs["pos_conflicting"] >= 2),
-            "fairkl_neg_active": float(pairs["neg_aligned"] >= 2 and pairs["neg_conflicting"] >= 2),
+def fairkl_activity(y: torch.Tensor, bias: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One step's FairKL activity, as 0-dim tensors on the batch's device (no host sync): whether each side was
+    active (1 / 0) and the pairs in each of the four sets."""
+    pairs = dict(zip(losses.FAIRKL_SETS, losses.fairkl_pair_counts(y, bias).unbind()))
+    return {"fairkl_pos_active": ((pairs["pos_aligned"] >= 2) & (pairs["pos_conflicting"] >= 2)).float(),
+            "fairkl_neg_active": ((pairs["neg_aligned"] >= 2) & (pairs["neg_conflicting"] >= 2)).float(),
             **{f"fairkl_pairs_{name}": value for name, value in pairs.items()}}
 
 
