@@ -112,17 +112,19 @@ def test_the_probe_sees_the_reads_it_must_forbid() -> None:
     assert any("boolean mask" in name or name == "nonzero" for name in reads.ops), dict(reads.ops)
 
 
-def test_a_non_finite_loss_is_reported_once_per_epoch_with_its_first_step() -> None:
+@pytest.mark.parametrize("fold", [256, 2])  # folded at the end only, or every two steps
+def test_a_non_finite_loss_is_reported_once_per_epoch_with_its_first_step(fold: int, monkeypatch) -> None:
+    monkeypatch.setattr(StepMetrics, "FOLD", fold)
     metrics = StepMetrics()
-    for step, value in enumerate([1.0, 2.0, float("nan"), float("inf"), 3.0]):
+    for step, value in zip([0, 1, 3, 4, 5], [1.0, 2.0, float("nan"), float("inf"), 3.0]):  # step 2 skipped
         metrics.watch(torch.tensor(value), step)
         metrics.add(loss=torch.tensor(value))
     with pytest.raises(NonFiniteLoss) as info:
         metrics.means()
-    assert info.value.step == 2 and info.value.value != info.value.value  # the first one: NaN at step 2
+    assert info.value.step == 3 and info.value.value != info.value.value  # the first one: NaN at step 3
     fine = StepMetrics()
     for step, value in enumerate([1.0, 2.0, 4.0]):
-        fine.watch(torch.tensor(value), step)
+        fine.watch(torch.tensor(value, dtype=torch.float32), step)
         fine.add(loss=torch.tensor(value), count=1.0)
     assert fine.means() == {"train/loss": pytest.approx(7 / 3), "train/count": 1.0}
 

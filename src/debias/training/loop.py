@@ -112,45 +112,77 @@ def _accumulator_dtype(device: torch.device) -> torch.dtype:
 
 
 class StepMetrics:
-    """An epoch's step scalars summed where they are computed (on the device), and the first non-finite loss.
+    """An epoch's step scalars and the first non-finite loss, kept on the device where they are computed.
 
-    ``add(**scalars)`` and ``watch(loss, step)`` never read a value back to the host, so a step never waits for
-    the device; :meth:`means` reads everything at once (one transfer per epoch), raising :class:`NonFiniteLoss`
-    for the first step whose loss was NaN or infinite (training ran on to the epoch's end; its weights are
-    then non-finite too, and ``fit`` stops there).
+    ``add(**scalars)`` and ``watch(loss, step)`` keep the tensors (detached) and fold them into sums every
+    ``FOLD`` steps with a few tensor ops, never reading a value back to the host, so a step never waits for the
+    device and costs next to nothing more on the CPU; :meth:`read` / :meth:`means` read everything at once (one
+    transfer per epoch), raising :class:`NonFiniteLoss` for the first step whose loss was NaN or infinite
+    (training ran on to the epoch's end; its weights are then non-finite too, and ``fit`` stops there).
     """
 
+    FOLD = 256  # steps between folds: bounds the tensors held, amortises the fold's ops
+
     def __init__(self) -> None:
+        self.pending: dict[str, list[torch.Tensor | float]] = {}
         self.sums: dict[str, torch.Tensor | float] = {}
         self.count = 0
-        self.bad: torch.Tensor | None = None  # [first non-finite step (-1: none), its loss value]
+        self.losses: list[torch.Tensor] = []  # watched losses not folded yet, each [1]
+        self.steps: list[int] = []  # the step of every watched loss
+        self.bad: torch.Tensor | None = None  # [position in self.steps of the first non-finite loss (-1: none), value]
 
     def add(self, **values: torch.Tensor | float) -> None:
         for key, value in values.items():
-            if isinstance(value, torch.Tensor):
-                value = value.detach().to(_accumulator_dtype(value.device)).reshape(())
-            old = self.sums.get(key)
-            self.sums[key] = value if old is None else old + value
+            self.pending.setdefault(key, []).append(value.detach() if isinstance(value, torch.Tensor) else value)
         self.count += 1
+        if self.count % self.FOLD == 0:
+            self._fold()
 
     def watch(self, loss: torch.Tensor, step: int) -> None:
-        """Record ``loss`` (a scalar tensor) if it is the epoch's first non-finite one; no host sync."""
-        loss = loss.detach()
-        value = loss.flatten()[0].to(_accumulator_dtype(loss.device))
+        """Keep ``loss`` (a scalar tensor) to find the epoch's first non-finite one; no host sync."""
+        self.losses.append(loss.detach().reshape(-1)[:1])
+        self.steps.append(step)
+        if len(self.losses) >= self.FOLD:
+            self._fold_losses()
+
+    def _fold(self) -> None:
+        for key, values in self.pending.items():
+            if not values:
+                continue
+            if isinstance(values[0], torch.Tensor):
+                total = torch.stack(values).to(_accumulator_dtype(values[0].device)).sum()  # type: ignore[arg-type]
+            else:
+                total = float(sum(values))  # type: ignore[arg-type]
+            old = self.sums.get(key)
+            self.sums[key] = total if old is None else old + total
+            values.clear()
+
+    def _fold_losses(self) -> None:
+        if not self.losses:
+            return
+        chunk = torch.cat(self.losses)
+        offset = len(self.steps) - len(self.losses)
+        self.losses = []
+        value_dtype = _accumulator_dtype(chunk.device)
         if self.bad is None:
-            self.bad = torch.full((2,), -1.0, dtype=value.dtype, device=value.device)  # a fill: no host copy
-        first = (self.bad[0] < 0) & ~torch.isfinite(loss).all()
-        self.bad = torch.where(first, torch.stack([torch.full_like(value, float(step)), value]), self.bad)
+            self.bad = torch.full((2,), -1.0, dtype=value_dtype, device=chunk.device)  # a fill: no host copy
+        bad = ~torch.isfinite(chunk)
+        first = bad.to(torch.int8).argmax()
+        value = chunk.index_select(0, first.reshape(1))[0]  # (chunk[first] would read `first` on the host)
+        found = torch.stack([(first + offset).to(value_dtype), value.to(value_dtype)])
+        self.bad = torch.where((self.bad[0] < 0) & bad.any(), found, self.bad)
 
     def read(self) -> dict[str, float]:
         """The sums as floats (one host transfer); raises :class:`NonFiniteLoss` for a watched non-finite loss."""
+        self._fold()
+        self._fold_losses()
         keys = [k for k, v in self.sums.items() if isinstance(v, torch.Tensor)]
         tensors = [self.sums[k].to("cpu", torch.float64).reshape(1) for k in keys]  # type: ignore[union-attr]
         if self.bad is not None:
             tensors.append(self.bad.to("cpu", torch.float64))
         values = torch.cat(tensors).tolist() if tensors else []
         if self.bad is not None and values[len(keys)] >= 0:
-            raise NonFiniteLoss(int(values[len(keys)]), values[len(keys) + 1])
+            raise NonFiniteLoss(self.steps[int(values[len(keys)])], values[len(keys) + 1])
         return {**{k: float(v) for k, v in self.sums.items() if not isinstance(v, torch.Tensor)},
                 **dict(zip(keys, values))}
 
