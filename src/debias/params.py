@@ -512,10 +512,20 @@ class TabularViewParams(Section):
                                                                "marginals (SCARF: 0.6)")
 
 
+class SpeedParams(Section):
+    """Opt-in speed settings of stage 2's encoder (each off by default; measured effects: docs/gpu.md)."""
+
+    autocast: Literal["none", "bf16"] = Field("none", description="bf16: the encoder's forward under bfloat16 autocast, "
+                                              "its features cast back to float32 for the losses and the head (ours)")
+    compile: bool = Field(False, description="torch.compile the encoder in place (ours; the first steps compile)")
+    channels_last: bool = Field(False, description="convolution weights in channels-last memory format (ours)")
+
+
 class Stage2Params(OptimParams):
     method: Literal["cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm", "lff", "groupdro", "dcl",
                     "hcl"] = "cnc"
     head: HeadParams = Field(default_factory=HeadParams)
+    speed: SpeedParams = Field(default_factory=SpeedParams)
     cnc: CNCParams = Field(default_factory=CNCParams)
     jtt: JTTParams = Field(default_factory=JTTParams)
     wcl: WCLParams = Field(default_factory=WCLParams)

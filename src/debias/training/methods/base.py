@@ -24,7 +24,7 @@ from debias import distributed
 
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
-from debias.params import Params
+from debias.params import Params, SpeedParams
 from debias.training.loop import (GeneratorTask, StepMetrics, build_optimizer, build_scheduler, device_batches,
                                   on_device, to_device)  # noqa: F401  (on_device, to_device: the methods' helpers)
 
@@ -117,7 +117,22 @@ def fresh_model(inputs: Stage2Inputs) -> Network:
     layer ending in the method's activation where ``model.feature_activation`` is ``auto``."""
     train = inputs.splits["train"]
     activation = method_spec(inputs.params.stage2.method).feature_activation
-    return build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:]), activation).to(inputs.device)
+    model = build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:]), activation).to(inputs.device)
+    return apply_speed(model, inputs.params.stage2.speed)
+
+
+AUTOCAST_DTYPES = {"none": None, "bf16": torch.bfloat16}
+
+
+def apply_speed(model: Network, speed: SpeedParams) -> Network:
+    """``model`` with ``stage2.speed``'s opt-in settings: bf16 autocast of the encoder's forward, convolution weights
+    channels-last, the encoder compiled in place (its parameter names, hence checkpoints, unchanged)."""
+    model.autocast = AUTOCAST_DTYPES[speed.autocast]
+    if speed.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if speed.compile:
+        model.encoder.compile()
+    return model
 
 
 def stage2_optimiser(inputs: Stage2Inputs, parameters: Any) -> tuple[torch.optim.Optimizer, Any | None]:
