@@ -1,10 +1,11 @@
 """Training steps per second of ERM and every stage-2 method, side by side for two or more source trees, in one run.
 
 Each tree (a directory holding ``src/debias``: this working tree, or a ``git worktree`` of another commit) is timed
-in its own process (``PYTHONPATH=TREE/src``) on the same mnist10k-sized biased data in memory and the same settings
-(``benchmarks/speed.yaml``'s throughput section: LeNet-5, batch sizes, optimisers; ``--epoch-steps`` steps per timed
-epoch); the trees take turns, round after round (the first tree first in even rounds, last in odd ones), so they see
-the same background load; the median epoch over all rounds is reported. Methods the speed.yaml section lacks are
+in its own process (``PYTHONPATH=TREE/src``), alive for the whole run, on the same mnist10k-sized biased data in
+memory and the same settings (``benchmarks/speed.yaml``'s throughput section: LeNet-5, batch sizes, optimisers;
+``--epoch-steps`` steps per timed epoch); the trees' epochs alternate, method by method (the first tree first every
+other time), so they see the same background load; the median epoch (``--rounds`` x ``--repeats`` of them) is
+reported. Methods the speed.yaml section lacks are
 timed with its ``base`` settings (lff, groupdro: batches of 32 like jtt; dcl, hcl like wcl).
 
     nice -n 5 python benchmarks/steps_ab.py --trees . /tmp/base-11a1806 [--rounds 3] [--repeats 2]
@@ -64,6 +65,7 @@ def worker(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as raw_dir:
         full = inject_bias(load_source(params.data, Path(raw_dir), params.seed), params.bias, params.seed,
                            source=params.data.source)["train"]
+    tasks = {}
     for name in args.methods:
         if name == "erm":  # ERM's own settings (speed.yaml's erm block), run as stage-2 method erm
             erm = config["base"]["erm"]
@@ -95,17 +97,22 @@ def worker(args: argparse.Namespace) -> None:
             task.sampler = CNCBatchSampler(train.y, inferred, cnc.num_positives, cnc.num_negatives, cnc.two_sided,
                                            steps * cnc.accumulation, seed=p.seed,
                                            skip_empty_classes=cnc.skip_empty_classes)
-        times, cpu = [], []
-        for epoch in range(args.repeats + 1):
+        tasks[name] = (task, steps)
+    epochs = dict.fromkeys(tasks, 0)
+    print("ready", flush=True)
+    for line in sys.stdin:  # one timed epoch per request; each method's first epoch is a warm-up
+        name = line.strip()
+        task, steps = tasks[name]
+        for _ in range(2 if epochs[name] == 0 else 1):
             for module in task.modules().values():
                 module.train()
             started, started_cpu = time.perf_counter(), time.process_time()
-            task.train_epoch(epoch)
+            task.train_epoch(epochs[name])
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            times.append(time.perf_counter() - started)
-            cpu.append(time.process_time() - started_cpu)
-        print(json.dumps({"method": name, "steps": steps, "times": times[1:], "cpu": cpu[1:]}), flush=True)
+            epochs[name] += 1
+        print(json.dumps({"method": name, "steps": steps, "time": time.perf_counter() - started,
+                          "cpu": time.process_time() - started_cpu}), flush=True)
 
 
 def main() -> int:
@@ -134,23 +141,36 @@ def main() -> int:
     cpu: dict[tuple[str, str], list[float]] = {}
     steps: dict[str, int] = {}
     started = datetime.datetime.now().astimezone()
-    for round_ in range(args.rounds):
-        for tree in (trees if round_ % 2 == 0 else trees[::-1]):
-            env = {**os.environ, "PYTHONPATH": str(tree / "src"), "DEBIAS_THREADS": str(args.threads),
-                   "DEBIAS_TRACKING": "off", "OMP_WAIT_POLICY": "PASSIVE"}
-            command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", *args.methods,
-                       "--repeats", str(args.repeats), "--threads", str(args.threads), "--device", args.device,
-                       "--npz", args.npz, "--epoch-steps", str(args.epoch_steps)]
-            done = subprocess.run(command, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"{tree}: the worker failed:\n{done.stderr[-3000:]}")
-            for line in done.stdout.splitlines():
-                if line.startswith("{"):
-                    row = json.loads(line)
-                    times.setdefault((str(tree), row["method"]), []).extend(row["times"])
-                    cpu.setdefault((str(tree), row["method"]), []).extend(row["cpu"])
-                    steps[row["method"]] = row["steps"]
-            print(f"[steps_ab] round {round_} {tree} done", flush=True)
+    workers = []
+    for tree in trees:  # one process per tree, alive for the whole run: epochs interleave at a fine grain
+        env = {**os.environ, "PYTHONPATH": str(tree / "src"), "DEBIAS_THREADS": str(args.threads),
+               "DEBIAS_TRACKING": "off", "OMP_WAIT_POLICY": "PASSIVE"}
+        command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", *args.methods,
+                   "--threads", str(args.threads), "--device", args.device, "--npz", args.npz,
+                   "--epoch-steps", str(args.epoch_steps)]
+        workers.append(subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        bufsize=1))
+    for tree, worker_process in zip(trees, workers):
+        if worker_process.stdout.readline().strip() != "ready":
+            raise SystemExit(f"{tree}: the worker failed to start (run it with --worker to see why)")
+    turn = 0
+    for method in args.methods:
+        for _ in range(args.rounds * args.repeats):  # the trees take turns, the first tree first every other time
+            order = list(zip(trees, workers))
+            for tree, worker_process in (order if turn % 2 == 0 else order[::-1]):
+                worker_process.stdin.write(method + "\n")
+                line = worker_process.stdout.readline()
+                if not line.startswith("{"):
+                    raise SystemExit(f"{tree}: the worker failed on {method}")
+                row = json.loads(line)
+                times.setdefault((str(tree), method), []).append(row["time"])
+                cpu.setdefault((str(tree), method), []).append(row["cpu"])
+                steps[method] = row["steps"]
+            turn += 1
+        print(f"[steps_ab] {method} done", flush=True)
+    for worker_process in workers:
+        worker_process.stdin.close()
+        worker_process.wait()
     names = [t.name if t != Path.cwd() else "worktree" for t in trees]
     header = (["method", "steps"] + [f"{n} steps/s" for n in names] + [f"{n} / {names[0]}" for n in names[1:]]
               + [f"{n} steps/CPU-s" for n in names] + [f"{n} / {names[0]} (CPU)" for n in names[1:]])
@@ -164,7 +184,8 @@ def main() -> int:
     notes = [f"Command: `{command}`", f"Date: {started:%Y-%m-%d %H:%M %Z}; load average after "
              f"{os.getloadavg()[0]:.2f}", f"Device {args.device}, torch threads {args.threads}; trees: "
              + ", ".join(f"{n} = {t}" for n, t in zip(names, trees)),
-             f"Median of {args.rounds} rounds x {args.repeats} epochs per tree (after a warm-up epoch per round); "
+             f"Median of {args.rounds * args.repeats} epochs per method and tree (after a warm-up epoch), the trees' "
+             "epochs alternating (one process per tree); "
              "steps/s: wall time; steps/CPU-s: the process's CPU time (less sensitive to other jobs on the machine)"]
     text = "# Training steps per second, side by side\n\n" + "".join(f"- {n}\n" for n in notes) + "\n"
     text += "| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
