@@ -71,7 +71,7 @@ def _uniform(n: int, low: float, high: float, generator: torch.Generator) -> tor
 
 def _luma(x: torch.Tensor) -> torch.Tensor:
     """``[3]`` luma weights on ``x``'s device and dtype."""
-    return torch.tensor(LUMA, device=x.device, dtype=x.dtype)
+    return torch.tensor(LUMA, dtype=x.dtype).to(x.device, non_blocking=True)  # (a blocking copy would sync a GPU)
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
@@ -136,7 +136,7 @@ def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
                          torch.where(x[:, 1:2] == v, cyclic[:, 1:2] + 2 * delta, cyclic[:, 2:] + 4 * delta))
     sextant = scaled / delta.clamp_min(torch.finfo(x.dtype).tiny)  # grey: 0 / tiny = 0
     sextant = sextant + 6 * shift.to(device=x.device, dtype=x.dtype, non_blocking=True)[:, None, None, None]
-    n = torch.tensor([5.0, 3.0, 1.0], device=x.device, dtype=x.dtype)[None, :, None, None]
+    n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype).to(x.device, non_blocking=True)[None, :, None, None]
     k = torch.remainder(n + sextant, 6)
     return v - delta * torch.minimum(k, 4 - k).clamp_(0, 1)
 
