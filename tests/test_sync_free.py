@@ -151,3 +151,21 @@ def test_a_cuda_epoch_never_synchronises_inside_a_step(method: str, monkeypatch)
         setup.task.train_epoch(1)
     finally:
         torch.cuda.set_sync_debug_mode(0)
+
+
+def test_a_split_is_held_on_the_accelerator_only_where_it_fits(monkeypatch) -> None:
+    """Training data moves to a CUDA device only up to RESIDENT_FRACTION of its memory; a larger split stays in host
+    memory (its batches are gathered there and copied)."""
+    from types import SimpleNamespace
+
+    from debias.training import loop
+
+    split = tiny_split(100)  # 100 x 3 x 28 x 28 bytes of images + labels: ~240 kB
+    size = sum(t.numel() * t.element_size() for t in (split.x, split.y, split.a, split.aligned))
+    cuda = torch.device("cuda")
+    for total, fits in ((4 * size, True), (4 * size - 8, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device, total=total: SimpleNamespace(
+            total_memory=total))
+        assert loop.fits_on_device(split, cuda) is fits
+    assert loop.on_device(split, cuda) is split  # does not fit: the host split itself, nothing copied
+    assert loop.fits_on_device(split, torch.device("cpu"))

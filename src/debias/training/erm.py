@@ -28,7 +28,7 @@ from debias.paths import embeddings_path
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
 from debias.training.loop import (FitResult, GeneratorTask, StepMetrics, build_optimizer, build_scheduler, finish, fit,
-                                  on_device, resume_key)
+                                  on_device, resume_key, to_device)
 from debias.training.memory import check_classifier_fits
 
 
@@ -78,13 +78,13 @@ class ClassifierTask(GeneratorTask):
         order = self.pool[torch.randperm(len(self.pool), generator=self.generator)]
         metrics = StepMetrics()  # loss and correct predictions summed on the device, read once at the epoch's end
         seen = 0
-        batches = order.to(self.device, non_blocking=True).split(self.batch_size)  # one host-to-device copy
+        batches = order.to(self.train.x.device, non_blocking=True).split(self.batch_size)  # one copy to the data
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
                    disable=None if self.progress and distributed.is_main() else True)
         for step, index in enumerate(bar):
             x = random_shift(self.train.x[index], self.augment_shift, self.generator)  # the global batch
-            x = x[distributed.shard_slice(len(index))]
-            y = self.train.y[index]
+            x = to_device(x[distributed.shard_slice(len(index))], self.device)
+            y = to_device(self.train.y[index], self.device)
             logits = distributed.all_gather_rows(self.model(x), len(index))
             loss = F.cross_entropy(logits, y)
             metrics.watch(loss, step)

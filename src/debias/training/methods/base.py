@@ -166,14 +166,14 @@ def epoch_steps(batches: list[torch.Tensor], epoch: int,
 class StepTask(GeneratorTask):
     """A task whose epoch is ``self.batches()`` (default: one shuffled pass in ``stage2.batch_size`` batches), each
     given to ``self.step(index, step)`` (returning that step's scalars as tensors, ``loss`` among them; the index on
-    ``self.device``); needs ``train``, ``params``, ``generator`` and ``device``."""
+    the training data's device); needs ``train``, ``params``, ``generator`` and ``device``."""
 
     def batches(self) -> list[torch.Tensor]:
         return shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
-        for step, index in epoch_steps(self.batches(), epoch, self.device):
+        for step, index in epoch_steps(self.batches(), epoch, self.train.x.device):
             values = self.step(index, step)
             progress.watch(values["loss"], step)
             progress.add(**values)

@@ -52,9 +52,9 @@ class CNCTask(GeneratorTask):
         index on the device; and the group sizes of a batch. Drawn once per step, whatever ``forward_chunk`` is."""
         batch = self.sampler.sample_many(count)  # host-side draws (CPU generator), copied once below
         groups = [batch.anchors, batch.positives, batch.negatives] + ([batch.negatives2] if batch.negatives2 is not None else [])
-        index = to_device(torch.cat(groups, dim=1).flatten(), self.device)  # [count * W]
+        index = to_device(torch.cat(groups, dim=1).flatten(), self.train.x.device)  # [count * W]
         x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
-        return x, self.train.y[index], [g.shape[1] for g in groups]
+        return to_device(x, self.device), to_device(self.train.y[index], self.device), [g.shape[1] for g in groups]
 
     def _chunk_loss(self, x: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean two-sided contrastive loss over the contrastive batches whose images are ``x`` (``[k * W, ...]``,

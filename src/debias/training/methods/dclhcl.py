@@ -22,7 +22,8 @@ from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
-                                          on_device, register_method, shuffled_batches, stage2_optimiser)
+                                          on_device, register_method, shuffled_batches, stage2_optimiser,
+                                          to_device)
 from debias.training.methods.views import Views
 
 
@@ -48,13 +49,13 @@ class TwoViewTask(GeneratorTask):
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
         batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
-        for step, index in epoch_steps(batches, epoch, self.device):
+        for step, index in epoch_steps(batches, epoch, self.train.x.device):
             if len(index) < 2:
                 continue  # the loss needs another row's views as negatives
             rows = self.train.x[index]
             local = distributed.shard_slice(len(index))
-            first = self.views(rows, self.generator)[local]
-            second = self.views(rows, self.generator)[local]
+            first = to_device(self.views(rows, self.generator)[local], self.device)
+            second = to_device(self.views(rows, self.generator)[local], self.device)
             z1, z2 = (distributed.all_gather_rows(normalise(self.model.embed(v)), len(index)) for v in (first, second))
             loss = two_view_loss(self.method, z1, z2, self.params)
             progress.watch(loss, step)

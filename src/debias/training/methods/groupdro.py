@@ -29,7 +29,7 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, group_balanced_batches,
-                                          on_device, register_method, stage2_optimiser)
+                                          on_device, register_method, stage2_optimiser, to_device)
 
 
 def compact_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,7 +51,7 @@ class GroupDROTask(StepTask):
         self.group_counts = torch.bincount(self.groups, minlength=self.n_groups).double()
         self.q = torch.full((self.n_groups,), 1.0 / self.n_groups, dtype=torch.float64)
         # the step's copies, on the device (q: float32 on MPS, which has no float64)
-        self._groups = self.groups.to(device)
+        self._groups = self.groups.to(self.train.x.device)  # indexed where the batches are gathered
         self._counts = self.group_counts.to(device, torch.float32 if device.type == "mps" else torch.float64)
         self._q = self.q.to(device, self._counts.dtype)
 
@@ -80,9 +80,9 @@ class GroupDROTask(StepTask):
         """Update ``q`` from the batch's group losses, then one optimiser step on ``sum_g q_g L_g``."""
         dro = self.params.stage2.groupdro
         x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
-        x = x[distributed.shard_slice(len(index))]
-        y = self.train.y[index]
-        groups = self._groups[index]
+        x = to_device(x[distributed.shard_slice(len(index))], self.device)
+        y = to_device(self.train.y[index], self.device)
+        groups = to_device(self._groups[index], self.device)
         logits = distributed.all_gather_rows(self.model(x), len(index))
         per_sample = F.cross_entropy(logits, y, reduction="none")
         group_losses, batch_counts = losses.group_mean_losses(per_sample, groups, self.n_groups)

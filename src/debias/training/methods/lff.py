@@ -31,7 +31,7 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, on_device,
-                                          register_method, stage2_optimiser)
+                                          register_method, stage2_optimiser, to_device)
 
 
 class LossEMA:
@@ -98,8 +98,8 @@ class LfFTask(StepTask):
     def step(self, index: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         """One optimiser step on the rows ``index``; returns the batch's loss parts (detached)."""
         x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
-        x = x[distributed.shard_slice(len(index))]
-        y = self.train.y[index]
+        x = to_device(x[distributed.shard_slice(len(index))], self.device)
+        y = to_device(self.train.y[index], self.device)
         logits_b = distributed.all_gather_rows(self.biased(x), len(index))
         logits_d = distributed.all_gather_rows(self.model(x), len(index))
         ce_b = F.cross_entropy(logits_b, y, reduction="none")

@@ -24,7 +24,8 @@ from debias.models import Network
 from debias.params import Params, WCLParams
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
-                                          on_device, register_method, shuffled_batches, stage2_optimiser)
+                                          on_device, register_method, shuffled_batches, stage2_optimiser,
+                                          to_device)
 from debias.training.methods.views import Views
 
 
@@ -68,7 +69,7 @@ class WCLTask(GeneratorTask):
         wcl = self.params.stage2.wcl
         local = distributed.shard_slice(len(index))
         rows = self.train.x[index]
-        first, second = (self.views(rows, self.generator)[local] for _ in range(2))
+        first, second = (to_device(self.views(rows, self.generator)[local], self.device) for _ in range(2))
         z_d = [normalise(self.projector(self.model.embed(v))) for v in (first, second)]
         z_b = [normalise(self.biased_projector(self.biased.embed(v))) for v in (first, second)]
         z_d_a, z_d_p, z_b_a, z_b_p = (distributed.all_gather_rows(z, len(index)) for z in (*z_d, *z_b))
@@ -79,7 +80,7 @@ class WCLTask(GeneratorTask):
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
         batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
-        for step, index in epoch_steps(batches, epoch, self.device):
+        for step, index in epoch_steps(batches, epoch, self.train.x.device):
             if len(index) < 2:
                 continue
             loss, weighted, triplet = self.batch_loss(index)

@@ -31,7 +31,8 @@ from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
-                                          on_device, register_method, shuffled_batches, stage2_optimiser)
+                                          on_device, register_method, shuffled_batches, stage2_optimiser,
+                                          to_device)
 
 CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tensor]] = {
     "supcon": lambda z, y, p: losses.supcon(z, y, p.loss.temperature),
@@ -68,7 +69,8 @@ class ContrastiveTask(GeneratorTask):
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit, bias: torch.Tensor,
                  minority: torch.Tensor, params: Params, generator: torch.Generator, device: torch.device) -> None:
         self.model, self.optimizer = model, optimizer
-        self.train, self.bias = on_device(train, device), bias.to(device)  # batches are gathered on the device
+        self.train = on_device(train, device)  # batches are gathered by index where the data is (the device)
+        self.bias = bias.to(self.train.x.device)
         self.minority = minority
         self.params, self.generator, self.device = params, generator, device
         self.contrastive = CONTRASTIVE[params.stage2.method]
@@ -83,19 +85,19 @@ class ContrastiveTask(GeneratorTask):
     def train_epoch(self, epoch: int) -> dict[str, float]:
         loss_params = self.params.loss
         progress = Progress()
-        for step, index in epoch_steps(self.batches(), epoch, self.device):
+        for step, index in epoch_steps(self.batches(), epoch, self.train.x.device):
             if len(index) < 2:
                 continue  # a single sample has no pair
             x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
-            x = x[distributed.shard_slice(len(index))]
-            y = self.train.y[index]
+            x = to_device(x[distributed.shard_slice(len(index))], self.device)
+            y = to_device(self.train.y[index], self.device)
             z = self.model.embed(x)
             zn = distributed.all_gather_rows(normalise(z), len(index))
             con = self.contrastive(zn, y, self.params)
             loss = loss_params.alpha * con
             parts: dict[str, Any] = {"contrastive": con.detach()}
             if loss_params.fairkl.weight > 0:
-                bias = self.bias[index]
+                bias = to_device(self.bias[index], self.device)
                 reg = losses.fairkl(zn, y, bias, loss_params.fairkl.variant,
                                     variance_floor=loss_params.fairkl.variance_floor)
                 loss = loss + loss_params.fairkl.weight * reg
