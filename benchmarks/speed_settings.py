@@ -95,8 +95,8 @@ def main() -> int:
     ref = args.steps / statistics.median(times[args.settings[0]])
     command = shlex.join(["python", "benchmarks/speed_settings.py", *sys.argv[1:]])
     lines = [f"# stage2.speed settings: {args.method} on {args.device}\n", f"- Command: `{command}`",
-             f"- torch {torch.__version__}, {args.threads} thread(s); median of {args.rounds} x {args.repeats} epochs of "
-             f"{args.steps} steps after a warm-up epoch (its time: the first epoch, compile included)\n",
+             f"- torch {torch.__version__}, {args.threads} thread(s); median of {args.rounds} x {args.repeats} epochs "
+             f"of {args.steps} steps after a warm-up epoch (its time: the first epoch, compile included)\n",
              f"| setting | steps/s | vs {args.settings[0]} | warm-up epoch (s) |", "|---|---|---|---|"]
     for name in args.settings:
         rate = args.steps / statistics.median(times[name])

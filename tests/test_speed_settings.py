@@ -46,7 +46,8 @@ def test_the_losses_compute_bf16_features_in_float32() -> None:
     g = torch.Generator().manual_seed(0)
     z = torch.nn.functional.normalize(torch.randn(24, 8, generator=g), dim=1).to(torch.bfloat16)
     y, b = torch.randint(0, 3, (24,), generator=g), torch.randint(0, 2, (24,), generator=g)
-    for name, fn in {"supcon": lambda t: losses.supcon(t, y), "eps_supinfonce": lambda t: losses.eps_supinfonce(t, y, 0.25),
+    for name, fn in {"supcon": lambda t: losses.supcon(t, y),
+                     "eps_supinfonce": lambda t: losses.eps_supinfonce(t, y, 0.25),
                      "eps_supcon": lambda t: losses.eps_supcon(t, y, 0.25), "fairkl": lambda t: losses.fairkl(t, y, b),
                      "cnc": lambda t: losses.cnc_two_sided(t[:8].reshape(2, 4, 8), t[8:16].reshape(2, 4, 8),
                                                            t[16:20].reshape(2, 2, 8), t[20:].reshape(2, 2, 8))}.items():
