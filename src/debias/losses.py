@@ -185,27 +185,35 @@ def _off_diagonal(mask: Tensor) -> Tensor:
     return mask.clone().fill_diagonal_(False)
 
 
+def _class_ids(y: Tensor) -> tuple[Tensor, Tensor]:
+    """Per row: an id of its class in ``[0, B)`` (its first position in sorted ``y``) and the class's size.
+
+    ``torch.unique``'s output size needs a host sync on a GPU; sort + searchsorted has fixed shapes."""
+    ys = torch.sort(y).values
+    first = torch.searchsorted(ys, y)
+    return first, torch.searchsorted(ys, y, right=True) - first
+
+
 def _positive_logit_mean(z: Tensor, y: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
     """``mean_{p in P(i)} s_ip`` (0 where ``P(i)`` is empty) and ``|P(i)|``, in O(B D).
 
     ``sum_{p in P(i)} z_i . z_p = z_i . (C_{y_i} - z_i)`` with ``C_c`` the sum of class ``c``'s rows.
     """
-    _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
-    n_pos = counts[inverse] - 1
-    class_sum = z.new_zeros(counts.shape[0], z.shape[1]).index_add(0, inverse, z)
+    inverse, count = _class_ids(y)
+    n_pos = count - 1
+    class_sum = z.new_zeros(z.shape[0], z.shape[1]).index_add(0, inverse, z)
     pos_sum = ((z * class_sum[inverse]).sum(1) - (z * z).sum(1)) / temperature
     return pos_sum / n_pos.clamp_min(1), n_pos
 
 
 def _num_positives(y: Tensor) -> Tensor:
-    """``|P(i)|`` for every anchor, from class counts (O(B))."""
-    _, inverse, counts = torch.unique(y, return_inverse=True, return_counts=True)
-    return counts[inverse] - 1
+    """``|P(i)|`` for every anchor, from class counts (O(B log B))."""
+    return _class_ids(y)[1] - 1
 
 
 def _mean_over_anchors(per_anchor: Tensor, valid: Tensor) -> Tensor:
-    """Mean of ``per_anchor`` over ``valid`` anchors (callers ensure at least one)."""
-    return torch.where(valid, per_anchor, 0.0).sum() / valid.sum()
+    """Mean of ``per_anchor`` over ``valid`` anchors; 0 (zero gradient) where none is valid (no host sync)."""
+    return torch.where(valid, per_anchor, 0.0).sum() / valid.sum().clamp_min(1)
 
 
 def _no_anchor_zero(z: Tensor) -> Tensor:
@@ -228,7 +236,7 @@ def supcon(z: Tensor, y: Tensor, temperature: float = 0.1) -> Tensor:
     zc = _compute(z)
     pos_mean, n_pos = _positive_logit_mean(zc, y.to(zc.device), temperature)
     valid = n_pos > 0
-    if not bool(valid.any()):
+    if z.shape[0] < 2:  # no pair at all (no host sync: anchors without positive add 0 below)
         return _no_anchor_zero(z)
     lse = _logsumexp(_logits_no_self(zc, temperature), dim=1)
     return _mean_over_anchors(lse - pos_mean, valid)
@@ -248,7 +256,7 @@ def eps_supcon(z: Tensor, y: Tensor, epsilon: float = 0.0, temperature: float = 
     y = y.to(zc.device)
     pos_mean, n_pos = _positive_logit_mean(zc, y, temperature)
     valid = n_pos > 0
-    if not bool(valid.any()):
+    if z.shape[0] < 2:  # no pair at all (no host sync: anchors without positive add 0 below)
         return _no_anchor_zero(z)
     s = _logits_no_self(zc, temperature)
     lse = _logsumexp(s - epsilon * _same_label(y).to(s.dtype), dim=1)  # diagonal stays -inf
@@ -271,7 +279,7 @@ def eps_supinfonce(
     y = y.to(zc.device)
     n_pos = _num_positives(y)
     valid = n_pos > 0
-    if not bool(valid.any()):
+    if z.shape[0] < 2:  # no pair at all (no host sync: anchors without positive add 0 below)
         return _no_anchor_zero(z)
     same = _same_label(y)
     s = _logits_no_self(zc, temperature)
@@ -947,9 +955,8 @@ def group_mean_losses(per_sample_loss: Tensor, groups: Tensor, num_groups: int) 
     if per_sample_loss.dim() != 1 or groups.shape != per_sample_loss.shape:
         raise ValueError("per_sample_loss and groups must both be [B]")
     groups = groups.to(per_sample_loss.device)
-    counts = torch.bincount(groups, minlength=num_groups)
-    if counts.shape[0] != num_groups:
-        raise ValueError(f"group ids must be in [0, {num_groups}), got max {int(groups.max())}")
+    # a scatter, not bincount (whose output size needs a host sync on a GPU); an id outside [0, G) is an IndexError
+    counts = torch.zeros(num_groups, dtype=torch.long, device=groups.device).index_add_(0, groups, torch.ones_like(groups))
     sums = per_sample_loss.new_zeros(num_groups).index_add(0, groups, per_sample_loss)
     return sums / counts.clamp_min(1).to(sums.dtype), counts
 
@@ -989,9 +996,8 @@ def group_dro_weights(
         if adjustment != 0:
             adjusted = adjusted + adjustment / group_counts.to(q.dtype).sqrt()
         adjusted = torch.where(present, adjusted, 0.0)
-        if not bool(present.any()):
-            return q.clone()
-        shift = adjusted[present].max()  # e^{η (a - shift)} <= 1: no overflow
+        shift = torch.where(present, adjusted, float("-inf")).max()  # e^{η (a - shift)} <= 1: no overflow
+        shift = torch.where(torch.isfinite(shift), shift, 0.0)  # no group present: q comes back unchanged below
         scaled = torch.where(present, q * torch.exp(step_size * (adjusted - shift)), 0.0)
         mass = torch.where(present, q, 0.0).sum()
         total = scaled.sum()

@@ -95,9 +95,16 @@ class Network(nn.Module):
             return x.to(dtype)
         raise ValueError(f"input of shape {tuple(x.shape)}: allowed: images [N,3,H,W] or feature vectors [N,F]")
 
+    autocast: torch.dtype | None = None  # stage2.speed.autocast: the encoder's forward under autocast to this dtype
+
     def embed(self, x: torch.Tensor) -> torch.Tensor:
-        """Encoder outputs z (unnormalised), ``[N, dim]``."""
-        return self.encoder(self.normalise(x))
+        """Encoder outputs z (unnormalised), ``[N, dim]``; under ``autocast`` (bf16) cast back to the default float
+        dtype, so the losses and the head compute in float32."""
+        if self.autocast is None:
+            return self.encoder(self.normalise(x))
+        with torch.autocast(x.device.type, dtype=self.autocast):
+            z = self.encoder(self.normalise(x))
+        return z.to(torch.get_default_dtype())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.embed(x))

@@ -441,7 +441,9 @@ class CNCParams(Section):
     accumulation: int = Field(32, ge=1, le=1024, description="contrastive batches per optimiser step")
     contrastive_weight: float = Field(0.75, ge=0, le=1, description="lambda: lambda * contrastive + (1 - lambda) * CE")
     init: Literal["scratch", "erm"] = "scratch"
-    forward_chunk: int = Field(8, ge=1, le=1024, description="contrastive batches per forward pass (memory only)")
+    forward_chunk: int = Field(8, ge=1, le=1024, description="contrastive batches per forward pass; >= accumulation: a "
+                               "step's batches in one pass. The same gradient without BatchNorm; with BatchNorm the "
+                               "batch statistics of the whole pass (1: per two-sided batch, ours; speed: docs/gpu.md)")
     skip_empty_classes: bool = Field(False, description="skip (and report) classes with no inferred minority point instead of failing")
     short_pools: Literal["replace", "shrink"] = Field(
         "replace", description="pools smaller than M or N: replace (ours: every batch keeps App. D.2.4's M and N, "
@@ -479,6 +481,11 @@ class HeadParams(Section):
 
     weight_decay: float = Field(1e-4, ge=0, le=100, description="L2 penalty weight_decay * |W|^2 added to the head's mean CE")
     max_iter: int = Field(100, ge=1, le=100000, description="L-BFGS iterations of the head fit")
+    warm_start: bool = Field(True, description="start each epoch's fit from the previous epoch's head instead of zero "
+                             "(ours: on the default data 17 % fewer L-BFGS iterations and the same selected epoch and "
+                             "accuracies in 3 of 3 seeds, benchmarks/results/head_warm_start.md); false: from zero")
+    tolerance: float = Field(1e-7, gt=0, le=1, description="stop once every gradient entry is below it (L-BFGS's "
+                             "tolerance_grad; torch's default 1e-7)")
 
 
 class LfFParams(Section):
@@ -521,10 +528,20 @@ class TabularViewParams(Section):
                                                                "marginals (SCARF: 0.6)")
 
 
+class SpeedParams(Section):
+    """Opt-in speed settings of stage 2's encoder (each off by default; measured effects: docs/gpu.md)."""
+
+    autocast: Literal["none", "bf16"] = Field("none", description="bf16: the encoder's forward under bfloat16 autocast, "
+                                              "its features cast back to float32 for the losses and the head (ours)")
+    compile: bool = Field(False, description="torch.compile the encoder in place (ours; the first steps compile)")
+    channels_last: bool = Field(False, description="convolution weights in channels-last memory format (ours)")
+
+
 class Stage2Params(OptimParams):
     method: Literal["cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm", "lff", "groupdro", "dcl",
                     "hcl"] = "cnc"
     head: HeadParams = Field(default_factory=HeadParams)
+    speed: SpeedParams = Field(default_factory=SpeedParams)
     cnc: CNCParams = Field(default_factory=CNCParams)
     jtt: JTTParams = Field(default_factory=JTTParams)
     wcl: WCLParams = Field(default_factory=WCLParams)

@@ -34,8 +34,8 @@ def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator) ->
     n, c, h, w = x.shape
     padded = F.pad(x, (max_shift, max_shift, max_shift, max_shift))
     width = w + 2 * max_shift
-    dy = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator).to(x.device)
-    dx = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator).to(x.device)
+    dy = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator).to(x.device, non_blocking=True)
+    dx = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator).to(x.device, non_blocking=True)
     pixels = (torch.arange(h, device=x.device)[:, None] * width + torch.arange(w, device=x.device)[None, :]).flatten()
     index = (dy * width + dx)[:, None] + pixels[None, :]  # [n, h*w] flat positions in the padded image
     return padded.flatten(2).gather(2, index[:, None, :].expand(n, c, h * w)).view(n, c, h, w)
@@ -45,7 +45,7 @@ def add_noise(x: torch.Tensor, std: float, generator: torch.Generator) -> torch.
     """Float images in 0..255 plus N(0, std^2) pixel noise, clamped to 0..255."""
     if std == 0:
         return x.float()
-    noise = torch.randn(x.shape, generator=generator).to(x.device) * std
+    noise = torch.randn(x.shape, generator=generator).to(x.device, non_blocking=True) * std
     return (x.float() + noise).clamp_(0, 255)
 
 
@@ -71,7 +71,7 @@ def _uniform(n: int, low: float, high: float, generator: torch.Generator) -> tor
 
 def _luma(x: torch.Tensor) -> torch.Tensor:
     """``[3]`` luma weights on ``x``'s device and dtype."""
-    return torch.tensor(LUMA, device=x.device, dtype=x.dtype)
+    return torch.tensor(LUMA, dtype=x.dtype).to(x.device, non_blocking=True)  # (a blocking copy would sync a GPU)
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
@@ -135,8 +135,8 @@ def shift_hue(x: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
     scaled = torch.where(x[:, :1] == v, cyclic[:, :1],
                          torch.where(x[:, 1:2] == v, cyclic[:, 1:2] + 2 * delta, cyclic[:, 2:] + 4 * delta))
     sextant = scaled / delta.clamp_min(torch.finfo(x.dtype).tiny)  # grey: 0 / tiny = 0
-    sextant = sextant + 6 * shift.to(device=x.device, dtype=x.dtype)[:, None, None, None]
-    n = torch.tensor([5.0, 3.0, 1.0], device=x.device, dtype=x.dtype)[None, :, None, None]
+    sextant = sextant + 6 * shift.to(device=x.device, dtype=x.dtype, non_blocking=True)[:, None, None, None]
+    n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype).to(x.device, non_blocking=True)[None, :, None, None]
     k = torch.remainder(n + sextant, 6)
     return v - delta * torch.minimum(k, 4 - k).clamp_(0, 1)
 
@@ -169,8 +169,8 @@ def color_jitter(
     x = x.float()
     if p == 0 or brightness == contrast == saturation == hue == 0:
         return x
-    selected = (torch.rand(n, generator=generator) < p).to(x.device)
-    factors = [_uniform(n, max(0.0, 1 - k), 1 + k, generator).to(x.device)[:, None, None, None]
+    selected = (torch.rand(n, generator=generator) < p).to(x.device, non_blocking=True)
+    factors = [_uniform(n, max(0.0, 1 - k), 1 + k, generator).to(x.device, non_blocking=True)[:, None, None, None]
                for k in (brightness, contrast, saturation)]
     shift = _uniform(n, -hue, hue, generator)
     out = x
@@ -191,7 +191,7 @@ def random_grayscale(x: torch.Tensor, generator: torch.Generator, p: float = 0.2
     x = x.float()
     if p == 0:
         return x
-    selected = (torch.rand(x.shape[0], generator=generator) < p).to(x.device)
+    selected = (torch.rand(x.shape[0], generator=generator) < p).to(x.device, non_blocking=True)
     return torch.where(selected[:, None, None, None], _gray(x).expand_as(x), x)
 
 
@@ -225,7 +225,7 @@ def resized_crop_flip(
     theta[:, 0, 2] = cx
     theta[:, 1, 1] = half_h
     theta[:, 1, 2] = cy
-    grid = F.affine_grid(theta.to(x.device), [n, x.shape[1], h, w], align_corners=False)
+    grid = F.affine_grid(theta.to(x.device, non_blocking=True), [n, x.shape[1], h, w], align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
 
@@ -312,6 +312,6 @@ def tabular_view(x: torch.Tensor, generator: torch.Generator, *, corruption_rate
     scores = torch.rand(n, n_groups, generator=generator)
     chosen = torch.zeros(n, n_groups, dtype=torch.bool).scatter_(1, scores.topk(n_corrupt, dim=1, largest=False).indices, True)
     donors = torch.randint(0, len(pool), (n, n_groups), generator=generator)
-    corrupt, donor = chosen[:, groups].to(x.device), donors[:, groups].to(pool.device)  # per feature column
+    corrupt, donor = chosen[:, groups].to(x.device, non_blocking=True), donors[:, groups].to(pool.device, non_blocking=True)  # per feature column
     replacement = pool.float()[donor, torch.arange(n_features, device=pool.device)[None, :]].to(x.device)
     return torch.where(corrupt, replacement, x)

@@ -27,21 +27,25 @@ from debias.params import HealthParams, ModelParams, OptimParams
 from debias.paths import embeddings_path
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
-from debias.training.loop import (FitResult, GeneratorTask, build_optimizer, build_scheduler, ensure_finite, finish, fit,
-                                  resume_key)
+from debias.training.loop import (FitResult, GeneratorTask, StepMetrics, build_optimizer, build_scheduler, finish, fit,
+                                  on_device, resume_key, to_device)
 from debias.training.memory import check_classifier_fits
 
 
 @torch.no_grad()
-def predict(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encoder outputs and logits for every image, in eval mode, on CPU: ``(z [N,D], logits [N,C])``."""
+def predict(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
+            keep_on_device: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoder outputs and logits for every image, in eval mode, on CPU (on ``device``: ``keep_on_device``):
+    ``(z [N,D], logits [N,C])``."""
     was_training = model.training
     model.eval()
     zs, logits = [], []
     for start in range(0, len(x), batch_size):
         z, out = model.embed_and_classify(x[start : start + batch_size].to(device, non_blocking=True))
-        zs.append(z.to(torch.get_default_dtype()).cpu())  # float32 (from bf16 too), float64 in float64 tests
-        logits.append(out.to(torch.get_default_dtype()).cpu())
+        zs.append(z.to(torch.get_default_dtype()))  # float32 (from bf16 too), float64 in float64 tests
+        logits.append(out.to(torch.get_default_dtype()))
+        if not keep_on_device:
+            zs[-1], logits[-1] = zs[-1].cpu(), logits[-1].cpu()
     model.train(was_training)
     return torch.cat(zs), torch.cat(logits)
 
@@ -67,31 +71,32 @@ class ClassifierTask(GeneratorTask):
         self.batch_size, self.generator, self.device = batch_size, generator, device
         self.augment_shift = augment_shift
         self.pool = torch.arange(len(train)) if pool is None else pool
+        self.train = on_device(train, device)  # batches are gathered by index on the device
         self.progress = progress
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         order = self.pool[torch.randperm(len(self.pool), generator=self.generator)]
-        total_loss = torch.zeros((), dtype=torch.float64)
-        total_correct, seen = 0, 0
-        batches = order.split(self.batch_size)
+        metrics = StepMetrics()  # loss and correct predictions summed on the device, read once at the epoch's end
+        seen = 0
+        batches = order.to(self.train.x.device, non_blocking=True).split(self.batch_size)  # one copy to the data
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
                    disable=None if self.progress and distributed.is_main() else True)
         for step, index in enumerate(bar):
             x = random_shift(self.train.x[index], self.augment_shift, self.generator)  # the global batch
-            x = x[distributed.shard_slice(len(index))].to(self.device, non_blocking=True)
-            y = self.train.y[index].to(self.device, non_blocking=True)
+            x = to_device(x[distributed.shard_slice(len(index))], self.device)
+            y = to_device(self.train.y[index], self.device)
             logits = distributed.all_gather_rows(self.model(x), len(index))
             loss = F.cross_entropy(logits, y)
-            ensure_finite(loss, step)
+            metrics.watch(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.sum_gradients(self.optimizer)
             self.optimizer.step()
-            total_loss += loss.detach().double().cpu() * len(index)
-            total_correct += int((logits.argmax(1) == y).sum())
+            metrics.add(loss=loss.detach() * len(index), correct=(logits.argmax(1) == y).sum())
             seen += len(index)
-            bar.set_postfix(loss=f"{total_loss.item() / seen:.4f}", acc=f"{total_correct / seen:.3f}", refresh=False)
-        return {"train/loss": total_loss.item() / seen, "train/acc": total_correct / seen}
+        totals = metrics.read()
+        bar.set_postfix(loss=f"{totals['loss'] / seen:.4f}", acc=f"{totals['correct'] / seen:.3f}", refresh=False)
+        return {"train/loss": totals["loss"] / seen, "train/acc": totals["correct"] / seen}
 
 
 def write_curves(path: Path, history: list[dict[str, float]]) -> None:

@@ -13,9 +13,10 @@ result depends on (:func:`resume_key`: the params the stage reads, the content o
 inputs, the code version); a state saved for another key is ignored, saying which part differs,
 a resume says so in the log, and the state is deleted on success.
 
-Divergence stops training at once: a task checks every step's loss (:func:`ensure_finite`), and
-``fit`` checks the weights after every epoch; either raises :class:`TrainingDiverged` naming the
-epoch, the step and the params to lower (``divergence_advice``).
+Divergence stops training at the end of the epoch where it happens: a task records every step's loss on the
+device (:class:`StepMetrics`; no host sync inside a step) and reads it once per epoch, and ``fit`` checks the
+weights after every epoch; either raises :class:`TrainingDiverged` naming the epoch, the first non-finite step
+and the params to lower (``divergence_advice``).
 
 Under ``torchrun`` (:mod:`debias.distributed`) every rank runs ``fit``: all ranks load the resume
 state (and must agree on the epoch it resumes from), only rank 0 saves or deletes it; each
@@ -40,6 +41,7 @@ from torch import nn
 
 from debias import distributed, progress
 from debias.errors import TrainingDiverged
+from debias.data.store import BiasedSplit
 from debias.fingerprint import code_version, digest, tensor_digest
 from debias.io import CorruptFileError, load_torch, save_torch
 
@@ -52,6 +54,42 @@ class Task(Protocol):
     def extra_state(self) -> dict[str, Any]: ...
 
     def load_extra_state(self, state: dict[str, Any]) -> None: ...
+
+
+# The training split is held on an accelerator when it takes at most this fraction of the device's memory (ours, a
+# safety margin, not measured: the 54k Fashion-MNIST digits take 42 MB of 80 GB; full-size CelebA images would not);
+# a larger split stays in host memory and each batch is copied after its gather.
+RESIDENT_FRACTION = 0.25
+
+
+def fits_on_device(split: BiasedSplit, device: torch.device) -> bool:
+    """Whether ``split``'s tensors take at most ``RESIDENT_FRACTION`` of ``device``'s memory (CUDA; elsewhere: yes)."""
+    if device.type != "cuda":
+        return True
+    size = sum(t.numel() * t.element_size() for t in (split.x, split.y, split.a, split.aligned))
+    return size <= RESIDENT_FRACTION * torch.cuda.get_device_properties(device).total_memory
+
+
+def on_device(split: BiasedSplit, device: torch.device) -> BiasedSplit:
+    """``split`` with its tensors on ``device`` where it fits (:func:`fits_on_device`; itself where they are there
+    already or it does not fit): a task's training data is held where it trains, so a step gathers its batch by index
+    there instead of copying it from the host. Tasks gather on ``split.x.device`` and move the batch to theirs."""
+    if split.x.device == device or not fits_on_device(split, device):
+        return split
+    return BiasedSplit(split.x.to(device), split.y.to(device), split.a.to(device), split.aligned.to(device),
+                       split.n_classes, split.n_attrs, split.feature_names)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without a host sync: a non-blocking copy (a no-op where it is there already)."""
+    return t.to(device, non_blocking=True)
+
+
+def device_batches(batches: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """The epoch's index batches on ``device``, copied in one transfer (on the CPU: ``batches`` themselves)."""
+    if not batches or batches[0].device == device:
+        return batches
+    return list(to_device(torch.cat(batches), device).split([len(b) for b in batches]))
 
 
 class GeneratorTask:
@@ -82,6 +120,91 @@ def ensure_finite(loss: torch.Tensor, step: int, what: str = "loss") -> None:
     """Raise :class:`NonFiniteLoss` if ``loss`` holds NaN or infinity (one host sync per step)."""
     if not bool(torch.isfinite(loss.detach()).all()):
         raise NonFiniteLoss(step, float(loss.detach().float().flatten()[0]), what)
+
+
+def _accumulator_dtype(device: torch.device) -> torch.dtype:
+    """float64 sums where the device has it (MPS has no float64: float32 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+class StepMetrics:
+    """An epoch's step scalars and the first non-finite loss, kept on the device where they are computed.
+
+    ``add(**scalars)`` and ``watch(loss, step)`` keep the tensors (detached) and fold them into sums every
+    ``FOLD`` steps with a few tensor ops, never reading a value back to the host, so a step never waits for the
+    device and costs next to nothing more on the CPU; :meth:`read` / :meth:`means` read everything at once (one
+    transfer per epoch), raising :class:`NonFiniteLoss` for the first step whose loss was NaN or infinite
+    (training ran on to the epoch's end; its weights are then non-finite too, and ``fit`` stops there).
+    """
+
+    FOLD = 256  # steps between folds: bounds the tensors held, amortises the fold's ops
+
+    def __init__(self) -> None:
+        self.pending: dict[str, list[torch.Tensor | float]] = {}
+        self.sums: dict[str, torch.Tensor | float] = {}
+        self.count = 0
+        self.losses: list[torch.Tensor] = []  # watched losses not folded yet, each [1]
+        self.steps: list[int] = []  # the step of every watched loss
+        self.bad: torch.Tensor | None = None  # [position in self.steps of the first non-finite loss (-1: none), value]
+
+    def add(self, **values: torch.Tensor | float) -> None:
+        for key, value in values.items():
+            self.pending.setdefault(key, []).append(value.detach() if isinstance(value, torch.Tensor) else value)
+        self.count += 1
+        if self.count % self.FOLD == 0:
+            self._fold()
+
+    def watch(self, loss: torch.Tensor, step: int) -> None:
+        """Keep ``loss`` (a scalar tensor) to find the epoch's first non-finite one; no host sync."""
+        self.losses.append(loss.detach().reshape(-1)[:1])
+        self.steps.append(step)
+        if len(self.losses) >= self.FOLD:
+            self._fold_losses()
+
+    def _fold(self) -> None:
+        for key, values in self.pending.items():
+            if not values:
+                continue
+            if isinstance(values[0], torch.Tensor):
+                total = torch.stack(values).to(_accumulator_dtype(values[0].device)).sum()  # type: ignore[arg-type]
+            else:
+                total = float(sum(values))  # type: ignore[arg-type]
+            old = self.sums.get(key)
+            self.sums[key] = total if old is None else old + total
+            values.clear()
+
+    def _fold_losses(self) -> None:
+        if not self.losses:
+            return
+        chunk = torch.cat(self.losses)
+        offset = len(self.steps) - len(self.losses)
+        self.losses = []
+        value_dtype = _accumulator_dtype(chunk.device)
+        if self.bad is None:
+            self.bad = torch.full((2,), -1.0, dtype=value_dtype, device=chunk.device)  # a fill: no host copy
+        bad = ~torch.isfinite(chunk)
+        first = bad.to(torch.int8).argmax()
+        value = chunk.index_select(0, first.reshape(1))[0]  # (chunk[first] would read `first` on the host)
+        found = torch.stack([(first + offset).to(value_dtype), value.to(value_dtype)])
+        self.bad = torch.where((self.bad[0] < 0) & bad.any(), found, self.bad)
+
+    def read(self) -> dict[str, float]:
+        """The sums as floats (one host transfer); raises :class:`NonFiniteLoss` for a watched non-finite loss."""
+        self._fold()
+        self._fold_losses()
+        keys = [k for k, v in self.sums.items() if isinstance(v, torch.Tensor)]
+        tensors = [self.sums[k].to("cpu", torch.float64).reshape(1) for k in keys]  # type: ignore[union-attr]
+        if self.bad is not None:
+            tensors.append(self.bad.to("cpu", torch.float64))
+        values = torch.cat(tensors).tolist() if tensors else []
+        if self.bad is not None and values[len(keys)] >= 0:
+            raise NonFiniteLoss(self.steps[int(values[len(keys)])], values[len(keys) + 1])
+        return {**{k: float(v) for k, v in self.sums.items() if not isinstance(v, torch.Tensor)},
+                **dict(zip(keys, values))}
+
+    def means(self, prefix: str = "train/") -> dict[str, float]:
+        """``{prefix + key: sum / steps}`` (see :meth:`read`)."""
+        return {f"{prefix}{k}": v / max(self.count, 1) for k, v in self.read().items()}
 
 
 def nonfinite_weights(modules: dict[str, nn.Module]) -> list[str]:

@@ -24,8 +24,9 @@ from debias import distributed
 
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
-from debias.params import Params
-from debias.training.loop import GeneratorTask, build_optimizer, build_scheduler
+from debias.params import Params, SpeedParams
+from debias.training.loop import (GeneratorTask, StepMetrics, build_optimizer, build_scheduler, device_batches,
+                                  on_device, to_device)  # noqa: F401  (on_device, to_device: the methods' helpers)
 
 
 @dataclass
@@ -116,7 +117,22 @@ def fresh_model(inputs: Stage2Inputs) -> Network:
     layer ending in the method's activation where ``model.feature_activation`` is ``auto``."""
     train = inputs.splits["train"]
     activation = method_spec(inputs.params.stage2.method).feature_activation
-    return build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:]), activation).to(inputs.device)
+    model = build_model(inputs.params.model, train.n_classes, tuple(train.x.shape[1:]), activation).to(inputs.device)
+    return apply_speed(model, inputs.params.stage2.speed)
+
+
+AUTOCAST_DTYPES = {"none": None, "bf16": torch.bfloat16}
+
+
+def apply_speed(model: Network, speed: SpeedParams) -> Network:
+    """``model`` with ``stage2.speed``'s opt-in settings: bf16 autocast of the encoder's forward, convolution weights
+    channels-last, the encoder compiled in place (its parameter names, hence checkpoints, unchanged)."""
+    model.autocast = AUTOCAST_DTYPES[speed.autocast]
+    if speed.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if speed.compile:
+        model.encoder.compile()
+    return model
 
 
 def class_prior(tau_plus: float | None, n_classes: int, name: str) -> float:
@@ -150,23 +166,28 @@ def group_balanced_batches(groups: torch.Tensor, batch_size: int, generator: tor
     return list(torch.multinomial(weights, len(groups), replacement=True, generator=generator).split(batch_size))
 
 
-def epoch_steps(batches: list[torch.Tensor], epoch: int) -> Iterable[tuple[int, torch.Tensor]]:
-    """``(step, index)`` over an epoch's batches, with a progress bar on the main process only."""
+def epoch_steps(batches: list[torch.Tensor], epoch: int,
+                device: torch.device | None = None) -> Iterable[tuple[int, torch.Tensor]]:
+    """``(step, index)`` over an epoch's batches (moved to ``device`` at once, :func:`device_batches`), with a
+    progress bar on the main process only."""
+    batches = batches if device is None else device_batches(batches, device)
     return enumerate(tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=None if distributed.is_main() else True))
 
 
 class StepTask(GeneratorTask):
     """A task whose epoch is ``self.batches()`` (default: one shuffled pass in ``stage2.batch_size`` batches), each
-    given to ``self.step(index, step)`` (returning that step's scalars); needs ``train``, ``params`` and
-    ``generator``."""
+    given to ``self.step(index, step)`` (returning that step's scalars as tensors, ``loss`` among them; the index on
+    the training data's device); needs ``train``, ``params``, ``generator`` and ``device``."""
 
     def batches(self) -> list[torch.Tensor]:
         return shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
-        for step, index in epoch_steps(self.batches(), epoch):
-            progress.add(**self.step(index, step))
+        for step, index in epoch_steps(self.batches(), epoch, self.train.x.device):
+            values = self.step(index, step)
+            progress.watch(values["loss"], step)
+            progress.add(**values)
         return progress.means()
 
 
@@ -174,17 +195,6 @@ def normalise(z: torch.Tensor) -> torch.Tensor:
     return F.normalize(z, dim=1)
 
 
-class Progress:
-    """Running means for the progress bar and the epoch's returned metrics."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.count = 0
-
-    def add(self, **values: torch.Tensor | float) -> None:
-        for key, value in values.items():
-            self.sums[key] = self.sums.get(key, 0.0) + float(value)
-        self.count += 1
-
-    def means(self, prefix: str = "train/") -> dict[str, float]:
-        return {f"{prefix}{k}": v / max(self.count, 1) for k, v in self.sums.items()}
+class Progress(StepMetrics):
+    """Running sums for the epoch's returned metrics, kept on the device (:class:`debias.training.loop.StepMetrics`:
+    read once per epoch, never inside a step)."""

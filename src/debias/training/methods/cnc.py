@@ -18,9 +18,9 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.sampling import CNCBatchSampler
-from debias.training.loop import GeneratorTask, ensure_finite
-from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, normalise, register_method,
-                                          stage2_optimiser)
+from debias.training.loop import GeneratorTask
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, normalise, on_device,
+                                          register_method, stage2_optimiser, to_device)
 
 
 class CNCTask(GeneratorTask):
@@ -28,13 +28,17 @@ class CNCTask(GeneratorTask):
     ``stage2.cnc.anchor_fraction`` subset), ``accumulation`` per optimiser step.
 
     A step's loss is the mean over its contrastive batches of
-    lambda * cnc_two_sided(z/|z|) + (1 - lambda) * CE(head(z), y) over every point of the batch;
-    batches are forwarded ``forward_chunk`` at a time, gradients accumulated (same gradient).
+    lambda * cnc_two_sided(z/|z|) + (1 - lambda) * CE(head(z), y) over every point of the batch.
+    The step's batches are drawn (and augmented) at once and forwarded ``forward_chunk`` at a time, gradients
+    accumulated: ``forward_chunk >= accumulation`` encodes them in one pass. Every chunk size gives the same
+    gradient for an encoder without BatchNorm (LeNet-5; tested); with BatchNorm (ResNets) the batch statistics
+    are those of the whole chunk instead of one two-sided batch (``forward_chunk: 1``: per batch).
     """
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit,
                  sampler: CNCBatchSampler, params: Params, generator: torch.Generator, device: torch.device) -> None:
-        self.model, self.optimizer, self.train, self.sampler = model, optimizer, train, sampler
+        self.model, self.optimizer, self.sampler = model, optimizer, sampler
+        self.train = on_device(train, device)  # batches are gathered by index on the device
         self.params, self.generator, self.device = params, generator, device
 
     def extra_state(self) -> dict[str, Any]:
@@ -44,22 +48,26 @@ class CNCTask(GeneratorTask):
         super().load_extra_state(state)
         self.sampler.load_state_dict(state["sampler"])
 
-    def _chunk_loss(self, count: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Mean contrastive and CE loss over ``count`` freshly drawn contrastive batches."""
-        batch = self.sampler.sample_many(count)
+    def _step_inputs(self, count: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The images ``[count * W, ...]`` (augmented) and labels of one step's ``count`` freshly drawn contrastive
+        batches, ``W = 2M + 2N`` rows each (anchors, positives, negatives, second-side negatives), gathered by
+        index on the device; and the group sizes of a batch. Drawn once per step, whatever ``forward_chunk`` is."""
+        batch = self.sampler.sample_many(count)  # host-side draws (CPU generator), copied once below
         groups = [batch.anchors, batch.positives, batch.negatives] + ([batch.negatives2] if batch.negatives2 is not None else [])
-        sizes = [g.shape[1] for g in groups]
-        index = torch.cat(groups, dim=1)  # [count, 2M + 2N]
-        x = random_shift(self.train.x[index.flatten()], self.params.stage2.augment_shift, self.generator)
-        total = len(x)  # every rank holds the chunk's images; each forwards its shard of them
-        x = x[distributed.shard_slice(total)].to(self.device)
-        y = self.train.y[index.flatten()].to(self.device)
-        z, logits = self.model.embed_and_classify(x)
+        index = to_device(torch.cat(groups, dim=1).flatten(), self.train.x.device)  # [count * W]
+        x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
+        return to_device(x, self.device), to_device(self.train.y[index], self.device), [g.shape[1] for g in groups]
+
+    def _chunk_loss(self, x: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean two-sided contrastive loss over the contrastive batches whose images are ``x`` (``[k * W, ...]``,
+        one forward pass) and the mean CE over all their points."""
+        total, width = len(x), sum(sizes)  # every rank holds the chunk's images; each forwards its shard of them
+        z, logits = self.model.embed_and_classify(x[distributed.shard_slice(total)])
         z, logits = distributed.all_gather_rows(z, total), distributed.all_gather_rows(logits, total)
-        parts = normalise(z).reshape(count, index.shape[1], -1).split(sizes, dim=1)
+        parts = normalise(z).reshape(total // width, width, -1).split(sizes, dim=1)
         contrastive = losses.cnc_two_sided(parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else None,
                                            self.params.stage2.cnc.temperature)
-        return contrastive, F.cross_entropy(logits, y), torch.tensor(count)
+        return contrastive, F.cross_entropy(logits, y)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         cnc = self.params.stage2.cnc
@@ -70,16 +78,17 @@ class CNCTask(GeneratorTask):
                    disable=None if distributed.is_main() else True)
         while remaining > 0:
             step_batches = min(cnc.accumulation, remaining)
+            x, y, sizes = self._step_inputs(step_batches)
+            width = sum(sizes)
             self.optimizer.zero_grad(set_to_none=True)
-            done = 0
-            while done < step_batches:
+            for done in range(0, step_batches, cnc.forward_chunk):  # forward_chunk >= accumulation: one pass
                 count = min(cnc.forward_chunk, step_batches - done)
-                contrastive, ce, _ = self._chunk_loss(count)
+                rows = slice(done * width, (done + count) * width)
+                contrastive, ce = self._chunk_loss(x[rows], y[rows], sizes)
                 loss = lam * contrastive + (1 - lam) * ce
-                ensure_finite(loss, progress.count)
-                (loss * (count / step_batches)).backward()
+                progress.watch(loss, progress.count)
+                (loss * (count / step_batches)).backward()  # Alg. 3: the mean over the step's batches
                 progress.add(loss=loss.detach(), contrastive=contrastive.detach(), ce=ce.detach())
-                done += count
                 bar.update(count)
             distributed.sum_gradients(self.optimizer)
             self.optimizer.step()

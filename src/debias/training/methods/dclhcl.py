@@ -23,9 +23,10 @@ from debias import distributed, losses
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.loop import GeneratorTask, ensure_finite
+from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, class_prior, epoch_steps, fresh_model,
-                                          normalise, register_method, shuffled_batches, stage2_optimiser)
+                                          normalise, on_device, register_method, shuffled_batches, stage2_optimiser,
+                                          to_device)
 from debias.training.methods.selfsup import projection_head, wcl_image_view
 from debias.training.methods.views import Views
 
@@ -43,9 +44,10 @@ class TwoViewTask(GeneratorTask):
 
     def __init__(self, method: str, model: Network, projector: nn.Module, optimizer: torch.optim.Optimizer,
                  train: BiasedSplit, params: Params, generator: torch.Generator, device: torch.device) -> None:
-        self.method, self.model, self.projector, self.optimizer, self.train = method, model, projector, optimizer, train
+        self.method, self.model, self.projector, self.optimizer = method, model, projector, optimizer
+        self.train = on_device(train, device)  # batches are gathered (and augmented) on the device
         self.params, self.generator, self.device = params, generator, device
-        self.views = Views(train, params, wcl_image_view(params.stage2.wcl))
+        self.views = Views(self.train, params, wcl_image_view(params.stage2.wcl))
         own = getattr(params.stage2, method)
         self.tau_plus = class_prior(own.tau_plus, train.n_classes, f"stage2.{method}.tau_plus")
 
@@ -64,15 +66,15 @@ class TwoViewTask(GeneratorTask):
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
         batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
-        for step, index in epoch_steps(batches, epoch):
+        for step, index in epoch_steps(batches, epoch, self.train.x.device):
             if len(index) < 2:
                 continue  # the loss needs another row's views as negatives
             rows = self.train.x[index]
             local = distributed.shard_slice(len(index))
-            first = self.views(rows, self.generator)[local].to(self.device)
-            second = self.views(rows, self.generator)[local].to(self.device)
+            first = to_device(self.views(rows, self.generator)[local], self.device)
+            second = to_device(self.views(rows, self.generator)[local], self.device)
             loss = self.batch_loss(first, second, len(index))
-            ensure_finite(loss, step)
+            progress.watch(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.sum_gradients(self.optimizer)

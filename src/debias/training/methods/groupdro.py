@@ -28,9 +28,8 @@ from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.loop import ensure_finite
-from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model,
-                                          group_balanced_batches, register_method, stage2_optimiser)
+from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, group_balanced_batches,
+                                          on_device, register_method, stage2_optimiser, to_device)
 
 
 def compact_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,17 +43,31 @@ class GroupDROTask(StepTask):
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit, groups: torch.Tensor,
                  params: Params, generator: torch.Generator, device: torch.device) -> None:
-        self.model, self.optimizer, self.train = model, optimizer, train
+        self.model, self.optimizer = model, optimizer
+        self.train = on_device(train, device)  # batches are gathered by index on the device
         self.params, self.generator, self.device = params, generator, device
-        self.groups, self.group_ids = compact_groups(groups)
+        self.groups, self.group_ids = compact_groups(groups)  # on the CPU: the sampler's
         self.n_groups = len(self.group_ids)
         self.group_counts = torch.bincount(self.groups, minlength=self.n_groups).double()
         self.q = torch.full((self.n_groups,), 1.0 / self.n_groups, dtype=torch.float64)
+        # the step's copies, on the device (q: float32 on MPS, which has no float64)
+        self._groups = self.groups.to(self.train.x.device)  # indexed where the batches are gathered
+        self._counts = self.group_counts.to(device, torch.float32 if device.type == "mps" else torch.float64)
+        self._q = self.q.to(device, self._counts.dtype)
 
     def batches(self) -> list[torch.Tensor]:
         if self.params.stage2.groupdro.balanced_sampling:
             return group_balanced_batches(self.groups, self.params.stage2.batch_size, self.generator)
         return super().batches()
+
+    @property
+    def q(self) -> torch.Tensor:
+        """The group weights (float64, on the CPU; the step keeps its copy on the device)."""
+        return self._q.to("cpu", torch.float64)
+
+    @q.setter
+    def q(self, value: torch.Tensor) -> None:
+        self._q = value.clone() if not hasattr(self, "_counts") else value.to(self._counts.device, self._counts.dtype)
 
     def extra_state(self) -> dict[str, Any]:
         return {**super().extra_state(), "q": self.q.clone()}
@@ -67,23 +80,23 @@ class GroupDROTask(StepTask):
         """Update ``q`` from the batch's group losses, then one optimiser step on ``sum_g q_g L_g``."""
         dro = self.params.stage2.groupdro
         x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
-        x = x[distributed.shard_slice(len(index))].to(self.device)
-        y = self.train.y[index].to(self.device)
-        groups = self.groups[index].to(self.device)
+        x = to_device(x[distributed.shard_slice(len(index))], self.device)
+        y = to_device(self.train.y[index], self.device)
+        groups = to_device(self._groups[index], self.device)
         logits = distributed.all_gather_rows(self.model(x), len(index))
         per_sample = F.cross_entropy(logits, y, reduction="none")
         group_losses, batch_counts = losses.group_mean_losses(per_sample, groups, self.n_groups)
-        self.q = losses.group_dro_weights(self.q, group_losses.detach().cpu().double(), self.group_counts,
-                                          dro.step_size, dro.adjustment, batch_counts=batch_counts.cpu())
-        loss = losses.group_dro_loss(per_sample, groups, self.q.to(self.device))
-        ensure_finite(loss, step)
+        self._q = losses.group_dro_weights(self._q, group_losses.detach(), self._counts, dro.step_size, dro.adjustment,
+                                           batch_counts=batch_counts)
+        loss = losses.group_dro_loss(per_sample, groups, self._q)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         distributed.sum_gradients(self.optimizer)
         self.optimizer.step()
-        present = batch_counts > 0
+        present = batch_counts > 0  # (no boolean indexing: its result's size would need a host sync)
         return {"loss": loss.detach(), "ce": per_sample.detach().mean(),
-                "worst_group_loss": group_losses.detach()[present].max(), "q_max": self.q.max()}
+                "worst_group_loss": torch.where(present, group_losses.detach(), float("-inf")).max(),
+                "q_max": self._q.max()}
 
 
 @register_method("groupdro", head_trained=True)

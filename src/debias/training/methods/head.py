@@ -21,15 +21,21 @@ from debias.training.erm import predict, validator
 
 
 def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.device,
-             weight_decay: float = HeadParams().weight_decay, max_iter: int = HeadParams().max_iter) -> None:
-    """Fit ``model.head`` to the frozen training features: min CE(W z + b, y) + weight_decay * |W|^2 (L-BFGS)."""
-    z, _ = predict(model, train.x, batch_size, device)
-    z, y = z.to(device), train.y.to(device)
+             weight_decay: float = HeadParams().weight_decay, max_iter: int = HeadParams().max_iter,
+             warm_start: bool = False, tolerance: float = HeadParams().tolerance) -> int:
+    """Fit ``model.head`` to the frozen training features: min CE(W z + b, y) + weight_decay * |W|^2 (L-BFGS).
+
+    Starts from zero, or (``warm_start``) from the head as it is (the previous epoch's fit); stops after
+    ``max_iter`` iterations or once every gradient entry is below ``tolerance`` (L-BFGS's ``tolerance_grad``).
+    The features stay on ``device``. Returns the iterations L-BFGS ran."""
+    z, _ = predict(model, train.x, batch_size, device, keep_on_device=True)
+    y = train.y.to(device, non_blocking=True)
     head = model.head
-    nn.init.zeros_(head.weight)
-    nn.init.zeros_(head.bias)
+    if not warm_start:
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
     optimizer = torch.optim.LBFGS(head.parameters(), lr=1.0, max_iter=max_iter, history_size=20,
-                                  line_search_fn="strong_wolfe")
+                                  line_search_fn="strong_wolfe", tolerance_grad=tolerance)
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
@@ -38,6 +44,7 @@ def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.
         return loss
 
     optimizer.step(closure)
+    return int(optimizer.state[head.weight].get("n_iter", 0))
 
 
 def head_validator(model: Network, splits: dict[str, BiasedSplit], head_trained: bool, batch_size: int,
@@ -49,7 +56,8 @@ def head_validator(model: Network, splits: dict[str, BiasedSplit], head_trained:
         return check
 
     def refit_then_check() -> dict[str, float]:
-        fit_head(model, splits["train"], batch_size, device, head.weight_decay, head.max_iter)
+        fit_head(model, splits["train"], batch_size, device, head.weight_decay, head.max_iter, head.warm_start,
+                 head.tolerance)
         return check()
 
     return refit_then_check

@@ -30,38 +30,45 @@ from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.loop import ensure_finite
-from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, register_method,
-                                          stage2_optimiser)
+from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, on_device,
+                                          register_method, stage2_optimiser, to_device)
 
 
 class LossEMA:
     """Per-sample exponential moving average of a loss, ``m_i <- α m_i + (1 - α) l_i`` (the first value sets ``m_i``),
     and its maximum over each class (LfF code's ``EMA``)."""
 
-    def __init__(self, labels: torch.Tensor, n_classes: int, alpha: float) -> None:
-        self.labels, self.n_classes, self.alpha = labels.long().cpu(), n_classes, alpha
-        self.value = torch.zeros(len(labels), dtype=torch.float64)
-        self.seen = torch.zeros(len(labels), dtype=torch.bool)
+    def __init__(self, labels: torch.Tensor, n_classes: int, alpha: float, device: torch.device | None = None) -> None:
+        """The averages live on ``device`` (the labels' by default), where the losses are: no host sync per step
+        (float64, float32 on MPS, which has no float64)."""
+        device = labels.device if device is None else torch.device(device)
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        self.labels, self.n_classes, self.alpha = labels.long().to(device), n_classes, alpha
+        self.value = torch.zeros(len(labels), dtype=dtype, device=device)
+        self.seen = torch.zeros(len(labels), dtype=torch.bool, device=device)
 
     def update(self, index: torch.Tensor, loss: torch.Tensor) -> None:
-        loss = loss.detach().double().cpu()
+        index = index.to(self.value.device, non_blocking=True)
+        loss = loss.detach().to(self.value.device, self.value.dtype)
         old = self.value[index]
         self.value[index] = torch.where(self.seen[index], self.alpha * old + (1 - self.alpha) * loss, loss)
         self.seen[index] = True
 
     def normalised(self, index: torch.Tensor) -> torch.Tensor:
         """``m_i / max_{j: y_j = y_i} m_j`` for the rows ``index`` (a class whose maximum is 0 gives 0)."""
-        class_max = torch.zeros(self.n_classes, dtype=torch.float64).scatter_reduce(
+        index = index.to(self.value.device, non_blocking=True)
+        class_max = self.value.new_zeros(self.n_classes).scatter_reduce(
             0, self.labels, self.value, reduce="amax", include_self=True)
         top = class_max[self.labels[index]]
         return torch.where(top > 0, self.value[index] / top.clamp_min(torch.finfo(top.dtype).tiny), 0.0)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"value": self.value.clone(), "seen": self.seen.clone()}
+        return {"value": self.value.cpu().clone(), "seen": self.seen.cpu().clone()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.value, self.seen = state["value"].clone(), state["seen"].clone()
+        device = self.value.device
+        self.value = state["value"].to(device, self.value.dtype).clone()
+        self.seen = state["seen"].to(device).clone()
 
 
 class LfFTask(StepTask):
@@ -69,11 +76,12 @@ class LfFTask(StepTask):
 
     def __init__(self, model: Network, biased: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit,
                  params: Params, generator: torch.Generator, device: torch.device) -> None:
-        self.model, self.biased, self.optimizer, self.train = model, biased, optimizer, train
+        self.model, self.biased, self.optimizer = model, biased, optimizer
+        self.train = on_device(train, device)  # batches are gathered by index on the device
         self.params, self.generator, self.device = params, generator, device
         lff = params.stage2.lff
-        self.ema_biased = LossEMA(train.y, train.n_classes, lff.ema_alpha)
-        self.ema_debiased = LossEMA(train.y, train.n_classes, lff.ema_alpha)
+        self.ema_biased = LossEMA(train.y, train.n_classes, lff.ema_alpha, device)
+        self.ema_debiased = LossEMA(train.y, train.n_classes, lff.ema_alpha, device)
 
     def modules(self) -> dict[str, nn.Module]:
         return {"model": self.model, "biased": self.biased}
@@ -90,8 +98,8 @@ class LfFTask(StepTask):
     def step(self, index: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         """One optimiser step on the rows ``index``; returns the batch's loss parts (detached)."""
         x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
-        x = x[distributed.shard_slice(len(index))].to(self.device)
-        y = self.train.y[index].to(self.device)
+        x = to_device(x[distributed.shard_slice(len(index))], self.device)
+        y = to_device(self.train.y[index], self.device)
         logits_b = distributed.all_gather_rows(self.biased(x), len(index))
         logits_d = distributed.all_gather_rows(self.model(x), len(index))
         ce_b = F.cross_entropy(logits_b, y, reduction="none")
@@ -103,7 +111,6 @@ class LfFTask(StepTask):
         gce = losses.generalized_cross_entropy(logits_b, y, self.params.stage2.lff.q)
         weighted = (weight * ce_d).mean()
         loss = gce + weighted
-        ensure_finite(loss, step)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         distributed.sum_gradients(self.optimizer)
@@ -121,7 +128,7 @@ def lff_method(inputs: Stage2Inputs) -> Stage2Setup:
     def report(history: list[dict[str, float]]) -> dict[str, Any]:  # history: unused
         weights = losses.lff_weights(task.ema_biased.normalised(torch.arange(len(task.train))),
                                      task.ema_debiased.normalised(torch.arange(len(task.train))))
-        conflicting = ~task.train.aligned.bool()
+        weights, conflicting = weights.cpu(), ~inputs.splits["train"].aligned.bool()
         return {"lff_q": inputs.params.stage2.lff.q,
                 "lff_mean_weight_aligned": float(weights[~conflicting].mean()) if bool((~conflicting).any()) else None,
                 "lff_mean_weight_conflicting": float(weights[conflicting].mean()) if bool(conflicting.any()) else None}

@@ -22,9 +22,10 @@ from debias.data.augment import simclr_view
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params, WCLParams
-from debias.training.loop import GeneratorTask, ensure_finite
+from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, class_prior, epoch_steps, fresh_model,
-                                          normalise, register_method, shuffled_batches, stage2_optimiser)
+                                          normalise, on_device, register_method, shuffled_batches, stage2_optimiser,
+                                          to_device)
 from debias.training.methods.views import Views
 
 
@@ -52,11 +53,12 @@ class WCLTask(GeneratorTask):
     def __init__(self, model: Network, biased: Network, projector: nn.Module, biased_projector: nn.Module,
                  optimizer: torch.optim.Optimizer, train: BiasedSplit, params: Params, generator: torch.Generator,
                  device: torch.device) -> None:
-        self.model, self.biased, self.optimizer, self.train = model, biased, optimizer, train
+        self.model, self.biased, self.optimizer = model, biased, optimizer
+        self.train = on_device(train, device)  # batches are gathered (and augmented) on the device
         self.projector, self.biased_projector = projector, biased_projector
         self.params, self.generator, self.device = params, generator, device
         wcl = params.stage2.wcl
-        self.views = Views(train, params, wcl_image_view(wcl))  # SimCLR views of images, SCARF of feature vectors
+        self.views = Views(self.train, params, wcl_image_view(wcl))  # SimCLR views of images, SCARF of feature vectors
         self.tau_plus = class_prior(wcl.tau_plus, train.n_classes, "stage2.wcl.tau_plus")
 
     def modules(self) -> dict[str, nn.Module]:
@@ -68,7 +70,7 @@ class WCLTask(GeneratorTask):
         wcl = self.params.stage2.wcl
         local = distributed.shard_slice(len(index))
         rows = self.train.x[index]
-        first, second = (self.views(rows, self.generator)[local].to(self.device) for _ in range(2))
+        first, second = (to_device(self.views(rows, self.generator)[local], self.device) for _ in range(2))
         z_d = [normalise(self.projector(self.model.embed(v))) for v in (first, second)]
         z_b = [normalise(self.biased_projector(self.biased.embed(v))) for v in (first, second)]
         z_d_a, z_d_p, z_b_a, z_b_p = (distributed.all_gather_rows(z, len(index)) for z in (*z_d, *z_b))
@@ -79,11 +81,11 @@ class WCLTask(GeneratorTask):
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
         batches = shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
-        for step, index in epoch_steps(batches, epoch):
+        for step, index in epoch_steps(batches, epoch, self.train.x.device):
             if len(index) < 2:
                 continue
             loss, weighted, triplet = self.batch_loss(index)
-            ensure_finite(loss, step)
+            progress.watch(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.sum_gradients(self.optimizer)

@@ -35,9 +35,10 @@ from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.loop import GeneratorTask, ensure_finite
+from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
-                                          register_method, shuffled_batches, stage2_optimiser)
+                                          on_device, register_method, shuffled_batches, stage2_optimiser,
+                                          to_device)
 
 CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tensor]] = {
     "supcon": lambda z, y, p: losses.supcon(z, y, p.loss.temperature),
@@ -122,7 +123,9 @@ class ContrastiveTask(GeneratorTask):
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit, bias: torch.Tensor,
                  minority: torch.Tensor, params: Params, generator: torch.Generator, device: torch.device) -> None:
-        self.model, self.optimizer, self.train, self.bias = model, optimizer, train, bias
+        self.model, self.optimizer = model, optimizer
+        self.train = on_device(train, device)  # batches are gathered by index where the data is (the device)
+        self.bias = bias.to(self.train.x.device)
         self.minority = minority
         self.params, self.generator, self.device = params, generator, device
         self.method = params.stage2.method
@@ -137,20 +140,20 @@ class ContrastiveTask(GeneratorTask):
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
-        for step, index in epoch_steps(self.batches(), epoch):
+        for step, index in epoch_steps(self.batches(), epoch, self.train.x.device):
             if len(index) < 2:
                 continue  # a single sample has no pair
             x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
-            x = x[distributed.shard_slice(len(index))].to(self.device)
-            y = self.train.y[index].to(self.device)
+            x = to_device(x[distributed.shard_slice(len(index))], self.device)
+            y = to_device(self.train.y[index], self.device)
             z = self.model.embed(x)
             zn = distributed.all_gather_rows(normalise(z), len(index))
-            bias = self.bias[index].to(self.device) if self.fairkl_on else None
+            bias = to_device(self.bias[index], self.device) if self.fairkl_on else None
             loss, terms = objective(zn, y, bias, self.method, self.params)
             parts: dict[str, Any] = {name: term.detach() for name, term in terms.items()}
             if bias is not None:
                 parts.update(fairkl_activity(y, bias))
-            ensure_finite(loss, step)
+            progress.watch(loss, step)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.sum_gradients(self.optimizer)
@@ -159,12 +162,12 @@ class ContrastiveTask(GeneratorTask):
         return progress.means()
 
 
-def fairkl_activity(y: torch.Tensor, bias: torch.Tensor) -> dict[str, float]:
-    """One step's FairKL activity: whether each side was active (1 / 0) and the pairs in each of the four sets."""
-    counts = losses.fairkl_pair_counts(y, bias).tolist()
-    pairs = dict(zip(losses.FAIRKL_SETS, counts))
-    return {"fairkl_pos_active": float(pairs["pos_aligned"] >= 2 and pairs["pos_conflicting"] >= 2),
-            "fairkl_neg_active": float(pairs["neg_aligned"] >= 2 and pairs["neg_conflicting"] >= 2),
+def fairkl_activity(y: torch.Tensor, bias: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One step's FairKL activity, as 0-dim tensors on the batch's device (no host sync): whether each side was
+    active (1 / 0) and the pairs in each of the four sets."""
+    pairs = dict(zip(losses.FAIRKL_SETS, losses.fairkl_pair_counts(y, bias).unbind()))
+    return {"fairkl_pos_active": ((pairs["pos_aligned"] >= 2) & (pairs["pos_conflicting"] >= 2)).float(),
+            "fairkl_neg_active": ((pairs["neg_aligned"] >= 2) & (pairs["neg_conflicting"] >= 2)).float(),
             **{f"fairkl_pairs_{name}": value for name, value in pairs.items()}}
 
 

@@ -1,0 +1,241 @@
+"""The papers' full-size protocols (benchmarks/fullsize.yaml, the papers' epochs) stage by stage on one device.
+
+For every setting x method of the config a fresh work directory gets the repository's pipeline/, dvc.yaml and a
+params.yaml (the repository's, with the config's base, setting and method merged in), the Fashion-MNIST idx files
+linked into data/raw/fashion_mnist/FashionMNIST/raw/ (``--raw``), and every stage of dvc.yaml runs in DAG order as
+its command, directly (no DVC, DEBIAS_TRACKING=off, DEBIAS_DEVICE=``--device``), the way docs/gpu.md's machine ran
+them. Per stage and row: the device (named in every row), wall seconds, training steps per second (the training
+stages: optimiser steps from the params and the training-set size, over the stage's wall time), the device's peak
+memory and its idle fraction while the stage ran (CUDA: sampled every ``--sample-ms`` by ``nvidia-smi``; other
+devices: empty). Rows are appended to OUT.csv as they come; OUT.md is rewritten after each.
+
+    python benchmarks/gpu.py --raw DIR [--device cuda] [--settings cmnist_0995 ...] [--methods cnc ...]
+        [--stages train_erm train_contrastive ...] [--out benchmarks/results/gpu]
+    python benchmarks/gpu.py --device cpu --quick          # a smoke run: the default digits, 1 epoch, 2 stages
+
+``--quick`` replaces the data by the default source (scikit-learn's digits, offline), one setting and the
+eps-SupInfoNCE + FairKL method at 1 epoch, and runs the stages up to train_contrastive; it checks the tool, not
+the device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import datetime
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO / "src"))
+
+from quality import merge  # noqa: E402
+from speed import stage_order  # noqa: E402
+
+FIELDS = ["device", "setting", "method", "stage", "wall_s", "steps", "steps_per_s", "peak_memory_mib", "idle_fraction",
+          "exit"]
+QUICK = {"setting": {"bias": {"protocol": "foreground"}}, "method": "eps_supinfonce_fairkl_true",
+         "overrides": {"data": {"source": "digits"}, "erm": {"epochs": 1},
+                       "stage2": {"epochs": 1, "lr_milestones": []}, "evaluate": {"umap": {"max_points": 200}}},
+         "last_stage": "train_contrastive"}
+
+
+class DeviceMonitor:
+    """Samples a CUDA device's utilisation and memory with ``nvidia-smi`` while a stage runs (nothing elsewhere)."""
+
+    def __init__(self, device: str, every_ms: int) -> None:
+        index = device.split(":", 1)[1] if ":" in device else "0"
+        self.command = ["nvidia-smi", f"--id={index}", "--query-gpu=utilization.gpu,memory.used",
+                        "--format=csv,noheader,nounits"]
+        self.active = device.startswith("cuda") and shutil.which("nvidia-smi") is not None
+        self.every = every_ms / 1000
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            done = subprocess.run(self.command, capture_output=True, text=True)
+            try:
+                utilisation, memory = (float(v) for v in done.stdout.strip().splitlines()[0].split(","))
+                self.samples.append((utilisation, memory))
+            except (ValueError, IndexError):
+                pass
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> "DeviceMonitor":
+        if self.active:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def summary(self) -> tuple[float | None, float | None]:
+        """(peak memory used in MiB, fraction of samples with 0 % utilisation); None without samples."""
+        if not self.samples:
+            return None, None
+        return max(m for _, m in self.samples), sum(u == 0 for u, _ in self.samples) / len(self.samples)
+
+
+def training_steps(params: Any, stage: str, n_train: int) -> int | None:
+    """Optimiser steps a training stage takes: ERM and minibatch methods ceil(N / batch) per epoch (JTT's pool and
+    GroupDRO's draws: as many points as the pool; JTT approximated by N), CNC its batches / accumulation."""
+    if stage == "train_erm":
+        return params.erm.epochs * math.ceil(n_train / params.erm.batch_size)
+    if stage != "train_contrastive":
+        return None
+    s2 = params.stage2
+    if s2.method == "cnc":
+        return None  # from the anchor pool, known after infer_groups: not derived here
+    return s2.epochs * math.ceil(n_train / s2.batch_size)
+
+
+def prepare(work: Path, raw_params: dict, raw_dir: Path | None) -> None:
+    """A work directory with the pipeline, dvc.yaml, params.yaml and the Fashion-MNIST files linked in."""
+    work.mkdir(parents=True)
+    shutil.copytree(REPO / "pipeline", work / "pipeline")
+    shutil.copy(REPO / "dvc.yaml", work / "dvc.yaml")
+    (work / "params.yaml").write_text(yaml.safe_dump(raw_params, sort_keys=False))
+    if raw_dir is not None:
+        target = work / "data" / "raw" / "fashion_mnist" / "FashionMNIST" / "raw"
+        target.mkdir(parents=True)
+        for file in raw_dir.iterdir():
+            (target / file.name).symlink_to(file.resolve())
+
+
+def n_train(work: Path) -> int | None:
+    """The training split's size, once inject_bias has written it."""
+    from debias.data.store import load_splits
+    try:
+        return len(load_splits(work / "data" / "biased")["train"])
+    except Exception:  # noqa: BLE001 - not written yet, or unreadable: no steps/s for this row
+        return None
+
+
+def run_row(work: Path, device: str, setting: str, method: str, stages: list[tuple[str, str]],
+            args: argparse.Namespace, log: Path) -> list[dict[str, Any]]:
+    from debias.params import validate
+
+    params = validate(yaml.safe_load((work / "params.yaml").read_text()))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "DEBIAS_TRACKING": "off", "DEBIAS_DEVICE": device,
+           "DEBIAS_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    rows = []
+    for stage, cmd in stages:
+        with open(log, "a") as handle, DeviceMonitor(device, args.sample_ms) as monitor:
+            handle.write(f"$ ({work}) {cmd}\n")
+            handle.flush()
+            started = time.perf_counter()
+            status = subprocess.call(shlex.split(cmd), cwd=work, env=env, stdout=handle, stderr=subprocess.STDOUT)
+            wall = time.perf_counter() - started
+        peak, idle = monitor.summary()
+        size = n_train(work) if stage in ("train_erm", "train_contrastive") else None
+        steps = training_steps(params, stage, size) if size else None
+        rows.append({"device": args.device_name, "setting": setting, "method": method, "stage": stage,
+                     "wall_s": round(wall, 2), "steps": steps, "steps_per_s": round(steps / wall, 2) if steps else None,
+                     "peak_memory_mib": peak, "idle_fraction": None if idle is None else round(idle, 3),
+                     "exit": status})
+        print(f"[gpu] {rows[-1]}", flush=True)
+        if status != 0:
+            break
+    return rows
+
+
+def device_name(device: str) -> str:
+    """The device in words, e.g. 'cuda: NVIDIA H100 80GB HBM3' or 'cpu: 2 cores'."""
+    if device.startswith("cuda"):
+        import torch
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        return f"{device}: {torch.cuda.get_device_name(index)}"
+    return f"{device}: {os.cpu_count()} cores"
+
+
+def write(out: Path, rows: list[dict[str, Any]], notes: list[str]) -> None:
+    with open(out.with_suffix(".csv"), "w", newline="") as handle:
+        handle.write("".join(f"# {n}\n" for n in notes))
+        writer = csv.DictWriter(handle, fieldnames=FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["# Full-size protocols, stage by stage\n", *[f"- {n}" for n in notes], "",
+             "| " + " | ".join(FIELDS) + " |", "|" + "---|" * len(FIELDS)]
+    lines += ["| " + " | ".join("" if row[k] is None else str(row[k]) for k in FIELDS) + " |" for row in rows]
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, default=HERE / "fullsize.yaml")
+    parser.add_argument("--raw", type=Path, help="the Fashion-MNIST idx files (.gz accepted)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--settings", nargs="*")
+    parser.add_argument("--methods", nargs="*")
+    parser.add_argument("--stages", nargs="*", help="stages to time (default: every stage of dvc.yaml)")
+    parser.add_argument("--threads", type=int, default=2, help="DEBIAS_THREADS of the stages")
+    parser.add_argument("--sample-ms", type=int, default=100)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--work", type=Path, help="keep the work directories here (default: a temporary one)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "gpu")
+    args = parser.parse_args(argv)
+    config = yaml.safe_load(args.config.read_text())
+    repo_params = yaml.safe_load((REPO / "params.yaml").read_text())
+    order = stage_order(REPO / "dvc.yaml")
+    if args.quick:
+        names = [name for name, _ in order]
+        order = order[: names.index(QUICK["last_stage"]) + 1]
+        plan = [("quick", QUICK["method"], merge(merge(merge(repo_params, config["base"]), QUICK["setting"]),
+                                                 merge(config["methods"][QUICK["method"]], QUICK["overrides"])))]
+    else:
+        if args.raw is None or not args.raw.is_dir():
+            raise SystemExit(f"--raw {args.raw}: a directory with the Fashion-MNIST idx files is needed "
+                             "(or --quick for a smoke run on the default digits)")
+        plan = [(setting, method, merge(merge(merge(repo_params, config["base"]), changes), config["methods"][method]))
+                for setting, changes in config["settings"].items() if not args.settings or setting in args.settings
+                for method in config["methods"] if not args.methods or method in args.methods]
+    if args.stages:
+        unknown = sorted(set(args.stages) - {name for name, _ in order})
+        if unknown:
+            raise SystemExit(f"--stages {' '.join(unknown)}: not stages of dvc.yaml; allowed: "
+                             f"{', '.join(name for name, _ in order)}")
+    args.device_name = device_name(args.device)
+    started = datetime.datetime.now().astimezone()
+    command = shlex.join(["python", "benchmarks/gpu.py", *(argv if argv is not None else sys.argv[1:])])
+    notes = [f"Command: `{command}`", f"Date: {started:%Y-%m-%d %H:%M %Z}", f"Device: {args.device_name}; "
+             f"DEBIAS_THREADS={args.threads}; idle fraction: share of {args.sample_ms} ms nvidia-smi samples at 0 % "
+             "utilisation (CUDA only)"]
+    root = args.work or Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for setting, method, raw_params in plan:
+        work = root / f"{setting}-{method}"
+        prepare(work, copy.deepcopy(raw_params), None if args.quick else args.raw)
+        # upstream stages always run (their outputs feed the timed ones); only the --stages rows are kept
+        new = run_row(work, args.device, setting, method, order, args, root / "stages.log")
+        rows += [row for row in new if not args.stages or row["stage"] in args.stages]
+        write(args.out, rows, notes)
+        if any(row["exit"] != 0 for row in new):
+            print(f"[gpu] {setting} / {method}: a stage failed, see {root / 'stages.log'}", flush=True)
+    if args.work is None:
+        shutil.rmtree(root, ignore_errors=True)
+    print(args.out.with_suffix(".md").read_text())
+    return 0 if all(row["exit"] == 0 for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
