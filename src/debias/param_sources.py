@@ -138,6 +138,17 @@ SOURCES: dict[str, str] = {
     "stage2.head.weight_decay": "ours: 1e-4 L2 on the per-epoch linear head, scikit-learn's C = 1 ridge order "
                                 "(not tuned); FairKL trains its linear classifier separately too (App. B.2)",
     "stage2.head.max_iter": "code: 100 L-BFGS iterations, scikit-learn LogisticRegression's default max_iter",
+    "stage2.head.warm_start": "ours: the previous epoch's head as the start; default data, 3 seeds: the same selected "
+                              "epoch and accuracies as a cold start with 17 % fewer L-BFGS iterations "
+                              "(benchmarks/results/head_warm_start.md)",
+    "stage2.head.tolerance": "code: torch.optim.LBFGS's own tolerance_grad default (1e-7); looser values changed the "
+                             "selected epoch on the default data (benchmarks/results/head_warm_start.md)",
+    "stage2.speed.autocast": "ours: none (off) until measured on CPU and GPU: bf16 gave 1.27x steps/s on the CPU, "
+                             "accuracy and GPU not measured (benchmarks/results/speed_settings.md)",
+    "stage2.speed.compile": "ours: off: torch.compile measured 0.99x steps/s on the CPU after a 4-122 s first epoch "
+                            "(benchmarks/results/speed_settings.md); GPU not measured",
+    "stage2.speed.channels_last": "ours: off: channels-last measured 0.95x steps/s on the CPU "
+                                  "(benchmarks/results/speed_settings.md); GPU not measured",
     "stage2.cnc.num_positives": "paper: CNC App. D.2.4 (CMNIST*): M = 32",
     "stage2.cnc.num_negatives": "paper: CNC App. D.2.4 (CMNIST*): N = 32",
     "stage2.cnc.two_sided": "paper: CNC App. B.3 / Alg. 3 (two-sided batches)",
