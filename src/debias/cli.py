@@ -142,7 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     shapes.add_argument("--rho", type=float, default=0.95, help="share of training images on their class's background")
     shapes.add_argument("--size", type=int, default=32, help="image side in pixels")
     shapes.add_argument("--seed", type=int, default=0)
+    from debias import services, sweep  # light modules: argparse and yaml until a command runs
+
+    sweep.add_parser(commands)
+    services.add_parser(commands)
     args = parser.parse_args(argv)
+    if args.command in ("sweep", "services"):
+        return args.handler(args)
     if args.command == "check-params":
         return check_params(args.path)
     if args.command == "compare":

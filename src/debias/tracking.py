@@ -233,7 +233,13 @@ def ensure_experiment(uri: str, name: str, root: Path) -> str:
         if experiment is not None:
             return experiment.experiment_id
         location = (root / "mlruns").as_uri() if uri.startswith("sqlite:") else None
-        return client.create_experiment(name, artifact_location=location)
+        try:
+            return client.create_experiment(name, artifact_location=location)
+        except Exception:  # a server has no file lock: another stage (a parallel sweep task) created it meanwhile
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
 
     if uri.startswith("sqlite:"):
         with _file_lock(root / "mlflow.db.lock"):
