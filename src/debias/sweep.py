@@ -388,7 +388,9 @@ def compute_upstream(spec: dict[str, Any]) -> str:
         run(["dvc", "pull", "--run-cache", "--allow-missing"], clone, env, check=False)
     apply_overrides(clone / "params.yaml", [a for a in set_args(spec["overrides"]) if a != "-S"])
     pull = ["--pull"] if spec.get("remote") else []  # restore from the run-cache with outputs from the remote
-    print(out := run(["dvc", "repro", *pull, spec["stage"]], clone, env), flush=True)  # into the task's log
+    out = run(["dvc", "repro", *pull, spec["stage"]], clone, env)
+    if spec.get("remote"):
+        print(out, flush=True)  # into the SLURM task's log
     if spec.get("remote"):
         run(["dvc", "push", "--run-cache"], clone, env)
     shutil.rmtree(clone, ignore_errors=True)
