@@ -5,6 +5,7 @@ tests/test_cluster.py."""
 from __future__ import annotations
 
 import pickle
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def test_the_whole_grid_is_checked_before_anything_runs_naming_each_bad_experime
         sweep.check_grid(repo, [])
 
 
-def test_an_invalid_grid_launches_nothing(repo: Path, capsys) -> None:
+def test_an_invalid_grid_launches_nothing(repo: Path, capsys, monkeypatch) -> None:
     code = cli(["sweep", "--repo", str(repo), "--name", "n", "-S", "loss.epsilon=0.1,oops", "--seeds", "0"])
     assert code == 2
     assert "was not launched" in capsys.readouterr().err
@@ -81,6 +82,11 @@ def test_an_invalid_grid_launches_nothing(repo: Path, capsys) -> None:
     assert cli(["sweep", "--repo", str(repo), "--name", "n", "--launcher", "slurm", "-S", "loss.epsilon=0.1"]) == 2
     err = capsys.readouterr().err
     assert "--dvc-remote" in err or "sbatch is not on PATH" in err
+    if shutil.which("sbatch"):  # a task's own MLflow store would go with its clone: a server is required
+        monkeypatch.setenv("DEBIAS_TRACKING", "required")
+        assert cli(["sweep", "--repo", str(repo), "--name", "n", "--launcher", "slurm", "--dvc-remote", "r",
+                    "-S", "loss.epsilon=0.1"]) == 2
+        assert "MLFLOW_TRACKING_URI" in capsys.readouterr().err
     assert cli(["sweep", "--repo", str(repo), "--name", "missing", "--status"]) == 2
     assert "no sweep named 'missing'" in capsys.readouterr().err
 
@@ -157,3 +163,46 @@ def test_status_counts_every_state_and_lists_logs() -> None:
                                      "c": ("queued", "")})
     assert text.splitlines()[0] == "sweep s (slurm, commit 0123456): 1 queued, 0 running, 1 done, 1 failed"
     assert "b  failed   /l/b.out (no result)" in text
+
+
+@pytest.mark.slow
+def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resume_keeps_them(
+        tmp_path: Path, mlflow_template: Path) -> None:
+    """``--launcher local`` end to end on DVC's queue: 2 tiny experiments sharing one upstream (computed once in a
+    clone on this repository's cache), both DVC experiments, ``--status`` done, ``--resume`` reruns nothing."""
+    import os
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.conftest import fresh_store
+    from tests.test_pipeline import make_clone
+
+    repo = make_clone(tmp_path / "repo")
+    fresh_store(mlflow_template, repo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_TRACKING"))}
+    env.update(DEBIAS_TRACKING="required", PYTHONPATH=str(repo / "src"), GIT_AUTHOR_NAME="t",
+               GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+    def debias(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "debias.cli", "sweep", "--name", "loc", *args], cwd=repo,
+                              env=env, capture_output=True, text=True, timeout=900)
+
+    done = debias("-S", "loss.epsilon=0.1,0.25", "--seeds", "0", "--upstream", "infer_groups", "--targets",
+                  "train_contrastive", "--jobs", "2", "--poll", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    names = {"loc-epsilon0.1-seed0", "loc-epsilon0.25-seed0"}
+    state = sweep.load_state(repo, "loc")
+    assert sweep.finished_experiments(repo, state["commit"]) == names
+    assert "0 queued, 0 running, 2 done, 0 failed" in debias("--status").stdout
+    again = debias("--resume")
+    assert again.returncode == 0 and "nothing to resume" in again.stdout
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    stages = {}
+    for experiment in client.search_experiments():
+        for run in client.search_runs([experiment.experiment_id]):
+            stage = run.data.tags.get("debias.stage")
+            if stage:
+                stages.setdefault(experiment.name, []).append(stage)
+    assert stages["debias-upstream"].count("train_erm") == 1  # once, for both experiments
+    assert "train_erm" not in stages["debias"] and stages["debias"].count("train_contrastive") == 2

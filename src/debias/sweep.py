@@ -582,6 +582,13 @@ def slurm_executor(folder: Path, options: dict[str, Any], name: str, dependency:
     return executor
 
 
+def upstream_experiment(env: dict[str, str]) -> str:
+    """The MLflow experiment of phase 1's runs: ``<the sweep's experiment>-upstream``."""
+    from debias.tracking import DEFAULT_EXPERIMENT
+
+    return f"{env.get('MLFLOW_EXPERIMENT_NAME') or DEFAULT_EXPERIMENT}-upstream"
+
+
 def launch_slurm(root: Path, state: dict[str, Any], todo: list[Job], env: dict[str, str],
                  phase1: list[dict[str, Any]]) -> None:
     """Submit phase 1 (one array task per upstream value not yet computed) and the experiments' array (depending
@@ -590,7 +597,7 @@ def launch_slurm(root: Path, state: dict[str, Any], todo: list[Job], env: dict[s
     logs = here / "logs"
     common = {"root": str(root), "commit": state["commit"], "remote": options["dvc_remote"]}
     dependency = None
-    upstream_env = {**env, "MLFLOW_EXPERIMENT_NAME": f"{env.get('MLFLOW_EXPERIMENT_NAME', 'debias')}-upstream"}
+    upstream_env = {**env, "MLFLOW_EXPERIMENT_NAME": upstream_experiment(env)}
     pending = [u for u in phase1 if state.setdefault("upstream", {}).get(u["name"], {}).get("result") != "success"]
     if pending:
         specs = [{**common, "clone": str(here / "work" / u["name"]), "overrides": u["overrides"],
@@ -709,6 +716,10 @@ def launch(root: Path, args: argparse.Namespace) -> int:
     if args.launcher == "slurm":
         if shutil.which("sbatch") is None:
             raise SweepError("--launcher slurm: sbatch is not on PATH (no SLURM client here)")
+        if not (args.tracking_uri or tracking_default()) and os.environ.get("DEBIAS_TRACKING", "").lower() != "off":
+            raise SweepError("--launcher slurm needs an MLflow server every node reaches (--tracking-uri or "
+                             "MLFLOW_TRACKING_URI; `debias services up` starts one): each task's own store is "
+                             "deleted with its clone. DEBIAS_TRACKING=off runs without tracking")
         if not args.dvc_remote:
             raise SweepError("--launcher slurm needs --dvc-remote PATH (a folder every node sees): the tasks share "
                              "DVC's run-cache and push their experiments' outputs there")
@@ -741,7 +752,12 @@ def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.N
         if pending:
             cache = run(["dvc", "cache", "dir"], root).strip()
             base = sweep_dir(root, state["name"]) / "work"
-            up_env = {**env, "MLFLOW_EXPERIMENT_NAME": f"{env.get('MLFLOW_EXPERIMENT_NAME', 'debias')}-upstream"}
+            up_env = {**env, "MLFLOW_EXPERIMENT_NAME": upstream_experiment(env)}
+            if not env.get("MLFLOW_TRACKING_URI"):  # the clones' own stores go with them: log into this repository's
+                from debias.tracking import ensure_experiment, tracking_uri
+
+                up_env["MLFLOW_TRACKING_URI"] = tracking_uri(root)
+                ensure_experiment(up_env["MLFLOW_TRACKING_URI"], up_env["MLFLOW_EXPERIMENT_NAME"], root)  # mlruns here
             specs = [{"root": str(root), "commit": state["commit"], "clone": str(base / u["name"]),
                       "overrides": u["overrides"], "stage": state["upstream_stage"], "cache_dir": cache,
                       "env": up_env} for u in pending]
