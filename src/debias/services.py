@@ -232,6 +232,8 @@ def add_parser(commands: Any) -> None:
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("action", choices=("up", "down", "status"))
     p.add_argument("--dir", help=f"where their data live (default: {DEFAULT_DIR} at the repository root)")
-    p.add_argument("--pg-port", type=int, default=5433, help="PostgreSQL's port on 127.0.0.1 (default: 5433)")
-    p.add_argument("--mlflow-port", type=int, default=5000, help="mlflow server's port on 127.0.0.1 (default: 5000)")
+    p.add_argument("--pg-port", type=int, default=5433, help="PostgreSQL's port on 127.0.0.1 (default 5433: the standard 5432 + 1, "
+                   "so a system PostgreSQL keeps its port)")
+    p.add_argument("--mlflow-port", type=int, default=5000, help="mlflow server's port on 127.0.0.1 (default 5000: mlflow "
+                   "server's own)")
     p.set_defaults(handler=main)

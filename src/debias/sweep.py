@@ -848,14 +848,17 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--upstream", metavar="STAGE", help="compute STAGE and its ancestors once per distinct value of "
                    "their params before the experiments (e.g. infer_groups), shared through DVC's run-cache")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local")
-    p.add_argument("--jobs", type=int, default=2, help="local: DVC queue workers (dvc queue start -j)")
+    p.add_argument("--jobs", type=int, default=2, help="local: DVC queue workers (dvc queue start -j; default 2, quality.py's, one per core of a 2-core "
+                   "machine)")
     p.add_argument("--threads", type=int, help="torch CPU threads per experiment (default: --cpus-per-task)")
     p.add_argument("--partition", help="slurm: partition (default: the cluster's default)")
-    p.add_argument("--time", type=int, default=60, help="slurm: minutes per task (default: 60)")
+    p.add_argument("--time", type=int, default=60, help="slurm: minutes per task (default 60, ours: SLURM needs a limit; a tiny "
+                   "experiment takes about a minute, a real one sets its own)")
     p.add_argument("--gpus", type=int, default=0, help="slurm: GPUs per task (default: 0)")
-    p.add_argument("--cpus-per-task", type=int, default=1, help="slurm: CPUs per task (default: 1)")
+    p.add_argument("--cpus-per-task", type=int, default=1, help="slurm: CPUs per task (default 1: DEBIAS_THREADS=1, as the test suite)")
     p.add_argument("--mem-gb", type=float, help="slurm: memory per task (default: the partition's default)")
-    p.add_argument("--array-parallelism", type=int, default=64, help="slurm: array tasks running at once")
+    p.add_argument("--array-parallelism", type=int, default=256, help="slurm: array tasks running at once (default: "
+                   "submitit's, 256)")
     p.add_argument("--dvc-remote", help="slurm: a DVC remote every node sees (a shared folder path)")
     p.add_argument("--tracking-uri", help="MLflow server of every stage (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--mlflow-experiment", help="MLflow experiment of the runs (default: $MLFLOW_EXPERIMENT_NAME "
