@@ -783,6 +783,39 @@ def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.N
     return 0 if all(s == "done" for s, _ in final.values()) else 1
 
 
+STOPPED_TAG = "debias.sweep_stopped"  # on a parent run of an attempt that never finished (see mark_stopped_attempts)
+
+
+def mark_stopped_attempts(root: Path, state: dict[str, Any], names: list[str]) -> int:
+    """End as KILLED, with a tag saying why, the MLflow parent runs of earlier attempts of experiments that never
+    finished (no DVC experiment): a task killed between two stages leaves its parent FINISHED by the last stage
+    that ended, which would pass the attempt off as a finished experiment. Returns how many were marked."""
+    if os.environ.get("DEBIAS_TRACKING", "").lower() == "off":
+        return 0
+    from mlflow.tracking import MlflowClient
+
+    from debias.tracking import DEFAULT_EXPERIMENT, KIND_TAG, tracking_uri
+
+    options = state["options"]
+    uri = options.get("tracking_uri") or tracking_uri(root)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(options.get("mlflow_experiment") or
+                                               os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT)
+    if experiment is None:
+        return 0
+    marked = 0
+    for name in names:
+        runs = client.search_runs([experiment.experiment_id], max_results=1000, filter_string=(
+            f"tags.`{KIND_TAG}` = 'pipeline' and tags.`debias.dvc_experiment` = '{name}'"))
+        for run_ in runs:
+            if run_.info.status in ("FINISHED", "RUNNING", "SCHEDULED"):
+                client.set_tag(run_.info.run_id, STOPPED_TAG, "this attempt stopped before its experiment finished "
+                               "(cancelled, pre-empted, out of time or failed); debias sweep --resume reran it")
+                client.set_terminated(run_.info.run_id, status="KILLED")
+                marked += 1
+    return marked
+
+
 def resume(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
     """Rerun the experiments neither done nor queued nor running (a failed or killed one's clone is made anew)."""
     states = statuses(root, state)
@@ -792,6 +825,9 @@ def resume(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
         print("[sweep] nothing to resume")
         return 0 if all(s == "done" for s, _ in states.values()) else 1
     print(f"[sweep] resuming {len(todo)} experiment(s): {', '.join(j.name for j in todo)}", flush=True)
+    marked = mark_stopped_attempts(root, state, [job.name for job in todo])
+    if marked:
+        print(f"[sweep] {marked} MLflow parent run(s) of the stopped attempts marked KILLED", flush=True)
     if state["launcher"] == "slurm":
         for name, entry in state.get("upstream", {}).items():
             entry["result"] = result_of(entry["result_pickle"])
