@@ -1,8 +1,8 @@
 """Method comparison on real MNIST digits, run through the pipeline itself (DVC experiment queue).
 
 For every setting (bias protocol and strength) x seed x method of ``benchmarks/quality.yaml``
-this queues ``dvc exp run -S ...`` in a scratch clone of the repository and runs the queue
-with ``dvc queue start -j JOBS``. The shared upstream of each (setting, seed) (download ->
+this runs ``dvc exp run -S ...`` in a scratch clone of the repository through ``debias sweep``'s
+local launcher (DVC's queue, ``dvc queue start -j JOBS``: :func:`debias.sweep.run_local`). The shared upstream of each (setting, seed) (download ->
 inject_bias -> train_erm -> infer_groups with clusters) is queued first, so the method
 experiments reuse it from DVC's run-cache. Results are collected from ``dvc exp show --json``
 (metrics) and the clone's MLflow store (wall time of every stage run, by experiment tag), then
@@ -34,12 +34,13 @@ from typing import Any
 
 import yaml
 
+from debias import sweep
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 ACCURACY = ("avg", "unbiased", "worst_group")
 HEADLINE = {"avg": "avg", "unbiased": "unbiased", "worst_group": "worst"}  # accuracy -> its headline key suffix
 UPSTREAM = "upstream"  # the method name of a (setting, seed)'s shared-upstream experiment; its ERM is the ERM row
-TERMINAL = ("Success", "Failed")
 # The official idx files of a torchvision MNIST-format source (Fashion-MNIST here), ``.gz`` or not.
 RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
@@ -194,86 +195,28 @@ def stage_env(threads: int, workdir: Path) -> dict[str, str]:
     return env
 
 
-# A resumed benchmark requeues a failed experiment under the same name, so ``dvc queue status`` lists both entries;
-# the name's status is its most telling entry: one still running or queued, else one that succeeded, else Failed.
-STATUS_PRIORITY = ("Running", "Queued", "Success", "Failed")
-
-
-def queue_status(workdir: Path) -> dict[str, str]:
-    """Experiment name -> status (Queued, Running, Success, Failed) from ``dvc queue status`` (several entries of
-    one name: the first of ``STATUS_PRIORITY`` among them)."""
-    return parse_queue_status(run(["dvc", "queue", "status"], cwd=workdir, check=False))
-
-
-def parse_queue_status(text: str) -> dict[str, str]:
-    """:func:`queue_status` of the text ``dvc queue status`` printed (columns: task, name, created..., status)."""
-    statuses: dict[str, str] = {}
-    for line in text.splitlines():
-        words = line.split()
-        found = [status for status in STATUS_PRIORITY if status in words[2:]]
-        if found:
-            current = statuses.get(words[1])
-            if current is None or STATUS_PRIORITY.index(found[0]) < STATUS_PRIORITY.index(current):
-                statuses[words[1]] = found[0]
-    return statuses
-
-
-def start_workers(workdir: Path, workers: int, env: dict[str, str]) -> bool:
-    """``dvc queue start -j N``: tops the queue up to N workers (running ones are kept; idle ones exit). A failure
-    (seen once: exit 255 while 2 workers ran, the next call fine) is reported and retried at the next poll rather
-    than ending a benchmark whose workers are still running."""
-    # The workers outlive the command and inherit its stdout: no pipe, or waiting on it waits for them.
-    done = subprocess.run(["dvc", "queue", "start", "-j", str(workers)], cwd=workdir, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    if done.returncode != 0:
-        print(f"[quality] dvc queue start -j {workers} exited {done.returncode}; retried at the next poll",
-              file=sys.stderr, flush=True)
-    return done.returncode == 0
+def sweep_jobs(jobs: list[dict]) -> list[sweep.Job]:
+    """The plan's experiments as ``debias sweep`` jobs (dotted ``-S`` overrides, target stages)."""
+    return [sweep.Job(job["name"], flatten(job["overrides"]), list(job["targets"])) for job in jobs]
 
 
 def run_queue(workdir: Path, jobs: list[dict], workers: int, env: dict[str, str], deadline: float = float("inf"),
               poll_s: float = 10.0) -> list[str]:
-    """Queue ``jobs`` (in order) not already queued or successful, run them on ``workers`` workers, wait.
+    """Run ``jobs`` on ``debias sweep``'s local launcher (DVC's queue, ``workers`` workers) in ``workdir``: what is
+    done, queued or running is not queued again; at ``deadline`` the queue stops. Returns the names that did not
+    succeed (:func:`debias.sweep.run_local`)."""
+    return sweep.run_local(workdir, sweep_jobs(jobs), workers, env, deadline, poll_s, log="quality")
 
-    Workers start after the first ``workers`` experiments are queued, so queueing overlaps running.
-    At ``deadline`` (a ``time.time()``) the queue is stopped: unfinished experiments are left out of
-    the results. Returns the names that did not succeed.
-    """
-    present = queue_status(workdir)
-    todo = [job for job in jobs if present.get(job["name"]) not in ("Success", "Queued", "Running")]
-    started = time.time()
-    for count, job in enumerate(todo, 1):
-        run(["dvc", "exp", "run", "--queue", "-n", job["name"], *set_param_args(job["overrides"]), *job["targets"]],
-            cwd=workdir, env=env)
-        if count % workers == 0:
-            start_workers(workdir, workers, env)
-        if time.time() > deadline:
-            break
-    start_workers(workdir, workers, env)
-    names = {job["name"] for job in jobs}
-    reported = -1
-    while True:
-        statuses = queue_status(workdir)
-        finished = [n for n in names if statuses.get(n) in TERMINAL]
-        if len(finished) != reported:
-            reported = len(finished)
-            print(f"[quality] {reported}/{len(names)} experiments done after {time.time() - started:.0f} s", flush=True)
-        if len(finished) == len(names) or time.time() > deadline:
-            break
-        if not any(status in ("Queued", "Running") for status in statuses.values()):
-            break  # nothing left to run (e.g. experiments not queued before the deadline)
-        start_workers(workdir, workers, env)  # idle workers exit while queueing is slower than running
-        time.sleep(poll_s)
-    if len(finished) < len(names):
-        print(f"[quality] deadline: stopping the queue with {len(names) - len(finished)} experiments unfinished",
-              flush=True)
-        run(["dvc", "queue", "remove", "--queued"], cwd=workdir, check=False)
-        run(["dvc", "queue", "kill", *[n for n in names if statuses.get(n) == "Running"]], cwd=workdir, check=False)
-    failed = sorted(n for n in names if statuses.get(n) == "Failed")
-    for name in failed:
-        print(f"[quality] experiment {name} FAILED:\n{run(['dvc', 'queue', 'logs', name], workdir, check=False)[-3000:]}",
-              file=sys.stderr)
-    return sorted(n for n in names if statuses.get(n) != "Success")
+
+def write_sweep_file(path: Path, jobs: list[dict], base: dict, name: str) -> Path:
+    """The plan as a ``debias sweep --file`` (every experiment's params: the benchmark's base, then its own), to run
+    the grid on a cluster: ``debias sweep --file PATH --launcher slurm --dvc-remote ...``."""
+    experiments = [{"name": job.name, "set": {**flatten(base), **job.overrides}, "targets": job.targets}
+                   for job in sweep_jobs(jobs)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"name": name, "upstream": "infer_groups", "experiments": experiments},
+                                   sort_keys=False, width=float("inf")))
+    return path
 
 
 # --------------------------------------------------------------------------- collection
@@ -302,13 +245,19 @@ def shown_experiments(workdir: Path) -> dict[str, dict]:
     return found
 
 
-def stage_runs(workdir: Path) -> tuple[dict[str, dict[str, float]], float, dict[str, dict[str, float]]]:
+def store_uri(workdir: Path, tracking_uri: str | None = None) -> str:
+    """Where the stages logged: ``tracking_uri`` (a tracking server, e.g. for a grid run by ``debias sweep`` on a
+    cluster), else the clone's own SQLite store."""
+    return tracking_uri or f"sqlite:///{workdir / 'mlflow.db'}"
+
+
+def stage_runs(workdir: Path, tracking_uri: str | None = None) -> tuple[dict[str, dict[str, float]], float, dict[str, dict[str, float]]]:
     """Experiment name -> stage -> wall seconds of its MLflow run, the seconds from the first run's start to the
     last one's end (stages restored from the run-cache have no run: absent), and experiment name -> the metrics
     of its evaluate run (Î(Y;Z) and H(A), which the headline files leave out)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=store_uri(workdir, tracking_uri))
     experiments = [e.experiment_id for e in client.search_experiments()]
     seconds: dict[str, dict[str, float]] = {}
     evaluated: dict[str, dict[str, float]] = {}
@@ -325,12 +274,12 @@ def stage_runs(workdir: Path) -> tuple[dict[str, dict[str, float]], float, dict[
     return seconds, ((max(ends) - min(starts)) / 1000 if starts else 0.0), evaluated
 
 
-def stage_warnings(workdir: Path) -> dict[str, dict[str, list[str]]]:
+def stage_warnings(workdir: Path, tracking_uri: str | None = None) -> dict[str, dict[str, list[str]]]:
     """Experiment name -> stage -> the warning codes of its MLflow run (tag ``debias.warnings``, one ``code: message``
     per line; :mod:`debias.health`)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=store_uri(workdir, tracking_uri))
     experiments = [e.experiment_id for e in client.search_experiments()]
     found: dict[str, dict[str, list[str]]] = {}
     for run_ in client.search_runs(experiments, filter_string="attributes.status = 'FINISHED'", max_results=50000):
@@ -570,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-csv", nargs="*", metavar="CSV",
                         help="only rebuild the Markdown from earlier runs' CSV files (e.g. halves run on two machines)")
     parser.add_argument("--out", default=str(HERE / "results" / "quality"))
+    parser.add_argument("--sweep-file", metavar="YAML", help="only write the grid as a `debias sweep --file` (to run "
+                        "it on a SLURM cluster: docs/cluster.md), then collect with --collect-only --workdir <repo>")
+    parser.add_argument("--tracking-uri", help="--collect-only: the MLflow server the stages logged to (default: the "
+                        "workdir's mlflow.db)")
     args = parser.parse_args(argv)
 
     config = yaml.safe_load(Path(args.config).read_text())
@@ -580,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     needs_data = not (args.from_csv or args.collect_only)
     if needs_data and not (args.npz or args.raw):
         parser.error("give --npz (mnist10k.npz) or --raw (Fashion-MNIST idx files)")
+    if args.sweep_file and args.raw:
+        parser.error("--sweep-file takes --npz (read in place by every task); --raw links files into one clone")
     if args.npz and not Path(args.npz).is_file():
         parser.error(f"--npz {args.npz}: no such file")
     if args.raw and (not Path(args.raw).is_dir() or missing_raw_files(Path(args.raw))):
@@ -587,6 +542,11 @@ def main(argv: list[str] | None = None) -> int:
     base = merge(config["base"], {"data": {"path": str(Path(args.npz).resolve())}}) if args.npz else config["base"]
     jobs = plan(config, settings, args.seeds, methods, forced)
     command = "python benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.sweep_file:
+        written = write_sweep_file(Path(args.sweep_file), jobs, base, Path(args.sweep_file).stem)
+        print(f"wrote {written} ({len(jobs)} experiments): debias sweep --file {written} --launcher slurm "
+              "--dvc-remote PATH (docs/cluster.md)")
+        return 0
     if args.from_csv:
         rows = read_rows(args.from_csv)
         settings = [s for s in settings if any(r["setting"] == s for r in rows)]
@@ -602,8 +562,9 @@ def main(argv: list[str] | None = None) -> int:
         unfinished = run_queue(workdir, jobs, args.jobs, stage_env(args.threads, workdir), deadline)
     wall = time.time() - started
     unfinished = [] if args.collect_only else unfinished
-    seconds, span, evaluated = stage_runs(workdir)
-    rows = add_warnings(rows_of(jobs, shown_experiments(workdir), seconds, evaluated), stage_warnings(workdir))
+    seconds, span, evaluated = stage_runs(workdir, args.tracking_uri)
+    rows = add_warnings(rows_of(jobs, shown_experiments(workdir), seconds, evaluated),
+                        stage_warnings(workdir, args.tracking_uri))
     if not rows:
         print("[quality] no results", file=sys.stderr)
         return 1

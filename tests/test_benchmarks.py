@@ -174,20 +174,6 @@ def test_rows_read_back_from_csv_files_let_a_rerun_replace_its_row(tmp_path) -> 
         ("erm", 0, 0.2, None), ("jtt", 0, 0.9, None), ("jtt", 1, 0.7, None)]
 
 
-def test_a_failed_queue_start_is_reported_not_fatal(monkeypatch, tmp_path, capsys) -> None:
-    """Workers already running keep going when one ``dvc queue start`` fails; the next poll retries it."""
-    calls = []
-
-    def fake_run(args, **kwargs):
-        calls.append(args)
-        return quality.subprocess.CompletedProcess(args, 255 if len(calls) == 1 else 0)
-
-    monkeypatch.setattr(quality.subprocess, "run", fake_run)
-    assert quality.start_workers(tmp_path, 2, {}) is False
-    assert "dvc queue start -j 2 exited 255" in capsys.readouterr().err
-    assert quality.start_workers(tmp_path, 2, {}) is True and calls[1] == ["dvc", "queue", "start", "-j", "2"]
-
-
 def test_raw_files_are_linked_gz_or_not_and_a_missing_one_is_named(tmp_path) -> None:
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -204,16 +190,24 @@ def test_raw_files_are_linked_gz_or_not_and_a_missing_one_is_named(tmp_path) -> 
         quality.link_raw_files(tmp_path / "other", raw)
 
 
-def test_queue_status_prefers_a_requeued_experiment_over_its_earlier_failure() -> None:
-    # a resumed run requeues a failed experiment under its name; the old Failed entry must not end the wait for it
-    text = """Task     Name                     Created       Status
-4227bcb  adult-s4-cnc             12:49 AM      Failed
-6a53e68  adult-s2-cnc             Nov 23, 2026  Failed
-614cd0d  adult-s4-cnc             01:41 AM      Running
-23c1372  adult-s3-cnc             01:41 AM      Success
-d83e00d  adult-s3-cnc             12:49 AM      Failed
-9b1e2f0  adult-s0-wcl             01:42 AM      Queued
+def test_the_grid_written_as_a_sweep_file_passes_debias_sweeps_checks(tmp_path) -> None:
+    """``--sweep-file``: the quality grid as ``debias sweep --file`` runs it on a cluster (names, targets, params)."""
+    from debias import sweep
 
-Worker status: 1 active, 0 idle"""
-    assert quality.parse_queue_status(text) == {"adult-s4-cnc": "Running", "adult-s2-cnc": "Failed",
-                                                "adult-s3-cnc": "Success", "adult-s0-wcl": "Queued"}
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "params.yaml").write_text(committed_text("params.yaml"))
+    (root / "dvc.yaml").write_text(committed_text("dvc.yaml"))
+    npz = tmp_path / "mnist10k.npz"
+    npz.write_bytes(b"")
+    out = tmp_path / "grid.yaml"
+    assert quality.main(["--npz", str(npz), "--seeds", "0", "--settings", "cmnist_096", "--sweep-file", str(out)]) == 0
+    name, jobs, upstream = sweep.jobs_from_file(out, "x")
+    planned = _plan(seeds=(0,))
+    planned = [j for j in planned if j["setting"] == "cmnist_096"]
+    assert (name, upstream) == ("grid", "infer_groups")
+    assert [j.name for j in jobs] == [j["name"] for j in planned]
+    assert [j.targets for j in jobs] == [j["targets"] for j in planned]
+    merged = sweep.check_grid(root, jobs, upstream)
+    assert all(m["data"]["path"] == str(npz.resolve()) for m in merged)
+    assert all(m["seed"] == 0 for m in merged)

@@ -250,7 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     pre_apply.add_argument("--print-set", action="store_true",
                            help="print the preset as `-S key=value` arguments for `dvc exp run` (after validating "
                                 "them over params.yaml), write nothing")
+    from debias import services, sweep  # light modules: argparse and yaml until a command runs
+
+    sweep.add_parser(commands)
+    services.add_parser(commands)
     args = parser.parse_args(argv)
+    if args.command in ("sweep", "services"):
+        return args.handler(args)
     if args.command == "check-params":
         return check_overrides(args.path, args.overrides) if args.overrides else check_params(args.path)
     if args.command == "compare":

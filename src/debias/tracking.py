@@ -240,7 +240,14 @@ def ensure_experiment(uri: str, name: str, root: Path) -> str:
                 client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return experiment.experiment_id
         location = (root / "mlruns").as_uri() if uri.startswith("sqlite:") else None
-        return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        try:
+            return client.create_experiment(name, artifact_location=location,
+                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        except Exception:  # a server has no file lock: another stage (a parallel sweep task) created it meanwhile
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
 
     if uri.startswith("sqlite:"):
         with _file_lock(root / "mlflow.db.lock"):

@@ -1,0 +1,208 @@
+"""``debias sweep`` offline: the grid, its names, the checks before any launch, the shared-upstream plan, the DVC
+queue's status parsing and the SLURM result reading. The real runs (SLURM, PostgreSQL, MLflow server) are in
+tests/test_cluster.py."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from debias import sweep
+from debias.cli import main as cli
+from tests.conftest import committed_text
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git repository holding the committed params.yaml and dvc.yaml (never the workspace's)."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "params.yaml").write_text(committed_text("params.yaml"))
+    (root / "dvc.yaml").write_text(committed_text("dvc.yaml"))
+    for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(command, cwd=root, check=True)
+    return root
+
+
+def test_values_split_on_top_level_commas_and_parse_as_yaml_1_2() -> None:
+    assert sweep.parse_axis("loss.epsilon=0,0.25, 1e-3") == ("loss.epsilon", [0, 0.25, 0.001])
+    assert sweep.parse_axis("probe.c_grid=[0.1, 1],[1]") == ("probe.c_grid", [[0.1, 1], [1]])
+    assert sweep.parse_axis("groups.method=true,'a,b'") == ("groups.method", [True, "a,b"])
+    for bad in ("loss.epsilon", "=1", "loss.epsilon="):
+        with pytest.raises(sweep.SweepError, match="expected KEY=VALUE"):
+            sweep.parse_axis(bad)
+
+
+def test_the_grid_is_every_combination_with_seeds_innermost_and_readable_unique_names() -> None:
+    jobs = sweep.grid("eps", {"loss.epsilon": [0, 0.25], "stage2.method": ["cnc", "supcon"]}, [0, 1],
+                      {"erm.epochs": 2}, ["train_contrastive"])
+    assert len(jobs) == 8 and len({j.name for j in jobs}) == 8
+    assert jobs[0].name == "eps-epsilon0-methodcnc-seed0" and jobs[1].overrides["seed"] == 1
+    assert all(j.overrides["erm.epochs"] == 2 and j.targets == ["train_contrastive"] for j in jobs)
+    assert [j.overrides["loss.epsilon"] for j in jobs] == [0, 0, 0, 0, 0.25, 0.25, 0.25, 0.25]
+    with pytest.raises(sweep.SweepError, match="seeds once"):
+        sweep.grid("x", {"seed": [0]}, [1])
+    clash = sweep.grid("x", {"a.v": ["p/q", "p q"]})  # both become p_q: numbered instead
+    assert [j.name for j in clash] == ["x-0", "x-1"]
+
+
+def test_set_args_round_trip_through_dvcs_yaml_reading() -> None:
+    args = sweep.set_args({"probe.c_grid": [0.01, 1.0], "groups.method": "true", "loss.epsilon": 0.25})
+    assert args[::2] == ["-S"] * 3
+    parsed = dict((k, sweep.parse_value(v)) for k, _, v in (a.partition("=") for a in args[1::2]))
+    assert parsed == {"probe.c_grid": [0.01, 1.0], "groups.method": "true", "loss.epsilon": 0.25}
+
+
+def test_the_whole_grid_is_checked_before_anything_runs_naming_each_bad_experiment(repo: Path) -> None:
+    good = sweep.grid("ok", {"loss.epsilon": [0.1, 0.25]}, [0, 1])
+    assert len(sweep.check_grid(repo, good)) == 4
+    bad = sweep.grid("bad", {"loss.epsilon": [0.1, "lots"]}) + [sweep.Job("typo", {"loss.epsilonn": 1}, ["nope"])]
+    with pytest.raises(sweep.SweepError) as caught:
+        sweep.check_grid(repo, bad, upstream="infer_groupz")
+    message = str(caught.value)
+    assert "bad-epsilonlots" in message and "loss.epsilon" in message
+    assert "typo" in message and "epsilonn" in message
+    assert "stage 'nope' is not in dvc.yaml" in message and "stage 'infer_groupz'" in message
+    assert "bad-epsilon0.1:" not in message
+    with pytest.raises(sweep.SweepError, match="empty"):
+        sweep.check_grid(repo, [])
+
+
+def test_an_invalid_grid_launches_nothing(repo: Path, capsys, monkeypatch) -> None:
+    code = cli(["sweep", "--repo", str(repo), "--name", "n", "-S", "loss.epsilon=0.1,oops", "--seeds", "0"])
+    assert code == 2
+    assert "was not launched" in capsys.readouterr().err
+    assert not (repo / sweep.SWEEPS / "n").exists()
+    assert cli(["sweep", "--repo", str(repo), "--name", "n", "--launcher", "slurm", "-S", "loss.epsilon=0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "--dvc-remote" in err or "sbatch is not on PATH" in err
+    if shutil.which("sbatch"):  # a task's own MLflow store would go with its clone: a server is required
+        monkeypatch.setenv("DEBIAS_TRACKING", "required")
+        assert cli(["sweep", "--repo", str(repo), "--name", "n", "--launcher", "slurm", "--dvc-remote", "r",
+                    "-S", "loss.epsilon=0.1"]) == 2
+        assert "MLFLOW_TRACKING_URI" in capsys.readouterr().err
+    assert cli(["sweep", "--repo", str(repo), "--name", "missing", "--status"]) == 2
+    assert "no sweep named 'missing'" in capsys.readouterr().err
+
+
+def test_upstream_runs_once_per_distinct_value_of_the_params_its_stages_read(repo: Path) -> None:
+    graph = sweep.stage_graph(repo / "dvc.yaml")
+    above = sweep.ancestors(graph, "infer_groups")
+    assert {"download", "inject_bias", "train_erm", "infer_groups"} <= set(above)
+    assert "train_contrastive" not in above
+    jobs = sweep.grid("g", {"loss.epsilon": [0.1, 0.25, 0.5]}, [0, 1])
+    merged = sweep.check_grid(repo, jobs, "infer_groups")
+    runs = sweep.upstream_runs(repo, jobs, merged, "infer_groups")
+    assert len(runs) == 2  # seeds change the upstream; loss.epsilon (stage 2) does not
+    assert sorted(r["overrides"]["seed"] for r in runs) == [0, 1]
+    assert sweep.upstream_runs(repo, jobs, merged, None) == []
+
+
+def test_a_sweep_file_gives_a_grid_or_explicit_experiments(tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"params": {"loss": {"epsilon": [0.1, 0.25]}}, "seeds": [0, 1, 2],
+                                    "set": {"erm": {"epochs": 1}}, "upstream": "infer_groups"}))
+    name, jobs, upstream = sweep.jobs_from_file(path, "g")
+    assert (name, upstream, len(jobs)) == ("g", "infer_groups", 6)
+    assert all(j.overrides["erm.epochs"] == 1 for j in jobs)
+    path.write_text(yaml.safe_dump({"name": "q", "experiments": [{"name": "a", "set": {"seed": 3},
+                                                                   "targets": ["train_erm"]}]}))
+    assert sweep.jobs_from_file(path, "g")[1] == [sweep.Job("a", {"seed": 3}, ["train_erm"])]
+    path.write_text(yaml.safe_dump({"parms": {}}))
+    with pytest.raises(sweep.SweepError, match="parms"):
+        sweep.jobs_from_file(path, "g")
+
+
+def test_queue_status_prefers_a_requeued_experiment_over_its_earlier_failure() -> None:
+    # a resumed run requeues a failed experiment under its name; the old Failed entry must not end the wait for it
+    text = """Task     Name                     Created       Status
+4227bcb  adult-s4-cnc             12:49 AM      Failed
+6a53e68  adult-s2-cnc             Nov 23, 2026  Failed
+614cd0d  adult-s4-cnc             01:41 AM      Running
+23c1372  adult-s3-cnc             01:41 AM      Success
+d83e00d  adult-s3-cnc             12:49 AM      Failed
+9b1e2f0  adult-s0-wcl             01:42 AM      Queued
+
+Worker status: 1 active, 0 idle"""
+    assert sweep.parse_queue_status(text) == {"adult-s4-cnc": "Running", "adult-s2-cnc": "Failed",
+                                              "adult-s3-cnc": "Success", "adult-s0-wcl": "Queued"}
+
+
+def test_a_failed_queue_start_is_reported_not_fatal(monkeypatch, tmp_path, capsys) -> None:
+    """Workers already running keep going when one ``dvc queue start`` fails; the next poll retries it."""
+    calls = []
+
+    def fake_run(args, **kwargs):
+        calls.append(args)
+        return subprocess.CompletedProcess(args, 255 if len(calls) == 1 else 0)
+
+    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
+    assert sweep.start_workers(tmp_path, 2, {}) is False
+    assert "dvc queue start -j 2 exited 255" in capsys.readouterr().err
+    assert sweep.start_workers(tmp_path, 2, {}) is True and calls[1] == ["dvc", "queue", "start", "-j", "2"]
+
+
+def test_a_slurm_tasks_outcome_is_read_from_its_submitit_result(tmp_path: Path) -> None:
+    assert sweep.result_of(str(tmp_path / "none.pkl")) is None  # killed before it wrote one
+    (tmp_path / "ok.pkl").write_bytes(pickle.dumps(("success", "out")))
+    assert sweep.result_of(str(tmp_path / "ok.pkl")) == "success"
+    (tmp_path / "err.pkl").write_bytes(pickle.dumps(("error", "Traceback ...\nRuntimeError: dvc exp run failed\n"
+                                                              "output\nWARNING: something is empty.")))
+    assert sweep.result_of(str(tmp_path / "err.pkl")) == "error: RuntimeError: dvc exp run failed"
+
+
+def test_status_counts_every_state_and_lists_logs() -> None:
+    state = {"name": "s", "launcher": "slurm", "commit": "0123456789"}
+    text = sweep.status_text(state, {"a": ("done", "/l/a.out"), "b": ("failed", "/l/b.out (no result)"),
+                                     "c": ("queued", "")})
+    assert text.splitlines()[0] == "sweep s (slurm, commit 0123456): 1 queued, 0 running, 1 done, 1 failed"
+    assert "b  failed   /l/b.out (no result)" in text
+
+
+@pytest.mark.slow
+def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resume_keeps_them(
+        tmp_path: Path, mlflow_template: Path) -> None:
+    """``--launcher local`` end to end on DVC's queue: 2 tiny experiments sharing one upstream (computed once in a
+    clone on this repository's cache), both DVC experiments, ``--status`` done, ``--resume`` reruns nothing."""
+    import os
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from tests.conftest import fresh_store
+    from tests.test_pipeline import make_clone
+
+    repo = make_clone(tmp_path / "repo")
+    fresh_store(mlflow_template, repo)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_TRACKING"))}
+    env.update(DEBIAS_TRACKING="required", PYTHONPATH=str(repo / "src"), GIT_AUTHOR_NAME="t",
+               GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+    def debias(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "debias.cli", "sweep", "--name", "loc", *args], cwd=repo,
+                              env=env, capture_output=True, text=True, timeout=900)
+
+    done = debias("-S", "loss.epsilon=0.1,0.25", "--seeds", "0", "--upstream", "infer_groups", "--targets",
+                  "train_contrastive", "--jobs", "2", "--poll", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    names = {"loc-epsilon0.1-seed0", "loc-epsilon0.25-seed0"}
+    state = sweep.load_state(repo, "loc")
+    assert sweep.finished_experiments(repo, state["commit"]) == names
+    assert "0 queued, 0 running, 2 done, 0 failed" in debias("--status").stdout
+    again = debias("--resume")
+    assert again.returncode == 0 and "nothing to resume" in again.stdout
+    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
+    stages = {}
+    for experiment in client.search_experiments():
+        for run in client.search_runs([experiment.experiment_id]):
+            stage = run.data.tags.get("debias.stage")
+            if stage:
+                stages.setdefault(experiment.name, []).append(stage)
+    assert stages["debias-upstream"].count("train_erm") == 1  # once, for both experiments
+    assert "train_erm" not in stages["debias"] and stages["debias"].count("train_contrastive") == 2
