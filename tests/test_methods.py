@@ -18,7 +18,7 @@ from debias.training.methods import (METHODS, Stage2Inputs, fit_head, head_train
                                      stage2_validator)
 from debias.training.methods.supcon import (fairkl_activity, fairkl_summary, fairkl_warnings, objective,
                                             stratified_batches)
-from tests.test_losses import RELEASED_CASES, ref_released_objective, unit
+from tests.losses.reference import RELEASED_CASES, ref_released_objective, unit
 from tests.test_training import tiny_split
 
 CPU = torch.device("cpu")

@@ -1,0 +1,1 @@
+"""Tests of debias.losses, one file per loss family, against the float64 references of reference.py."""
