@@ -13,14 +13,14 @@ import pandas as pd
 import pytest
 
 from debias import headline
-from debias.report import compare
+from debias.report import compare_data, compare_page, compare_terminal
 from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment, parse_exp_show
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def metrics(worst: float, shift: float = 0.0) -> dict[str, float]:
-    values = {key: 0.5 + shift for key in compare.METRIC_KEYS}
+    values = {key: 0.5 + shift for key in compare_data.METRIC_KEYS}
     values.update(s2_worst=worst, align_s2=0.4 + shift, mi_a_s2=1.2 + shift)
     return values
 
@@ -58,20 +58,20 @@ def sweep() -> list[Experiment]:
 
 
 def test_duplicates_go_queued_are_left_out_and_filters_choose(sweep) -> None:
-    chosen = compare.select(sweep)
+    chosen = compare_data.select(sweep)
     assert [e.name for e in chosen] == ["cnc-s0", "cnc-s1", "cnc-s2", "eps"]  # workspace = cnc-s2, q9 and r7 unfinished
-    assert [e.name for e in compare.select(sweep, method="cnc")] == ["cnc-s0", "cnc-s1", "cnc-s2"]
-    assert [e.name for e in compare.select(sweep, param_filters=["seed=0"])] == ["cnc-s0", "eps"]
-    assert [e.name for e in compare.select(sweep, param_filters=["probe.c_grid=[0.1, 1.0]", "loss.epsilon=0.25"],
+    assert [e.name for e in compare_data.select(sweep, method="cnc")] == ["cnc-s0", "cnc-s1", "cnc-s2"]
+    assert [e.name for e in compare_data.select(sweep, param_filters=["seed=0"])] == ["cnc-s0", "eps"]
+    assert [e.name for e in compare_data.select(sweep, param_filters=["probe.c_grid=[0.1, 1.0]", "loss.epsilon=0.25"],
                                            last=2)] == ["cnc-s2", "eps"]
-    assert compare.select(sweep, param_filters=["loss.epsilon=0.5"]) == []
+    assert compare_data.select(sweep, param_filters=["loss.epsilon=0.5"]) == []
     with pytest.raises(ValueError, match="expected key=value"):
-        compare.select(sweep, param_filters=["seed"])
-    assert compare.varying_params(compare.select(sweep)) == ["seed", "stage2.method"]
+        compare_data.select(sweep, param_filters=["seed"])
+    assert compare_data.varying_params(compare_data.select(sweep)) == ["seed", "stage2.method"]
 
 
 def test_groups_by_everything_but_the_seed_with_mean_std_and_seed_count(sweep) -> None:
-    comparison = compare.build_comparison(compare.select(sweep), sweep)
+    comparison = compare_data.build_comparison(compare_data.select(sweep), sweep)
     assert comparison.group_params == ["stage2.method"]
     groups = comparison.groups.set_index("stage2.method")
     assert list(groups.index) == ["cnc", "eps_supinfonce"]  # ranked by stage-2 worst-group, best first
@@ -86,33 +86,33 @@ def test_groups_by_everything_but_the_seed_with_mean_std_and_seed_count(sweep) -
 
 
 def test_welch_p_value_says_whether_seeds_explain_a_difference() -> None:
-    assert compare.welch([0.5, 0.6, 0.7], [0.1, 0.2, 0.15]) == pytest.approx(0.0064576, rel=1e-4)  # scipy's ttest_ind
-    assert compare.welch([0.5, 0.6, 0.7], [0.55, 0.65, 0.6]) > 0.5
-    assert compare.welch([0.5], [0.1, 0.2]) is None
+    assert compare_data.welch([0.5, 0.6, 0.7], [0.1, 0.2, 0.15]) == pytest.approx(0.0064576, rel=1e-4)  # scipy's ttest_ind
+    assert compare_data.welch([0.5, 0.6, 0.7], [0.55, 0.65, 0.6]) > 0.5
+    assert compare_data.welch([0.5], [0.1, 0.2]) is None
 
 
 def test_terminal_table_is_at_most_160_characters_and_shows_mean_and_std(sweep) -> None:
-    narrow = compare.terminal_text(compare.build_comparison(compare.select(sweep), sweep))
+    narrow = compare_terminal.terminal_text(compare_data.build_comparison(compare_data.select(sweep), sweep))
     assert max(map(len, narrow.splitlines())) <= 160 and "not shown here" not in narrow
     assert "60.0±10.0" in narrow and "   30.0" in narrow  # cnc's mean±std over 3 seeds; one eps seed: its value
     assert "the same in every experiment: ERM avg 50.0" in narrow  # constant columns leave the table
     assert "not finished or without results: queued: q9; running: r7" in narrow
-    runs = compare.select(sweep)
+    runs = compare_data.select(sweep)
     for i, run in enumerate(runs):  # long names, params and differing metrics: the table must still fit
         run.name = f"an-experiment-with-a-very-long-generated-name-{i}"
         run.params["data.imagefolder.attribute_column"] = f"a_long_column_name_{run.params['stage2.method']}" * 2
         run.metrics = {key: value + 0.01 * i for key, value in run.metrics.items()}
-    text = compare.terminal_text(compare.build_comparison(runs, sweep))
+    text = compare_terminal.terminal_text(compare_data.build_comparison(runs, sweep))
     assert max(map(len, text.splitlines())) <= 160
     assert "an-experiment-with-a-ve…" in text and "not shown here for width (see the page): ERM probe avg" in text
     assert "61.0±11.0" in text  # the stage-2 worst-group column is never the one dropped
 
 
 def test_the_page_is_self_contained_with_every_figure(sweep, tmp_path: Path) -> None:
-    comparison = compare.build_comparison(compare.select(sweep), sweep)
+    comparison = compare_data.build_comparison(compare_data.select(sweep), sweep)
     for run in comparison.experiments:
         run.load_notes()
-    written = compare.write_page(comparison, tmp_path / "page")
+    written = compare_page.write_page(comparison, tmp_path / "page")
     page = written["html"].read_text(encoding="utf-8")
     images = [src for src in page.split('src="')[1:]]
     assert len(images) == 3  # groups summary, per-group heatmaps (4 runs: one row), validation curves
@@ -160,7 +160,7 @@ def test_headline_files_hold_the_flat_rounded_scalars_and_skip_what_is_missing(t
     assert set(headline.headline("linear_probe", probe)) == {"probe_erm_avg", "probe_erm_unbiased", "probe_erm_worst"}
     representation = {"erm": {"trained": True, "test": {"alignment_loss": 12.5, "mi_a": float("nan")}}}
     assert headline.headline("evaluate", representation) == {"align_erm": 12.5}
-    assert set(headline.LABELS) >= set(compare.METRIC_KEYS)
+    assert set(headline.LABELS) >= set(compare_data.METRIC_KEYS)
     keys = [k for stage in headline.STAGES for k in headline.EXTRACT[stage]({})]
     assert len(keys) == len(set(keys)) and not any("." in k for k in keys)  # unique, flat: short dvc exp show columns
     (tmp_path / headline.DETAILED["train_erm"]).parent.mkdir(parents=True)
@@ -177,8 +177,8 @@ def test_headline_files_hold_the_flat_rounded_scalars_and_skip_what_is_missing(t
 # --------------------------------------------------------------------------- second round (issue 23)
 
 
-def _page(sweep: list[Experiment]) -> compare.Comparison:
-    return compare.build_comparison(compare.select(sweep), sweep)
+def _page(sweep: list[Experiment]) -> compare_data.Comparison:
+    return compare_data.build_comparison(compare_data.select(sweep), sweep)
 
 
 def test_out_replaces_only_what_compare_wrote_there(sweep, tmp_path: Path) -> None:
@@ -188,13 +188,13 @@ def test_out_replaces_only_what_compare_wrote_there(sweep, tmp_path: Path) -> No
     (out / "figures").mkdir(parents=True)
     (out / "figures" / "my_plot.png").write_bytes(b"mine")
     (out / "notes.md").write_text("mine")
-    compare.write_page(_page(sweep), out)
+    compare_page.write_page(_page(sweep), out)
     assert (out / "figures" / "my_plot.png").read_bytes() == b"mine" and (out / "notes.md").read_text() == "mine"
-    listed = json.loads((out / compare.MANIFEST).read_text())["files"]
+    listed = json.loads((out / compare_page.MANIFEST).read_text())["files"]
     assert "figures/my_plot.png" not in listed and "index.html" in listed and "figures/per_group_1.png" in listed
     (out / "figures" / "per_group_2.png").write_bytes(b"an older comparison's")  # as if it had drawn 5+ runs
-    (out / compare.MANIFEST).write_text(json.dumps({"files": [*listed, "figures/per_group_2.png"]}))
-    compare.write_page(_page(sweep), out)
+    (out / compare_page.MANIFEST).write_text(json.dumps({"files": [*listed, "figures/per_group_2.png"]}))
+    compare_page.write_page(_page(sweep), out)
     assert not (out / "figures" / "per_group_2.png").exists() and (out / "figures" / "my_plot.png").exists()
 
     reports = tmp_path / "reports"  # a pipeline's reports/: its own index.html and figures
@@ -202,7 +202,7 @@ def test_out_replaces_only_what_compare_wrote_there(sweep, tmp_path: Path) -> No
     (reports / "index.html").write_text("the pipeline's report")
     (reports / "figures" / "per_group.png").write_bytes(b"pipeline")
     with pytest.raises(ValueError, match=r"--out .*reports holds index.html, which debias compare did not write"):
-        compare.write_page(_page(sweep), reports)
+        compare_page.write_page(_page(sweep), reports)
     assert (reports / "index.html").read_text() == "the pipeline's report"
     assert sorted(p.name for p in reports.rglob("*")) == ["figures", "index.html", "per_group.png"]
 
@@ -246,11 +246,11 @@ def test_a_repeat_of_the_same_params_is_not_another_seed(sweep) -> None:
     """The workspace holding the baseline's params (seed included) with other results counts once, with a note."""
     rerun = experiment("workspace", 2, "cnc", 0.1, "09", kind="workspace")  # cnc-s2's params, other metrics
     runs = [rerun, *[e for e in sweep if e.kind != "workspace"]]
-    comparison = compare.build_comparison(compare.select(runs), runs)
+    comparison = compare_data.build_comparison(compare_data.select(runs), runs)
     groups = comparison.groups.set_index("stage2.method")
     assert groups.loc["cnc", "seeds"] == 3 and groups.loc["cnc", "s2_worst_mean"] == pytest.approx(0.6)
     assert [e.name for e in comparison.experiments].count("workspace") == 0
-    text = compare.terminal_text(comparison)
+    text = compare_terminal.terminal_text(comparison)
     assert "note: workspace has the same params as cnc-s2 (seed included) but other results: not counted as another" \
            in " ".join(text.split())
 
@@ -262,10 +262,10 @@ def test_a_metric_that_is_not_a_number_is_left_out_of_the_mean_with_a_note(sweep
     s1 = next(e for e in runs if e.name == "cnc-s1")
     s1.rejected = rejected_values({"s2_worst": float("nan"), "s2_avg": "n/a", "erm_avg": 0.5})
     del s1.metrics["s2_worst"], s1.metrics["s2_avg"]
-    comparison = compare.build_comparison(compare.select(runs), runs)
+    comparison = compare_data.build_comparison(compare_data.select(runs), runs)
     groups = comparison.groups.set_index("stage2.method")
     assert groups.loc["cnc", "s2_worst_mean"] == pytest.approx(0.6)  # (0.5 + 0.7) / 2: the NaN left out
-    text = " ".join(compare.terminal_text(comparison).split())
+    text = " ".join(compare_terminal.terminal_text(comparison).split())
     assert "note: cnc-s1: " in text and "= NaN" in text and "= 'n/a' is not a number: left out of its group's mean" in text
     assert rejected_values({"a": True, "b": None, "c": 1.0}) == {"a": "True", "b": "None"}
 
@@ -275,10 +275,10 @@ def test_the_page_opens_on_a_headline_card_with_each_seeds_worst_group(sweep, tm
     interval per seed, the warnings linked and the next step, before every other section."""
     from debias.metrics import wilson_interval
 
-    comparison = compare.build_comparison(compare.select(sweep), sweep)
+    comparison = compare_data.build_comparison(compare_data.select(sweep), sweep)
     for run in comparison.experiments:
         run.load_notes()
-    md = compare.write_page(comparison, tmp_path / "page")["md"].read_text(encoding="utf-8")
+    md = compare_page.write_page(comparison, tmp_path / "page")["md"].read_text(encoding="utf-8")
     assert [line for line in md.splitlines() if line.startswith("## ")][0] == "## Headline"
     card_md = md.split("\n## ")[1]
     assert "| best: stage2.method=cnc (3 seeds) | ERM | stage 2 |" in card_md

@@ -21,7 +21,8 @@ from dvc_render.vega import VegaRenderer
 from dvc_render.vega_templates import TEMPLATES
 
 from debias.metrics import SCALAR_KEYS
-from debias.report import build
+from debias.report.artifacts import PER_GROUP_CSV, write_per_group_csvs
+from debias.report.inputs import load_inputs
 from debias.report.plots_page import GLOBALS, PLOTS_TEMPLATE, render_page, write_plots_template
 from tests.conftest import REPO
 
@@ -55,8 +56,8 @@ def stage_outs() -> dict[str, str]:
 
 def curve_csv_header(path: str, tmp_path: Path) -> set[str]:
     """The header the code writes to ``path``: the per-group CSVs from the report with no inputs (header only)."""
-    if path in {str(p) for p in build.PER_GROUP_CSV.values()}:
-        build.write_per_group_csvs(build.load_inputs(tmp_path), tmp_path, 0.95)
+    if path in {str(p) for p in PER_GROUP_CSV.values()}:
+        write_per_group_csvs(load_inputs(tmp_path), tmp_path, 0.95)
         with open(tmp_path / path, newline="") as handle:
             return set(next(csv.reader(handle)))
     assert path.endswith("_curves.csv"), path
@@ -79,7 +80,7 @@ def test_each_plot_is_declared_once_and_no_stage_declares_its_own() -> None:
     for stage, kind in (("train_erm", "erm"), ("train_contrastive", "stage2")):
         for column in ("train/loss", "val/worst_group", "val/avg", "val/unbiased"):
             assert (f"reports/plots/{kind}_curves.csv", column) in drawn, (stage, column)
-    for file in build.PER_GROUP_CSV.values():
+    for file in PER_GROUP_CSV.values():
         assert (str(file), "group") in drawn
 
 

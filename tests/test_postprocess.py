@@ -141,12 +141,14 @@ def test_training_stage_metrics_carry_a_fairness_block_for_binary_tasks(tmp_path
 def test_report_adds_a_fairness_table_for_binary_tasks_only(tmp_path) -> None:
     from debias import paths
     from debias.io import load_json, save_json
-    from debias.report import build
+    from debias.report.inputs import load_inputs
+    from debias.report.sections.base import result_rows
+    from debias.report.sections.results import fairness_blocks
     from tests.test_report import write_inputs
 
     root = write_inputs(tmp_path)
-    inputs = build.load_inputs(root)
-    assert build.fairness_blocks(build.result_rows(inputs, {"erm": "ERM", "stage2": "stage 2"}), inputs) == []
+    inputs = load_inputs(root)
+    assert fairness_blocks(result_rows(inputs, {"erm": "ERM", "stage2": "stage 2"}), inputs) == []
     fairness = {"equalized_odds_difference": 0.114, "equalized_odds_mean": 0.08, "demographic_parity_difference": 0.2,
                 "accuracy_difference": 0.1}
     metrics = root / paths.METRICS
@@ -160,8 +162,8 @@ def test_report_adds_a_fairness_table_for_binary_tasks_only(tmp_path) -> None:
     probe["erm"]["probe"]["test"]["fairness"] = fairness
     probe["erm"]["probe"]["equalized_odds"] = {"test": {"avg": 0.6, "fairness": {**fairness, "equalized_odds_difference": 0.05}}}
     save_json(metrics / "probe.json", probe)
-    inputs = build.load_inputs(root)
-    heading, table = build.fairness_blocks(build.result_rows(inputs, {"erm": "ERM", "stage2": "stage 2"}), inputs)
+    inputs = load_inputs(root)
+    heading, table = fairness_blocks(result_rows(inputs, {"erm": "ERM", "stage2": "stage 2"}), inputs)
     assert [row[0] for row in table.rows] == ["ERM", "ERM linear probe", "ERM linear probe + equalized-odds post-processing"]
     assert table.rows[0][2] == "0.114" and table.rows[0][-1] == "a=0: 50.0 / 10.0 · a=1: 70.0 / 20.0"
     assert table.rows[2][2] == "0.050"

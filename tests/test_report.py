@@ -26,8 +26,18 @@ from debias.io import save_json, save_torch
 from debias.applicability import RunContext, applies, rule_for
 from debias.metrics import GroupAccuracy, wilson_interval
 from debias.params import Params, validate
-from debias.report import build, card, paper, params_table
-from debias.report.build import FIGURE_FILES, PER_GROUP_CSV, REPORT_HTML, REPORT_MD, SECTIONS, build_report
+from debias.report import card, paper, params_table
+from debias.report.artifacts import FIGURE_FILES, PER_GROUP_CSV, protocol_colours
+from debias.report.build import REPORT_HTML, REPORT_MD, build_report
+from debias.report.document import Section, Table, Text, anchor, render_markdown
+from debias.report.inputs import (CURVE_INPUTS, JSON_INPUTS, ReportInputs, load_inputs, stage2_label, stage2_method,
+                                  umap_test_path)
+from debias.report.sections import SECTIONS
+from debias.report.sections.base import result_rows
+from debias.report.sections.curves import fairkl_activity_blocks
+from debias.report.sections.papers import paper_section
+from debias.report.sections.run_params import params_section
+from debias.report.sections.stage_warnings import warnings_section
 from debias.report.figures import placeholder
 from tests.conftest import REPO, committed_text
 
@@ -102,7 +112,7 @@ def write_inputs(root: Path, protocol: str = "foreground", stage2_method: str = 
             "params_hash": f"hash{i}", "dvc_experiment": "exp-tiny", "wall_time_s": 1.5 * (i + 1)})
     save_json(root / paths.GROUPS_TIMINGS, {"total_s": 0.1})  # not a run record
     for model in ("erm", "stage2"):
-        save_torch(root / build.umap_test_path(model), umap_payload(), kind="umap")
+        save_torch(root / umap_test_path(model), umap_payload(), kind="umap")
     train = umap_payload(66) if train_umap else {"coords": torch.zeros(0, 2), "index": torch.zeros(0, dtype=torch.long)}
     save_torch(root / paths.UMAP_TRAIN, {"coords": train["coords"], "index": train["index"]}, kind="umap")
     pd.DataFrame({"index": range(66), "y": [i % N for i in range(66)], "inferred_label": [i % N for i in range(66)],
@@ -130,12 +140,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Path]]:
 def without_stage2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Inputs as after a pipeline whose stage 2 never ran, and whose groups stage ran no UMAP."""
     root = write_inputs(tmp_path_factory.mktemp("report-nostage2"), train_umap=False)
-    for rel in (build.JSON_INPUTS["stage2"], build.JSON_INPUTS["stage2_groups"], build.JSON_INPUTS["stage2_info"],
-                build.CURVE_INPUTS["stage2"], build.umap_test_path("stage2"), paths.RUNS / "train_contrastive.json"):
+    for rel in (JSON_INPUTS["stage2"], JSON_INPUTS["stage2_groups"], JSON_INPUTS["stage2_info"],
+                CURVE_INPUTS["stage2"], umap_test_path("stage2"), paths.RUNS / "train_contrastive.json"):
         (root / rel).unlink()
     note = {"trained": False, "note": "models/stage2.pt not found: stage2 not trained, skipped"}
     for name in ("probe", "representation"):
-        path = root / build.JSON_INPUTS[name]
+        path = root / JSON_INPUTS[name]
         save_json(path, {**json.loads(path.read_text()), "stage2": note})
     build_report(root, tiny_params())
     return root
@@ -167,7 +177,7 @@ def test_every_section_heading_is_in_markdown_and_html(built) -> None:
     for title in SECTIONS:
         assert f"\n## {title}\n" in md, title
         css = ' class="card"' if title == "Headline" else ""
-        assert f'<section id="{build.anchor(title)}"{css}><h2>{title}</h2>' in page, title
+        assert f'<section id="{anchor(title)}"{css}><h2>{title}</h2>' in page, title
 
 
 def test_html_is_self_contained_every_image_a_png_data_uri(built) -> None:
@@ -229,17 +239,17 @@ def test_warnings_come_first_with_the_selection_blocks(built, without_stage2: Pa
     assert "| train_erm | degenerate-selection | degenerate-selection: validation worst-group is 0 at every epoch |" in md
     assert "| train_erm | last | 1 | yes | worst-group 0 at every epoch |" in md
     assert '<section id="warnings"><h2>Warnings</h2>\n<p class="note">1 warning from 1 stage' in page
-    path = without_stage2 / build.JSON_INPUTS["erm"]
+    path = without_stage2 / JSON_INPUTS["erm"]
     save_json(path, {k: v for k, v in json.loads(path.read_text()).items() if k not in ("warnings", "selection")})
-    section = build.render_markdown("t", [build.warnings_section(without_stage2)], without_stage2, without_stage2)
+    section = render_markdown("t", [warnings_section(without_stage2)], without_stage2, without_stage2)
     assert "None: no stage reported a warning." in section
 
 
 def test_umap_colours_the_attribute_as_the_protocol_paints_it() -> None:
     params = tiny_params()
-    assert build.protocol_colours({"protocol": "foreground"}, params) == [list(c) for c in params.bias.foreground.colours]
-    assert build.protocol_colours({"protocol": "background"}, params)[9] == [128, 128, 128]
-    assert build.protocol_colours({"protocol": "given"}, params) is None
+    assert protocol_colours({"protocol": "foreground"}, params) == [list(c) for c in params.bias.foreground.colours]
+    assert protocol_colours({"protocol": "background"}, params)[9] == [128, 128, 128]
+    assert protocol_colours({"protocol": "given"}, params) is None
 
 
 def test_feature_vectors_get_a_feature_summary_figure_not_a_placeholder(tmp_path: Path) -> None:
@@ -293,10 +303,10 @@ def test_missing_stage2_degrades_gracefully(without_stage2: Path) -> None:
 
 
 def paper_text(root: Path, params: Params) -> str:
-    inputs = build.load_inputs(root)
-    labels = {"erm": "ERM", "stage2": build.stage2_label(build.stage2_method(inputs, params), params)}
-    section = build.paper_section(build.result_rows(inputs, labels), inputs, params, labels)
-    return build.render_markdown("t", [section], root / "reports", root)
+    inputs = load_inputs(root)
+    labels = {"erm": "ERM", "stage2": stage2_label(stage2_method(inputs, params), params)}
+    section = paper_section(result_rows(inputs, labels), inputs, params, labels)
+    return render_markdown("t", [section], root / "reports", root)
 
 
 def test_biased_mnist_numbers_match_protocol_rho_and_fairkl(tmp_path: Path) -> None:
@@ -416,15 +426,15 @@ def test_the_next_step_line_follows_the_results() -> None:
 
 
 def test_a_table_whose_rows_are_all_the_same_is_one_line() -> None:
-    same = build.Table(["epoch", "+ side active %", "− side active %"], [[str(e), "100", "100"] for e in range(30)],
+    same = Table(["epoch", "+ side active %", "− side active %"], [[str(e), "100", "100"] for e in range(30)],
                        same_rows="epochs")
-    text = build.render_markdown("t", [build.Section("s", [same])], Path("."), Path("."))
+    text = render_markdown("t", [Section("s", [same])], Path("."), Path("."))
     assert "All 30 epochs (0–29) are the same: + side active % 100, − side active % 100." in text
     assert "| 29 |" not in text
-    differs = build.Table(same.headers, [*same.rows[:-1], ["29", "100", "50"]], same_rows="epochs")
-    assert "| 29 | 100 | 50 |" in build.render_markdown("t", [build.Section("s", [differs])], Path("."), Path("."))
-    plain = build.Table(same.headers, same.rows)  # only tables that say what their rows are collapse
-    assert "| 29 | 100 | 100 |" in build.render_markdown("t", [build.Section("s", [plain])], Path("."), Path("."))
+    differs = Table(same.headers, [*same.rows[:-1], ["29", "100", "50"]], same_rows="epochs")
+    assert "| 29 | 100 | 50 |" in render_markdown("t", [Section("s", [differs])], Path("."), Path("."))
+    plain = Table(same.headers, same.rows)  # only tables that say what their rows are collapse
+    assert "| 29 | 100 | 100 |" in render_markdown("t", [Section("s", [plain])], Path("."), Path("."))
 
 
 def test_yaml_comments_read_the_block_above_and_the_inline_comment() -> None:
@@ -469,8 +479,8 @@ def test_params_table_against_the_committed_file_with_the_reasons(tmp_path: Path
     git(tmp_path, "commit", "-qm", "params")
     committed = yaml.safe_load(text)
     run = validate({**committed, "erm": {**committed["erm"], "lr": 0.2}})
-    section = build.params_section(build.ReportInputs({}, {}, {}, {}, None, None, None, []), run, tmp_path)
-    md = build.render_markdown("t", [section], tmp_path, tmp_path)
+    section = params_section(ReportInputs({}, {}, {}, {}, None, None, None, []), run, tmp_path)
+    md = render_markdown("t", [section], tmp_path, tmp_path)
     changed, departures = md.split("### Where the committed params depart from the papers")
     assert f"| `erm.lr` | 0.2 | {committed['erm']['lr']} |" in changed
     assert changed.count("| `") == 1  # nothing else changed
@@ -480,8 +490,8 @@ def test_params_table_against_the_committed_file_with_the_reasons(tmp_path: Path
                                              "imagefolder": {**committed["data"]["imagefolder"], "root": "/x"}},
                        "bias": {**committed["bias"], "protocol": "given"}})
     assert folder.stage2.method != "cnc"
-    inputs = build.ReportInputs({"summary": {"protocol": "given"}}, {}, {}, {}, None, None, None, [])
-    md = build.render_markdown("t", [build.params_section(inputs, folder, tmp_path)], tmp_path, tmp_path)
+    inputs = ReportInputs({"summary": {"protocol": "given"}}, {}, {}, {}, None, None, None, [])
+    md = render_markdown("t", [params_section(inputs, folder, tmp_path)], tmp_path, tmp_path)
     assert "| `data.source` | imagefolder |" in md and "| `data.imagefolder.root` | /x |" in md
     assert "| `bias.foreground" not in md and "| `stage2.cnc" not in md
     assert "Not listed:" in md and "`bias.foreground.p_corr`" in md.split("Not listed:")[-1]
@@ -494,14 +504,14 @@ def test_fairkl_activity_constant_over_epochs_is_one_line() -> None:
                "pairs": {"pos_aligned": 10.0 + e % 2, "pos_conflicting": 2.0, "neg_aligned": 40.0, "neg_conflicting": 8.0}}
               for e in range(30)]
     info = {"fairkl": {"sampler": "shuffle", "batch_size": 256, "epochs": epochs}}
-    inputs = build.ReportInputs({"stage2_info": info}, {}, {}, {}, None, None, None, [])
-    [block] = build.fairkl_activity_blocks(inputs)
-    assert isinstance(block, build.Text)
+    inputs = ReportInputs({"stage2_info": info}, {}, {}, {}, None, None, None, [])
+    [block] = fairkl_activity_blocks(inputs)
+    assert isinstance(block, Text)
     assert "In every one of the 30 epochs the + side was active in 100 % and the − side in 100 % of the steps" in block.text
     assert "same y, same b 10.5 (10.0–11.0)" in block.text
     epochs[3]["neg_active"] = 0.5  # the activity changes: the per-epoch table
-    [table] = build.fairkl_activity_blocks(inputs)
-    assert isinstance(table, build.Table) and len(table.rows) == 30 and table.rows[3][2] == "50"
+    [table] = fairkl_activity_blocks(inputs)
+    assert isinstance(table, Table) and len(table.rows) == 30 and table.rows[3][2] == "50"
 
 
 def test_the_warnings_line_counts_each_code_once_with_its_stages() -> None:

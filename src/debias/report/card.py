@@ -2,7 +2,7 @@
 split (average, unbiased, worst-group; the worst group named with its n and Wilson interval), the warning count
 with links, and one line saying what to look at next, chosen by the first rule of :data:`NEXT_STEPS` that fires.
 
-Content only (strings, rows): :mod:`debias.report.build` turns it into the document's blocks.
+Content only (strings, rows): :mod:`debias.report.sections.headline` turns it into the document's blocks.
 """
 
 from __future__ import annotations

@@ -1,0 +1,39 @@
+"""The warnings section: every stage's warnings, first, and how each training stage chose its model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from debias.headline import local_selection, local_warnings, warning_code
+from debias.report.document import Block, Section, Table, Text
+from debias.report.sections.base import ReportContext
+
+TITLE = "Warnings"
+
+
+def warnings_section(root: Path) -> Section:
+    """Every stage's warnings (``"warnings"`` in its metrics files), first in the report; and how each training
+    stage chose its model (``"selection"``) where the stage recorded it."""
+    by_stage = local_warnings(root)
+    selection = local_selection(root)
+    blocks: list[Block] = []
+    total = sum(len(messages) for messages in by_stage.values())
+    if total:
+        blocks.append(Text(f"{total} warning{'s' if total > 1 else ''} from {len(by_stage)} stage"
+                           f"{'s' if len(by_stage) > 1 else ''}: read them before the results.", note=True))
+        blocks.append(Table(["stage", "warning", "message"],
+                            [[stage, warning_code(m), m] for stage, messages in by_stage.items() for m in messages],
+                            numeric=False))
+    else:
+        blocks.append(Text("None: no stage reported a warning."))
+    if selection:
+        rows = [[stage, str(s.get("rule", "")), str(s.get("selected_epoch", "")),
+                 "yes" if s.get("degenerate") else "no", str(s.get("reason") or "")] for stage, s in selection.items()]
+        blocks.append(Table(["stage", "selection rule", "selected epoch", "degenerate", "reason"], rows,
+                            caption="How each training stage chose the epoch it kept (validation split).", numeric=False))
+    return Section(TITLE, blocks)
+
+
+def section(context: ReportContext) -> Section:
+    """The warnings of this run's stages."""
+    return warnings_section(context.root)
