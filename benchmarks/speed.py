@@ -65,7 +65,7 @@ from debias.data.store import BiasedSplit  # noqa: E402
 from debias.models import build_model  # noqa: E402
 from debias.params import Params, validate  # noqa: E402
 from debias.sampling import CNCBatchSampler  # noqa: E402
-from debias.training.erm import ClassifierTask  # noqa: E402
+from debias.training.classifier import ClassifierTask  # noqa: E402
 from debias.training.loop import build_optimizer  # noqa: E402
 from debias.training.methods import Stage2Inputs, method_spec, setup_method  # noqa: E402
 from debias.training.methods.selfsup import projection_head  # noqa: E402

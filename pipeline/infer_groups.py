@@ -13,7 +13,7 @@ from debias.io import save_json  # noqa: E402
 from debias.params import Params  # noqa: E402
 from debias.stage import main  # noqa: E402
 from debias.tracking import StageRun  # noqa: E402
-from debias.training.erm import load_embeddings  # noqa: E402
+from debias.training.outputs import load_embeddings  # noqa: E402
 
 
 def run(params: Params, run: StageRun) -> None:

@@ -7,7 +7,7 @@ from debias.models import load_initial_weights
 from debias.params import Params
 from debias.stage import main
 from debias.tracking import StageRun
-from debias.training.erm import StageOutputs
+from debias.training.outputs import StageOutputs
 from debias.training.methods import method_spec, train_stage2
 
 OUTPUTS = StageOutputs(model=paths.STAGE2_MODEL, embeddings_dir=paths.STAGE2_DIR,

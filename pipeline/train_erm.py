@@ -5,7 +5,8 @@ from debias.data.store import load_splits
 from debias.params import Params
 from debias.stage import main
 from debias.tracking import StageRun
-from debias.training.erm import StageOutputs, train_erm
+from debias.training.erm import train_erm
+from debias.training.outputs import StageOutputs
 
 OUTPUTS = StageOutputs(model=paths.ERM_MODEL, embeddings_dir=paths.ERM_DIR, metrics=paths.METRICS / "erm.json",
                        curves=paths.PLOTS / "erm_curves.csv", resume=paths.RESUME / "erm.pt")

@@ -170,7 +170,8 @@ import torch
 from debias.data.store import load_split
 from debias.params import validate
 from debias.tracking import stage_run
-from debias.training.erm import StageOutputs, train_erm
+from debias.training.erm import train_erm
+from debias.training.outputs import StageOutputs
 from debias.training.methods import train_stage2
 
 

@@ -9,7 +9,8 @@ import torch
 from debias.data.store import BiasedSplit
 from debias.evaluation.dfr import balanced_subset
 from debias.evaluation.postprocess import equalized_odds_fit, equalized_odds_predict, equalized_odds_report
-from debias.evaluation.probe import fit_logistic, probe_report, split_tables
+from debias.evaluation.linear import fit_logistic
+from debias.evaluation.probe import probe_report, split_tables
 from debias.metrics import fairness_report
 from debias.params import ProbeParams, validate
 
@@ -122,7 +123,7 @@ def test_probe_reports_fairness_and_post_processing_for_binary_tasks() -> None:
 
 def test_training_stage_metrics_carry_a_fairness_block_for_binary_tasks(tmp_path) -> None:
     from debias.models import build_model
-    from debias.training.erm import export_embeddings, groups_entry, metrics_entry
+    from debias.training.outputs import export_embeddings, groups_entry, metrics_entry
 
     g = torch.Generator().manual_seed(0)
     y, a = torch.randint(0, 2, (40,), generator=g), torch.randint(0, 2, (40,), generator=g)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from debias.data.store import BiasedSplit
+from debias.evaluation.linear import select_c, stratified_halves
 from debias.evaluation.probe import (FrozenEncoder, flat_scalars, head_is_trained, load_encoders, probe_encoders,
-                                     probe_report, select_c, split_tables, stratified_halves)
+                                     probe_report, split_tables)
 from debias.metrics import SCALAR_KEYS
 from debias.models import build_model, save_network
 from debias.params import ProbeParams
@@ -163,3 +164,26 @@ def test_load_encoders_and_head_rule(tmp_path: Path) -> None:
     assert not missing["stage2"].trained and "not trained" in missing["stage2"].note
     with pytest.raises(FileNotFoundError):
         load_encoders({"erm": tmp_path / "none.pt"})
+
+
+def test_probe_variants_come_from_registries_matching_the_params() -> None:
+    """probe.method and probe.postprocess name registered variants (logistic.py, dfr.py, postprocess.py register
+    themselves); the splits a variant reads are its own; an unknown name is refused naming the param."""
+    from typing import get_args
+
+    from debias.evaluation.probe import probe_splits
+    from debias.evaluation.variants import (NO_POSTPROCESS, POSTPROCESSINGS, PROBES, postprocessing, probe_variant,
+                                            register_probe)
+
+    assert set(PROBES) == set(get_args(ProbeParams.model_fields["method"].annotation)) == {"logistic", "dfr"}
+    assert {NO_POSTPROCESS, *POSTPROCESSINGS} == set(get_args(ProbeParams.model_fields["postprocess"].annotation))
+    assert postprocessing("none") is None and postprocessing("equalized_odds").binary
+    assert probe_splits(ProbeParams(train_split="train")) == ("train", "val", "test")
+    assert probe_splits(ProbeParams(train_split="val")) == ("val", "test")
+    assert probe_splits(ProbeParams(method="dfr", train_split="train")) == ("val", "test")
+    with pytest.raises(ValueError, match="probe.method = 'svm' is not registered; allowed: dfr, logistic"):
+        probe_variant("svm")
+    with pytest.raises(ValueError, match="probe.postprocess = 'platt' is not registered; allowed: none, equalized_odds"):
+        postprocessing("platt")
+    with pytest.raises(ValueError, match="probe.method 'dfr' is registered twice"):
+        register_probe("dfr", lambda params: ("val",))(lambda *args: None)

@@ -573,8 +573,8 @@ def test_fairness_over_one_attribute_value_is_not_computed_never_zero() -> None:
                                                "equalized_odds_mean", "accuracy_difference"))
     assert "only a = [0]: not computed" in report["reason"]
     assert fairness_scalars(report) == {}  # nothing logged as a number
-    from debias.evaluation.probe import split_report
-    from debias.training.erm import metrics_entry
+    from debias.evaluation.linear import split_report
+    from debias.training.outputs import metrics_entry
 
     one_group = BiasedSplit(torch.zeros(4, 3), torch.tensor([1, 0, 0, 1]), torch.zeros(4, dtype=torch.long),
                             torch.ones(4, dtype=torch.bool), 2, 1)

@@ -260,7 +260,7 @@ def test_a_training_stage_logs_the_selected_epochs_validation_metrics(tmp_path) 
     import torch
 
     from debias.tracking import StageRun
-    from debias.training.erm import StageOutputs, write_outputs
+    from debias.training.outputs import StageOutputs, write_outputs
     from tests.test_training import run, tiny_split
 
     class Recorder(StageRun):

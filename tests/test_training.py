@@ -8,7 +8,7 @@ import torch
 from debias.data.store import BiasedSplit
 from debias.models import build_model
 from debias.runtime import seed_everything
-from debias.training.erm import ClassifierTask, evaluate, validator
+from debias.training.classifier import ClassifierTask, evaluate, validator
 from debias.training.loop import build_optimizer, fit
 
 
@@ -179,7 +179,7 @@ def test_a_training_stage_writes_its_selection_and_warnings(tmp_path, capsys) ->
     import json
 
     from debias.tracking import StageRun
-    from debias.training.erm import StageOutputs, write_outputs
+    from debias.training.outputs import StageOutputs, write_outputs
 
     model, result = run(3, selection="best_worst_group")
     with torch.no_grad():  # an encoder whose features are constant: collapsed, and its head at chance
@@ -238,7 +238,7 @@ def test_a_training_stage_carries_the_instability_warning_into_its_metrics(tmp_p
     import json
 
     from debias.tracking import StageRun
-    from debias.training.erm import StageOutputs, write_outputs
+    from debias.training.outputs import StageOutputs, write_outputs
 
     model, result = run(4)
     for row, loss in zip(result.history, (2.0, 0.5, 1.6, 0.4)):

@@ -7,8 +7,8 @@ variables, or with ``WORLD_SIZE=1``, nothing is initialised and every helper bel
 (or does nothing): a single-process run executes exactly the operations it executed before this
 module existed, with bit-identical results.
 
-How training uses it (``training/erm.py``, ``training/methods.py``, ``training/loop.py``)
------------------------------------------------------------------------------------------
+How training uses it (``training/classifier.py``, ``training/methods/``, ``training/loop.py``)
+-------------------------------------------------------------------------------------------
 1. Every rank draws the same *global* batch: the same seeded generator gives the same permutation
    (or CNC batches) and the same augmentation of the whole batch, so the data order is the
    single-process run's.

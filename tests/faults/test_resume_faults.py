@@ -41,7 +41,7 @@ import debias.training.methods.base as methods_base  # fresh_model() builds ever
 from debias.data.store import load_split
 from debias.params import validate
 from debias.tracking import StageRun
-from debias.training.erm import StageOutputs
+from debias.training.outputs import StageOutputs
 
 # driver.py DATA [--kill-marker FILE] WORK [WORK ...]; each WORK holds params.json and kind (erm | stage2)
 args = sys.argv[1:]
@@ -249,7 +249,8 @@ def test_a_torn_resume_state_starts_over_with_a_warning(data_dir: Path, tmp_path
     from debias.data.store import load_splits
     from debias.params import validate
     from debias.tracking import StageRun
-    from debias.training.erm import StageOutputs, train_erm
+    from debias.training.erm import train_erm
+    from debias.training.outputs import StageOutputs
 
     out = StageOutputs(model=tmp_path / "model.pt", embeddings_dir=tmp_path / "embeddings",
                        metrics=tmp_path / "metrics.json", curves=tmp_path / "curves.csv", resume=tmp_path / "state.pt")

@@ -4,7 +4,7 @@ group-balanced held-out data. ``probe.method: dfr`` in the linear_probe stage; t
 authors' ``dfr_evaluate_spurious.py`` runs it (``balance_dfr_val`` and ``notrain_dfr_val`` on):
 
 1. tuning: the validation split is cut into two halves (here: seeded and stratified by group,
-   :func:`debias.evaluation.probe.stratified_halves`; the code: a random half); on a group-balanced subset
+   :func:`debias.evaluation.linear.stratified_halves`; the code: a random half); on a group-balanced subset
    of the first half (:func:`balanced_subset`: every group present drawn down to the smallest group's size)
    one logistic regression per ``C`` of ``probe.dfr.c_grid`` (``penalty``: L1, liblinear, as the code), scored
    by worst-group accuracy on the second half; the best wins (ties: higher average, then earlier entry);
@@ -34,7 +34,8 @@ from sklearn.preprocessing import StandardScaler
 
 from debias import progress
 from debias.data.store import BiasedSplit
-from debias.evaluation.probe import predict_labels, select_c, split_report, stratified_halves
+from debias.evaluation.linear import predict_labels, select_c, split_report, stratified_halves
+from debias.evaluation.variants import register_probe
 from debias.params import ProbeParams
 
 
@@ -74,6 +75,12 @@ def averaged(heads: list[LogisticRegression], scaler: StandardScaler | None) -> 
     return make_pipeline(*([scaler] if scaler is not None else []), head)
 
 
+def val_splits(params: ProbeParams) -> tuple[str, ...]:
+    """The biased splits DFR reads: it fits and selects on validation only, whatever ``probe.train_split``."""
+    return ("val", "test")
+
+
+@register_probe("dfr", val_splits)
 def dfr_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
               seed: int) -> tuple[dict, Pipeline, torch.Tensor]:
     """Tune ``C`` on validation halves, refit on balanced subsets of all of validation; ``(report, classifier,

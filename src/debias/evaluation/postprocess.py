@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from debias.data.store import BiasedSplit
-from debias.evaluation.probe import split_report
+from debias.evaluation.linear import split_report
+from debias.evaluation.variants import register_postprocess
 
 
 def equalized_odds_fit(model: Any, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor) -> Any:
@@ -37,6 +38,7 @@ def equalized_odds_predict(optimiser: Any, x: torch.Tensor, a: torch.Tensor, see
     return torch.from_numpy(np.asarray(pred, dtype=np.int64))
 
 
+@register_postprocess("equalized_odds", binary=True)
 def equalized_odds_report(model: Any, features: dict[str, torch.Tensor], splits: dict[str, BiasedSplit],
                           select_index: torch.Tensor, seed: int) -> dict:
     """``{constraint, fit_split, n_fit, test}`` (``test``: the post-processed accuracy report with its fairness block),

@@ -1,4 +1,4 @@
-"""Linear probes on frozen encoders, and the linear-classifier helpers the other metrics share.
+"""Linear probes on frozen encoders: loading them, probing each with the registered variant, shaping the output.
 
 A probe is multinomial logistic regression (scikit-learn, lbfgs, L2 penalty ``C``) on the
 encoder outputs z, optionally standardised with statistics of the probe's training features.
@@ -15,33 +15,32 @@ with cross-entropy also reports that head (``head``: accuracy of its own logits)
 ``fairness`` block to every accuracy report (:func:`debias.metrics.fairness_report`: equalized-odds and
 demographic-parity differences; per-group TPR/FPR go to the tables file).
 
-``probe.method: dfr`` replaces the probe by DFR's last-layer retraining on group-balanced validation data
+``probe.method`` picks the variant from a registry (:mod:`debias.evaluation.variants`): ``logistic`` the probe
+above (:mod:`debias.evaluation.logistic`), ``dfr`` DFR's last-layer retraining on group-balanced validation data
 (:mod:`debias.evaluation.dfr`); ``probe.postprocess: equalized_odds`` adds Hardt et al.'s post-processing of
-the chosen probe (:mod:`debias.evaluation.postprocess`) under ``probe.equalized_odds``.
+the chosen probe (:mod:`debias.evaluation.postprocess`) under ``probe.equalized_odds``. The shared
+linear-classifier helpers are :mod:`debias.evaluation.linear`'s.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import Pipeline, make_pipeline
-from sklearn.preprocessing import StandardScaler
+from sklearn.pipeline import Pipeline
 
 from debias import progress
 from debias.data.store import BiasedSplit
-from debias.metrics import accuracy_report, fairness_report
+from debias.evaluation import dfr, logistic, postprocess  # noqa: F401  (each registers its variants)
+from debias.evaluation.linear import split_report
+from debias.evaluation.variants import postprocessing, probe_variant
 from debias.models import Network, load_network
 from debias.params import ProbeParams
-from debias.training.erm import predict
+from debias.training.classifier import predict
 
 # Keys of an accuracy report that hold per-group tables (moved out of the scalar metrics file).
 TABLE_KEYS = ("per_group", "group_counts", "empty_groups", "notes")
@@ -96,67 +95,7 @@ def encode(network: Network, x: torch.Tensor, device: torch.device,
     return predict(network, x, batch_size, device)
 
 
-# --------------------------------------------------------------------------- linear classifiers
-
-
-def stratified_halves(labels: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two disjoint sorted index sets, each holding half of every label (odd counts: a seeded coin picks the side)."""
-    labels = labels.long().cpu()
-    generator = torch.Generator().manual_seed(seed)
-    n = int(labels.numel())
-    shuffled = torch.randperm(n, generator=generator)
-    order = shuffled[torch.argsort(labels[shuffled], stable=True)]
-    sorted_labels = labels[order]
-    counts = torch.bincount(sorted_labels)
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(n) - starts[sorted_labels]
-    coin = torch.randint(0, 2, (int(counts.numel()),), generator=generator)
-    first = (rank + coin[sorted_labels]) % 2 == 0
-    return order[first].sort().values, order[~first].sort().values
-
-
-def fit_logistic(features: torch.Tensor, labels: torch.Tensor, c: float, max_iter: int, standardize: bool,
-                 seed: int) -> Pipeline:
-    """Multinomial logistic regression (lbfgs, L2, inverse strength ``c``), after an optional StandardScaler."""
-    steps: list[Any] = [StandardScaler()] if standardize else []
-    steps.append(LogisticRegression(C=c, max_iter=max_iter, random_state=seed))
-    model = make_pipeline(*steps)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(features.double().numpy(), labels.long().numpy())
-    return model
-
-
-def predict_labels(model: Pipeline, features: torch.Tensor) -> torch.Tensor:
-    """Arg-max class of a fitted classifier, int64 ``[N]``."""
-    return torch.from_numpy(np.asarray(model.predict(features.double().numpy()), dtype=np.int64))
-
-
-def predict_proba(model: Pipeline, features: torch.Tensor) -> np.ndarray:
-    """p(label | z) of a fitted classifier, ``[N, K]`` over ``model.classes_``."""
-    return model.predict_proba(features.double().numpy())
-
-
 # --------------------------------------------------------------------------- the probe
-
-
-def split_report(split: BiasedSplit, pred: torch.Tensor, index: torch.Tensor | None = None,
-                 fairness: bool = True) -> dict:
-    """:func:`accuracy_report` of ``pred`` on ``split`` (or on its rows ``index``, ``pred`` given for those rows),
-    plus (``fairness`` and a binary task) the ``fairness`` block."""
-    y, a, aligned = split.y, split.a, split.aligned
-    if index is not None:
-        y, a, aligned = y[index], a[index], aligned[index]
-    report = accuracy_report(pred, y, a, aligned, split.n_classes, split.n_attrs)
-    if fairness and split.n_classes == 2:  # binary tasks: equalized odds and friends beside the accuracies
-        fairness = fairness_report(pred, y, a, split.n_classes)
-        report["fairness"] = {k: v for k, v in fairness.items() if k != "reason" or v is not None}  # why not computed
-    return report
-
-
-def select_c(scores: list[dict[str, float]]) -> int:
-    """Index of the best entry: highest ``worst_group``, then highest ``avg``, then the earliest."""
-    return max(range(len(scores)), key=lambda i: (scores[i]["worst_group"], scores[i]["avg"], -i))
 
 
 def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
@@ -173,53 +112,24 @@ def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bias
 
 def fit_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
               seed: int) -> tuple[dict, Pipeline, torch.Tensor]:
-    """:func:`probe_report`'s report, the chosen classifier and the validation indices that chose it."""
-    if params.method == "dfr":
-        from debias.evaluation.dfr import dfr_probe
-
-        return dfr_probe(features, splits, params, seed)
-    val = splits["val"]
-    if params.train_split == "train":
-        fit_x, fit_y = features["train"], splits["train"].y
-        select_index = torch.arange(len(val))
-    else:
-        fit_index, select_index = stratified_halves(val.g, seed)
-        fit_x, fit_y = features["val"][fit_index], val.y[fit_index]
-    select_x = features["val"][select_index]
-    if int(torch.unique(fit_y).numel()) < 2:
-        raise ValueError(f"linear probe: the {params.train_split} features to fit hold fewer than 2 classes")
-    models, scores = [], []
-    for c in progress.bar(params.c_grid, "linear probe: C grid", unit="C"):
-        model = fit_logistic(fit_x, fit_y, c, params.max_iter, params.standardize, seed)
-        report = split_report(val, predict_labels(model, select_x), select_index, fairness=False)
-        models.append(model)
-        scores.append({"c": float(c), "worst_group": report["worst_group"], "avg": report["avg"],
-                       "unbiased": report["unbiased"]})
-    best = select_c(scores)
-    chosen = models[best]
-    return {
-        "c": float(params.c_grid[best]),
-        "train_split": params.train_split,
-        "n_fit": int(fit_y.numel()),
-        "n_select": int(select_index.numel()),
-        "val_scores": scores,
-        "test": split_report(splits["test"], predict_labels(chosen, features["test"])),
-        "val": split_report(val, predict_labels(chosen, select_x), select_index),
-    }, chosen, select_index
+    """:func:`probe_report`'s report, the chosen classifier and the validation indices that chose it (the
+    ``probe.method`` variant's fit)."""
+    return probe_variant(params.method).fit(features, splits, params, seed)
 
 
 def check_postprocess(params: ProbeParams, splits: Mapping[str, BiasedSplit]) -> None:
-    """``probe.postprocess: equalized_odds`` needs a binary task (fairlearn's ThresholdOptimizer): a ValueError
-    naming the param otherwise, never a silently skipped post-processing."""
+    """A post-processing registered as binary-only (``equalized_odds``: fairlearn's ThresholdOptimizer) needs a binary
+    task: a ValueError naming the param otherwise, never a silently skipped post-processing."""
     classes = splits["val"].n_classes if "val" in splits else None
-    if params.postprocess == "equalized_odds" and classes not in (None, 2):
-        raise ValueError(f"probe.postprocess = equalized_odds needs a binary task; this one has {classes} classes; "
-                         "allowed here: probe.postprocess = none")
+    post = postprocessing(params.postprocess)
+    if post is not None and post.binary and classes not in (None, 2):
+        raise ValueError(f"probe.postprocess = {params.postprocess} needs a binary task; this one has {classes} "
+                         "classes; allowed here: probe.postprocess = none")
 
 
 def probe_splits(params: ProbeParams) -> tuple[str, ...]:
-    """The biased splits the probe reads."""
-    return ("train", "val", "test") if params.train_split == "train" and params.method != "dfr" else ("val", "test")
+    """The biased splits the probe reads (its ``probe.method`` variant's)."""
+    return probe_variant(params.method).splits(params)
 
 
 def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], params: ProbeParams, seed: int,
@@ -235,10 +145,9 @@ def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], par
     encoded = {name: encode(encoder.network, splits[name].x, device, batch_size) for name in names}
     features = {name: z for name, (z, _) in encoded.items()}
     report, chosen, select_index = fit_probe(features, splits, params, seed)
-    if params.postprocess == "equalized_odds":
-        from debias.evaluation.postprocess import equalized_odds_report
-
-        report["equalized_odds"] = equalized_odds_report(chosen, features, splits, select_index, seed)
+    post = postprocessing(params.postprocess)
+    if post is not None:
+        report[params.postprocess] = post.report(chosen, features, splits, select_index, seed)
     result: dict[str, Any] = {"trained": True, "method": encoder.method, "probe": report}
     if head_is_trained(encoder):
         result["head"] = {name: split_report(splits[name], encoded[name][1].argmax(1)) for name in ("test", "val")}

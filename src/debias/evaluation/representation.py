@@ -32,8 +32,8 @@ from scipy.special import xlogy
 
 from debias import progress
 from debias.data.store import BiasedSplit
-from debias.evaluation.probe import (FEATURE_BATCH, FrozenEncoder, encode, fit_logistic, predict_proba,
-                                     stratified_halves)
+from debias.evaluation.linear import fit_logistic, predict_proba, stratified_halves
+from debias.evaluation.probe import FEATURE_BATCH, FrozenEncoder, encode
 from debias.metrics import PAIR_KINDS
 from debias.params import EvaluateParams, UMAPParams
 

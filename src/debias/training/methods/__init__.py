@@ -50,7 +50,7 @@ from debias.models import Network
 from debias.params import HeadParams, Params
 from debias.runtime import pick_device, seed_everything
 from debias.tracking import StageRun
-from debias.training.erm import StageOutputs, note_resume, split_tensors, write_outputs
+from debias.training.outputs import StageOutputs, note_resume, split_tensors, write_outputs
 from debias.training.loop import finish, fit, resume_key
 from debias.training.memory import check_stage2_fits
 from debias.training.methods import classifier, cnc, selfsup, supcon  # noqa: F401  (each registers its methods)

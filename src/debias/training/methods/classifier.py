@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from debias.training.erm import ClassifierTask
+from debias.training.classifier import ClassifierTask
 from debias.training.methods.base import Stage2Inputs, Stage2Setup, fresh_model, register_method, stage2_optimiser
 
 

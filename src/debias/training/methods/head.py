@@ -17,7 +17,7 @@ from torch import nn
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import HeadParams
-from debias.training.erm import predict, validator
+from debias.training.classifier import predict, validator
 
 
 def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.device,

@@ -1,0 +1,90 @@
+"""Cross-entropy training of a classifier on in-memory tensors, and its prediction and validation helpers.
+
+Every training stage uses them: ``train_erm`` (ERM), the stage-2 ``erm`` / ``jtt`` methods (JTT with a pool), the
+per-epoch head of the other stage-2 methods, and the evaluation's frozen features (:func:`predict`).
+Batches are index tensors into the stored uint8 images, shuffled by a seeded generator;
+``pool`` lists the indices one epoch visits (ERM: every index once; JTT: errors repeated).
+Under ``torchrun`` every rank draws and augments the same global batch, forwards its shard and
+gathers the logits, so the loss is the global batch's mean cross-entropy (see
+:mod:`debias.distributed`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from debias import distributed
+from debias.data.augment import random_shift
+from debias.data.store import BiasedSplit
+from debias.metrics import accuracy_report, scalars
+from debias.training.loop import GeneratorTask, StepMetrics, on_device, to_device
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device,
+            keep_on_device: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoder outputs and logits for every image, in eval mode, on CPU (on ``device``: ``keep_on_device``):
+    ``(z [N,D], logits [N,C])``."""
+    was_training = model.training
+    model.eval()
+    zs, logits = [], []
+    for start in range(0, len(x), batch_size):
+        z, out = model.embed_and_classify(x[start : start + batch_size].to(device, non_blocking=True))
+        zs.append(z.to(torch.get_default_dtype()))  # float32 (from bf16 too), float64 in float64 tests
+        logits.append(out.to(torch.get_default_dtype()))
+        if not keep_on_device:
+            zs[-1], logits[-1] = zs[-1].cpu(), logits[-1].cpu()
+    model.train(was_training)
+    return torch.cat(zs), torch.cat(logits)
+
+
+def evaluate(model: nn.Module, split: BiasedSplit, batch_size: int, device: torch.device) -> dict:
+    """The accuracy report of ``model`` on ``split``."""
+    _, logits = predict(model, split.x, batch_size, device)
+    return accuracy_report(logits.argmax(1), split.y, split.a, split.aligned, split.n_classes, split.n_attrs)
+
+
+def validator(model: nn.Module, split: BiasedSplit, batch_size: int, device: torch.device):
+    """A ``fit`` validation callback: scalar accuracies prefixed ``val/``."""
+    return lambda: scalars(evaluate(model, split, batch_size, device), "val/")
+
+
+class ClassifierTask(GeneratorTask):
+    """One epoch = the shuffled ``pool`` in minibatches, cross-entropy, one optimizer step per batch."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, train: BiasedSplit, batch_size: int,
+                 generator: torch.Generator, device: torch.device, pool: torch.Tensor | None = None,
+                 progress: bool = True, augment_shift: int = 0) -> None:
+        self.model, self.optimizer, self.train = model, optimizer, train
+        self.batch_size, self.generator, self.device = batch_size, generator, device
+        self.augment_shift = augment_shift
+        self.pool = torch.arange(len(train)) if pool is None else pool
+        self.train = on_device(train, device)  # batches are gathered by index on the device
+        self.progress = progress
+
+    def train_epoch(self, epoch: int) -> dict[str, float]:
+        order = self.pool[torch.randperm(len(self.pool), generator=self.generator)]
+        metrics = StepMetrics()  # loss and correct predictions summed on the device, read once at the epoch's end
+        seen = 0
+        batches = order.to(self.train.x.device, non_blocking=True).split(self.batch_size)  # one copy to the data
+        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
+                   disable=None if self.progress and distributed.is_main() else True)
+        for step, index in enumerate(bar):
+            x = random_shift(self.train.x[index], self.augment_shift, self.generator)  # the global batch
+            x = to_device(x[distributed.shard_slice(len(index))], self.device)
+            y = to_device(self.train.y[index], self.device)
+            logits = distributed.all_gather_rows(self.model(x), len(index))
+            loss = F.cross_entropy(logits, y)
+            metrics.watch(loss, step)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            distributed.sum_gradients(self.optimizer)
+            self.optimizer.step()
+            metrics.add(loss=loss.detach() * len(index), correct=(logits.argmax(1) == y).sum())
+            seen += len(index)
+        totals = metrics.read()
+        bar.set_postfix(loss=f"{totals['loss'] / seen:.4f}", acc=f"{totals['correct'] / seen:.3f}", refresh=False)
+        return {"train/loss": totals["loss"] / seen, "train/acc": totals["correct"] / seen}

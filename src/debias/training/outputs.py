@@ -1,0 +1,170 @@
+"""What every training stage writes and reads back: checkpoint, embeddings, metrics, curves (:func:`write_outputs`),
+their health warnings, and the resume bookkeeping the stages share (:func:`split_tensors`, :func:`note_resume`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from debias import health
+from debias.data.store import BiasedSplit
+from debias.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
+from debias.metrics import accuracy_report, fairness_report, fairness_scalars, scalars
+from debias.models import Network, save_network
+from debias.params import HealthParams
+from debias.paths import embeddings_path
+from debias.tracking import StageRun
+from debias.training.classifier import predict
+from debias.training.loop import FitResult
+
+
+@dataclass(frozen=True)
+class StageOutputs:
+    """Where a training stage writes (paths dvc.yaml declares)."""
+
+    model: Path
+    embeddings_dir: Path
+    metrics: Path
+    curves: Path
+    resume: Path
+
+
+
+def write_curves(path: Path, history: list[dict[str, float]]) -> None:
+    """Per-epoch history as CSV (DVC plots and the report read it)."""
+    keys = sorted({key for row in history for key in row}, key=lambda k: (k != "epoch", k))
+    lines = [",".join(keys)] + [",".join("" if row.get(k) is None else f"{row[k]:.6g}" for k in keys) for row in history]
+    with atomic_path(path) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+
+
+def export_embeddings(model: nn.Module, splits: dict[str, BiasedSplit], directory: Path, batch_size: int,
+                      device: torch.device, health: list[str] | None = None) -> dict[str, dict]:
+    """Write ``embeddings_{split}.pt`` (z, logits) for every split; return each split's accuracy report.
+
+    ``health`` (a list) receives the warnings of :func:`health_warnings` for the validation and test splits."""
+    reports = {}
+    for name, split in splits.items():
+        z, logits = predict(model, split.x, batch_size, device)
+        save_torch(embeddings_path(directory, name), {"z": z, "logits": logits}, kind="embeddings")
+        reports[name] = accuracy_report(logits.argmax(1), split.y, split.a, split.aligned, split.n_classes, split.n_attrs)
+        if split.n_classes == 2:  # binary tasks: equalized odds and friends (fairlearn) beside the accuracies
+            reports[name]["fairness"] = fairness_report(logits.argmax(1), split.y, split.a, split.n_classes)
+        if health is not None and name in HEALTH_SPLITS:
+            health.extend(health_warnings(z, reports[name]["avg"], split, name))
+    return reports
+
+
+HEALTH_SPLITS = ("val", "test")  # the splits whose features and accuracy the health checks read
+
+
+def health_warnings(z: torch.Tensor, accuracy: float, split: BiasedSplit, name: str) -> list[str]:
+    """``collapsed-representation`` and ``chance-level`` warnings for the selected model on one split."""
+    found = [health.collapse_warning(z, f"the {name} split"),
+             health.chance_warning(accuracy, health.chance_level(split.y, split.n_classes), f"{name} average")]
+    return [w for w in found if w is not None]
+
+
+def metrics_entry(report: dict) -> dict:
+    """A split's entry of a metrics JSON: the scalar accuracies, plus ``fairness`` (its scalar differences) for
+    binary tasks; the per-group tables (accuracies, TPR/FPR and notes) go to the ``*_groups.json`` file."""
+    entry: dict = scalars(report)
+    if report.get("fairness") is not None:
+        entry["fairness"] = fairness_scalars(report["fairness"])
+        if report["fairness"].get("reason"):  # differences not computed (one attribute value): say why, not 0
+            entry["fairness"]["reason"] = report["fairness"]["reason"]
+    return entry
+
+
+def groups_entry(report: dict) -> dict:
+    """A split's entry of a ``*_groups.json`` file: per-group accuracies and counts (+ per-group fairness rates)."""
+    entry = {k: report[k] for k in ("per_group", "group_counts", "empty_groups")}
+    if report.get("fairness") is not None:
+        entry["fairness"] = {k: report["fairness"][k] for k in ("per_group", "notes")}
+    return entry
+
+
+def load_embeddings(directory: Path, split: str) -> dict[str, torch.Tensor]:
+    """``{"z", "logits"}`` of a split; non-finite values (a diverged model) are refused, naming the file."""
+    path = embeddings_path(directory, split)
+    payload = load_torch(path, "embeddings", ("z", "logits"))
+    for key in ("z", "logits"):
+        if not bool(torch.isfinite(payload[key]).all()):
+            raise CorruptFileError(f"{path}: {key} holds NaN or infinite values (the model that wrote it diverged); "
+                                   "rerun the stage that writes it with a lower learning rate")
+    return payload
+
+
+def selection_warnings(result: FitResult) -> list[str]:
+    """A ``degenerate-selection`` warning when the selection had nothing to choose by (see ``describe_selection``)."""
+    if result.selection.get("degenerate"):
+        return [health.warning("degenerate-selection", result.selection["reason"])]
+    return []
+
+
+def instability_warnings(result: FitResult, thresholds: HealthParams) -> list[str]:
+    """An ``unstable-training`` warning when the per-epoch training loss spiked or ended high (``health.*``)."""
+    found = health.instability_warning([row["train/loss"] for row in result.history if "train/loss" in row],
+                                       thresholds.loss_spike, thresholds.loss_end, thresholds.loss_min_fall)
+    return [] if found is None else [found]
+
+
+def selected_metrics(result: FitResult) -> dict[str, float]:
+    """The selected epoch's validation metrics under their own MLflow keys (``val/worst_group`` ->
+    ``selected.val.worst_group``), beside the per-epoch series whose last value is the last epoch's."""
+    row = next(row for row in result.history if int(row["epoch"]) == result.selected_epoch)
+    return {f"selected.{key.replace('/', '.')}": value for key, value in row.items() if key.startswith("val/")}
+
+
+def write_outputs(model: Network, model_name: str, result: FitResult, splits: dict[str, BiasedSplit], run: StageRun,
+                  out: "StageOutputs", eval_batch_size: int, device: torch.device, label: str,
+                  extra_metrics: dict | None = None, meta: dict | None = None,
+                  warnings: list[str] | None = None, thresholds: HealthParams | None = None) -> dict[str, dict]:
+    """Load the selected weights and write a training stage's outputs: checkpoint, embeddings, metrics (with the
+    ``selection`` block and the ``warnings``: ``warnings`` given by the method, then the selection's, the loss
+    curve's (``thresholds``: params ``health``) and the health checks'), curves; print each warning and log them
+    to MLflow."""
+    model.load_state_dict(result.selected_state["model"])
+    found = (list(warnings or []) + selection_warnings(result)
+             + instability_warnings(result, thresholds or HealthParams()))
+    reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device, health=found)
+    metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {}), "selection": result.selection,
+               "warnings": found}
+    metrics.update({split: metrics_entry(report) for split, report in reports.items()})
+    save_json(out.metrics, metrics)
+    save_json(out.metrics.with_name(f"{out.metrics.stem}_groups.json"),
+              {split: groups_entry(report) for split, report in reports.items()})
+    write_curves(out.curves, result.history)
+    input_shape = tuple(splits["train"].x.shape[1:])
+    save_network(str(out.model), model, model_name, splits["train"].n_classes, input_shape,
+                 selected_epoch=result.selected_epoch, **(meta or {}))
+    run.log_metrics({f"{split}.{k}": v for split, report in reports.items() for k, v in scalars(report).items()})
+    run.log_metrics({f"{split}.fairness.{k}": v for split, report in reports.items() if report.get("fairness")
+                     for k, v in fairness_scalars(report["fairness"]).items()})
+    run.log_metrics({"selected_epoch": result.selected_epoch})
+    run.log_metrics(selected_metrics(result))
+    run.log_warnings(found)
+    for path in (out.metrics, out.curves):
+        run.log_artifact(path)
+    run.log_model(model.cpu(), checkpoint=out.model, input_example=splits["train"].x[:2])  # an MLflow logged model
+    test = reports["test"]
+    print(f"[{label}] selected epoch {result.selected_epoch} ({result.selection.get('reason', '')}); test avg "
+          f"{test['avg']:.3f}, worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
+    for message in found:
+        print(f"[{label}] WARNING {message}", flush=True)
+    return reports
+
+
+def split_tensors(splits: dict[str, BiasedSplit], names: tuple[str, ...] = ("train", "val")) -> dict[str, torch.Tensor]:
+    """The tensors training reads from ``splits`` (images, classes, attributes), named ``split.field``."""
+    return {f"{name}.{field}": getattr(splits[name], field) for name in names if name in splits
+            for field in ("x", "y", "a")}
+
+
+def note_resume(run: StageRun, result: FitResult) -> None:
+    """Record in the run's metadata (MLflow tag, run record) that training resumed an interrupted run."""
+    if result.resumed_from is not None:
+        run.note("resumed_from_epoch", result.resumed_from)

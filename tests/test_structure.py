@@ -1,0 +1,153 @@
+"""The package's layering: no import cycle anywhere in src/debias, ERM's module imported by no stage-2 method, no
+evaluation module and no stage that is not ERM's, and no module over the size limit (params.py excepted)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "src"
+PACKAGE = SOURCE / "debias"
+ERM = "debias.training.erm"
+MAX_LINES = 600  # issue 28: a module longer than this is split along its seams
+LONG_ALLOWED = {"debias.params"}  # one schema of every parameter, read as a whole
+
+
+def module_name(path: Path) -> str:
+    """``src/debias/a/b.py`` -> ``debias.a.b``; a package's ``__init__.py`` -> the package."""
+    parts = list(path.relative_to(SOURCE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def resolve(name: str) -> str | None:
+    """The longest prefix of the dotted ``name`` that is a module of src/debias (None outside the package)."""
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in MODULES:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def imports_of(path: Path, name: str | None = None) -> set[str]:
+    """The src/debias modules the file of module ``name`` (default: ``path``'s under src/) imports, at module level
+    or inside functions (``from pkg import sub``: the submodule ``pkg.sub`` where it is one, else ``pkg``). A
+    package's ``__init__`` that Python runs before a submodule is not counted: that edge would make every package
+    re-exporting its submodules look cyclic."""
+    name = name or module_name(path)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(filter(None, (resolve(alias.name) for alias in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: against the file's package
+                anchor = name.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)] if is_package else anchor[: len(anchor) - node.level]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                target = resolve(f"{base}.{alias.name}") if f"{base}.{alias.name}" in MODULES else resolve(base)
+                if target is not None:
+                    found.add(target)
+    found.discard(name)
+    return found
+
+
+GRAPH = {name: imports_of(path) for name, path in MODULES.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as ``[a, b, ..., a]`` (depth-first search), or None when the graph is acyclic."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)) is not None:
+            return cycle
+    return None
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """Every module ``start`` imports, directly or through others, mapped to the module that imports it."""
+    seen: dict[str, str] = {}
+    stack = [start]
+    while stack:
+        node = stack.pop()
+        for nxt in graph.get(node, ()):
+            if nxt not in seen and nxt != start:
+                seen[nxt] = node
+                stack.append(nxt)
+    return seen
+
+
+def chain(seen: dict[str, str], start: str, target: str) -> str:
+    """``start -> ... -> target`` along :func:`reachable`'s parents."""
+    links = [target]
+    while links[-1] != start:
+        links.append(seen[links[-1]])
+    return " -> ".join(reversed(links))
+
+
+def test_the_import_walk_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
+    """The walk itself: a lazy import inside a function counts, ``from pkg import sub`` names the submodule."""
+    probe = MODULES["debias.evaluation.probe"]
+    assert {"debias.evaluation.dfr", "debias.evaluation.linear", "debias.training.classifier"} <= GRAPH[module_name(probe)]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    lazy = tmp_path / "lazy.py"
+    lazy.write_text("import torch\n\n\ndef f():\n    from ..evaluation import dfr\n    import debias.io.x\n"
+                    "    from debias.metrics import scalars\n")
+    assert imports_of(lazy, "debias.training.lazy") == {"debias.evaluation.dfr", "debias.io", "debias.metrics"}
+
+
+def test_no_import_cycle_in_src_debias() -> None:
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+STAGE2_AND_EVALUATION = sorted(name for name in MODULES if name.startswith(("debias.training.methods",
+                                                                           "debias.evaluation")))
+
+
+@pytest.mark.parametrize("module", STAGE2_AND_EVALUATION)
+def test_erm_is_imported_by_no_stage2_method_or_evaluation_module(module: str) -> None:
+    """ERM is one method among others: what every training stage shares lives in training/classifier.py and
+    training/outputs.py, never in erm.py (directly or through another module)."""
+    seen = reachable(GRAPH, module)
+    assert ERM not in seen, f"{module} imports {ERM}: {chain(seen, module, ERM)}"
+
+
+@pytest.mark.parametrize("stage", ["train_contrastive", "infer_groups", "linear_probe", "evaluate"])
+def test_erm_is_imported_by_no_other_stage(stage: str) -> None:
+    path = ROOT / "pipeline" / f"{stage}.py"
+    start = f"pipeline.{stage}"
+    graph = {**GRAPH, start: imports_of(path, start)}
+    seen = reachable(graph, start)
+    assert ERM not in seen, f"pipeline/{stage}.py imports {ERM}: {chain(seen, start, ERM)}"
+
+
+def test_no_module_exceeds_the_line_limit() -> None:
+    long = {name: n for name, path in MODULES.items()
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES and name not in LONG_ALLOWED}
+    assert not long, f"modules over {MAX_LINES} lines (split them along their seams): " + ", ".join(
+        f"{MODULES[name].relative_to(ROOT)} ({n})" for name, n in sorted(long.items()))
