@@ -192,7 +192,7 @@ def test_raw_files_are_linked_gz_or_not_and_a_missing_one_is_named(tmp_path) -> 
 
 def test_the_grid_written_as_a_sweep_file_passes_debias_sweeps_checks(tmp_path) -> None:
     """``--sweep-file``: the quality grid as ``debias sweep --file`` runs it on a cluster (names, targets, params)."""
-    from debias import sweep
+    from debias.sweep import grid
 
     root = tmp_path / "repo"
     root.mkdir()
@@ -202,12 +202,12 @@ def test_the_grid_written_as_a_sweep_file_passes_debias_sweeps_checks(tmp_path) 
     npz.write_bytes(b"")
     out = tmp_path / "grid.yaml"
     assert quality.main(["--npz", str(npz), "--seeds", "0", "--settings", "cmnist_096", "--sweep-file", str(out)]) == 0
-    name, jobs, upstream = sweep.jobs_from_file(out, "x")
+    name, jobs, upstream = grid.jobs_from_file(out, "x")
     planned = _plan(seeds=(0,))
     planned = [j for j in planned if j["setting"] == "cmnist_096"]
     assert (name, upstream) == ("grid", "infer_groups")
     assert [j.name for j in jobs] == [j["name"] for j in planned]
     assert [j.targets for j in jobs] == [j["targets"] for j in planned]
-    merged = sweep.check_grid(root, jobs, upstream)
+    merged = grid.check_grid(root, jobs, upstream)
     assert all(m["data"]["path"] == str(npz.resolve()) for m in merged)
     assert all(m["seed"] == 0 for m in merged)

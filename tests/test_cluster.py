@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from debias import services, sweep
+from debias import services
+from debias.sweep import slurm as sweep_slurm
+from debias.sweep import workspace
 
 pytestmark = pytest.mark.slow
 
@@ -134,7 +136,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory):
                                       d_port=free_port(), cpus=os.cpu_count() or 1))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     previous = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(conf)  # this process's squeue calls (sweep.squeue_states) too
+    os.environ["SLURM_CONF"] = str(conf)  # this process's squeue calls (sweep_slurm.squeue_states) too
     try:
         for daemon in ("slurmctld", "slurmd"):
             started = subprocess.run([daemon, "-f", str(conf)], env=env, capture_output=True, text=True)
@@ -209,10 +211,10 @@ def swept(slurm, shared_services, tmp_path_factory: pytest.TempPathFactory):
                       "--seeds", *map(str, SEEDS), "--upstream", "infer_groups", "--targets", "train_contrastive",
                       "--time", "20")
     assert launched.returncode == 0, launched.stdout + launched.stderr
-    state = sweep.load_state(repo, NAME)
+    state = workspace.load_state(repo, NAME)
 
     def running_task() -> str | None:
-        listed = sweep.squeue_states([entry["job_id"] for entry in state["slurm"].values()])
+        listed = sweep_slurm.squeue_states([entry["job_id"] for entry in state["slurm"].values()])
         if not listed:  # every task ended before one was seen running: phase 1 failed, or the tasks did
             shown = debias(repo, env, "sweep", "--name", NAME, "--status").stdout
             logs = [entry["log"].replace("_log.out", "_log.err") for entry in state["upstream"].values()]
@@ -261,16 +263,16 @@ def test_a_cancelled_task_is_reported_with_its_log_and_resume_finishes_it(swept)
 
 def test_four_dvc_experiments_exist_in_the_repository(swept) -> None:
     repo = swept["repo"]
-    state = sweep.load_state(repo, NAME)
+    state = workspace.load_state(repo, NAME)
     names = {f"{NAME}-epsilon{e}-seed{s}" for e in EPSILONS for s in SEEDS}
     assert {job["name"] for job in state["jobs"]} == names
-    assert sweep.finished_experiments(repo, state["commit"]) == names
+    assert workspace.finished_experiments(repo, state["commit"]) == names
     shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=repo, capture_output=True, text=True,
                            env=swept["env"], check=True).stdout
     listed = {rev.get("name") for entry in json.loads(shown) for exp in entry.get("experiments") or []
               for rev in exp.get("revs") or []}
     assert names <= listed
-    assert not (repo / sweep.SWEEPS / NAME / "work").exists() or not any((repo / sweep.SWEEPS / NAME / "work").iterdir())
+    assert not (repo / workspace.SWEEPS / NAME / "work").exists() or not any((repo / workspace.SWEEPS / NAME / "work").iterdir())
 
 
 def test_every_experiment_has_one_finished_parent_run_with_its_stages_and_upstream_ran_once(swept) -> None:

@@ -218,7 +218,7 @@ def test_one_parent_run_per_pipeline_run_with_its_stages_and_logged_models(pipel
     headline = read_headlines(clone)
     assert {k: parent.data.metrics[k] for k in headline} == pytest.approx(headline)
     assert parent.data.tags["debias.warnings"] and "report" in {a.path for a in client.list_artifacts(parent.info.run_id)}
-    from debias.tracking import _tracking_uri_set
+    from debias.tracking.store import _tracking_uri_set
 
     with _tracking_uri_set(f"sqlite:///{clone / 'mlflow.db'}"):
         models = mlflow.search_logged_models(experiment_ids=[parent.info.experiment_id], output_format="list")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias import sweep
+from debias.sweep import grid, local, slurm, status, workspace
 from debias.cli import main as cli
 from tests.conftest import committed_text
 
@@ -31,54 +31,54 @@ def repo(tmp_path: Path) -> Path:
 
 
 def test_values_split_on_top_level_commas_and_parse_as_yaml_1_2() -> None:
-    assert sweep.parse_axis("loss.epsilon=0,0.25, 1e-3") == ("loss.epsilon", [0, 0.25, 0.001])
-    assert sweep.parse_axis("probe.c_grid=[0.1, 1],[1]") == ("probe.c_grid", [[0.1, 1], [1]])
-    assert sweep.parse_axis("groups.method=true,'a,b'") == ("groups.method", [True, "a,b"])
+    assert grid.parse_axis("loss.epsilon=0,0.25, 1e-3") == ("loss.epsilon", [0, 0.25, 0.001])
+    assert grid.parse_axis("probe.c_grid=[0.1, 1],[1]") == ("probe.c_grid", [[0.1, 1], [1]])
+    assert grid.parse_axis("groups.method=true,'a,b'") == ("groups.method", [True, "a,b"])
     for bad in ("loss.epsilon", "=1", "loss.epsilon="):
-        with pytest.raises(sweep.SweepError, match="expected KEY=VALUE"):
-            sweep.parse_axis(bad)
+        with pytest.raises(grid.SweepError, match="expected KEY=VALUE"):
+            grid.parse_axis(bad)
 
 
 def test_the_grid_is_every_combination_with_seeds_innermost_and_readable_unique_names() -> None:
-    jobs = sweep.grid("eps", {"loss.epsilon": [0, 0.25], "stage2.method": ["cnc", "supcon"]}, [0, 1],
+    jobs = grid.grid("eps", {"loss.epsilon": [0, 0.25], "stage2.method": ["cnc", "supcon"]}, [0, 1],
                       {"erm.epochs": 2}, ["train_contrastive"])
     assert len(jobs) == 8 and len({j.name for j in jobs}) == 8
     assert jobs[0].name == "eps-epsilon0-methodcnc-seed0" and jobs[1].overrides["seed"] == 1
     assert all(j.overrides["erm.epochs"] == 2 and j.targets == ["train_contrastive"] for j in jobs)
     assert [j.overrides["loss.epsilon"] for j in jobs] == [0, 0, 0, 0, 0.25, 0.25, 0.25, 0.25]
-    with pytest.raises(sweep.SweepError, match="seeds once"):
-        sweep.grid("x", {"seed": [0]}, [1])
-    clash = sweep.grid("x", {"a.v": ["p/q", "p q"]})  # both become p_q: numbered instead
+    with pytest.raises(grid.SweepError, match="seeds once"):
+        grid.grid("x", {"seed": [0]}, [1])
+    clash = grid.grid("x", {"a.v": ["p/q", "p q"]})  # both become p_q: numbered instead
     assert [j.name for j in clash] == ["x-0", "x-1"]
 
 
 def test_set_args_round_trip_through_dvcs_yaml_reading() -> None:
-    args = sweep.set_args({"probe.c_grid": [0.01, 1.0], "groups.method": "true", "loss.epsilon": 0.25})
+    args = grid.set_args({"probe.c_grid": [0.01, 1.0], "groups.method": "true", "loss.epsilon": 0.25})
     assert args[::2] == ["-S"] * 3
-    parsed = dict((k, sweep.parse_value(v)) for k, _, v in (a.partition("=") for a in args[1::2]))
+    parsed = dict((k, grid.parse_value(v)) for k, _, v in (a.partition("=") for a in args[1::2]))
     assert parsed == {"probe.c_grid": [0.01, 1.0], "groups.method": "true", "loss.epsilon": 0.25}
 
 
 def test_the_whole_grid_is_checked_before_anything_runs_naming_each_bad_experiment(repo: Path) -> None:
-    good = sweep.grid("ok", {"loss.epsilon": [0.1, 0.25]}, [0, 1])
-    assert len(sweep.check_grid(repo, good)) == 4
-    bad = sweep.grid("bad", {"loss.epsilon": [0.1, "lots"]}) + [sweep.Job("typo", {"loss.epsilonn": 1}, ["nope"])]
-    with pytest.raises(sweep.SweepError) as caught:
-        sweep.check_grid(repo, bad, upstream="infer_groupz")
+    good = grid.grid("ok", {"loss.epsilon": [0.1, 0.25]}, [0, 1])
+    assert len(grid.check_grid(repo, good)) == 4
+    bad = grid.grid("bad", {"loss.epsilon": [0.1, "lots"]}) + [grid.Job("typo", {"loss.epsilonn": 1}, ["nope"])]
+    with pytest.raises(grid.SweepError) as caught:
+        grid.check_grid(repo, bad, upstream="infer_groupz")
     message = str(caught.value)
     assert "bad-epsilonlots" in message and "loss.epsilon" in message
     assert "typo" in message and "epsilonn" in message
     assert "stage 'nope' is not in dvc.yaml" in message and "stage 'infer_groupz'" in message
     assert "bad-epsilon0.1:" not in message
-    with pytest.raises(sweep.SweepError, match="empty"):
-        sweep.check_grid(repo, [])
+    with pytest.raises(grid.SweepError, match="empty"):
+        grid.check_grid(repo, [])
 
 
 def test_an_invalid_grid_launches_nothing(repo: Path, capsys, monkeypatch) -> None:
     code = cli(["sweep", "--repo", str(repo), "--name", "n", "-S", "loss.epsilon=0.1,oops", "--seeds", "0"])
     assert code == 2
     assert "was not launched" in capsys.readouterr().err
-    assert not (repo / sweep.SWEEPS / "n").exists()
+    assert not (repo / workspace.SWEEPS / "n").exists()
     assert cli(["sweep", "--repo", str(repo), "--name", "n", "--launcher", "slurm", "-S", "loss.epsilon=0.1"]) == 2
     err = capsys.readouterr().err
     assert "--dvc-remote" in err or "sbatch is not on PATH" in err
@@ -92,31 +92,31 @@ def test_an_invalid_grid_launches_nothing(repo: Path, capsys, monkeypatch) -> No
 
 
 def test_upstream_runs_once_per_distinct_value_of_the_params_its_stages_read(repo: Path) -> None:
-    graph = sweep.stage_graph(repo / "dvc.yaml")
-    above = sweep.ancestors(graph, "infer_groups")
+    graph = grid.stage_graph(repo / "dvc.yaml")
+    above = grid.ancestors(graph, "infer_groups")
     assert {"download", "inject_bias", "train_erm", "infer_groups"} <= set(above)
     assert "train_contrastive" not in above
-    jobs = sweep.grid("g", {"loss.epsilon": [0.1, 0.25, 0.5]}, [0, 1])
-    merged = sweep.check_grid(repo, jobs, "infer_groups")
-    runs = sweep.upstream_runs(repo, jobs, merged, "infer_groups")
+    jobs = grid.grid("g", {"loss.epsilon": [0.1, 0.25, 0.5]}, [0, 1])
+    merged = grid.check_grid(repo, jobs, "infer_groups")
+    runs = grid.upstream_runs(repo, jobs, merged, "infer_groups")
     assert len(runs) == 2  # seeds change the upstream; loss.epsilon (stage 2) does not
     assert sorted(r["overrides"]["seed"] for r in runs) == [0, 1]
-    assert sweep.upstream_runs(repo, jobs, merged, None) == []
+    assert grid.upstream_runs(repo, jobs, merged, None) == []
 
 
 def test_a_sweep_file_gives_a_grid_or_explicit_experiments(tmp_path: Path) -> None:
     path = tmp_path / "g.yaml"
     path.write_text(yaml.safe_dump({"params": {"loss": {"epsilon": [0.1, 0.25]}}, "seeds": [0, 1, 2],
                                     "set": {"erm": {"epochs": 1}}, "upstream": "infer_groups"}))
-    name, jobs, upstream = sweep.jobs_from_file(path, "g")
+    name, jobs, upstream = grid.jobs_from_file(path, "g")
     assert (name, upstream, len(jobs)) == ("g", "infer_groups", 6)
     assert all(j.overrides["erm.epochs"] == 1 for j in jobs)
     path.write_text(yaml.safe_dump({"name": "q", "experiments": [{"name": "a", "set": {"seed": 3},
                                                                    "targets": ["train_erm"]}]}))
-    assert sweep.jobs_from_file(path, "g")[1] == [sweep.Job("a", {"seed": 3}, ["train_erm"])]
+    assert grid.jobs_from_file(path, "g")[1] == [grid.Job("a", {"seed": 3}, ["train_erm"])]
     path.write_text(yaml.safe_dump({"parms": {}}))
-    with pytest.raises(sweep.SweepError, match="parms"):
-        sweep.jobs_from_file(path, "g")
+    with pytest.raises(grid.SweepError, match="parms"):
+        grid.jobs_from_file(path, "g")
 
 
 def test_queue_status_prefers_a_requeued_experiment_over_its_earlier_failure() -> None:
@@ -130,7 +130,7 @@ d83e00d  adult-s3-cnc             12:49 AM      Failed
 9b1e2f0  adult-s0-wcl             01:42 AM      Queued
 
 Worker status: 1 active, 0 idle"""
-    assert sweep.parse_queue_status(text) == {"adult-s4-cnc": "Running", "adult-s2-cnc": "Failed",
+    assert local.parse_queue_status(text) == {"adult-s4-cnc": "Running", "adult-s2-cnc": "Failed",
                                               "adult-s3-cnc": "Success", "adult-s0-wcl": "Queued"}
 
 
@@ -142,24 +142,24 @@ def test_a_failed_queue_start_is_reported_not_fatal(monkeypatch, tmp_path, capsy
         calls.append(args)
         return subprocess.CompletedProcess(args, 255 if len(calls) == 1 else 0)
 
-    monkeypatch.setattr(sweep.subprocess, "run", fake_run)
-    assert sweep.start_workers(tmp_path, 2, {}) is False
+    monkeypatch.setattr(local.subprocess, "run", fake_run)
+    assert local.start_workers(tmp_path, 2, {}) is False
     assert "dvc queue start -j 2 exited 255" in capsys.readouterr().err
-    assert sweep.start_workers(tmp_path, 2, {}) is True and calls[1] == ["dvc", "queue", "start", "-j", "2"]
+    assert local.start_workers(tmp_path, 2, {}) is True and calls[1] == ["dvc", "queue", "start", "-j", "2"]
 
 
 def test_a_slurm_tasks_outcome_is_read_from_its_submitit_result(tmp_path: Path) -> None:
-    assert sweep.result_of(str(tmp_path / "none.pkl")) is None  # killed before it wrote one
+    assert slurm.result_of(str(tmp_path / "none.pkl")) is None  # killed before it wrote one
     (tmp_path / "ok.pkl").write_bytes(pickle.dumps(("success", "out")))
-    assert sweep.result_of(str(tmp_path / "ok.pkl")) == "success"
+    assert slurm.result_of(str(tmp_path / "ok.pkl")) == "success"
     (tmp_path / "err.pkl").write_bytes(pickle.dumps(("error", "Traceback ...\nRuntimeError: dvc exp run failed\n"
                                                               "output\nWARNING: something is empty.")))
-    assert sweep.result_of(str(tmp_path / "err.pkl")) == "error: RuntimeError: dvc exp run failed"
+    assert slurm.result_of(str(tmp_path / "err.pkl")) == "error: RuntimeError: dvc exp run failed"
 
 
 def test_status_counts_every_state_and_lists_logs() -> None:
     state = {"name": "s", "launcher": "slurm", "commit": "0123456789"}
-    text = sweep.status_text(state, {"a": ("done", "/l/a.out"), "b": ("failed", "/l/b.out (no result)"),
+    text = status.status_text(state, {"a": ("done", "/l/a.out"), "b": ("failed", "/l/b.out (no result)"),
                                      "c": ("queued", "")})
     assert text.splitlines()[0] == "sweep s (slurm, commit 0123456): 1 queued, 0 running, 1 done, 1 failed"
     assert "b  failed   /l/b.out (no result)" in text
@@ -192,8 +192,8 @@ def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resu
                   "train_contrastive", "--jobs", "2", "--poll", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     names = {"loc-epsilon0.1-seed0", "loc-epsilon0.25-seed0"}
-    state = sweep.load_state(repo, "loc")
-    assert sweep.finished_experiments(repo, state["commit"]) == names
+    state = workspace.load_state(repo, "loc")
+    assert workspace.finished_experiments(repo, state["commit"]) == names
     assert "0 queued, 0 running, 2 done, 0 failed" in debias("--status").stdout
     again = debias("--resume")
     assert again.returncode == 0 and "nothing to resume" in again.stdout

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from debias import tracking
-from debias.tracking import TrackingError, repo_root, stage_run, tracking_uri
+from debias.errors import TrackingError
+from debias.paths import repo_root
+from debias.tracking import runs, stage_run, store, tracking_uri
 from tests.conftest import fresh_store
 
 
@@ -144,7 +146,7 @@ def test_a_logged_model_has_a_signature_an_input_example_and_loads_without_pickl
     fresh_store(mlflow_template, tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DEBIAS_TRACKING", "required")
-    monkeypatch.setattr(tracking, "pipeline_run_key", lambda: "exp-a@host:1-1")
+    monkeypatch.setattr(runs, "pipeline_run_key", lambda: "exp-a@host:1-1")
     model = build_model("lenet5", 5, 28)
     save_network(str(tmp_path / "erm.pt"), model, "lenet5", 5, 28)
     x = torch.randint(0, 256, (4, 3, 28, 28), dtype=torch.uint8)
@@ -167,7 +169,7 @@ def test_a_logged_model_has_a_signature_an_input_example_and_loads_without_pickl
         model_id, "erm", record["run_id"], "READY")
     parent = client.get_run(record["parent_run_id"])
     assert [o.model_id for o in parent.outputs.model_outputs] == [model_id]
-    with tracking._tracking_uri_set(f"sqlite:///{tmp_path / 'mlflow.db'}"):
+    with store._tracking_uri_set(f"sqlite:///{tmp_path / 'mlflow.db'}"):
         info = mlflow.models.get_model_info(f"models:/{model_id}")
         loaded = mlflow.pyfunc.load_model(f"models:/{model_id}")
     assert str(info.signature.inputs) == "[Tensor('uint8', (-1, 3, 28, 28))]"
@@ -185,18 +187,18 @@ def test_pipeline_run_key_is_the_experiment_and_the_dvc_process(monkeypatch) -> 
     tree = {900: (["/bin/bash", "-c", "python pipeline/x.py"], 800, "7"),
             800: (["/venv/bin/python", "/venv/bin/dvc", "exp", "exec-run", "--infofile", "x"], 700, "12345"),
             700: (["celery", "worker"], 1, "5")}
-    monkeypatch.setattr(tracking.os, "getppid", lambda: 900)
-    monkeypatch.setattr(tracking, "_process", lambda pid: tree.get(pid))
-    assert tracking.dvc_invocation() == "800-12345"
+    monkeypatch.setattr(runs.os, "getppid", lambda: 900)
+    monkeypatch.setattr(runs, "_process", lambda pid: tree.get(pid))
+    assert runs.dvc_invocation() == "800-12345"
     monkeypatch.setenv("DVC_EXP_NAME", "q81")
-    key = tracking.pipeline_run_key()
+    key = runs.pipeline_run_key()
     assert key.startswith("q81@") and key.endswith(":800-12345")
     monkeypatch.delenv("DVC_EXP_NAME")
-    assert tracking.pipeline_run_key().startswith("workspace@")
+    assert runs.pipeline_run_key().startswith("workspace@")
     tree[800] = (["/venv/bin/python", "-m", "pytest"], 700, "12345")
-    assert tracking.dvc_invocation() is None and tracking.pipeline_run_key() is None
-    assert tracking.is_dvc_command(["dvc", "repro"]) and tracking.is_dvc_command(["python", "-m", "dvc", "repro"])
-    assert not tracking.is_dvc_command(["python", "pipeline/dvc_helper.py"])
+    assert runs.dvc_invocation() is None and runs.pipeline_run_key() is None
+    assert runs.is_dvc_command(["dvc", "repro"]) and runs.is_dvc_command(["python", "-m", "dvc", "repro"])
+    assert not runs.is_dvc_command(["python", "pipeline/dvc_helper.py"])
 
 
 def test_stage_runs_nest_under_one_parent_per_pipeline_run(tmp_path, monkeypatch, mlflow_template) -> None:
@@ -218,7 +220,7 @@ def test_stage_runs_nest_under_one_parent_per_pipeline_run(tmp_path, monkeypatch
     (tmp_path / "params.yaml").write_text("seed: 0\nloss:\n  epsilon: 0.5\n")
     records = []
     for i, (key, stage) in enumerate((("a", "train_erm"), ("a", "evaluate"), ("b", "train_erm"))):
-        monkeypatch.setattr(tracking, "pipeline_run_key", lambda key=key: f"{key}@host:1-1")
+        monkeypatch.setattr(runs, "pipeline_run_key", lambda key=key: f"{key}@host:1-1")
         with stage_run(stage, {"seed": 0}, record_path=tmp_path / f"rec{i}.json") as run:
             run.log_parent({"s2_worst": 0.1 * (i + 1)}, {"debias.warnings": "none"})
         records.append(json.loads((tmp_path / f"rec{i}.json").read_text()))

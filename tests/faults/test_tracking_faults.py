@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from debias.tracking import TrackingError, check_reachable
+from debias.errors import TrackingError
+from debias.tracking import check_reachable
 from tests.conftest import fresh_store
 from tests.faults.conftest import (
     PYTHON,

@@ -1,0 +1,277 @@
+"""A sweep's grid: axes and seeds (``-S`` / ``--seeds``) or a YAML file into jobs, each job's ``-S`` overrides, and
+the whole grid (and its targets, its upstream stage) checked against the params schema and dvc.yaml."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class SweepError(ValueError):
+    """A sweep that cannot run as asked (bad grid, unknown stage, dirty tree, unknown sweep); nothing was launched."""
+
+
+@dataclass
+class Job:
+    """One DVC experiment of a sweep: its name, ``-S`` overrides (dotted key -> value) and target stages."""
+
+    name: str
+    overrides: dict[str, Any]
+    targets: list[str] = field(default_factory=list)
+
+
+def parse_value(text: str) -> Any:
+    """A ``-S`` value as DVC reads params.yaml (YAML 1.2: ``1e-3`` is a number, ``yes`` a string)."""
+    from ruamel.yaml import YAML
+
+    return YAML(typ="safe", pure=True).load(text) if text.strip() else ""
+
+
+def split_values(text: str) -> list[str]:
+    """``'0,0.25,[1, 2]'`` -> ``['0', '0.25', '[1, 2]']``: commas split values outside brackets and quotes."""
+    parts, depth, quote, current = [], 0, "", []
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current))
+    return [p.strip() for p in parts]
+
+
+def parse_axis(item: str) -> tuple[str, list[Any]]:
+    """``'loss.epsilon=0,0.25'`` -> ``('loss.epsilon', [0, 0.25])`` (one value: a fixed override)."""
+    key, sep, values = item.partition("=")
+    key = key.strip()
+    if not sep or not key or not values.strip():
+        raise SweepError(f"-S {item!r}: expected KEY=VALUE[,VALUE...], e.g. -S 'loss.epsilon=0,0.25'")
+    return key, [parse_value(v) for v in split_values(values)]
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists are leaves)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def nested(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (a copy) with each dotted key of ``overrides`` set (missing sections are created)."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[leaf] = copy.deepcopy(value)
+    return out
+
+
+def value_label(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, separators=(",", ""))
+    return SAFE_NAME.sub("_", str(text)).strip("._-") or "x"
+
+
+def point_name(prefix: str, point: dict[str, Any]) -> str:
+    """``<prefix>-<leaf><value>...``, e.g. ``eps-epsilon0.25-seed1`` (characters git refuses in a ref name become _)."""
+    parts = [f"{key.rsplit('.', 1)[-1]}{value_label(value)}" for key, value in point.items()]
+    return "-".join([SAFE_NAME.sub("_", prefix).strip("._-") or "sweep", *parts]).replace("..", ".")
+
+
+def grid(name: str, axes: dict[str, list[Any]], seeds: list[int] | None = None, fixed: dict[str, Any] | None = None,
+         targets: list[str] | None = None) -> list[Job]:
+    """Every combination of the ``axes`` values (then the ``seeds``, innermost) as a :class:`Job`; ``fixed``
+    overrides go into every job. Names are :func:`point_name`'s, made unique with an index where two coincide."""
+    axes = dict(axes)
+    if seeds:
+        if "seed" in axes:
+            raise SweepError("give the seeds once: either --seeds or -S seed=...")
+        axes["seed"] = list(seeds)
+    keys = list(axes)
+    jobs = []
+    for values in itertools.product(*(axes[k] for k in keys)) if keys else [()]:
+        point = dict(zip(keys, values))
+        jobs.append(Job(point_name(name, point), {**(fixed or {}), **point}, list(targets or [])))
+    names = [job.name for job in jobs]
+    if len(set(names)) < len(names):
+        for index, job in enumerate(jobs):
+            job.name = f"{SAFE_NAME.sub('_', name)}-{index}"
+    return jobs
+
+
+def jobs_from_file(path: Path, default_name: str) -> tuple[str, list[Job], str | None]:
+    """A sweep file: ``name``, ``params`` (dotted key -> list of values), ``seeds``, ``set`` (fixed overrides),
+    ``targets``, ``upstream``; or ``experiments`` (a list of ``{name, set, targets}``) instead of a grid.
+    Returns (name, jobs, upstream stage)."""
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SweepError(f"--file {path}: cannot read it ({exc})") from None
+    known = {"name", "params", "seeds", "set", "targets", "upstream", "experiments"}
+    if not isinstance(spec, dict) or set(spec) - known:
+        raise SweepError(f"--file {path}: expected a mapping with keys among {sorted(known)}, got "
+                         f"{sorted(set(spec) - known) if isinstance(spec, dict) else type(spec).__name__}")
+    name = str(spec.get("name") or default_name)
+    fixed = flatten(spec.get("set") or {})
+    targets = list(spec.get("targets") or [])
+    if spec.get("experiments"):
+        jobs = [Job(str(e["name"]), {**fixed, **flatten(e.get("set") or {})}, list(e.get("targets") or targets))
+                for e in spec["experiments"]]
+    else:
+        axes = {k: (v if isinstance(v, list) else [v]) for k, v in flatten(spec.get("params") or {}).items()}
+        jobs = grid(name, axes, spec.get("seeds"), fixed, targets)
+    return name, jobs, spec.get("upstream")
+
+
+def set_args(overrides: dict[str, Any]) -> list[str]:
+    """``-S key=value`` arguments for ``dvc exp run`` (values in YAML flow style, each on one line: DVC's -S parser
+    rejects a wrapped value)."""
+    args = []
+    for key, value in overrides.items():
+        text = yaml.safe_dump(value, default_flow_style=True, width=float("inf")).strip()
+        text = text.removesuffix("\n...").removesuffix("...").strip()
+        args += ["-S", f"{key}={text}"]
+    return args
+
+
+# --------------------------------------------------------------------------- checks before launching
+
+
+def stage_graph(dvc_yaml: Path) -> dict[str, dict[str, Any]]:
+    """Stage name -> ``{"deps": [...], "outs": [...], "params": [...]}`` of a dvc.yaml (paths and param keys)."""
+    stages = (yaml.safe_load(dvc_yaml.read_text()) or {}).get("stages") or {}
+
+    def names(entries: list[Any]) -> list[str]:
+        found = []
+        for entry in entries or []:
+            if isinstance(entry, dict):
+                for key, value in entry.items():  # {path: options} or {params file: [keys]}
+                    found += [str(k) for k in value] if isinstance(value, list) else [str(key)]
+            else:
+                found.append(str(entry))
+        return found
+
+    return {name: {"deps": names(s.get("deps")), "outs": names(s.get("outs")), "params": names(s.get("params"))}
+            for name, s in stages.items()}
+
+
+def ancestors(graph: dict[str, dict[str, Any]], stage: str) -> list[str]:
+    """``stage`` and every stage whose outputs it depends on, directly or not (a dep inside an out counts)."""
+
+    def feeds(dep: str, out: str) -> bool:
+        return dep == out or dep.startswith(out.rstrip("/") + "/") or out.startswith(dep.rstrip("/") + "/")
+
+    found, todo = [], [stage]
+    while todo:
+        current = todo.pop()
+        if current in found:
+            continue
+        found.append(current)
+        todo += [name for name, s in graph.items()
+                 if any(feeds(d, o) for d in graph[current]["deps"] for o in s["outs"])]
+    return found
+
+
+def upstream_key(params: dict[str, Any], prefixes: list[str]) -> str:
+    """The values of the params the upstream stages read (dotted prefixes), as canonical JSON."""
+    flat = flatten(params)
+    chosen = {k: v for k, v in flat.items() if any(k == p or k.startswith(p + ".") for p in prefixes)}
+    return json.dumps(chosen, sort_keys=True, default=str)
+
+
+def check_grid(root: Path, jobs: list[Job], upstream: str | None = None) -> list[dict[str, Any]]:
+    """Every job's params (params.yaml with its overrides) checked against the schema and its targets against
+    dvc.yaml, all before any launch; returns the merged params of each job. Raises :class:`SweepError` listing
+    every problem."""
+    from debias.params import ParamsError, read_yaml, validate
+
+    if not jobs:
+        raise SweepError("the grid is empty: give -S KEY=V1,V2 (and --seeds) or --file")
+    graph = stage_graph(root / "dvc.yaml")
+    problems = []
+    names = [job.name for job in jobs]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        problems.append(f"experiment names given twice: {', '.join(duplicates)}")
+    for stage in [*(t for job in jobs for t in job.targets), *([upstream] if upstream else [])]:
+        if stage not in graph:
+            problems.append(f"stage {stage!r} is not in dvc.yaml; stages: {', '.join(graph)}")
+    base = read_yaml(root / "params.yaml") or {}
+    merged = []
+    for job in jobs:
+        params = nested(base, job.overrides)
+        try:
+            validate(params)
+        except ParamsError as exc:
+            problems.append(f"{job.name}: {str(exc).replace('invalid params.yaml:', 'invalid params:')}")
+        merged.append(params)
+    if problems:
+        raise SweepError("the sweep was not launched; fix these first:\n  - " + "\n  - ".join(dict.fromkeys(problems)))
+    return merged
+
+
+def upstream_runs(root: Path, jobs: list[Job], merged: list[dict[str, Any]], upstream: str | None) -> list[dict]:
+    """One phase-1 run per distinct value of the params ``upstream`` and its ancestors read: ``{key, overrides}``
+    (the overrides of the first job with that value)."""
+    if not upstream:
+        return []
+    graph = stage_graph(root / "dvc.yaml")
+    prefixes = sorted({p for stage in ancestors(graph, upstream) for p in graph[stage]["params"]})
+    found: dict[str, dict] = {}
+    for job, params in zip(jobs, merged):
+        key = upstream_key(params, prefixes)
+        found.setdefault(key, {"key": key, "overrides": job.overrides, "name": f"upstream-{len(found)}"})
+    return list(found.values())
+
+
+def plan_from_args(args: argparse.Namespace, root: Path) -> tuple[str, list[Job], str | None]:
+    """The sweep's name, jobs and upstream stage from ``--file`` and/or ``-S`` / ``--seeds`` / ``--targets``."""
+    name, jobs, upstream = args.name or "sweep", [], args.upstream
+    if args.file:
+        name, jobs, from_file = jobs_from_file(Path(args.file), args.name or Path(args.file).stem)
+        name = args.name or name
+        upstream = upstream or from_file
+    if args.set or args.seeds or not jobs:
+        axes, fixed = {}, {}
+        for item in args.set:
+            key, values = parse_axis(item)
+            if len(values) > 1:
+                axes[key] = values
+            else:
+                fixed[key] = values[0]
+        if jobs:  # a file's jobs, with -S values over every one of them
+            if axes or args.seeds:
+                raise SweepError("with --file, -S sets one value for every experiment; put grids in the file")
+            jobs = [Job(j.name, {**j.overrides, **fixed}, j.targets) for j in jobs]
+        else:
+            jobs = grid(name, axes, args.seeds, fixed, args.targets)
+    if args.targets:
+        jobs = [Job(j.name, j.overrides, list(args.targets)) for j in jobs]
+    if SAFE_NAME.search(name):
+        raise SweepError(f"sweep name {name!r}: use letters, digits, '.', '_' and '-' only")
+    return name, jobs, upstream
