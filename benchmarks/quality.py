@@ -18,7 +18,6 @@ tables from an existing workdir.
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import json
 import os
@@ -35,6 +34,7 @@ from typing import Any
 import yaml
 
 from debias import sweep
+from debias.trees import flatten, merge  # noqa: F401 (speed.py, scale.py and gpu.py import merge from here)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -48,15 +48,6 @@ RAW_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-
 # --------------------------------------------------------------------------- configuration
 
 
-def merge(base: dict, changes: dict) -> dict:
-    """``base`` updated recursively with ``changes`` (a new dict; a dict replaces a missing or null value). The one
-    params merge of the benchmarks (speed.py and scale.py import it)."""
-    out = copy.deepcopy(base)
-    for key, value in changes.items():
-        out[key] = merge(out.get(key) or {}, value) if isinstance(value, dict) else copy.deepcopy(value)
-    return out
-
-
 def apply_profile(config: dict, profile: str | None) -> dict:
     """``config`` with ``profiles[profile]`` (``base`` and per-method overrides) merged into its base and methods."""
     if not profile:
@@ -64,18 +55,6 @@ def apply_profile(config: dict, profile: str | None) -> dict:
     changes = config["profiles"][profile]
     methods = {name: merge(entry, changes.get("methods", {}).get(name, {})) for name, entry in config["methods"].items()}
     return {**config, "base": merge(config["base"], changes.get("base", {})), "methods": methods}
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists are leaves."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def set_param_args(overrides: dict) -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from debias.errors import ParamsError
+from debias.trees import flatten, merge, unflatten
 
 PRESET_DIR = Path(__file__).resolve().parent
 REQUIRED_KEYS = ("name", "version", "title", "paper", "objective", "blocks")
@@ -58,37 +59,6 @@ class Preset:
 
 
 # --------------------------------------------------------------------------- trees
-
-
-def merge(base: dict, changes: dict) -> dict:
-    """``base`` updated recursively with ``changes`` (a new dict)."""
-    out = copy.deepcopy(base)
-    for key, value in changes.items():
-        out[key] = merge(out.get(key) or {}, value) if isinstance(value, dict) else copy.deepcopy(value)
-    return out
-
-
-def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists are leaves."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-    """``{"a.b": 1}`` -> ``{"a": {"b": 1}}``."""
-    tree: dict[str, Any] = {}
-    for dotted, value in flat.items():
-        node = tree
-        *parents, last = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return tree
 
 
 def select(tree: dict, keys: list[str] | None) -> dict:

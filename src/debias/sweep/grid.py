@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from debias.trees import flatten
+
 SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -65,17 +67,6 @@ def parse_axis(item: str) -> tuple[str, list[Any]]:
     if not sep or not key or not values.strip():
         raise SweepError(f"-S {item!r}: expected KEY=VALUE[,VALUE...], e.g. -S 'loss.epsilon=0,0.25'")
     return key, [parse_value(v) for v in split_values(values)]
-
-
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists are leaves)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def nested(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
