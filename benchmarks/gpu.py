@@ -43,7 +43,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "src"))
 
-from quality import merge  # noqa: E402
+from quality import expand_preset, merge  # noqa: E402
 from speed import stage_order  # noqa: E402
 
 FIELDS = ["device", "setting", "method", "stage", "wall_s", "steps", "steps_per_s", "peak_memory_mib", "idle_fraction",
@@ -179,6 +179,13 @@ def write(out: Path, rows: list[dict[str, Any]], notes: list[str]) -> None:
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
+def committed_params() -> dict:
+    """The committed params.yaml (``git show HEAD:params.yaml``) as the base of every plan, as quality.py's clones
+    use it: a workspace edited by ``dvc exp run -S`` does not change the benchmark. Outside git: the file."""
+    done = subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=REPO, capture_output=True, text=True)
+    return yaml.safe_load(done.stdout if done.returncode == 0 else (REPO / "params.yaml").read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=HERE / "fullsize.yaml")
@@ -194,18 +201,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "gpu")
     args = parser.parse_args(argv)
     config = yaml.safe_load(args.config.read_text())
-    repo_params = yaml.safe_load((REPO / "params.yaml").read_text())
+    repo_params = committed_params()
     order = stage_order(REPO / "dvc.yaml")
     if args.quick:
         names = [name for name, _ in order]
         order = order[: names.index(QUICK["last_stage"]) + 1]
-        plan = [("quick", QUICK["method"], merge(merge(merge(repo_params, config["base"]), QUICK["setting"]),
-                                                 merge(config["methods"][QUICK["method"]], QUICK["overrides"])))]
+        plan = [("quick", QUICK["method"], merge(merge(merge(repo_params, config["base"]), expand_preset(QUICK["setting"])),
+                                                 merge(expand_preset(config["methods"][QUICK["method"]]),
+                                                       QUICK["overrides"])))]
     else:
         if args.raw is None or not args.raw.is_dir():
             raise SystemExit(f"--raw {args.raw}: a directory with the Fashion-MNIST idx files is needed "
                              "(or --quick for a smoke run on the default digits)")
-        plan = [(setting, method, merge(merge(merge(repo_params, config["base"]), changes), config["methods"][method]))
+        plan = [(setting, method, merge(merge(merge(repo_params, config["base"]), expand_preset(changes)),
+                                        expand_preset(config["methods"][method])))
                 for setting, changes in config["settings"].items() if not args.settings or setting in args.settings
                 for method in config["methods"] if not args.methods or method in args.methods]
     if args.stages:
