@@ -272,7 +272,7 @@ def test_four_dvc_experiments_exist_in_the_repository(swept) -> None:
     listed = {rev.get("name") for entry in json.loads(shown) for exp in entry.get("experiments") or []
               for rev in exp.get("revs") or []}
     assert names <= listed
-    assert not (repo / workspace.SWEEPS / NAME / "work").exists() or not any((repo / workspace.SWEEPS / NAME / "work").iterdir())
+    assert not (repo / workspace.SWEEPS / NAME / workspace.CLONES).exists() or not any((repo / workspace.SWEEPS / NAME / workspace.CLONES).iterdir())
 
 
 def test_every_experiment_has_one_finished_parent_run_with_its_stages_and_upstream_ran_once(swept) -> None:

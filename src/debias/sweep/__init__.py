@@ -5,7 +5,7 @@ Every grid point is one ordinary DVC experiment (``dvc exp run -n NAME -S key=va
 
 - ``local``: DVC's own queue (``dvc exp run --queue`` then ``dvc queue start -j N``) on this machine.
 - ``slurm``: a job array through submitit; each array task clones the repository at the sweep's commit into
-  ``sweeps/<name>/work/<experiment>``, pulls DVC's run-cache from the DVC remote (``dvc pull --run-cache``),
+  ``sweeps/<name>/clones/<experiment>``, pulls DVC's run-cache from the DVC remote (``dvc pull --run-cache``),
   runs ``dvc exp run``, pushes the run-cache (``dvc push --run-cache``) and the experiment (``dvc exp push
   origin``: its git ref to this repository, its outputs to the remote), and removes its clone.
 

@@ -17,7 +17,7 @@ from debias.sweep.grid import Job, SweepError, check_grid, plan_from_args, upstr
 from debias.sweep.local import run_local
 from debias.sweep.slurm import launch_slurm, result_of
 from debias.sweep.status import mark_stopped_attempts, status_text, statuses, wait
-from debias.sweep.workspace import (compute_upstream, dirty_files, load_state, run, save_state, sweep_dir, task_env,
+from debias.sweep.workspace import (CLONES, compute_upstream, dirty_files, load_state, run, save_state, sweep_dir, task_env,
                                     upstream_experiment)
 
 LAUNCHERS = ("local", "slurm")
@@ -73,7 +73,7 @@ def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.N
         pending = [u for u in state["phase1"] if u["name"] not in state.get("upstream_done", [])]
         if pending:
             cache = run(["dvc", "cache", "dir"], root).strip()
-            base = sweep_dir(root, state["name"]) / "work"
+            base = sweep_dir(root, state["name"]) / CLONES
             up_env = {**env, "MLFLOW_EXPERIMENT_NAME": upstream_experiment(env)}
             if not env.get("MLFLOW_TRACKING_URI"):  # the clones' own stores go with them: log into this repository's
                 from debias.tracking import ensure_experiment, tracking_uri

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from debias.sweep.grid import Job, set_args
-from debias.sweep.workspace import (clone_at, compute_upstream, finished_experiments, run, sweep_dir,
+from debias.sweep.workspace import (CLONES, clone_at, compute_upstream, finished_experiments, run, sweep_dir,
                                     upstream_experiment, with_src)
 
 # ``squeue`` job states (man squeue, JOB STATE CODES) -> sweep state; anything else still listed counts as running.
@@ -100,7 +100,7 @@ def launch_slurm(root: Path, state: dict[str, Any], todo: list[Job], env: dict[s
     upstream_env = {**env, "MLFLOW_EXPERIMENT_NAME": upstream_experiment(env)}
     pending = [u for u in phase1 if state.setdefault("upstream", {}).get(u["name"], {}).get("result") != "success"]
     if pending:
-        specs = [{**common, "clone": str(here / "work" / u["name"]), "overrides": u["overrides"],
+        specs = [{**common, "clone": str(here / CLONES / u["name"]), "overrides": u["overrides"],
                   "stage": state["upstream_stage"], "env": upstream_env} for u in pending]
         executor = slurm_executor(logs, options, f"{state['name']}-upstream")
         submitted = executor.map_array(compute_upstream, specs)
@@ -108,7 +108,7 @@ def launch_slurm(root: Path, state: dict[str, Any], todo: list[Job], env: dict[s
             state["upstream"][u["name"]] = {"job_id": job.job_id, "log": str(job.paths.stdout),
                                             "result_pickle": str(job.paths.result_pickle)}
         dependency = "afterok:" + ":".join(sorted({j.job_id.split("_")[0] for j in submitted}))
-    specs = [{**common, "clone": str(here / "work" / job.name), "name": job.name, "overrides": job.overrides,
+    specs = [{**common, "clone": str(here / CLONES / job.name), "name": job.name, "overrides": job.overrides,
               "targets": job.targets, "env": env} for job in todo]
     executor = slurm_executor(logs, options, state["name"], dependency)
     submitted = executor.map_array(run_experiment, specs)

@@ -12,7 +12,8 @@ from typing import Any
 
 from debias.sweep.grid import SweepError, set_args
 
-SWEEPS = "sweeps"  # <repository>/sweeps/<name>/: sweep.json, logs/, work/ (git-ignored)
+SWEEPS = "sweeps"  # <repository>/sweeps/<name>/: sweep.json, logs/, clones/ (git-ignored)
+CLONES = "clones"  # sweeps/<name>/clones/<experiment>: the clone a SLURM task runs its experiment in
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str] | None = None, check: bool = True) -> str:
