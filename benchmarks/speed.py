@@ -81,6 +81,16 @@ def fill_npz(tree: Any, npz: Path) -> Any:
     return str(npz) if tree == "NPZ" else tree
 
 
+def throughput_train(config: dict, npz: Path) -> tuple[dict, Any]:
+    """The throughput config's base params (NPZ filled in) and the biased training split they make."""
+    base = fill_npz(config["base"], npz)
+    params = validate(base)
+    with tempfile.TemporaryDirectory() as raw_dir:
+        train = inject_bias(load_source(params.data, Path(raw_dir), params.seed), params.bias, params.seed,
+                            source=params.data.source)["train"]
+    return base, train
+
+
 # =========================================================================== (a) pipeline timing
 
 
@@ -495,11 +505,7 @@ def timed(fn: Callable[[], Any]) -> float:
 
 def time_throughput(config: dict, npz: Path, methods: list[str], repeats: int, num_workers: int,
                     device: torch.device) -> list[dict[str, Any]]:
-    base = fill_npz(config["base"], npz)
-    params = validate(base)
-    with tempfile.TemporaryDirectory() as raw_dir:
-        train = inject_bias(load_source(params.data, Path(raw_dir), params.seed), params.bias, params.seed,
-                            source=params.data.source)["train"]
+    base, train = throughput_train(config, npz)
     rows = []
     for name in methods:
         method, steps = method_params(base, config["methods"][name], config["steps"], name)

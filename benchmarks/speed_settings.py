@@ -16,7 +16,6 @@ import argparse
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,10 +27,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from quality import merge  # noqa: E402
-from speed import fill_npz, subset  # noqa: E402
+from speed import subset, throughput_train  # noqa: E402
 
-from debias.data.bias import inject_bias  # noqa: E402
-from debias.data.sources import load_source  # noqa: E402
 from debias.params import validate  # noqa: E402
 from debias.runtime import seed_everything  # noqa: E402
 from debias.sampling import CNCBatchSampler  # noqa: E402
@@ -61,11 +58,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     config = yaml.safe_load((HERE / "speed.yaml").read_text())["throughput"]
-    base = fill_npz(config["base"], Path(args.npz))
-    params = validate(base)
-    with tempfile.TemporaryDirectory() as raw_dir:
-        full = inject_bias(load_source(params.data, Path(raw_dir), params.seed), params.bias, params.seed,
-                           source=params.data.source)["train"]
+    base, full = throughput_train(config, Path(args.npz))
     raw = merge(base, config["methods"][args.method])
     if args.accumulation:
         raw = merge(raw, {"stage2": {"cnc": {"accumulation": args.accumulation}}})

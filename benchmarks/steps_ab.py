@@ -25,7 +25,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,10 +47,8 @@ def worker(args: argparse.Namespace) -> None:
 
     sys.path.insert(0, str(HERE))
     from quality import merge
-    from speed import fill_npz, subset
+    from speed import subset, throughput_train
 
-    from debias.data.bias import inject_bias
-    from debias.data.sources import load_source
     from debias.params import validate
     from debias.runtime import seed_everything
     from debias.sampling import CNCBatchSampler
@@ -60,11 +57,7 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     config = yaml.safe_load((HERE / "speed.yaml").read_text())["throughput"]
-    base = fill_npz(config["base"], Path(args.npz))
-    params = validate(base)
-    with tempfile.TemporaryDirectory() as raw_dir:
-        full = inject_bias(load_source(params.data, Path(raw_dir), params.seed), params.bias, params.seed,
-                           source=params.data.source)["train"]
+    base, full = throughput_train(config, Path(args.npz))
     tasks = {}
     for name in args.methods:
         if name == "erm":  # ERM's own settings (speed.yaml's erm block), run as stage-2 method erm
