@@ -18,6 +18,7 @@ MNIST10K = SHARED_DATASETS / "mnist10k.npz"
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "debias" / "numba"))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("DEBIAS_FORKSERVER_IDLE", "60")  # the suite's fork servers leave a minute after their last stage
 
 
 @pytest.fixture(autouse=True)

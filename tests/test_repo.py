@@ -54,7 +54,7 @@ def test_dvc_yaml_declares_exactly_the_params_each_stage_reads() -> None:
     assert set(stages) == set(STAGE_PARAMS)
     for name, stage in stages.items():
         assert sorted(stage.get("params", [])) == sorted(STAGE_PARAMS[name]), name
-        launcher = "python -m debias.launch" if name in TRAINING_STAGES else "python"
+        launcher = "python -m debias.launch" if name in TRAINING_STAGES else "python -m debias.launch --single"
         assert stage["cmd"] == f"{launcher} pipeline/{name}.py", name
         if name in TRAINING_STAGES:  # the multi-process code changes what training computes
             assert {"src/debias/distributed.py", "src/debias/launch.py", "src/debias/data/augment.py"} <= set(

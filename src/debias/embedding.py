@@ -11,6 +11,10 @@ cache it) and then grows about linearly (11 / 13 / 16 CPU s), with 96 % of the e
 at 54k; the two cross near 25k points.
 Entry points that run UMAP set ``OMP_WAIT_POLICY=PASSIVE`` before importing torch (busy OpenMP
 threads left by numba slow torch down ~10x).
+On a machine whose cache is empty, the fork server (:mod:`debias.forkserver`) starts :func:`warm_cache` as the
+pipeline starts: one small UMAP fit compiles what the stages' fits use into the cache on another core while the
+first stages run, and :func:`import_umap` waits for it (:func:`wait_for_warming`) rather than compile the same
+functions twice.
 """
 
 from __future__ import annotations
@@ -33,6 +37,75 @@ NUMBA_MODULES = ("umap.umap_", "umap.layouts", "umap.utils", "umap.distances", "
 
 
 _numba_caching_enabled = False
+WARMING_LOCK = ".debias-warming.lock"  # held (exclusive) by warm_cache while it compiles
+# Ours: the longest a stage waits for warm_cache before compiling itself (the warm-up took 17 s on a 2-core machine).
+WARMING_WAIT_SECONDS = 300.0
+
+
+def cache_dir() -> Path:
+    """numba's cache folder for UMAP: ``NUMBA_CACHE_DIR``, else ~/.cache/debias/numba."""
+    return Path(os.environ.get("NUMBA_CACHE_DIR") or NUMBA_CACHE_DEFAULT)
+
+
+def warm_marker() -> Path:
+    """The file :func:`warm_cache` leaves once the cache holds this umap-learn / numba pair's compiled code."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        versions = f"umap-{version('umap-learn')}-numba-{version('numba')}-pynndescent-{version('pynndescent')}"
+    except PackageNotFoundError:
+        versions = "unknown"
+    return cache_dir() / f".debias-warm-{versions}"
+
+
+def wait_for_warming(timeout: float = WARMING_WAIT_SECONDS) -> float:
+    """Wait while :func:`warm_cache` compiles (its lock held), at most ``timeout`` s; the seconds waited."""
+    import fcntl
+    import time
+
+    path = cache_dir() / WARMING_LOCK
+    if not path.exists():
+        return 0.0
+    started = time.monotonic()
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0.0
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return time.monotonic() - started
+            except OSError:
+                if time.monotonic() - started > timeout:
+                    return time.monotonic() - started
+                time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
+def warm_cache() -> bool:
+    """Compile UMAP's numba code into the cache by one small seeded fit, under :data:`WARMING_LOCK`; leave
+    :func:`warm_marker`. False when the marker was already there (nothing done)."""
+    import fcntl
+
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / WARMING_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # another warm-up is under way
+        marker = warm_marker()
+        if marker.exists():
+            return False
+        points = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+        umap_fit(points, n_components=2, n_neighbors=15, min_dist=0.1, seed=0, waiting=False)
+        marker.touch()
+        return True
+    finally:
+        os.close(fd)
 
 
 def enable_numba_caching(module_names: tuple[str, ...] = NUMBA_MODULES) -> int:
@@ -60,11 +133,14 @@ def enable_numba_caching(module_names: tuple[str, ...] = NUMBA_MODULES) -> int:
     return count
 
 
-def import_umap() -> ModuleType:
+def import_umap(waiting: bool = True) -> ModuleType:
     """``import umap`` with ``NUMBA_CACHE_DIR`` (default ~/.cache/debias/numba), ``OMP_WAIT_POLICY=PASSIVE``
-    (only effective when OpenMP is not yet loaded: entrypoints set it first) and numba caching on."""
+    (only effective when OpenMP is not yet loaded: entrypoints set it first) and numba caching on; first waits
+    for a :func:`warm_cache` under way (``waiting``)."""
     global _numba_caching_enabled
     os.environ.setdefault("NUMBA_CACHE_DIR", str(NUMBA_CACHE_DEFAULT))
+    if waiting:
+        wait_for_warming()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if "numba" in sys.modules:  # numba read its config before we set the variable
         import numba
@@ -124,9 +200,10 @@ def knn_graph(points: torch.Tensor, k: int, seed: int, exact_max: int | None = N
     return nndescent_knn(points, k, seed)
 
 
-def umap_fit(z: torch.Tensor, n_components: int, n_neighbors: int, min_dist: float, seed: int) -> torch.Tensor:
+def umap_fit(z: torch.Tensor, n_components: int, n_neighbors: int, min_dist: float, seed: int,
+             waiting: bool = True) -> torch.Tensor:
     """UMAP(n_components, n_neighbors = min(n_neighbors, N-1), min_dist, random_state=seed) of ``z``: float [N, n_components]."""
-    umap = import_umap()
+    umap = import_umap(waiting)
     n = len(z)
     if n < 3:
         raise ValueError(f"UMAP needs at least 3 points, found {n}")

@@ -1,10 +1,15 @@
-"""Start a training entrypoint with ``DEBIAS_NPROC`` processes: ``python -m debias.launch SCRIPT [ARGS]``.
+"""Start a stage's entrypoint: ``python -m debias.launch [--single] SCRIPT [ARGS]`` (every command of dvc.yaml).
+
+A training entrypoint runs with ``DEBIAS_NPROC`` processes; ``--single`` (the other stages) always runs one.
+One process runs in a process forked by the warm fork server (:mod:`debias.forkserver`: torch, MLflow and the
+rest imported once for all stages) where it can, else by ``exec``.
 
 ``DEBIAS_NPROC`` (a machine setting, default 1) is the number of training processes on this
 machine, one per GPU on CUDA (``CUDA_VISIBLE_DEVICES`` picks them), any number on the CPU:
 
-* 1: the process becomes ``python SCRIPT ARGS`` (``exec``: same pid, signals and exit code; exactly
-  the command dvc.yaml ran before), without importing torch here;
+* 1: the stage runs in a process forked by the fork server, this process standing in for it (signals passed
+  on, its exit code), or else this process becomes ``python SCRIPT ARGS`` (``exec``: same pid, signals and exit
+  code); torch is not imported here;
 * N > 1: this process runs torchrun itself (``torch.distributed.run``, the code behind the
   ``torchrun`` command) as ``torchrun --standalone --nproc_per_node=N SCRIPT ARGS``: a single-node
   rendezvous on a free port, N workers with ``WORLD_SIZE``/``RANK``/``LOCAL_RANK`` set, which
@@ -24,7 +29,7 @@ import sys
 from collections.abc import Sequence
 
 NPROC_VARIABLE = "DEBIAS_NPROC"
-USAGE = "usage: python -m debias.launch SCRIPT [ARGS ...]   (DEBIAS_NPROC processes, default 1)"
+USAGE = "usage: python -m debias.launch [--single] SCRIPT [ARGS ...]   (DEBIAS_NPROC processes, default 1; --single: 1)"
 
 
 def nproc_from_env(environ: dict[str, str] | None = None) -> int:
@@ -79,13 +84,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr)
         sys.exit(0 if argv else 2)
+    single = argv[0] == "--single"
+    if single:
+        argv = argv[1:]
+        if not argv:
+            print(USAGE, file=sys.stderr)
+            sys.exit(2)
     script, args = argv[0], argv[1:]
     try:
-        nproc = nproc_from_env()
+        nproc = 1 if single else nproc_from_env()
     except ValueError as exc:
         print(f"[debias.launch] error: {exc}", file=sys.stderr)
         sys.exit(2)
     if nproc == 1:
+        from debias import forkserver
+
+        try:
+            code = forkserver.run_stage(script, args)
+        except ValueError as exc:
+            print(f"[debias.launch] error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        if code is not None:
+            sys.exit(code)
         command = single_process_command(script, args)
         os.execv(command[0], command)
     sys.exit(run_torchrun(script, args, nproc))

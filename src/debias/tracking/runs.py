@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from debias.errors import TrackingError
+from debias.forkserver import LAUNCHER_VARIABLE
 from debias.io import save_json
 from debias.params import flatten, params_hash
 from debias.paths import repo_root
@@ -63,8 +64,10 @@ def is_dvc_command(argv: list[str]) -> bool:
 
 def dvc_invocation(max_depth: int = 32) -> str | None:
     """``'<pid>-<start time>'`` of the nearest ancestor ``dvc`` process (the ``dvc repro``, ``dvc exp run`` or
-    queued ``dvc exp exec-run`` running this stage), None outside DVC."""
-    pid = os.getppid()
+    queued ``dvc exp exec-run`` running this stage), None outside DVC. A stage forked by the fork server starts
+    from its launcher (``DEBIAS_LAUNCHER_PID``), whose ancestors are the stage's."""
+    launcher = os.environ.get(LAUNCHER_VARIABLE, "")
+    pid = int(launcher) if launcher.isascii() and launcher.isdigit() else os.getppid()
     for _ in range(max_depth):
         if pid <= 1:
             return None

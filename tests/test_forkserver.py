@@ -1,0 +1,203 @@
+"""The fork server (debias.forkserver): a stage forked from the warm server behaves as ``python SCRIPT ARGS`` would.
+
+A real server is started (its own socket folder, a short idle lifetime) and a probe script run through
+``python -m debias.launch --single``: the process it reports must be a fork (a pid other than the launcher's),
+with the launcher's arguments, folder, environment, umask, streams, exit codes and signals, and none of the
+server's ``debias`` modules. Linux only, as the server.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from debias import embedding, forkserver
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")
+
+PROBE = textwrap.dedent("""
+    import json, os, sys, tempfile, time
+    loaded = sorted(name for name in sys.modules if name == "debias" or name.startswith("debias."))
+    report = {"pid": os.getpid(), "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0], "loaded": loaded,
+              "probe": os.environ.get("DEBIAS_PROBE"), "other": os.environ.get("SOME_RUNTIME_SETTING"),
+              "launcher": os.environ.get("DEBIAS_LAUNCHER_PID"), "umask": os.umask(0), "tmp": tempfile.gettempdir(),
+              "orig_argv": sys.orig_argv}
+    print(json.dumps(report), flush=True)
+    print("to stderr", file=sys.stderr)
+    action = sys.argv[1] if len(sys.argv) > 1 else ""
+    if action == "exit":
+        sys.exit(int(sys.argv[2]))
+    if action == "message":
+        sys.exit("a message for the user")
+    if action == "raise":
+        raise ValueError("boom")
+    if action == "sleep":
+        open(sys.argv[2], "w").write(str(os.getpid()))
+        time.sleep(120)
+""")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A folder with the probe, and the environment of a fork server of its own (started, then waited for)."""
+    root = tmp_path_factory.mktemp("forkserver")
+    runtime = Path(tempfile.mkdtemp(prefix="dfs", dir="/tmp"))  # short: a socket path holds < 108 bytes
+    (root / "probe.py").write_text(PROBE)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "DEBIAS_FORKSERVER_IDLE": "120", "DEBIAS_FORKSERVER": "1",
+           "TMPDIR": str(root)}
+    first = launch(root, env, [])  # no server yet: runs by itself and starts one
+    assert first.returncode == 0, first.stderr
+    deadline = time.monotonic() + 120
+    while not list(runtime.glob("debias/*.sock")):
+        assert time.monotonic() < deadline, "the fork server did not start: " + "".join(
+            p.read_text() for p in runtime.glob("debias/*.log"))
+        time.sleep(0.2)
+    yield root, env
+    sockets = [str(path) for path in runtime.glob("debias/*.sock")]
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):  # stop the server (its command line names its socket)
+        try:
+            if any(sock in cmdline.read_text() for sock in sockets):
+                os.kill(int(cmdline.parent.name), signal.SIGTERM)
+        except (OSError, ValueError):
+            continue
+
+
+def launch(root: Path, env: dict, args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "debias.launch", "--single", "probe.py", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def report(done: subprocess.CompletedProcess) -> dict:
+    return json.loads(done.stdout.splitlines()[0])
+
+
+def test_a_stage_is_forked_with_the_launcher_s_arguments_folder_environment_and_streams(server) -> None:
+    root, env = server
+    launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py", "a", "b c"], cwd=root,
+                                env={**env, "DEBIAS_PROBE": "x y", "SOME_RUNTIME_SETTING": "7"}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.umask(0o027))
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 0, err
+    seen = json.loads(out.splitlines()[0])
+    assert seen["pid"] != launcher.pid  # a fork of the server, not the launcher exec'ing python
+    assert seen["launcher"] == str(launcher.pid)
+    assert seen["argv"] == ["probe.py", "a", "b c"]
+    assert seen["orig_argv"][1:] == ["probe.py", "a", "b c"]
+    assert seen["cwd"] == str(root) and seen["path0"] == str(root)
+    assert (seen["probe"], seen["other"]) == ("x y", "7")
+    assert seen["umask"] == 0o027
+    assert seen["tmp"] == str(root)
+    assert seen["loaded"] == []  # the project's modules are read from disk by each stage
+    assert err.strip().endswith("to stderr")
+
+
+def test_exit_codes_uncaught_errors_and_exit_messages_come_back(server) -> None:
+    root, env = server
+    assert launch(root, env, ["exit", "3"]).returncode == 3
+    raised = launch(root, env, ["raise"])
+    assert raised.returncode == 1 and "Traceback" in raised.stderr and "ValueError: boom" in raised.stderr
+    message = launch(root, env, ["message"])
+    assert message.returncode == 1 and "a message for the user" in message.stderr
+    assert report(raised)["pid"] != report(message)["pid"]
+
+
+def _wait_for(path: Path) -> int:
+    deadline = time.monotonic() + 60
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    return int(path.read_text())
+
+
+def _gone(pid: int, seconds: float = 20) -> bool:
+    deadline = time.monotonic() + seconds
+    while Path(f"/proc/{pid}").exists():
+        status = Path(f"/proc/{pid}/status").read_text() if Path(f"/proc/{pid}/status").exists() else ""
+        if "zombie" in status:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_signal_to_the_launcher_reaches_the_stage_and_the_launcher_dies_of_it(server, tmp_path) -> None:
+    root, env = server
+    marker = tmp_path / "pid"
+    launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py", "sleep", str(marker)],
+                                cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stage = _wait_for(marker)
+    assert stage != launcher.pid
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=60) == -signal.SIGTERM
+    assert _gone(stage)
+
+
+def test_a_killed_launcher_takes_its_stage_with_it(server, tmp_path) -> None:
+    root, env = server
+    marker = tmp_path / "pid"
+    launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py", "sleep", str(marker)],
+                                cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stage = _wait_for(marker)
+    launcher.kill()
+    launcher.wait(timeout=60)
+    assert _gone(stage)
+
+
+def test_switched_off_the_launcher_runs_the_stage_itself(server) -> None:
+    root, env = server
+    launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py"], cwd=root,
+                                env={**env, "DEBIAS_FORKSERVER": "0"}, stdout=subprocess.PIPE, text=True)
+    out, _ = launcher.communicate(timeout=120)
+    assert json.loads(out.splitlines()[0])["pid"] == launcher.pid  # exec: the same process
+
+
+def test_the_server_s_identity_follows_what_imports_read_not_run_time_settings() -> None:
+    base = {"HOME": "/home/a", "PATH": "/bin", "OMP_NUM_THREADS": "2"}
+    key = forkserver.identity(base, [])
+    for runtime_only in ({"DVC_EXP_NAME": "e1"}, {"PYTEST_CURRENT_TEST": "t"}, {"MLFLOW_TRACKING_URI": "sqlite:///x"},
+                         {"DEBIAS_THREADS": "1"}, {"CELERY_LOG_LEVEL": "20"}):
+        assert forkserver.identity({**base, **runtime_only}, []) == key, runtime_only
+    for import_time in ({"OMP_NUM_THREADS": "1"}, {"PYTHONPATH": "/x"}, {"NUMBA_CACHE_DIR": "/c"}, {"LD_PRELOAD": "x"},
+                        {"LANG": "C"}, {"MLFLOW_LOGGING_LEVEL": "DEBUG"}):
+        assert forkserver.identity({**base, **import_time}, []) != key, import_time
+    assert forkserver.identity(base, ["-X", "dev"]) != key
+    assert forkserver.interpreter_options(["python", "-X", "dev", "-m", "debias.launch", "s.py"]) == ["-X", "dev"]
+
+
+def test_idle_lifetime_setting_is_checked() -> None:
+    assert forkserver.idle_seconds({}) == forkserver.IDLE_SECONDS
+    assert forkserver.idle_seconds({"DEBIAS_FORKSERVER_IDLE": "2.5"}) == 2.5
+    for bad in ("0", "-1", "soon", "inf", "nan"):
+        with pytest.raises(ValueError, match="DEBIAS_FORKSERVER_IDLE"):
+            forkserver.idle_seconds({"DEBIAS_FORKSERVER_IDLE": bad})
+
+
+def test_a_bad_idle_lifetime_stops_the_launcher_with_one_message(server) -> None:
+    root, env = server
+    done = launch(root, {**env, "DEBIAS_FORKSERVER_IDLE": "soon"}, [])
+    assert done.returncode == 2 and "DEBIAS_FORKSERVER_IDLE = 'soon'" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""  # nothing ran
+
+
+def test_a_stage_waits_for_numba_s_warm_up_and_no_longer(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert embedding.wait_for_warming(timeout=5) == 0.0  # nothing under way
+    fd = os.open(tmp_path / embedding.WARMING_LOCK, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a warm-up under way
+    try:
+        assert embedding.wait_for_warming(timeout=0.5) >= 0.5
+    finally:
+        os.close(fd)
+    assert embedding.wait_for_warming(timeout=5) < 0.5
+    assert embedding.warm_marker().parent == tmp_path and "umap-" in embedding.warm_marker().name
