@@ -154,6 +154,25 @@ def test_a_killed_launcher_takes_its_stage_with_it(server, tmp_path) -> None:
     assert _gone(stage)
 
 
+def test_a_fork_that_cannot_take_over_the_launcher_s_state_reports_that_nothing_ran(tmp_path) -> None:
+    import socket
+
+    ours, theirs = socket.socketpair()
+    watcher = os.fork()
+    if watcher == 0:  # the server's side of one request
+        ours.close()
+        forkserver._serve_one(theirs, "the log")
+    theirs.close()
+    state = {**forkserver.process_state(str(tmp_path / "probe.py"), []), "cwd": str(tmp_path / "gone")}
+    with open(os.devnull, "w") as null:
+        forkserver.send_message(ours, state, [null.fileno()] * 3)
+        started, _ = forkserver.receive_message(ours)
+        ended, _ = forkserver.receive_message(ours)
+    os.waitpid(watcher, 0)
+    assert "pid" in started
+    assert "could not take over" in ended["error"] and "status" not in ended
+
+
 def test_switched_off_the_launcher_runs_the_stage_itself(server) -> None:
     root, env = server
     launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py"], cwd=root,

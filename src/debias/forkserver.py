@@ -268,7 +268,11 @@ def run_stage(script: str, args: list[str]) -> int | None:
             start_server(path, options)
         return None
     with sock:
-        return _stand_in(sock, process_state(script, args))
+        try:
+            state = process_state(script, args)
+        except OSError:  # e.g. the working folder is gone: the stage itself says so
+            return None
+        return _stand_in(sock, state)
 
 
 def _stand_in(sock: socket.socket, state: dict) -> int | None:
@@ -303,6 +307,9 @@ def _stand_in(sock: socket.socket, state: dict) -> int | None:
             print(f"[debias.forkserver] lost the fork server while it ran {state['script']} ({exc}): the stage's "
                   f"outcome is unknown; rerun it with {SWITCH_VARIABLE}=0 to run it in its own process", file=sys.stderr)
             return 1
+        if "error" in ended:  # nothing of the stage ran
+            print(f"[debias.forkserver] {ended['error']}; running the stage in its own process", file=sys.stderr)
+            return None
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -418,17 +425,24 @@ def _exit_code(code: object) -> int:
     return 1
 
 
-def _run_stage_process(state: dict, fds: list[int]) -> None:
-    """The forked stage process: run the script as ``__main__``, end as the interpreter would. Never returns."""
+def _run_stage_process(state: dict, fds: list[int], adopted: int) -> None:
+    """The forked stage process: take over the launcher's process state (then write a byte to ``adopted``), run the
+    script as ``__main__``, end as the interpreter would. Never returns."""
     import atexit
     import runpy
     import threading
     import traceback
 
-    code, interrupted = 1, False
     try:
         _reset_signals()
         _adopt(state, fds)
+        os.write(adopted, b"1")
+        os.close(adopted)
+    except BaseException:  # nothing of the stage ran: the watcher tells the launcher, which runs it itself
+        traceback.print_exc()
+        os._exit(1)
+    code, interrupted = 1, False
+    try:
         runpy.run_path(state["script"], run_name="__main__")
         code = 0
     except SystemExit as exc:
@@ -477,8 +491,9 @@ def _wait(pid: int, conn: socket.socket) -> int:
         os.close(pidfd)
 
 
-def _serve_one(conn: socket.socket) -> None:
-    """A request's watcher (forked by the server): fork the stage process, report its pid and its end. Never returns."""
+def _serve_one(conn: socket.socket, log: str) -> None:
+    """A request's watcher (forked by the server): fork the stage process, report its pid and its end (or, if it
+    could not take over the launcher's state, that nothing ran). Never returns."""
     code = 0
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -489,14 +504,21 @@ def _serve_one(conn: socket.socket) -> None:
         if len(fds) != 3:
             send_message(conn, {"error": f"{len(fds)} standard streams came with the request (3 expected)"})
             return
+        readable, adopted = os.pipe()
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _run_stage_process(state, fds)
+            os.close(readable)
+            _run_stage_process(state, fds, adopted)
+        os.close(adopted)
         for fd in fds:
             os.close(fd)
         send_message(conn, {"pid": pid})
-        send_message(conn, {"status": _wait(pid, conn)})
+        status = _wait(pid, conn)
+        if os.read(readable, 1):
+            send_message(conn, {"status": status})
+        else:
+            send_message(conn, {"error": f"the forked process could not take over the launcher's state (log: {log})"})
     except BaseException as exc:  # the launcher runs the stage itself when nothing started
         print(f"request: {type(exc).__name__}: {exc}", flush=True)
         code = 1
@@ -546,7 +568,7 @@ def serve(path: Path, options: list[str]) -> int:
                 pid = os.fork()
                 if pid == 0:
                     server.close()
-                    _serve_one(conn)
+                    _serve_one(conn, f"{path}.log")
                 conn.close()
                 watchers.add(pid)
             elif pending_idle and warmer is None:
