@@ -65,6 +65,9 @@ IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "G
 RUNTIME_ONLY = ("MLFLOW_TRACKING_", "MLFLOW_EXPERIMENT_", "MLFLOW_RUN_ID")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 MAX_MESSAGE = 1 << 24  # bytes of one request (the environment dominates)
+# Ours: how long a launcher waits for the server to fork its stage (a fork takes milliseconds; an idle import of
+# umap from numba's cache, during which the server answers nobody, ~1.5 s) before it runs the stage itself.
+ANSWER_SECONDS = 60.0
 
 
 # ----------------------------------------------------------------------------------------------- identity
@@ -220,7 +223,7 @@ def start_server(path: Path, options: list[str]) -> None:
         os.setsid()
         if os.fork():
             os._exit(0)
-        log = os.open(f"{path}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        log = os.open(f"{path}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # emptied by the lock's holder
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
@@ -291,9 +294,11 @@ def _stand_in(sock: socket.socket, state: dict) -> int | None:
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
     try:
         try:
+            sock.settimeout(ANSWER_SECONDS)
             send_message(sock, state, [0, 1, 2])
             started, _ = receive_message(sock)
-        except (OSError, EOFError, ValueError):
+            sock.settimeout(None)
+        except (OSError, EOFError, ValueError):  # (a timeout too) closing the socket kills a stage forked late
             return None  # nothing ran: the caller runs the stage itself
         if "error" in started:
             print(f"[debias.forkserver] {started['error']}; running the stage in its own process", file=sys.stderr)
@@ -496,7 +501,8 @@ def _serve_one(conn: socket.socket, log: str) -> None:
     could not take over the launcher's state, that nothing ran). Never returns."""
     code = 0
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for signum in (signal.SIGCHLD, signal.SIGTERM):  # the stage inherits the defaults, not the server's
+            signal.signal(signum, signal.SIG_DFL)
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         if struct.unpack("3i", creds)[1] != os.getuid():
             return
@@ -515,7 +521,7 @@ def _serve_one(conn: socket.socket, log: str) -> None:
             os.close(fd)
         send_message(conn, {"pid": pid})
         status = _wait(pid, conn)
-        if os.read(readable, 1):
+        if os.read(readable, 1) or os.WIFSIGNALED(status):  # ran, or was stopped (a signal passed on) before it ran
             send_message(conn, {"status": status})
         else:
             send_message(conn, {"error": f"the forked process could not take over the launcher's state (log: {log})"})
@@ -538,6 +544,10 @@ def serve(path: Path, options: list[str]) -> int:
     except OSError:
         print("another server holds the lock", flush=True)
         return 0
+    try:
+        os.ftruncate(1, 0)  # the log (stdout and stderr) is this server's alone from here
+    except OSError:  # not a file (started by hand)
+        pass
     idle = idle_seconds(dict(os.environ))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # leave through the finally below (the socket removed)
     os.chdir("/")  # nothing imported may read the launcher's folder
