@@ -51,9 +51,10 @@ IDLE_SECONDS = 300.0
 # The libraries the stages import (measured with `python -X importtime pipeline/<stage>.py`, the default data):
 # imported by the server before it takes a stage. umap (numba) is imported after the server is up, when idle
 # and numba's cache is warm (debias.embedding.warm_cache, started by the server on a cold cache).
-PRELOAD = ("torch", "numpy", "pandas", "scipy.stats", "scipy.optimize", "sklearn.linear_model", "sklearn.cluster",
-           "sklearn.metrics", "sklearn.model_selection", "yaml", "pydantic", "mlflow", "mlflow.tracking",
-           "mlflow.store.tracking.sqlalchemy_store", "tqdm")
+PRELOAD = ("torch", "torch._dynamo", "torch._functorch.aot_autograd", "torchvision", "numpy", "pandas", "scipy.stats",
+           "scipy.optimize", "sklearn.linear_model", "sklearn.cluster", "sklearn.metrics", "sklearn.model_selection",
+           "yaml", "pydantic", "pyarrow.parquet", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
+           "mlflow.pyfunc", "matplotlib.pyplot", "tqdm")
 # The environment variables an import may read (the interpreter, the dynamic loader, native thread pools, locale,
 # cache and temporary folders, and the preloaded libraries); the forked process gets the launcher's whole
 # environment, so only these can make a server's imports differ from the stage's own (a prefix ends with "_").
@@ -417,7 +418,16 @@ def _adopt(state: dict, fds: list[int]) -> None:
     for name in [name for name in sys.modules if name == "debias" or name.startswith("debias.")]:
         del sys.modules[name]
     importlib.invalidate_caches()
+    _matplotlib_rc_of_folder()
     tempfile.tempdir = None  # the server's TMPDIR, cached by its first gettempdir(): the launcher's instead
+
+
+def _matplotlib_rc_of_folder() -> None:
+    """A ``matplotlibrc`` in the working folder, which matplotlib reads first when imported there (the server
+    imported it in ``/``): its settings over the defaults, as matplotlib would have them."""
+    matplotlib = sys.modules.get("matplotlib")
+    if matplotlib is not None and os.path.isfile("matplotlibrc"):
+        matplotlib.rcParams.update(matplotlib.rc_params_from_file("matplotlibrc", use_default_template=True))
 
 
 def _exit_code(code: object) -> int:
