@@ -338,7 +338,9 @@ def _start_warming(options: list[str]) -> int | None:
 
     if _embedding().warm_marker().exists():
         return None
-    warmer = subprocess.Popen([sys.executable, *options, "-c", "from debias.embedding import warm_cache; warm_cache()"],
+    # niced: it takes the cores the stages leave idle (they run one at a time), not theirs
+    warmer = subprocess.Popen([sys.executable, *options, "-c",
+                               "import os; os.nice(10); from debias.embedding import warm_cache; warm_cache()"],
                               stdin=subprocess.DEVNULL)
     print(f"numba's cache lacks UMAP's code: warming it (pid {warmer.pid})", flush=True)
     return warmer.pid
@@ -545,6 +547,7 @@ def _serve_one(conn: socket.socket, log: str) -> None:
 def serve(path: Path, options: list[str]) -> int:
     """Preload, listen on ``path`` and fork a watcher per request until idle for ``DEBIAS_FORKSERVER_IDLE`` s."""
     import fcntl
+    import gc
     import select
     import threading
 
@@ -566,6 +569,7 @@ def serve(path: Path, options: list[str]) -> int:
     warmer = _start_warming(options)
     done = _preload(PRELOAD)
     print(f"preloaded {len(done)} modules in {time.perf_counter() - started:.2f} s", flush=True)
+    gc.freeze()  # the preloaded objects leave the collector's generations: a fork's collections never copy their pages
     if threading.active_count() != 1:  # native pools (OpenBLAS, OpenMP) re-create themselves after a fork
         print(f"{threading.enumerate()} after the imports: forking is unsafe; exiting", flush=True)
         return 1
@@ -596,6 +600,7 @@ def serve(path: Path, options: list[str]) -> int:
                     pending_idle.pop(0)()
                 except Exception as exc:  # the stages import it themselves
                     print(f"idle import: {type(exc).__name__}: {exc}", flush=True)
+                gc.freeze()
                 if threading.active_count() != 1:
                     print(f"{threading.enumerate()} after an idle import: forking is unsafe; exiting", flush=True)
                     return 1
