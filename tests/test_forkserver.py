@@ -9,6 +9,7 @@ server's ``debias`` modules. Linux only, as the server.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import signal
@@ -179,6 +180,42 @@ def test_switched_off_the_launcher_runs_the_stage_itself(server) -> None:
                                 env={**env, "DEBIAS_FORKSERVER": "0"}, stdout=subprocess.PIPE, text=True)
     out, _ = launcher.communicate(timeout=120)
     assert json.loads(out.splitlines()[0])["pid"] == launcher.pid  # exec: the same process
+
+
+def _start_server(cwd: Path, env: dict) -> None:
+    """Start the server of ``env`` (a first launch) and wait for its socket."""
+    subprocess.run([sys.executable, "-m", "debias.launch", "--single", "pipeline/source.py"], cwd=cwd, env=env,
+                   capture_output=True, timeout=120)
+    runtime = Path(env["XDG_RUNTIME_DIR"])
+    deadline = time.monotonic() + 120
+    while not list(runtime.glob("debias/*.sock")):
+        assert time.monotonic() < deadline, "the fork server did not start"
+        time.sleep(0.2)
+
+
+def test_stage_outputs_are_the_same_bytes_with_and_without_the_fork_server(server, tmp_path) -> None:
+    from tests.faults.conftest import make_workspace, stage_env
+
+    runtime = Path(tempfile.mkdtemp(prefix="dfs", dir="/tmp"))
+    outputs = {}
+    for switch in ("1", "0"):
+        workspace = make_workspace(tmp_path / f"forkserver-{switch}")
+        env = {**stage_env(DEBIAS_FORKSERVER=switch), "XDG_RUNTIME_DIR": str(runtime)}
+        if switch == "1":
+            _start_server(workspace, env)
+            (workspace / "probe.py").write_text(PROBE)
+            probe = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py"], cwd=workspace,
+                                     env=env, stdout=subprocess.PIPE, text=True)
+            assert json.loads(probe.communicate(timeout=120)[0].splitlines()[0])["pid"] != probe.pid  # forked
+        for stage in ("source", "download", "inject_bias", "train_erm"):
+            single = [] if stage == "train_erm" else ["--single"]
+            done = subprocess.run([sys.executable, "-m", "debias.launch", *single, f"pipeline/{stage}.py"],
+                                  cwd=workspace, env=env, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stderr
+        outputs[switch] = {str(path.relative_to(workspace)): hashlib.sha256(path.read_bytes()).hexdigest()
+                           for folder in ("data", "models", "reports/metrics") for path in (workspace / folder).rglob("*")
+                           if path.is_file()}
+    assert len(outputs["1"]) > 10 and outputs["1"] == outputs["0"]
 
 
 def test_the_server_s_identity_follows_what_imports_read_not_run_time_settings() -> None:
