@@ -182,6 +182,9 @@ def child_env(threads: int, numba_cache: Path, clone: Path) -> dict[str, str]:
                GIT_AUTHOR_NAME="speed", GIT_AUTHOR_EMAIL="speed@local", GIT_COMMITTER_NAME="speed",
                GIT_COMMITTER_EMAIL="speed@local")
     env.pop("DEBIAS_DEVICE", None)
+    # a process per stage: the CPU and peak-RSS columns come from the launched process tree, which a stage forked
+    # by the fork server is not part of (benchmarks/repro_time.py measures the pipeline with the server)
+    env["DEBIAS_FORKSERVER"] = "0"
     return env
 
 

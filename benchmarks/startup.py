@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             clones[tree] = make_clone(work / str(index), {}, None if tree == "worktree" else tree)
             envs[tree] = child_env(args.threads, NUMBA_CACHE, clones[tree])
             envs[tree]["DEBIAS_TRACKING"] = args.tracking
+            # a process per stage, which this benchmark times from inside (the fork server's effect: repro_time.py)
+            envs[tree]["DEBIAS_FORKSERVER"] = "0"
             status, wall, cpu, rss = run_measured(["dvc", "repro"], clones[tree], envs[tree],
                                                   logs / f"{index}-repro.log")
             if status != 0:
