@@ -209,7 +209,7 @@ def test_dvc_valid_key_with_a_bad_value_fails_with_our_message(downloaded_clone:
     done = dvc(clone, "exp", "run", "-S", "loss.temperature=0", check=False)
     assert done.returncode != 0
     assert "Running stage 'source'" in done.stdout, done.stdout
-    assert "failed to run: python pipeline/source.py, exited with 2" in done.stderr, done.stderr
+    assert "failed to run: python -m debias.launch --single pipeline/source.py, exited with 2" in done.stderr, done.stderr
     assert "[source] error: invalid params.yaml" in done.stderr
     assert "loss.temperature = 0" in done.stderr and "allowed: 0.0001 <= value <= 10" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
