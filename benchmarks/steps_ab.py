@@ -157,6 +157,15 @@ def paired_range(first: list[float], other: list[float]) -> str:
     return f"{min(ratios):.3f}-{max(ratios):.3f}"
 
 
+def commit_of(tree: Path) -> str:
+    """The short commit ``tree`` has checked out, ``+changes`` where its tracked files differ from it."""
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    dirty = subprocess.run(["git", "-C", str(tree), "diff", "--quiet", "HEAD", "--"], capture_output=True).returncode
+    return head.stdout.strip() + ("+changes" if dirty else "")
+
+
 def start_workers(trees: list[Path], spec: dict, args: argparse.Namespace) -> list[subprocess.Popen]:
     """One worker process per tree (``PYTHONPATH=TREE/src``), given ``spec`` and ready to time epochs."""
     workers = []
@@ -237,7 +246,7 @@ def main() -> int:
     command = shlex.join(["python", "benchmarks/steps_ab.py", *sys.argv[1:]])
     notes = [f"Command: `{command}`", f"Date: {started:%Y-%m-%d %H:%M %Z}; load average after "
              f"{os.getloadavg()[0]:.2f}", f"Device {args.device}, torch threads {args.threads}; trees: "
-             + ", ".join(f"{n} = {t}" for n, t in zip(names, trees)),
+             + ", ".join(f"{n} = {given} (commit {commit_of(t)})" for n, given, t in zip(names, args.trees, trees)),
              f"Median of {args.rounds * args.repeats} epochs per method and tree: {args.rounds} rounds, each a fresh "
              f"process per tree and method timing {args.repeats} epochs after a warm-up epoch, the trees' epochs "
              "alternating; "
