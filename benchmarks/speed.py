@@ -59,8 +59,7 @@ from torchvision import transforms as T  # noqa: E402
 from bench_losses import (base_cnc_two_sided, base_eps_supcon, base_eps_supinfonce, base_fairkl,  # noqa: E402
                           base_supcon, base_wcl)
 from quality import merge  # noqa: E402
-from debias.data.bias import inject_bias  # noqa: E402
-from debias.data.sources import load_source  # noqa: E402
+from throughput import fill_npz, subset, throughput_train  # noqa: E402
 from debias.data.store import BiasedSplit  # noqa: E402
 from debias.models import build_model  # noqa: E402
 from debias.params import Params, validate  # noqa: E402
@@ -72,23 +71,6 @@ from debias.training.methods.selfsup import projection_head  # noqa: E402
 
 DEFAULT_NPZ = REPO.parent / "shared" / "datasets" / "mnist10k.npz"
 CONTRASTIVE_METHODS = ("supcon", "eps_supcon", "eps_supinfonce")
-
-
-def fill_npz(tree: Any, npz: Path) -> Any:
-    """Replace the placeholder NPZ by the dataset path, everywhere in a config tree."""
-    if isinstance(tree, dict):
-        return {k: fill_npz(v, npz) for k, v in tree.items()}
-    return str(npz) if tree == "NPZ" else tree
-
-
-def throughput_train(config: dict, npz: Path) -> tuple[dict, Any]:
-    """The throughput config's base params (NPZ filled in) and the biased training split they make."""
-    base = fill_npz(config["base"], npz)
-    params = validate(base)
-    with tempfile.TemporaryDirectory() as raw_dir:
-        train = inject_bias(load_source(params.data, Path(raw_dir), params.seed), params.bias, params.seed,
-                            source=params.data.source)["train"]
-    return base, train
 
 
 # =========================================================================== (a) pipeline timing
@@ -405,12 +387,6 @@ def baseline_cnc_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, datase
 
 
 # =========================================================================== (b) throughput: both sides
-
-
-def subset(split: BiasedSplit, size: int, seed: int) -> BiasedSplit:
-    if size > len(split):
-        raise SystemExit(f"{size} samples asked for, the training split holds {len(split)}: lower the steps")
-    return split.subset(torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[:size].sort().values)
 
 
 def hwc(split: BiasedSplit) -> np.ndarray:

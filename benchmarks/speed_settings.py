@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from quality import merge  # noqa: E402
-from speed import subset, throughput_train  # noqa: E402
+from throughput import subset, throughput_train  # noqa: E402
 
 from debias.params import validate  # noqa: E402
 from debias.runtime import seed_everything  # noqa: E402

@@ -1,12 +1,15 @@
 """Training steps per second of ERM and every stage-2 method, side by side for two or more source trees, in one run.
 
 Each tree (a directory holding ``src/debias``: this working tree, or a ``git worktree`` of another commit) is timed
-in its own process (``PYTHONPATH=TREE/src``), alive for the whole run, on the same mnist10k-sized biased data in
-memory and the same settings (``benchmarks/speed.yaml``'s throughput section: LeNet-5, batch sizes, optimisers;
-``--epoch-steps`` steps per timed epoch); the trees' epochs alternate, method by method (the first tree first every
-other time), so they see the same background load; the median epoch (``--rounds`` x ``--repeats`` of them) is
-reported. Methods the speed.yaml section lacks are
-timed with its ``base`` settings (lff, groupdro: batches of 32 like jtt; dcl, hcl like wcl).
+in its own processes (``PYTHONPATH=TREE/src``) on the same mnist10k-sized biased data in memory and the same settings
+(``benchmarks/speed.yaml``'s throughput section: LeNet-5, batch sizes, optimisers; ``--epoch-steps`` steps per timed
+epoch), resolved by this tree (:func:`resolve`), so an older tree's worker needs only the debias APIs every commit
+since 11a1806 has. Every round starts, per method, a fresh process per tree (as a stage trains one method: the
+tasks a process built and trained before change its allocations' page faults, hence its speed, by several per
+cent); their epochs alternate (the first tree first every other time), so they see the same background load; the
+median epoch (``--rounds`` x ``--repeats`` of them) is reported, with the spread of the paired epochs' ratios.
+Methods the speed.yaml section lacks are timed with its ``base`` settings (lff, groupdro: batches of 32 like jtt;
+dcl, hcl like wcl).
 
     nice -n 5 python benchmarks/steps_ab.py --trees . /tmp/base-11a1806 [--rounds 3] [--repeats 2]
         [--methods erm cnc ...] [--device cpu] [--out benchmarks/results/steps_ab]
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_NPZ = HERE.parent.parent / "shared" / "datasets" / "mnist10k.npz"
@@ -40,26 +44,16 @@ EXTRA_METHODS = {  # not in speed.yaml's throughput section (it holds the method
 KIND_STEPS = {"supcon": "contrastive", "eps_supcon": "contrastive", "eps_supinfonce": "contrastive"}
 
 
-def worker(args: argparse.Namespace) -> None:
-    """Time ``--repeats`` epochs of each method in this process (after one warm-up epoch); print JSON lines."""
-    import torch
+def resolve(methods: list[str], epoch_steps: int) -> dict[str, dict]:
+    """Each method's params tree (speed.yaml's throughput base with its overrides), stage-2 method and steps per
+    epoch, resolved here, in this tree, so the workers of older trees need only debias' stable APIs."""
     import yaml
 
-    sys.path.insert(0, str(HERE))
-    from quality import merge
-    from speed import subset, throughput_train
+    from debias.trees import merge
 
-    from debias.params import validate
-    from debias.runtime import seed_everything
-    from debias.sampling import CNCBatchSampler
-    from debias.training.methods import Stage2Inputs, setup_method
-
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
     config = yaml.safe_load((HERE / "speed.yaml").read_text())["throughput"]
-    base, full = throughput_train(config, Path(args.npz))
-    tasks = {}
-    for name in args.methods:
+    specs = {}
+    for name in methods:
         if name == "erm":  # ERM's own settings (speed.yaml's erm block), run as stage-2 method erm
             erm = config["base"]["erm"]
             overrides = {"stage2": {"method": "erm", **{k: erm[k] for k in ("optimizer", "lr", "momentum",
@@ -70,11 +64,48 @@ def worker(args: argparse.Namespace) -> None:
             overrides = config["methods"][name]
             method = overrides.get("stage2", {}).get("method", "erm")
             steps = int(config["steps"][KIND_STEPS.get(method, method)])
-        else:
+        elif name in EXTRA_METHODS:
             overrides, steps = EXTRA_METHODS[name]
             method = name
-        steps = args.epoch_steps or steps
-        p = validate(merge(base, overrides))
+        else:
+            allowed = ", ".join(["erm", *config["methods"], *EXTRA_METHODS])
+            raise SystemExit(f"--methods {name}: unknown; allowed: {allowed}")
+        specs[name] = {"params": merge(config["base"], overrides), "method": method, "steps": epoch_steps or steps}
+    return {"base": config["base"], "methods": specs}
+
+
+def like_for_like(raw: dict, method: str) -> dict:
+    """``raw`` made to compute in this tree the loss 11a1806 computed: eps_supcon there took ``loss.epsilon`` (0.25
+    in speed.yaml); trees with ``loss.eps_supcon`` (FairKL Table 6's own margin, default 0, which computes SupCon)
+    get the same epsilon there, so both sides time eps-SupCon."""
+    from debias.params import LossParams
+
+    if method == "eps_supcon" and "eps_supcon" in LossParams.model_fields:
+        raw = {**raw, "loss": {**raw.get("loss", {}),
+                               "eps_supcon": {**raw.get("loss", {}).get("eps_supcon", {}),
+                                              "epsilon": raw.get("loss", {}).get(
+                                                  "epsilon", LossParams.model_fields["epsilon"].default)}}}
+    return raw
+
+
+def build_tasks(spec: dict, npz: Path, device: Any) -> dict[str, tuple[Any, int]]:
+    """``{method: (its stage-2 task, steps per epoch)}`` for the resolved settings ``spec`` (:func:`resolve`), built
+    with the debias on ``sys.path`` (the tree under test): each on its own seeded subset of the training split."""
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from throughput import fill_npz, subset, throughput_train
+
+    from debias.params import validate
+    from debias.runtime import seed_everything
+    from debias.sampling import CNCBatchSampler
+    from debias.training.methods import Stage2Inputs, setup_method
+
+    _, full = throughput_train(spec, npz)
+    tasks = {}
+    for name, entry in spec["methods"].items():
+        method, steps = entry["method"], entry["steps"]
+        p = validate(like_for_like(fill_npz(entry["params"], npz), method))
         batch = p.stage2.batch_size
         train = full if method in ("cnc", "jtt") else subset(full, steps * batch, p.seed)
         inferred = train.a.clone()
@@ -91,6 +122,17 @@ def worker(args: argparse.Namespace) -> None:
                                            steps * cnc.accumulation, seed=p.seed,
                                            skip_empty_classes=cnc.skip_empty_classes)
         tasks[name] = (task, steps)
+    return tasks
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Time ``--repeats`` epochs of each method in this process (after one warm-up epoch); print JSON lines.
+    Reads the resolved settings (:func:`resolve`) as JSON on the first line of stdin."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    tasks = build_tasks(json.loads(sys.stdin.readline()), Path(args.npz), device)
     epochs = dict.fromkeys(tasks, 0)
     print("ready", flush=True)
     for line in sys.stdin:  # one timed epoch per request; each method's first epoch is a warm-up
@@ -106,6 +148,39 @@ def worker(args: argparse.Namespace) -> None:
             epochs[name] += 1
         print(json.dumps({"method": name, "steps": steps, "time": time.perf_counter() - started,
                           "cpu": time.process_time() - started_cpu}), flush=True)
+
+
+def paired_range(first: list[float], other: list[float]) -> str:
+    """The spread of a ratio of rates: ``min-max`` over the run's epoch pairs of ``first[i] / other[i]`` (times; the
+    i-th epochs of two trees ran back to back, so each pair saw the same background load)."""
+    ratios = [a / b for a, b in zip(first, other)]
+    return f"{min(ratios):.3f}-{max(ratios):.3f}"
+
+
+def commit_of(tree: Path) -> str:
+    """The short commit ``tree`` has checked out, ``+changes`` where its tracked files differ from it."""
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown (not a git checkout)"
+    dirty = subprocess.run(["git", "-C", str(tree), "diff", "--quiet", "HEAD", "--"], capture_output=True).returncode
+    return head.stdout.strip() + ("+changes" if dirty else "")
+
+
+def start_workers(trees: list[Path], spec: dict, args: argparse.Namespace) -> list[subprocess.Popen]:
+    """One worker process per tree (``PYTHONPATH=TREE/src``), given ``spec`` and ready to time epochs."""
+    workers = []
+    for tree in trees:
+        env = {**os.environ, "PYTHONPATH": str(tree / "src"), "DEBIAS_THREADS": str(args.threads),
+               "DEBIAS_TRACKING": "off", "OMP_WAIT_POLICY": "PASSIVE"}
+        command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--threads", str(args.threads),
+                   "--device", args.device, "--npz", args.npz]
+        workers.append(subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                        bufsize=1))
+        workers[-1].stdin.write(json.dumps(spec) + "\n")
+    for tree, worker_process in zip(trees, workers):
+        if worker_process.stdout.readline().strip() != "ready":
+            raise SystemExit(f"{tree}: the worker failed to start (run it with --worker to see why)")
+    return workers
 
 
 def main() -> int:
@@ -130,56 +205,54 @@ def main() -> int:
     for tree in trees:
         if not (tree / "src" / "debias").is_dir():
             raise SystemExit(f"--trees {tree}: no src/debias there (a checkout of this repository is needed)")
+    specs = resolve(args.methods, args.epoch_steps)
     times: dict[tuple[str, str], list[float]] = {}
     cpu: dict[tuple[str, str], list[float]] = {}
     steps: dict[str, int] = {}
     started = datetime.datetime.now().astimezone()
-    workers = []
-    for tree in trees:  # one process per tree, alive for the whole run: epochs interleave at a fine grain
-        env = {**os.environ, "PYTHONPATH": str(tree / "src"), "DEBIAS_THREADS": str(args.threads),
-               "DEBIAS_TRACKING": "off", "OMP_WAIT_POLICY": "PASSIVE"}
-        command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--methods", *args.methods,
-                   "--threads", str(args.threads), "--device", args.device, "--npz", args.npz,
-                   "--epoch-steps", str(args.epoch_steps)]
-        workers.append(subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        bufsize=1))
-    for tree, worker_process in zip(trees, workers):
-        if worker_process.stdout.readline().strip() != "ready":
-            raise SystemExit(f"{tree}: the worker failed to start (run it with --worker to see why)")
     turn = 0
-    for method in args.methods:
-        for _ in range(args.rounds * args.repeats):  # the trees take turns, the first tree first every other time
-            order = list(zip(trees, workers))
-            for tree, worker_process in (order if turn % 2 == 0 else order[::-1]):
-                worker_process.stdin.write(method + "\n")
-                line = worker_process.stdout.readline()
-                if not line.startswith("{"):
-                    raise SystemExit(f"{tree}: the worker failed on {method}")
-                row = json.loads(line)
-                times.setdefault((str(tree), method), []).append(row["time"])
-                cpu.setdefault((str(tree), method), []).append(row["cpu"])
-                steps[method] = row["steps"]
-            turn += 1
-        print(f"[steps_ab] {method} done", flush=True)
-    for worker_process in workers:
-        worker_process.stdin.close()
-        worker_process.wait()
+    for round_index in range(args.rounds):
+        for method in args.methods:
+            # a fresh process per tree, method and round, as a stage runs one method: a process's allocation history
+            # (the tasks built and trained before) changes its page faults per step by orders of magnitude
+            workers = start_workers(trees, {**specs, "methods": {method: specs["methods"][method]}}, args)
+            for _ in range(args.repeats):  # the trees take turns, the first tree first every other time
+                order = list(zip(trees, workers))
+                for tree, worker_process in (order if turn % 2 == 0 else order[::-1]):
+                    worker_process.stdin.write(method + "\n")
+                    line = worker_process.stdout.readline()
+                    if not line.startswith("{"):
+                        raise SystemExit(f"{tree}: the worker failed on {method}")
+                    row = json.loads(line)
+                    times.setdefault((str(tree), method), []).append(row["time"])
+                    cpu.setdefault((str(tree), method), []).append(row["cpu"])
+                    steps[method] = row["steps"]
+                turn += 1
+            for worker_process in workers:
+                worker_process.stdin.close()
+                worker_process.wait()
+        print(f"[steps_ab] round {round_index + 1} of {args.rounds} done", flush=True)
     names = [t.name if t != Path.cwd() else "worktree" for t in trees]
     header = (["method", "steps"] + [f"{n} steps/s" for n in names] + [f"{n} / {names[0]}" for n in names[1:]]
-              + [f"{n} steps/CPU-s" for n in names] + [f"{n} / {names[0]} (CPU)" for n in names[1:]])
+              + [f"{n} steps/CPU-s" for n in names] + [f"{n} / {names[0]} (CPU)" for n in names[1:]]
+              + [f"{n} / {names[0]} (CPU), paired epochs min-max" for n in names[1:]])
     rows = []
     for method in args.methods:
         rates = [steps[method] / statistics.median(times[(str(t), method)]) for t in trees]
         cpu_rates = [steps[method] / statistics.median(cpu[(str(t), method)]) for t in trees]
         rows.append([method, steps[method], *[round(r, 2) for r in rates], *[round(r / rates[0], 3) for r in rates[1:]],
-                     *[round(r, 2) for r in cpu_rates], *[round(r / cpu_rates[0], 3) for r in cpu_rates[1:]]])
+                     *[round(r, 2) for r in cpu_rates], *[round(r / cpu_rates[0], 3) for r in cpu_rates[1:]],
+                     *[paired_range(cpu[(str(trees[0]), method)], cpu[(str(t), method)]) for t in trees[1:]]])
     command = shlex.join(["python", "benchmarks/steps_ab.py", *sys.argv[1:]])
     notes = [f"Command: `{command}`", f"Date: {started:%Y-%m-%d %H:%M %Z}; load average after "
              f"{os.getloadavg()[0]:.2f}", f"Device {args.device}, torch threads {args.threads}; trees: "
-             + ", ".join(f"{n} = {t}" for n, t in zip(names, trees)),
-             f"Median of {args.rounds * args.repeats} epochs per method and tree (after a warm-up epoch), the trees' "
-             "epochs alternating (one process per tree); "
-             "steps/s: wall time; steps/CPU-s: the process's CPU time (less sensitive to other jobs on the machine)"]
+             + ", ".join(f"{n} = {given} (commit {commit_of(t)})" for n, given, t in zip(names, args.trees, trees)),
+             f"Median of {args.rounds * args.repeats} epochs per method and tree: {args.rounds} rounds, each a fresh "
+             f"process per tree and method timing {args.repeats} epochs after a warm-up epoch, the trees' epochs "
+             "alternating; "
+             "steps/s: wall time; steps/CPU-s: the process's CPU time (less sensitive to other jobs on the machine); "
+             "paired epochs: the ratio of each back-to-back pair of epochs, its smallest and largest "
+             "(the run's spread)"]
     text = "# Training steps per second, side by side\n\n" + "".join(f"- {n}\n" for n in notes) + "\n"
     text += "| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
     text += "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in rows)

@@ -80,15 +80,22 @@ def test_lenet_max_pool_matches_nn_max_pool_values_and_gradients() -> None:
         with torch.no_grad():
             assert torch.equal(MaxPool2x2()(x), expected)
 
-    # a whole LeNet-5 training step, against the same network built with nn.MaxPool2d
+    # a whole LeNet-5 training step, against LeNet-5 as the papers build it: conv -> ReLU -> nn.MaxPool2d (ours pools
+    # before the ReLU); the same values and gradients, bit for bit
     model = build_model("lenet5", 5, 28)
     reference = build_model("lenet5", 5, 28)
-    reference.encoder.features[2], reference.encoder.features[5] = nn.MaxPool2d(2), nn.MaxPool2d(2)
+    features = reference.encoder.features
+    assert isinstance(features[1], MaxPool2x2) and isinstance(features[2], nn.ReLU)
+    assert isinstance(features[4], MaxPool2x2) and isinstance(features[5], nn.ReLU)
+    reference.encoder.features = nn.Sequential(features[0], nn.ReLU(), nn.MaxPool2d(2), features[3], nn.ReLU(),
+                                               nn.MaxPool2d(2), *features[6:])
     reference.load_state_dict(model.state_dict())
     images = torch.zeros(8, 3, 28, 28, dtype=torch.uint8)  # flat background, coloured strokes
     images[:, 0, 8:20, 10:14] = torch.randint(100, 256, (8, 12, 4), generator=generator, dtype=torch.uint8)
-    for net in (model, reference):
-        torch.nn.functional.cross_entropy(net(images), torch.arange(8) % 5).backward()
+    logits = [net(images) for net in (model, reference)]
+    assert torch.equal(logits[0], logits[1])
+    for out in logits:
+        torch.nn.functional.cross_entropy(out, torch.arange(8) % 5).backward()
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(p.grad, q.grad), name
 

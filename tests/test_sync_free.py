@@ -169,3 +169,18 @@ def test_a_split_is_held_on_the_accelerator_only_where_it_fits(monkeypatch) -> N
         assert loop.fits_on_device(split, cuda) is fits
     assert loop.on_device(split, cuda) is split  # does not fit: the host split itself, nothing copied
     assert loop.fits_on_device(split, torch.device("cpu"))
+
+
+def test_gather_rows_is_indexing_by_rows() -> None:
+    """The steps gather their batch with ``gather_rows`` (index_select): the same tensor as ``x[index]``, repeated and
+    unsorted indices included, for the uint8 images and float feature rows the splits hold."""
+    from debias.training.loop import gather_rows
+
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (50, 3, 8, 8), generator=generator, dtype=torch.uint8)
+    features = torch.randn(50, 7, generator=generator)
+    index = torch.tensor([49, 0, 7, 7, 3, 20])
+    for x in (images, features):
+        rows = gather_rows(x, index)
+        assert rows.dtype == x.dtype and rows.is_contiguous() and torch.equal(rows, x[index])
+    assert gather_rows(images, index[:0]).shape == (0, 3, 8, 8)

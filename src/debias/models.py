@@ -147,8 +147,10 @@ class _MaxPool2x2Function(torch.autograd.Function):
         top_right, bottom_right, lower = b > a, d > c, bottom > top  # strict: ties keep the earlier element
         right = (lower & bottom_right) | (~lower & top_right)
         width = x.shape[-1]
-        index = torch.add(_window_offsets(out.shape[-2], out.shape[-1], width, x.device), lower.long(),
-                          alpha=width).add_(right)
+        # the position within the window, lower * width + right, in int16 where it fits (narrow passes, measured
+        # ~30% less time for the index), widened to int64 by the one add of the windows' offsets
+        local = right.to(torch.int16 if width < 2**14 else torch.int64)
+        index = torch.add(local, lower, alpha=width).add(_window_offsets(out.shape[-2], out.shape[-1], width, x.device))
         ctx.save_for_backward(x, index)
         return out
 
@@ -192,9 +194,11 @@ class LeNet5(Encoder):
         side = ((image_size - 4) // 2 - 4) // 2
         if side < 1:
             raise ValueError(f"model.name = lenet5 needs data.image_size >= 16, got {image_size}")
+        # max-pool before ReLU: the values and gradients of conv -> ReLU -> pool (ReLU is monotone and zeroes the
+        # gradient of a window whose maximum is <= 0 either way; tested), with ReLU on a quarter of the elements
         self.features = nn.Sequential(
-            nn.Conv2d(3, 6, 5), nn.ReLU(), MaxPool2x2(),
-            nn.Conv2d(6, 16, 5), nn.ReLU(), MaxPool2x2(),
+            nn.Conv2d(3, 6, 5), MaxPool2x2(), nn.ReLU(),
+            nn.Conv2d(6, 16, 5), MaxPool2x2(), nn.ReLU(),
             nn.Flatten(),
             nn.Linear(16 * side * side, 120), nn.ReLU(),
             nn.Linear(120, 84), feature_activation(feature_activation_name),

@@ -20,7 +20,7 @@ from debias import distributed
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.metrics import accuracy_report, scalars
-from debias.training.loop import GeneratorTask, StepMetrics, on_device, to_device
+from debias.training.loop import GeneratorTask, StepMetrics, gather_rows, on_device, to_device
 
 
 @torch.no_grad()
@@ -73,7 +73,7 @@ class ClassifierTask(GeneratorTask):
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
                    disable=None if self.progress and distributed.is_main() else True)
         for step, index in enumerate(bar):
-            x = random_shift(self.train.x[index], self.augment_shift, self.generator)  # the global batch
+            x = random_shift(gather_rows(self.train.x, index), self.augment_shift, self.generator)  # the global batch
             x = to_device(x[distributed.shard_slice(len(index))], self.device)
             y = to_device(self.train.y[index], self.device)
             logits = distributed.all_gather_rows(self.model(x), len(index))

@@ -26,7 +26,7 @@ from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params, SpeedParams
 from debias.training.loop import (GeneratorTask, StepMetrics, build_optimizer, build_scheduler, device_batches,
-                                  on_device, to_device)  # noqa: F401  (on_device, to_device: the methods' helpers)
+                                  gather_rows, on_device, to_device)  # noqa: F401  (the last three: methods' helpers)
 
 
 @dataclass

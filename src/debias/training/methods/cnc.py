@@ -19,8 +19,8 @@ from debias.models import Network
 from debias.params import Params
 from debias.sampling import CNCBatchSampler
 from debias.training.loop import GeneratorTask
-from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, normalise, on_device,
-                                          register_method, stage2_optimiser, to_device)
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, gather_rows, normalise,
+                                          on_device, register_method, stage2_optimiser, to_device)
 
 
 class CNCTask(GeneratorTask):
@@ -55,7 +55,7 @@ class CNCTask(GeneratorTask):
         batch = self.sampler.sample_many(count)  # host-side draws (CPU generator), copied once below
         groups = [batch.anchors, batch.positives, batch.negatives] + ([batch.negatives2] if batch.negatives2 is not None else [])
         index = to_device(torch.cat(groups, dim=1).flatten(), self.train.x.device)  # [count * W]
-        x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
+        x = random_shift(gather_rows(self.train.x, index), self.params.stage2.augment_shift, self.generator)
         return to_device(x, self.device), to_device(self.train.y[index], self.device), [g.shape[1] for g in groups]
 
     def _chunk_loss(self, x: torch.Tensor, y: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,8 +25,8 @@ from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, class_prior, epoch_steps, fresh_model,
-                                          normalise, on_device, register_method, shuffled_batches, stage2_optimiser,
-                                          to_device)
+                                          gather_rows, normalise, on_device, register_method, shuffled_batches,
+                                          stage2_optimiser, to_device)
 from debias.training.methods.selfsup import projection_head, wcl_image_view
 from debias.training.methods.views import Views
 
@@ -69,7 +69,7 @@ class TwoViewTask(GeneratorTask):
         for step, index in epoch_steps(batches, epoch, self.train.x.device):
             if len(index) < 2:
                 continue  # the loss needs another row's views as negatives
-            rows = self.train.x[index]
+            rows = gather_rows(self.train.x, index)
             local = distributed.shard_slice(len(index))
             first = to_device(self.views(rows, self.generator)[local], self.device)
             second = to_device(self.views(rows, self.generator)[local], self.device)

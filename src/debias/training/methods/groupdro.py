@@ -28,8 +28,9 @@ from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, group_balanced_batches,
-                                          on_device, register_method, stage2_optimiser, to_device)
+from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, gather_rows,
+                                          group_balanced_batches, on_device, register_method, stage2_optimiser,
+                                          to_device)
 
 
 def compact_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +80,7 @@ class GroupDROTask(StepTask):
     def step(self, index: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         """Update ``q`` from the batch's group losses, then one optimiser step on ``sum_g q_g L_g``."""
         dro = self.params.stage2.groupdro
-        x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
+        x = random_shift(gather_rows(self.train.x, index), self.params.stage2.augment_shift, self.generator)
         x = to_device(x[distributed.shard_slice(len(index))], self.device)
         y = to_device(self.train.y[index], self.device)
         groups = to_device(self._groups[index], self.device)

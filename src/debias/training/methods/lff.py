@@ -30,7 +30,7 @@ from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, on_device,
+from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, gather_rows, on_device,
                                           register_method, stage2_optimiser, to_device)
 
 
@@ -97,7 +97,7 @@ class LfFTask(StepTask):
 
     def step(self, index: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
         """One optimiser step on the rows ``index``; returns the batch's loss parts (detached)."""
-        x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
+        x = random_shift(gather_rows(self.train.x, index), self.params.stage2.augment_shift, self.generator)
         x = to_device(x[distributed.shard_slice(len(index))], self.device)
         y = to_device(self.train.y[index], self.device)
         logits_b = distributed.all_gather_rows(self.biased(x), len(index))

@@ -24,8 +24,8 @@ from debias.models import Network
 from debias.params import Params, WCLParams
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, class_prior, epoch_steps, fresh_model,
-                                          normalise, on_device, register_method, shuffled_batches, stage2_optimiser,
-                                          to_device)
+                                          gather_rows, normalise, on_device, register_method, shuffled_batches,
+                                          stage2_optimiser, to_device)
 from debias.training.methods.views import Views
 
 
@@ -69,7 +69,7 @@ class WCLTask(GeneratorTask):
         """``(L, L_wcl, L_tri)`` of one batch of training indices (draws its two views from the task's generator)."""
         wcl = self.params.stage2.wcl
         local = distributed.shard_slice(len(index))
-        rows = self.train.x[index]
+        rows = gather_rows(self.train.x, index)
         first, second = (to_device(self.views(rows, self.generator)[local], self.device) for _ in range(2))
         z_d = [normalise(self.projector(self.model.embed(v))) for v in (first, second)]
         z_b = [normalise(self.biased_projector(self.biased.embed(v))) for v in (first, second)]

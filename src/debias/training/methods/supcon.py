@@ -36,8 +36,8 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask
-from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, normalise,
-                                          on_device, register_method, shuffled_batches, stage2_optimiser,
+from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, gather_rows,
+                                          normalise, on_device, register_method, shuffled_batches, stage2_optimiser,
                                           to_device)
 
 CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tensor]] = {
@@ -143,7 +143,7 @@ class ContrastiveTask(GeneratorTask):
         for step, index in epoch_steps(self.batches(), epoch, self.train.x.device):
             if len(index) < 2:
                 continue  # a single sample has no pair
-            x = random_shift(self.train.x[index], self.params.stage2.augment_shift, self.generator)
+            x = random_shift(gather_rows(self.train.x, index), self.params.stage2.augment_shift, self.generator)
             x = to_device(x[distributed.shard_slice(len(index))], self.device)
             y = to_device(self.train.y[index], self.device)
             z = self.model.embed(x)
