@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from debias import embedding, forkserver
+from debias.forkserver.server import _serve_one as serve_one
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")
 
@@ -162,7 +163,7 @@ def test_a_fork_that_cannot_take_over_the_launcher_s_state_reports_that_nothing_
     watcher = os.fork()
     if watcher == 0:  # the server's side of one request
         ours.close()
-        forkserver._serve_one(theirs, "the log")
+        serve_one(theirs, "the log")
     theirs.close()
     state = {**forkserver.process_state(str(tmp_path / "probe.py"), []), "cwd": str(tmp_path / "gone")}
     with open(os.devnull, "w") as null:

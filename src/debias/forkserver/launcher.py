@@ -1,0 +1,149 @@
+"""The launcher's side: ask the server for a forked stage process and stand in for it, or start the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from debias.forkserver.protocol import (ANSWER_SECONDS, SWITCH_VARIABLE, enabled, idle_seconds, interpreter_options,
+                                        receive_message, send_message, socket_path)
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+# ----------------------------------------------------------------------------------------------- launcher side
+
+def process_state(script: str, args: list[str]) -> dict:
+    """What the forked process takes over from the launcher."""
+    import resource
+
+    limits = {}
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            try:
+                limits[name] = resource.getrlimit(getattr(resource, name))
+            except (OSError, ValueError):
+                continue
+    umask = os.umask(0)
+    os.umask(umask)
+    return {"script": script, "args": args, "pid": os.getpid(), "cwd": os.getcwd(), "environ": dict(os.environ), "umask": umask,
+            "limits": limits, "affinity": sorted(os.sched_getaffinity(0)),
+            "orig_argv": [sys.executable, *interpreter_options(list(getattr(sys, "orig_argv", []))), script, *args]}
+
+
+def start_server(path: Path, options: list[str]) -> None:
+    """Start the server for ``path`` in the background (detached: its own session, no inherited streams)."""
+    pid = os.fork()
+    if pid:  # the launcher goes on with the stage at once; the first child exits right away
+        os.waitpid(pid, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        log = os.open(f"{path}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # emptied by the lock's holder
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.execv(sys.executable, [sys.executable, *options, "-m", "debias.forkserver", str(path), *options])
+    finally:
+        os._exit(1)
+
+
+def _server_starting(path: Path) -> bool:
+    """True while a server for ``path`` holds its lock (starting up or serving)."""
+    import fcntl
+
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return True  # cannot tell: do not start another
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
+
+
+def run_stage(script: str, args: list[str]) -> int | None:
+    """Run ``python SCRIPT ARGS`` in a process forked by the server; its exit code (128 + N for signal N, after
+    this process has passed the signal on), or None where the caller should run the stage itself. ``ValueError``
+    naming the setting for a bad ``DEBIAS_FORKSERVER_IDLE``."""
+    environ = dict(os.environ)
+    if not enabled(environ):
+        return None
+    idle_seconds(environ)
+    options = interpreter_options(list(getattr(sys, "orig_argv", [])))
+    path = socket_path(environ, options)
+    if path is None:
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        if not _server_starting(path):
+            start_server(path, options)
+        return None
+    with sock:
+        try:
+            state = process_state(script, args)
+        except OSError:  # e.g. the working folder is gone: the stage itself says so
+            return None
+        return _stand_in(sock, state)
+
+
+def _stand_in(sock: socket.socket, state: dict) -> int | None:
+    pending: list[int] = []
+    stage_pid: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        if stage_pid:
+            try:
+                os.kill(stage_pid[0], signum)
+            except ProcessLookupError:
+                pass
+        else:
+            pending.append(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    try:
+        try:
+            sock.settimeout(ANSWER_SECONDS)
+            send_message(sock, state, [0, 1, 2])
+            started, _ = receive_message(sock)
+            sock.settimeout(None)
+        except (OSError, EOFError, ValueError):  # (a timeout too) closing the socket kills a stage forked late
+            return None  # nothing ran: the caller runs the stage itself
+        if "error" in started:
+            print(f"[debias.forkserver] {started['error']}; running the stage in its own process", file=sys.stderr)
+            return None
+        stage_pid.append(int(started["pid"]))
+        for signum in pending:
+            forward(signum, None)
+        try:
+            ended, _ = receive_message(sock)
+        except (OSError, EOFError, ValueError) as exc:
+            print(f"[debias.forkserver] lost the fork server while it ran {state['script']} ({exc}): the stage's "
+                  f"outcome is unknown; rerun it with {SWITCH_VARIABLE}=0 to run it in its own process", file=sys.stderr)
+            return 1
+        if "error" in ended:  # nothing of the stage ran
+            print(f"[debias.forkserver] {ended['error']}; running the stage in its own process", file=sys.stderr)
+            return None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    status = int(ended["status"])
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        sys.stdout.flush()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # die of the same signal, as the stage did
+        return 128 + signum
+    return os.WEXITSTATUS(status)
