@@ -65,8 +65,12 @@ def server(tmp_path_factory):
             p.read_text() for p in runtime.glob("debias/*.log"))
         time.sleep(0.2)
     yield root, env
-    sockets = [str(path) for path in runtime.glob("debias/*.sock")]
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):  # stop the server (its command line names its socket)
+    _stop_servers([str(path) for path in runtime.glob("debias/*.sock")])
+
+
+def _stop_servers(sockets: list[str]) -> None:
+    """SIGTERM the servers of ``sockets`` (a server's command line names its socket)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             if any(sock in cmdline.read_text() for sock in sockets):
                 os.kill(int(cmdline.parent.name), signal.SIGTERM)
@@ -175,6 +179,22 @@ def test_a_fork_that_cannot_take_over_the_launcher_s_state_reports_that_nothing_
     assert "could not take over" in ended["error"] and "status" not in ended
 
 
+def test_a_server_that_gave_up_is_not_started_again(tmp_path) -> None:
+    runtime = Path(tempfile.mkdtemp(prefix="dfs", dir="/tmp"))
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "DEBIAS_FORKSERVER": "1"}
+    path = subprocess.run([sys.executable, "-m", "debias.forkserver", "--where"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(f"{path}.failed").write_text("threads after the imports\n")
+    assert launch(tmp_path, env, []).returncode == 0  # runs by itself
+    time.sleep(3)
+    assert not list(runtime.glob("debias/*.sock")) and not list(runtime.glob("debias/*.log"))  # started no server
+    Path(f"{path}.failed").unlink()
+    assert launch(tmp_path, env, []).returncode == 0  # without the marker, the launcher starts one (its log appears)
+    assert Path(f"{path}.log").exists()
+    _stop_servers([path])
+
+
 def test_switched_off_the_launcher_runs_the_stage_itself(server) -> None:
     root, env = server
     launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py"], cwd=root,
@@ -216,6 +236,7 @@ def test_stage_outputs_are_the_same_bytes_with_and_without_the_fork_server(serve
         outputs[switch] = {str(path.relative_to(workspace)): hashlib.sha256(path.read_bytes()).hexdigest()
                            for folder in ("data", "models", "reports/metrics") for path in (workspace / folder).rglob("*")
                            if path.is_file()}
+    _stop_servers([str(path) for path in runtime.glob("debias/*.sock")])
     assert len(outputs["1"]) > 10 and outputs["1"] == outputs["0"]
 
 

@@ -88,7 +88,7 @@ def run_stage(script: str, args: list[str]) -> int | None:
         sock.connect(str(path))
     except OSError:
         sock.close()
-        if not _server_starting(path):
+        if not _server_starting(path) and not Path(f"{path}.failed").exists():  # a server that gave up: its log says why
             start_server(path, options)
         return None
     with sock:

@@ -56,7 +56,8 @@ def _text(path: str) -> str:
 def identity(environ: dict[str, str], options: list[str]) -> str:
     """A hash of everything an import may have read: the key of the server that may run this process's stages."""
     paths = []
-    for entry in sys.path:  # the folders packages are installed into: an install changes their listing
+    for entry in sys.path[1:]:  # [0] is the folder of `python -m` (each stage sets its own); the folders packages
+        # are installed into: an install changes their listing
         installed = os.path.basename(entry) in ("site-packages", "dist-packages")
         try:
             paths.append((entry, os.stat(entry).st_mtime_ns if installed else None))

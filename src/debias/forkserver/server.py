@@ -237,6 +237,13 @@ def _serve_one(conn: socket.socket, log: str) -> None:
         os._exit(code)
 
 
+def _give_up(path: Path, reason: str) -> int:
+    """Leave ``<socket>.failed`` with ``reason`` (launchers of this identity then stop starting servers) and 1."""
+    print(f"{reason}; exiting (launchers of this environment run their stages themselves)", flush=True)
+    Path(f"{path}.failed").write_text(reason + "\n")
+    return 1
+
+
 def serve(path: Path, options: list[str]) -> int:
     """Preload, listen on ``path`` and fork a watcher per request until idle for ``DEBIAS_FORKSERVER_IDLE`` s."""
     import fcntl
@@ -264,15 +271,17 @@ def serve(path: Path, options: list[str]) -> int:
     print(f"preloaded {len(done)} modules in {time.perf_counter() - started:.2f} s", flush=True)
     gc.freeze()  # the preloaded objects leave the collector's generations: a fork's collections never copy their pages
     if threading.active_count() != 1:  # native pools (OpenBLAS, OpenMP) re-create themselves after a fork
-        print(f"{threading.enumerate()} after the imports: forking is unsafe; exiting", flush=True)
-        return 1
+        return _give_up(path, f"{threading.enumerate()} after the imports: forking is unsafe")
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(64)
+    try:
+        server.bind(str(path))
+        server.listen(64)
+    except OSError as exc:
+        return _give_up(path, f"cannot listen on {path}: {exc}")
     watchers: set[int] = set()
     idle_since = time.monotonic()
     pending_idle = [_import_umap]
@@ -295,8 +304,7 @@ def serve(path: Path, options: list[str]) -> int:
                     print(f"idle import: {type(exc).__name__}: {exc}", flush=True)
                 gc.freeze()
                 if threading.active_count() != 1:
-                    print(f"{threading.enumerate()} after an idle import: forking is unsafe; exiting", flush=True)
-                    return 1
+                    return _give_up(path, f"{threading.enumerate()} after an idle import: forking is unsafe")
             while watchers or warmer is not None:
                 try:
                     pid, _ = os.waitpid(-1, os.WNOHANG)
