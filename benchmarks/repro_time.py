@@ -70,6 +70,7 @@ def one_round(tree: str, round_index: int, threads: int, work: Path) -> list[dic
     numba = Path(tempfile.mkdtemp(prefix="numba-", dir=work))
     runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: a socket path holds < 108 bytes
     env = {**child_env(threads, numba, clone), "XDG_RUNTIME_DIR": str(runtime)}
+    env.pop("DEBIAS_FORKSERVER", None)  # the default (speed.py's stages switch it off to measure a process each)
     log = work / f"{tree}-{round_index}.log"
     rows = []
     try:
