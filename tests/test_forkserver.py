@@ -137,13 +137,18 @@ def _gone(pid: int, seconds: float = 20) -> bool:
     return True
 
 
-def test_a_signal_to_the_launcher_reaches_the_stage_and_the_launcher_dies_of_it(server, tmp_path) -> None:
-    root, env = server
-    marker = tmp_path / "pid"
+def _sleeping_stage(root: Path, env: dict, marker: Path) -> tuple[subprocess.Popen, int]:
+    """A launcher whose (forked) stage sleeps, and that stage's pid once it runs."""
     launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py", "sleep", str(marker)],
-                                cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stage = _wait_for(marker)
     assert stage != launcher.pid
+    return launcher, stage
+
+
+def test_a_signal_to_the_launcher_reaches_the_stage_and_the_launcher_dies_of_it(server, tmp_path) -> None:
+    root, env = server
+    launcher, stage = _sleeping_stage(root, env, tmp_path / "pid")
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait(timeout=60) == -signal.SIGTERM
     assert _gone(stage)
@@ -151,10 +156,7 @@ def test_a_signal_to_the_launcher_reaches_the_stage_and_the_launcher_dies_of_it(
 
 def test_a_killed_launcher_takes_its_stage_with_it(server, tmp_path) -> None:
     root, env = server
-    marker = tmp_path / "pid"
-    launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py", "sleep", str(marker)],
-                                cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    stage = _wait_for(marker)
+    launcher, stage = _sleeping_stage(root, env, tmp_path / "pid")
     launcher.kill()
     launcher.wait(timeout=60)
     assert _gone(stage)
