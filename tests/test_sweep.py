@@ -55,7 +55,8 @@ def test_the_grid_is_every_combination_with_seeds_innermost_and_readable_unique_
 def test_set_args_round_trip_through_dvcs_yaml_reading() -> None:
     args = grid.set_args({"probe.c_grid": [0.01, 1.0], "groups.method": "true", "loss.epsilon": 0.25})
     assert args[::2] == ["-S"] * 3
-    parsed = dict((k, grid.parse_value(v)) for k, _, v in (a.partition("=") for a in args[1::2]))
+    parsed = dict(grid.parse_axis(a) for a in args[1::2])  # the grammar of `dvc exp run -S`
+    parsed = {key: values[0] for key, values in parsed.items()}
     assert parsed == {"probe.c_grid": [0.01, 1.0], "groups.method": "true", "loss.epsilon": 0.25}
 
 

@@ -32,41 +32,30 @@ class Job:
     targets: list[str] = field(default_factory=list)
 
 
-def parse_value(text: str) -> Any:
-    """A ``-S`` value as DVC reads params.yaml (YAML 1.2: ``1e-3`` is a number, ``yes`` a string)."""
-    from ruamel.yaml import YAML
-
-    return YAML(typ="safe", pure=True).load(text) if text.strip() else ""
-
-
-def split_values(text: str) -> list[str]:
-    """``'0,0.25,[1, 2]'`` -> ``['0', '0.25', '[1, 2]']``: commas split values outside brackets and quotes."""
-    parts, depth, quote, current = [], 0, "", []
-    for char in text:
-        if quote:
-            quote = "" if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "[{":
-            depth += 1
-        elif char in "]}":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-            continue
-        current.append(char)
-    parts.append("".join(current))
-    return [p.strip() for p in parts]
+def _plain(value: Any) -> Any:
+    """A parsed Hydra value with its quoted strings as ``str`` (lists and dicts walked)."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return getattr(value, "text", value)  # hydra's QuotedString
 
 
 def parse_axis(item: str) -> tuple[str, list[Any]]:
-    """``'loss.epsilon=0,0.25'`` -> ``('loss.epsilon', [0, 0.25])`` (one value: a fixed override)."""
-    key, sep, values = item.partition("=")
-    key = key.strip()
-    if not sep or not key or not values.strip():
-        raise SweepError(f"-S {item!r}: expected KEY=VALUE[,VALUE...], e.g. -S 'loss.epsilon=0,0.25'")
-    return key, [parse_value(v) for v in split_values(values)]
+    """``'loss.epsilon=0,0.25'`` -> ``('loss.epsilon', [0, 0.25])`` (one value: a fixed override), by the grammar
+    ``dvc exp run -S`` uses (Hydra's override parser: sweeps, quoted commas, lists)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+
+    usage = f"-S {item!r}: expected KEY=VALUE[,VALUE...], e.g. -S 'loss.epsilon=0,0.25'"
+    try:
+        override = OverridesParser.create().parse_override(item)
+    except Exception as exc:  # hydra's OverrideParseException
+        raise SweepError(f"{usage} ({exc})") from None
+    if override.type is not OverrideType.CHANGE or not override.key_or_group or not item.partition("=")[2].strip():
+        raise SweepError(f"{usage}; no +key or ~key in a sweep")
+    values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    return override.key_or_group, [_plain(v) for v in values]
 
 
 def nested(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
