@@ -106,3 +106,31 @@ def test_with_batchnorm_one_forward_normalises_over_the_whole_group() -> None:
     differs = [not torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-6)
                for a, b in zip(grouped.model.parameters(), per_batch.model.parameters()) if a.grad is not None]
     assert any(differs)
+
+
+def _batchnorm_statistics(model) -> list[torch.Tensor]:
+    return [t.clone() for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)
+            for t in (m.running_mean, m.running_var)]
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_encoder_mode_eval_freezes_batchnorm_as_the_released_code(mode) -> None:
+    """``stage2.cnc.encoder_mode: eval`` (train_supervised_contrast.py's encoder.eval()): a stage-2 epoch leaves the
+    encoder's BatchNorm running statistics as they were, while the weights still train; ``train`` updates them."""
+    train = tiny_split(60)
+    params = validate({"model": {"name": "mlp"}, "stage2": {
+        "method": "cnc", "optimizer": "sgd", "lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "augment_shift": 0,
+        "cnc": {"num_positives": 2, "num_negatives": 2, "accumulation": 2, "forward_chunk": 2, "temperature": 0.1,
+                "anchor_fraction": 0.2, "skip_empty_classes": True, "encoder_mode": mode}}})
+    inferred = train.a.clone()
+    torch.manual_seed(0)
+    setup = setup_method(Stage2Inputs({"train": train}, inferred, inferred != train.y, None, params,
+                                      torch.device("cpu"), seed_everything(0)))
+    statistics = _batchnorm_statistics(setup.model)
+    weights = [p.detach().clone() for p in setup.model.encoder.parameters()]
+    assert statistics, "the mlp encoder has BatchNorm layers"
+    setup.model.train()  # what the loop does before every epoch
+    setup.task.train_epoch(0)
+    frozen = all(torch.equal(a, b) for a, b in zip(statistics, _batchnorm_statistics(setup.model)))
+    assert frozen == (mode == "eval")
+    assert any(not torch.equal(a, b) for a, b in zip(weights, setup.model.encoder.parameters()))

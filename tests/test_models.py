@@ -175,3 +175,45 @@ def test_missing_pretrained_weights_name_the_cache_folder(tmp_path, monkeypatch)
         build_model(ModelParams(name="resnet50", pretrained=True), 2, 224)
     with pytest.raises(ValueError, match="pretrained = true needs ImageNet weights, which name = lenet5 does not have"):
         ModelParams(name="lenet5", pretrained=True)
+
+
+def test_unit_head_input_reads_normalised_features_and_survives_a_checkpoint(tmp_path) -> None:
+    """``head_input = unit`` (the released FairKL classifier, fc(normalize(feat))): the logits are head(z / |z|),
+    so they do not change when z is scaled; the checkpoint keeps the setting; ``raw`` reads z itself."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = build_model("lenet5", 4, 28).eval()
+    x = torch.randint(0, 255, (5, 3, 28, 28), dtype=torch.uint8)
+    z, raw_logits = model.embed_and_classify(x)
+    assert torch.allclose(raw_logits, model.head(z))
+    model.head_input = "unit"
+    z2, logits = model.embed_and_classify(x)
+    assert torch.equal(z2, z)  # the encoder output itself is unchanged
+    assert torch.allclose(logits, model.head(F.normalize(z, dim=1)))
+    assert torch.allclose(model(x), logits)
+    assert torch.allclose(model.head(model.head_features(3.0 * z)), logits, atol=1e-6)
+    path = tmp_path / "m.pt"
+    save_network(str(path), model, "lenet5", 4, 28)
+    loaded, _ = load_network(str(path))
+    assert loaded.head_input == "unit" and torch.allclose(loaded(x), logits)
+
+
+def test_fit_head_on_unit_features_is_scale_invariant() -> None:
+    """The per-epoch head fitted with ``stage2.head.features: unit`` sees z / |z|: scaling the encoder's last layer
+    leaves the fitted head's predictions unchanged."""
+    from debias.training.methods.head import fit_head
+    from tests.test_training import tiny_split
+
+    split = tiny_split(48)
+    torch.manual_seed(0)
+    model = build_model("lenet5", 3, 28)
+    model.head_input = "unit"
+    fit_head(model, split, 64, torch.device("cpu"), max_iter=20, warm_start=False)
+    first = model(split.x).argmax(1)
+    last = [m for m in model.encoder.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        last.weight.mul_(7.0)
+        last.bias.mul_(7.0)
+    fit_head(model, split, 64, torch.device("cpu"), max_iter=20, warm_start=False)
+    assert torch.equal(model(split.x).argmax(1), first)

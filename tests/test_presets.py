@@ -14,7 +14,7 @@ import yaml
 from debias import presets
 from debias.cli import main
 from debias.errors import ParamsError
-from debias.params import Params, validate
+from debias.params import BACKGROUND_COLOURS, Params, validate
 from tests.conftest import committed_text
 
 BFFHQ_ROOT = {"data": {"imagefolder": {"root": "data/external/bffhq"}}}
@@ -80,6 +80,10 @@ def test_biased_mnist_presets_carry_table_6_and_app_b21(rho, loss) -> None:
             values["stage2.lr_gamma"]) == (256, 80, [26, 53], 0.1)
     assert values["model.name"] == "simpleconv" and values["data.source"] == "mnist"
     assert values["groups.method"] == "true" and values["stage2.augment_shift"] == 0
+    # the released biased_mnist.py overwrites class 9's colour in background mode; the schema keeps Bahng et al.'s
+    assert values["bias.background.colours"][9] == [50, 255, 128]
+    assert values["bias.background.colours"][:9] == [list(c) for c in BACKGROUND_COLOURS[:9]]
+    assert list(BACKGROUND_COLOURS[9]) == [128, 128, 128]
 
 
 def test_biased_mnist_0997_eps_supcon_is_eps_0_lambda_05() -> None:

@@ -42,7 +42,7 @@ from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
 from debias.errors import CorruptFileError, DataSourceError, StaleInputError
-from debias.params import ACTIVATION_ENCODERS, ModelParams
+from debias.params import ACTIVATION_ENCODERS, HEAD_INPUTS, ModelParams
 
 InputShape = tuple[int, ...]  # one sample: (3, H, W) images or (F,) feature vectors
 INPUT_MODALITIES = {3: "image", 1: "tabular"}  # by the number of dimensions of one sample
@@ -106,12 +106,19 @@ class Network(nn.Module):
             z = self.encoder(self.normalise(x))
         return z.to(torch.get_default_dtype())
 
+    head_input: str = "raw"  # HEAD_INPUTS: what the head reads, z itself or z / |z| (checkpoints record it)
+
+    def head_features(self, z: torch.Tensor) -> torch.Tensor:
+        """The head's input from encoder outputs ``z``: ``z`` (``raw``) or ``z / |z|`` (``unit``)."""
+        return F.normalize(z, dim=1) if self.head_input == "unit" else z
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.embed(x))
+        return self.head(self.head_features(self.embed(x)))
 
     def embed_and_classify(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(z, head(head_features(z)))``: the encoder outputs as they are, and the logits."""
         z = self.embed(x)
-        return z, self.head(z)
+        return z, self.head(self.head_features(z))
 
 
 _POOL_OFFSETS: dict[tuple[int, int, int, torch.device], torch.Tensor] = {}
@@ -420,7 +427,8 @@ def save_network(path: str, model: Network, name: str, n_classes: int, input_sha
     shape = as_input_shape(input_shape)
     built = getattr(model, "encoder_name", None) or resolve_encoder(name, shape)
     save_torch(path, {"model_name": built, "n_classes": n_classes, "input_shape": list(shape),
-                      "options": dict(model.encoder.options), "state_dict": model.state_dict(), "meta": dict(meta)},
+                      "options": dict(model.encoder.options), "head_input": model.head_input,
+                      "state_dict": model.state_dict(), "meta": dict(meta)},
                kind="checkpoint")
 
 
@@ -442,6 +450,9 @@ def load_network(path: str) -> tuple[Network, dict]:
         shape = as_input_shape(payload["input_shape"] if "input_shape" in payload else int(payload["image_size"]))
         model = _build(name, int(payload["n_classes"]), shape, options, load_weights=False)
         model.load_state_dict(payload["state_dict"])
+        model.head_input = str(payload.get("head_input", "raw"))  # written before it existed: raw
+        if model.head_input not in HEAD_INPUTS:
+            raise ValueError(f"head_input {model.head_input!r} is not one of {HEAD_INPUTS}")
     except (RuntimeError, ValueError, TypeError) as exc:
         raise CorruptFileError(f"{path}: weights do not fit {payload['model_name']} ({str(exc)[:200]})") from None
     model.eval()

@@ -77,7 +77,7 @@ SOURCES: dict[str, str] = {
     "bias.foreground.colours": "code: CNC's code (matplotlib hsv at 0, .2, .4, .6, .8; params.py FOREGROUND_COLOURS)",
     "bias.background.rho": "paper: FairKL Table 3: 0.99 ... 0.999 (0.99: the mildest; presets fairkl-bmnist-*)",
     "bias.background.eval_rho": "code: FairKL src/main_infonce.py (test set data_label_correlation=0.1, uniform)",
-    "bias.background.colours": "code: Bahng et al. / FairKL Biased-MNIST palette (params.py BACKGROUND_COLOURS)",
+    "bias.background.colours": "code: Bahng et al. (rebias) Biased-MNIST palette (params.py BACKGROUND_COLOURS); the fairkl-bmnist presets set class 9 to the released FairKL code's (50, 255, 128)",
     "bias.corruption.rho": "paper: FairKL Table 4 ratios 0.5 / 1 / 2 / 5 % -> rho 0.995 / 0.99 / 0.98 / 0.95 "
                            "(0.99 the default)",
     "bias.corruption.eval_rho": "paper: FairKL Table 4 / DFA: unbiased test (uniform over the ten corruptions)",
@@ -141,6 +141,8 @@ SOURCES: dict[str, str] = {
     "stage2.head.warm_start": "ours: the previous epoch's head as the start; default data, 3 seeds: the same selected "
                               "epoch and accuracies as a cold start with 17 % fewer L-BFGS iterations "
                               "(benchmarks/results/head_warm_start.md)",
+    "stage2.head.features": "ours: raw (z as the linear probe reads it); the released FairKL code's classifier reads "
+                            "z / |z| (debiasing/models/simpleconvnet.py, train_on_head=True): the fairkl-* presets set unit",
     "stage2.head.tolerance": "code: torch.optim.LBFGS's own tolerance_grad default (1e-7); looser values changed the "
                              "selected epoch on the default data (benchmarks/results/head_warm_start.md)",
     "stage2.speed.autocast": "ours: none (off) until measured on CPU and GPU: bf16 gave 1.27x steps/s on the CPU, "
@@ -160,7 +162,12 @@ SOURCES: dict[str, str] = {
                                "32-batch steps barely move; params.yaml comment)",
     "stage2.cnc.contrastive_weight": "paper: CNC App. D.2.4: lambda 0.75",
     "stage2.cnc.init": "paper: CNC App. D.2.4: a new model (scratch)",
-    "stage2.cnc.forward_chunk": "ours: 8 batches per forward pass (memory only, no effect on results)",
+    "stage2.cnc.forward_chunk": "ours: 8 batches per forward pass (speed and memory; no effect on results without "
+                                "BatchNorm or with encoder_mode eval; with BatchNorm in train mode the chunk's batches "
+                                "share batch statistics)",
+    "stage2.cnc.encoder_mode": "ours: train (a freshly initialised encoder has no running statistics worth freezing); "
+                               "the released train_supervised_contrast.py (train_epoch: encoder.eval()) keeps eval, "
+                               "which the cnc-* presets set",
     "stage2.cnc.short_pools": "code: replace (ours: every batch keeps App. D.2.4's M and N, short pools drawn with "
                               "replacement and warned of); shrink is the released code's adjust_num_pos_neg_",
     "stage2.cnc.skip_empty_classes": "paper: CNC Alg. 3 needs a positive per class (false: fail, schema default); "

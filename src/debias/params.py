@@ -13,7 +13,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -445,6 +445,11 @@ class CNCParams(Section):
                                "step's batches in one pass. The same gradient without BatchNorm; with BatchNorm the "
                                "batch statistics of the whole pass (1: per two-sided batch, ours; speed: docs/gpu.md)")
     skip_empty_classes: bool = Field(False, description="skip (and report) classes with no inferred minority point instead of failing")
+    encoder_mode: Literal["train", "eval"] = Field(
+        "train", description="the encoder's mode while stage 2 trains: train (ours: BatchNorm normalises with each "
+                             "forward pass's statistics and updates its running ones) | eval (the released "
+                             "train_supervised_contrast.py: BatchNorm on the initial weights' running statistics "
+                             "throughout); no effect on encoders without BatchNorm (LeNet-5)")
     short_pools: Literal["replace", "shrink"] = Field(
         "replace", description="pools smaller than M or N: replace (ours: every batch keeps App. D.2.4's M and N, "
                                "short pools drawn with replacement, with a cnc-small-pools warning) | shrink (the "
@@ -476,8 +481,15 @@ class WCLParams(Section):
     triplet_weight: float = Field(1.0, ge=0, le=100, description="weight of the biased encoder's triplet loss")
 
 
+HeadInput = Literal["raw", "unit"]  # what a network's linear head reads: z itself, or z / |z|
+HEAD_INPUTS: tuple[str, ...] = get_args(HeadInput)
+
+
 class HeadParams(Section):
     """The linear head fitted on frozen features after every epoch for methods without a CE-trained head."""
+
+    features: HeadInput = Field("raw", description="the head's input: raw (the encoder output z, as the linear probe "
+                                "reads it) | unit (z / |z|, the released FairKL code's classifier: fc(normalize(feat)))")
 
     weight_decay: float = Field(1e-4, ge=0, le=100, description="L2 penalty weight_decay * |W|^2 added to the head's mean CE")
     max_iter: int = Field(100, ge=1, le=100000, description="L-BFGS iterations of the head fit")

@@ -87,6 +87,8 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
     generator = seed_everything(params.seed)
     setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator,
                                       inferred_group, bias_scores))
+    if not spec.head_trained:  # the per-epoch head reads z or z / |z| (stage2.head.features); saved with the model
+        setup.model.head_input = s2.head.features
     check_stage2_fits(s2.method, list(setup.task.modules().values()), setup.optimizer, params, len(splits["train"]),
                       max(len(split) for split in splits.values()), tuple(splits["train"].x.shape[1:]), device)
     key = resume_key({"seed": params.seed, "model": params.model.name, "options": setup.model.encoder.options,

@@ -32,7 +32,8 @@ class CNCTask(GeneratorTask):
     The step's batches are drawn (and augmented) at once and forwarded ``forward_chunk`` at a time, gradients
     accumulated: ``forward_chunk >= accumulation`` encodes them in one pass. Every chunk size gives the same
     gradient for an encoder without BatchNorm (LeNet-5; tested); with BatchNorm (ResNets) the batch statistics
-    are those of the whole chunk instead of one two-sided batch (``forward_chunk: 1``: per batch).
+    are those of the whole chunk instead of one two-sided batch (``forward_chunk: 1``: per batch), unless
+    ``encoder_mode: eval`` freezes them (the released code), where every chunk size gives the same gradient again.
     """
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit,
@@ -71,6 +72,8 @@ class CNCTask(GeneratorTask):
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         cnc = self.params.stage2.cnc
+        if cnc.encoder_mode == "eval":  # the released code's encoder.eval(): BatchNorm's running statistics frozen
+            self.model.encoder.eval()
         lam = cnc.contrastive_weight
         remaining = len(self.sampler)
         progress = Progress()

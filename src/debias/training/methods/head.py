@@ -23,12 +23,14 @@ from debias.training.classifier import predict, validator
 def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.device,
              weight_decay: float = HeadParams().weight_decay, max_iter: int = HeadParams().max_iter,
              warm_start: bool = False, tolerance: float = HeadParams().tolerance) -> int:
-    """Fit ``model.head`` to the frozen training features: min CE(W z + b, y) + weight_decay * |W|^2 (L-BFGS).
+    """Fit ``model.head`` to the frozen training features: min CE(W f(z) + b, y) + weight_decay * |W|^2 (L-BFGS),
+    f(z) = z or z / |z| (``model.head_input``).
 
     Starts from zero, or (``warm_start``) from the head as it is (the previous epoch's fit); stops after
     ``max_iter`` iterations or once every gradient entry is below ``tolerance`` (L-BFGS's ``tolerance_grad``).
     The features stay on ``device``. Returns the iterations L-BFGS ran."""
     z, _ = predict(model, train.x, batch_size, device, keep_on_device=True)
+    z = model.head_features(z)  # what the head reads at prediction time (z, or z / |z|: stage2.head.features)
     y = train.y.to(device, non_blocking=True)
     head = model.head
     if not warm_start:
