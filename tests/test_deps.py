@@ -209,3 +209,35 @@ def test_dvc_status_names_only_the_stages_whose_outputs_the_changed_code_compute
     assert params_changed == {"train_contrastive"}  # the stage that reads `loss`
     assert named.get("params.yaml") == {"report"}  # the report renders every param
     assert set(named) - set(PROBES) == {"params.yaml"}
+
+
+# --------------------------------------------------------------------------- the harness changes no value
+
+
+def test_the_memory_check_leaves_the_model_and_every_random_stream_as_they_were() -> None:
+    """The memory check (harness) probes a copy of the real model before training: the model's weights and
+    BatchNorm statistics and torch's random state after it are those before, bit for bit, so training computes
+    the same with the check on or off (DEBIAS_MEMORY_CHECK)."""
+    import torch
+    from torch import nn
+
+    from debias.training.memory import profile
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(12, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x.float().flatten(1) + torch.rand(x.shape[0], 12))  # draws from the global stream
+
+    torch.manual_seed(0)
+    model = Net().train()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    prof = profile(model, (3, 4), torch.device("cpu"))
+    assert prof.weight_bytes == sum(p.numel() * 4 for p in model.parameters())  # it did probe the model
+    assert torch.equal(torch.get_rng_state(), rng)
+    after = model.state_dict()
+    assert all(torch.equal(after[name], value) for name, value in before.items())
+    assert model.training
