@@ -1,7 +1,7 @@
 """Stage download: fetch the data source and make the train/val/test splits (data/raw/)."""
 
 from debias import paths
-from debias.data.sources import load_source
+from debias.data.sources import SOURCE_PROTOCOLS, load_source
 from debias.data.store import save_raw_splits
 from debias.params import Params
 from debias.stage import main
@@ -10,7 +10,8 @@ from debias.tracking import StageRun
 
 def run(params: Params, run: StageRun) -> None:
     splits = load_source(params.data, paths.RAW, params.seed)
-    save_raw_splits(paths.RAW_SPLITS, splits, source=params.data.source)  # inject_bias resolves bias.protocol auto by it
+    # inject_bias resolves bias.protocol auto by the recorded protocol, without importing the sources
+    save_raw_splits(paths.RAW_SPLITS, splits, source=params.data.source, protocol=SOURCE_PROTOCOLS[params.data.source])
     counts = {f"n_{name}": len(split) for name, split in splits.items()}
     run.log_metrics(counts)
     train = splits["train"]

@@ -15,9 +15,9 @@ SAMPLE_FIGURES = {"image": sample_grid, "tabular": feature_summary}
 
 def run(params: Params, run: StageRun) -> None:
     raw = load_raw_data(paths.RAW_SPLITS)
-    protocol = resolve_protocol(params.bias.protocol, raw.splits, raw.source)
+    protocol = resolve_protocol(params.bias.protocol, raw.splits, raw.source, raw.protocol)
     uncolourable = check_colourable(raw.splits, params.bias, protocol)  # refused above bias.max_uncolourable
-    biased = inject_bias(raw.splits, params.bias, params.seed, source=raw.source)
+    biased = inject_bias(raw.splits, params.bias, params.seed, source=raw.source, source_protocol=raw.protocol)
     for name, split in biased.items():
         save_split(paths.BIASED / f"{name}.pt", split)
     summary = summarise(biased, params.bias, protocol, uncolourable)

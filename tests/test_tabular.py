@@ -294,9 +294,9 @@ def _feature_splits(tmp_path: Path) -> dict[str, RawSplit]:
 
 def test_feature_splits_round_trip_through_the_store(tmp_path, offline) -> None:
     splits = _feature_splits(tmp_path)
-    save_raw_splits(tmp_path / "splits.pt", splits, source="compas")
+    save_raw_splits(tmp_path / "splits.pt", splits, source="compas", protocol="given")
     loaded = load_raw_data(tmp_path / "splits.pt")
-    assert loaded.source == "compas"
+    assert (loaded.source, loaded.protocol) == ("compas", "given")
     for name, split in splits.items():
         again = loaded.splits[name]
         assert np.array_equal(again.x, split.x) and np.array_equal(again.a, split.a)
@@ -331,13 +331,27 @@ def test_auto_protocol_resolution() -> None:
     x, y = tiny_grey_digits(n_per_class=2)
     digits = {name: RawSplit(x, y) for name in ("train", "val", "test")}
     with_a = {name: RawSplit(x, y, y % 2) for name in ("train", "val", "test")}
-    assert resolve_protocol("auto", digits, "digits") == "foreground"  # the source's registered protocol
-    assert resolve_protocol("auto", digits, "npz") == "foreground"
-    assert resolve_protocol("auto", with_a, "npz") == "given"  # the data carries its attribute
+    assert resolve_protocol("auto", digits, "digits", "foreground") == "foreground"  # the source's recorded protocol
+    assert resolve_protocol("auto", digits, "cifar10", "corruption") == "corruption"
+    assert resolve_protocol("auto", with_a, "npz", "foreground") == "given"  # the data carries its attribute
     assert resolve_protocol("auto", with_a, None) == "given"
     assert resolve_protocol("background", with_a, "adult") == "background"  # a named protocol is kept
     with pytest.raises(BiasProtocolError, match="record no source.*dvc repro -f download"):
         resolve_protocol("auto", digits, None)
+    with pytest.raises(BiasProtocolError, match="record the source 'digits' but not its protocol.*dvc repro -f download"):
+        resolve_protocol("auto", digits, "digits")  # a raw splits file written before the protocol was recorded
+
+
+def test_download_records_the_protocol_each_source_registered(tmp_path) -> None:
+    """inject_bias imports no source module: the protocol auto resolves to travels in download's output."""
+    from debias.data.sources import SOURCE_PROTOCOLS
+
+    assert SOURCE_PROTOCOLS["digits"] == "foreground" and SOURCE_PROTOCOLS["cifar10"] == "corruption"
+    x, y = tiny_grey_digits(n_per_class=2)
+    save_raw_splits(tmp_path / "splits.pt", {name: RawSplit(x, y) for name in ("train", "val", "test")},
+                    source="digits", protocol=SOURCE_PROTOCOLS["digits"])
+    raw = load_raw_data(tmp_path / "splits.pt")
+    assert resolve_protocol("auto", raw.splits, raw.source, raw.protocol) == "foreground"
 
 
 def test_given_keeps_feature_vectors_and_colour_protocols_refuse_them(tmp_path, offline) -> None:

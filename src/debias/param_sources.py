@@ -1,4 +1,4 @@
-"""Where every parameter's default comes from: one line per leaf of the params schema (src/debias/params.py).
+"""Where every parameter's default comes from: one line per leaf of the params schema (src/debias/params/).
 
 Each source starts with its kind: ``paper:`` (a paper's table or section), ``code:`` (an official code file) or
 ``ours:`` (this project's choice, with the measured reason or, for a setting that cannot change a result, why).
@@ -74,10 +74,10 @@ SOURCES: dict[str, str] = {
     "bias.foreground.stroke_threshold": "ours: grey level 120 of 255, about the middle of MNIST's 0..255 range: pixels "
                                         "from it on are the stroke that takes the colour (not tuned)",
     "bias.foreground.class_digits": "paper: CNC App. D.1: (0,1) (2,3) (4,5) (6,7) (8,9)",
-    "bias.foreground.colours": "code: CNC's code (matplotlib hsv at 0, .2, .4, .6, .8; params.py FOREGROUND_COLOURS)",
+    "bias.foreground.colours": "code: CNC's code (matplotlib hsv at 0, .2, .4, .6, .8; params/bias.py FOREGROUND_COLOURS)",
     "bias.background.rho": "paper: FairKL Table 3: 0.99 ... 0.999 (0.99: the mildest; presets fairkl-bmnist-*)",
     "bias.background.eval_rho": "code: FairKL src/main_infonce.py (test set data_label_correlation=0.1, uniform)",
-    "bias.background.colours": "code: Bahng et al. (rebias) Biased-MNIST palette (params.py BACKGROUND_COLOURS); the fairkl-bmnist presets set class 9 to the released FairKL code's (50, 255, 128)",
+    "bias.background.colours": "code: Bahng et al. (rebias) Biased-MNIST palette (params/bias.py BACKGROUND_COLOURS); the fairkl-bmnist presets set class 9 to the released FairKL code's (50, 255, 128)",
     "bias.corruption.rho": "paper: FairKL Table 4 ratios 0.5 / 1 / 2 / 5 % -> rho 0.995 / 0.99 / 0.98 / 0.95 "
                            "(0.99 the default)",
     "bias.corruption.eval_rho": "paper: FairKL Table 4 / DFA: unbiased test (uniform over the ten corruptions)",

@@ -19,9 +19,10 @@
                 :mod:`debias.data.corruptions` at ``severity``, seeded per split and type.
 ``auto``        (the default) resolved per dataset by :func:`resolve_protocol`: ``given`` when the
                 raw data carries its own attribute ``a`` (adult, compas, an npz with ``a``), else the
-                protocol the source registered (:data:`SOURCE_PROTOCOLS`: ``foreground`` for the
-                digit sources, ``corruption`` for cifar10). The raw splits file records its source, so
-                inject_bias resolves ``auto`` from its own inputs (its params are ``seed`` and ``bias`` only).
+                protocol the source registered (``register_source(protocol=...)``: ``foreground`` for the
+                digit sources, ``corruption`` for cifar10). The raw splits file records its source and
+                that protocol, so inject_bias resolves ``auto`` from its own inputs (its params are ``seed``
+                and ``bias`` only) and imports no source module.
 Feature vectors ``[N,F]`` (adult, compas) pass through ``given`` unchanged (nothing to colour); each
 protocol names the modalities it can bias: foreground, background and corruption take images only.
 """
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from debias.data import corruptions
-from debias.data.sources import SOURCE_PROTOCOLS, RawSplits
+from debias.data.raw import RawSplits
 from debias.data.store import BiasedSplit
 from debias.errors import BiasProtocolError
 from debias.params import BackgroundParams, BiasParams, ForegroundParams
@@ -58,18 +59,20 @@ def register_protocol(name: str, modalities: tuple[str, ...] = ("image",)) -> Ca
     return decorate
 
 
-def resolve_protocol(requested: str, splits: RawSplits, source: str | None) -> str:
-    """``requested`` itself, or for ``auto``: ``given`` when every split carries ``a``, else the source's protocol."""
+def resolve_protocol(requested: str, splits: RawSplits, source: str | None, source_protocol: str | None = None) -> str:
+    """``requested`` itself, or for ``auto``: ``given`` when every split carries ``a``, else ``source_protocol``, the
+    protocol ``source`` registered as the raw splits file records it (:func:`debias.data.store.load_raw_data`)."""
     if requested != AUTO:
         return requested
     if all(split.a is not None for split in splits.values()):
         return "given"
-    if source in SOURCE_PROTOCOLS:
-        return SOURCE_PROTOCOLS[source]
+    if source_protocol is not None:
+        return source_protocol
+    recorded = "no source" if source is None else f"the source {source!r} but not its protocol"
     raise BiasProtocolError(
         f"bias.protocol = auto cannot tell which protocol the data calls for: the raw splits carry no attribute a "
-        f"and record {'no source' if source is None else f'the unknown source {source!r}'}; rerun the download stage "
-        f"(dvc repro -f download) or name the protocol (allowed: {sorted(PROTOCOLS)})")
+        f"and record {recorded}; rerun the download stage (dvc repro -f download) or name the protocol "
+        f"(allowed: {sorted(PROTOCOLS)})")
 
 
 def to_grey(x: np.ndarray) -> np.ndarray:
@@ -313,10 +316,11 @@ def corruption(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, Bias
 # --------------------------------------------------------------------------- entry point
 
 
-def inject_bias(splits: RawSplits, bias: BiasParams, seed: int, source: str | None = None) -> dict[str, BiasedSplit]:
-    """Apply ``bias.protocol`` (``auto`` resolved with ``source``, see :func:`resolve_protocol`); every split
-    must keep at least one sample."""
-    protocol = resolve_protocol(bias.protocol, splits, source)
+def inject_bias(splits: RawSplits, bias: BiasParams, seed: int, source: str | None = None,
+                source_protocol: str | None = None) -> dict[str, BiasedSplit]:
+    """Apply ``bias.protocol`` (``auto`` resolved with ``source`` and ``source_protocol``, see
+    :func:`resolve_protocol`); every split must keep at least one sample."""
+    protocol = resolve_protocol(bias.protocol, splits, source, source_protocol)
     if protocol not in PROTOCOLS:
         raise BiasProtocolError(f"bias.protocol = '{protocol}' is unknown; allowed: {sorted(PROTOCOLS)} or {AUTO}")
     modality = splits["train"].modality

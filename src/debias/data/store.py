@@ -3,7 +3,8 @@
 The modality lives in the data: ``x`` is either images or feature vectors, one code path for both.
 - raw splits (one file, ``data/raw/splits.pt``): ``x`` uint8 ``[N,H,W]`` / ``[N,H,W,3]`` or float32
   ``[N,F]``, labels ``y``, optional attribute ``a`` and feature names; the file records which
-  ``data.source`` produced it (``bias.protocol: auto`` resolves through it).
+  ``data.source`` produced it and the bias protocol that source registered (``bias.protocol: auto`` resolves
+  through it, so inject_bias needs no source module).
 - biased splits (``data/biased/{split}.pt``): ``x`` uint8 ``[N,3,H,W]`` (``image``) or float32 ``[N,F]``
   (``tabular``), class ``y``, bias attribute ``a``, group ``g = y * n_attrs + a`` and ``aligned``
   (``a`` equals the attribute correlated with ``y``), optional feature names.
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from debias.data.sources import RAW_LAYOUTS, SPLITS, RawSplit, RawSplits, raw_modality
+from debias.data.raw import RAW_LAYOUTS, SPLITS, RawSplit, RawSplits, raw_modality
 from debias.io import CorruptFileError, load_torch, save_torch
 
 SPLIT_KEYS = ("x", "y", "a", "g", "aligned", "n_classes", "n_attrs")
@@ -141,15 +142,19 @@ def load_splits(directory: str | Path, names: tuple[str, ...] = ("train", "val",
 
 @dataclass
 class RawData:
-    """The raw splits and the ``data.source`` that produced them (None in files written before it was recorded)."""
+    """The raw splits, the ``data.source`` that produced them and the bias protocol that source registered
+    (each None in files written before it was recorded)."""
 
     splits: RawSplits
     source: str | None
+    protocol: str | None = None
 
 
-def save_raw_splits(path: str | Path, splits: RawSplits, source: str | None = None) -> None:
-    """Write the raw splits (checked: images or features, one row per label) and the source that made them."""
-    payload: dict = {"source": source}
+def save_raw_splits(path: str | Path, splits: RawSplits, source: str | None = None,
+                    protocol: str | None = None) -> None:
+    """Write the raw splits (checked: images or features, one row per label), the source that made them and the
+    bias protocol that source registered (``bias.protocol: auto`` resolves to it where the data has no attribute)."""
+    payload: dict = {"source": source, "protocol": protocol}
     for name, split in splits.items():
         check_x(split.x, len(split), f"{path} (split '{name}')", RAW_LAYOUTS)
         _names_or_none(split.feature_names, _n_features(split.x), f"{path} (split '{name}')")
@@ -162,7 +167,7 @@ def save_raw_splits(path: str | Path, splits: RawSplits, source: str | None = No
 
 
 def load_raw_data(path: str | Path) -> RawData:
-    """The raw splits file, checked, with the source recorded in it."""
+    """The raw splits file, checked, with the source and its protocol recorded in it."""
     payload = load_torch(path, "raw-splits", SPLITS)
     splits: RawSplits = {}
     for name in SPLITS:
@@ -172,8 +177,8 @@ def load_raw_data(path: str | Path) -> RawData:
         check_x(x, len(stored["y"]), where, RAW_LAYOUTS)
         splits[name] = RawSplit(x, stored["y"].numpy(), stored["a"].numpy() if "a" in stored else None,
                                 _names_or_none(stored.get("feature_names"), _n_features(x), where))
-    source = payload.get("source")
-    return RawData(splits, None if source is None else str(source))
+    source, protocol = payload.get("source"), payload.get("protocol")
+    return RawData(splits, None if source is None else str(source), None if protocol is None else str(protocol))
 
 
 def load_raw_splits(path: str | Path) -> RawSplits:

@@ -53,7 +53,7 @@ def params_section(inputs: ReportInputs, params: Params, root: Path) -> Section:
         blocks.append(Table(["param", "committed" if committed else "this run", "papers (schema default)", "why (params.yaml)"],
                             [[f"`{c.key}`", show(c.value), show(c.base), c.reason or "no comment in params.yaml"]
                              for c in departing], numeric=False, caption=(
-            "The schema's defaults in src/debias/params.py are the papers' settings; the reason is the comment "
+            "The schema's defaults in src/debias/params/ are the papers' settings; the reason is the comment "
             "params.yaml gives the param (or the comment above it in its section).")))
     else:
         blocks.append(Text("None: every applicable param has the papers' setting."))

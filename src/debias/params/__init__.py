@@ -1,0 +1,48 @@
+"""The one typed, validated view of ``params.yaml``.
+
+Every stage loads its parameters through :func:`load_params`, so unknown keys
+(``loss.epsilion``), wrong types and out-of-range values fail before any data is read,
+with one message naming the key, the value, what is allowed and, for a typo, the
+closest valid key. Defaults are the papers' settings; ``params.yaml`` states every value
+the default pipeline uses, with the reason where it departs from a paper.
+
+One module per section (``data``, ``bias``, ``model``, ``optim`` for ``erm``, ``groups``, ``stage2``, ``loss``,
+``probe``, ``evaluate``, ``report``, ``health``), the shared :class:`Section` base in ``base`` and the whole
+schema with its loading in ``root``; every name is re-exported here, so ``from debias.params import X`` is the way
+to import any of them. A stage's code dependencies list only the section modules of the params it reads
+(:mod:`debias.deps`).
+"""
+
+from __future__ import annotations
+
+from debias.errors import ParamsError  # noqa: F401  (raised by validate and load_params)
+from debias.params.base import (  # noqa: F401
+    Channel, check_colours, MIN_COLOUR_DISTANCE, MIN_TEMPERATURE, RGB, Section, show
+)
+from debias.params.data import (  # noqa: F401
+    CELEBA_ATTRIBUTES, CelebAParams, Cifar10Params, DataParams, ImageFit, ImageFolderParams, PATH_SOURCES, SplitName,
+    TabularParams, WATERBIRDS_URL, WaterbirdsParams
+)
+from debias.params.bias import (  # noqa: F401
+    BACKGROUND_COLOURS, BackgroundParams, BiasParams, CorruptionName, CorruptionParams, DFA_CORRUPTIONS,
+    FOREGROUND_COLOURS, ForegroundParams
+)
+from debias.params.model import (  # noqa: F401
+    ACTIVATION_ENCODERS, FeatureActivation, HEAD_INPUTS, HeadInput, MLPParams, ModelParams, PRETRAINABLE
+)
+from debias.params.optim import OptimParams  # noqa: F401
+from debias.params.groups import ClusterParams, GroupsParams, SoftParams  # noqa: F401
+from debias.params.stage2 import (  # noqa: F401
+    CNCParams, DCLParams, GroupDROParams, HCLParams, HeadParams, JTTParams, LfFParams, SpeedParams, Stage2Params,
+    TabularViewParams, WCLParams
+)
+from debias.params.loss import EpsSupConParams, FairKLParams, LossParams  # noqa: F401
+from debias.params.probe import _positive_distinct, DFRParams, ProbeParams  # noqa: F401
+from debias.params.evaluate import EvaluateParams, UMAPParams  # noqa: F401
+from debias.params.report import ReportParams  # noqa: F401
+from debias.params.health import HealthParams  # noqa: F401
+from debias.params.root import (  # noqa: F401
+    _allowed_range, _describe, _field_at, _valid_keys, as_dict, EXPECTED_KIND, flatten, load_params, MIN_IMAGE_SIZE,
+    Params, params_hash, PHOTO_SOURCES, read_yaml, section, STROKE_PROTOCOLS, TABULAR_SOURCES, UNATTRIBUTED_SOURCES,
+    validate
+)

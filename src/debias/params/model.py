@@ -1,0 +1,52 @@
+"""The ``model`` section: the encoder."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, get_args
+
+from pydantic import Field, model_validator
+
+from debias.params.base import Section
+
+# Encoders with torchvision ImageNet weights (model.pretrained: true).
+PRETRAINABLE = ("resnet18", "resnet50")
+
+
+class MLPParams(Section):
+    """The ``mlp`` encoder: [Linear, ReLU, BatchNorm1d] per hidden layer (WCL Sec. 6.2: "MLP with ReLU
+    activation followed by batch normalization"); widths 3 x 100 as LfF's MLP (alinlab/LfF module/mlp.py)."""
+
+    hidden: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
+        default_factory=lambda: [100, 100, 100], min_length=1, max_length=64,
+        description="width of each hidden layer; its length is the depth; the last width is the feature size")
+    batch_norm: bool = Field(True, description="BatchNorm1d after each ReLU (WCL); false: LfF's plain MLP")
+
+
+# Encoders whose last feature layer takes model.feature_activation (the others end as their paper built them:
+# ResNets in ReLU + average pool, the MLP in BatchNorm).
+ACTIVATION_ENCODERS = ("lenet5", "simpleconv")
+FeatureActivation = Literal["relu", "tanh"]
+HeadInput = Literal["raw", "unit"]  # what a network's linear head reads: z itself, or z / |z| (stage2.head.features)
+HEAD_INPUTS: tuple[str, ...] = get_args(HeadInput)
+
+
+class ModelParams(Section):
+    name: Literal["lenet5", "simpleconv", "resnet18", "resnet50", "mlp"] = Field(
+        "lenet5", description="image encoders (lenet5, simpleconv, resnet18, resnet50) are replaced by mlp for feature vectors")
+    pretrained: bool = Field(False, description="resnet18 / resnet50: start from torchvision's ImageNet weights (CNC: ResNet-50)")
+    feature_activation: Literal["auto", "relu", "tanh"] = Field(
+        "auto", description="activation of the encoder's feature layer (lenet5, simpleconv). auto: each method's paper "
+                            "(relu: ERM, JTT, CNC's LeNet-5, WCL with its projection head; tanh: the supcon family and "
+                            "FairKL without a projection head, as the FairKL authors' encoder: a ReLU feature layer keeps "
+                            "every normalised z in the positive orthant)")
+    mlp: MLPParams = Field(default_factory=MLPParams)
+
+    @model_validator(mode="after")
+    def _weights_exist(self) -> "ModelParams":
+        if self.pretrained and self.name not in PRETRAINABLE:
+            raise ValueError(f"pretrained = true needs ImageNet weights, which name = {self.name} does not have; "
+                             f"allowed: {', '.join(PRETRAINABLE)}")
+        if self.feature_activation == "tanh" and self.name not in ACTIVATION_ENCODERS:
+            raise ValueError(f"feature_activation = tanh replaces the last activation of {', '.join(ACTIVATION_ENCODERS)}; "
+                             f"name = {self.name} keeps its own; allowed: auto or relu with {self.name}")
+        return self

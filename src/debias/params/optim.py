@@ -1,0 +1,34 @@
+"""The optimiser settings shared by ``erm`` and ``stage2`` (``erm`` is exactly these)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from debias.params.base import Section, show
+
+
+class OptimParams(Section):
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(1e-3, gt=0, le=10)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0, le=10)
+    batch_size: int = Field(32, ge=1, le=65536)
+    epochs: int = Field(5, ge=1, le=10000)
+    lr_milestones: list[int] = Field(default_factory=list, description="epochs at which the lr is multiplied by lr_gamma")
+    lr_gamma: float = Field(0.1, gt=0, le=1)
+    selection: Literal["last", "best_worst_group"] = "last"
+    eval_batch_size: int = Field(1024, ge=1)
+    augment_shift: int = Field(0, ge=0, le=16, description="random translation of training images in pixels (CNC's code: random crops); 0: off; ignored for feature vectors")
+
+    @model_validator(mode="after")
+    def _milestones_fire(self) -> "OptimParams":
+        milestones = self.lr_milestones
+        if milestones != sorted(set(milestones)):
+            raise ValueError(f"lr_milestones = {show(milestones)}; allowed: strictly increasing epochs")
+        late = [m for m in milestones if not 1 <= m < self.epochs]
+        if late:
+            raise ValueError(f"lr_milestones {show(late)} never take effect with epochs = {self.epochs}; "
+                             f"allowed: epochs 1 .. {self.epochs - 1}")
+        return self

@@ -1,0 +1,224 @@
+"""The whole schema (:class:`Params`: every section and the checks across sections) and its loading."""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+
+from debias.errors import ParamsError
+from debias.params.base import Section, show
+from debias.params.bias import BiasParams
+from debias.params.data import DataParams
+from debias.params.evaluate import EvaluateParams
+from debias.params.groups import GroupsParams
+from debias.params.health import HealthParams
+from debias.params.loss import LossParams
+from debias.params.model import ModelParams
+from debias.params.optim import OptimParams
+from debias.params.probe import ProbeParams
+from debias.params.report import ReportParams
+from debias.params.stage2 import Stage2Params
+
+# Source / protocol combinations that make no sense (Params._protocol_fits_source).
+PHOTO_SOURCES = ("imagefolder", "waterbirds", "celeba")  # carry their own attribute
+STROKE_PROTOCOLS = ("foreground", "background")  # paint grey digit strokes or backgrounds
+UNATTRIBUTED_SOURCES = ("cifar10",)  # photos without a bias attribute
+TABULAR_SOURCES = ("adult", "compas")  # feature vectors with their sensitive attribute
+MIN_IMAGE_SIZE = {"lenet5": 16}  # smallest image side an encoder can take (LeNet-5: two 5x5 convs and 2x2 pools)
+
+
+class Params(Section):
+    seed: int = Field(0, ge=0, lt=2**31)
+    data: DataParams = Field(default_factory=DataParams)
+    bias: BiasParams = Field(default_factory=BiasParams)
+    model: ModelParams = Field(default_factory=ModelParams)
+    erm: OptimParams = Field(default_factory=OptimParams)
+    groups: GroupsParams = Field(default_factory=GroupsParams)
+    stage2: Stage2Params = Field(default_factory=lambda: Stage2Params(
+        optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=1e-4, epochs=3, selection="best_worst_group"))
+    loss: LossParams = Field(default_factory=LossParams)
+    probe: ProbeParams = Field(default_factory=ProbeParams)
+    evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
+    report: ReportParams = Field(default_factory=ReportParams)
+    health: HealthParams = Field(default_factory=HealthParams)
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_is_int(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError("seed must be a whole number")
+        return value
+
+    @model_validator(mode="after")
+    def _protocol_fits_source(self) -> "Params":
+        source, protocol = self.data.source, self.bias.protocol
+        if source in PHOTO_SOURCES and protocol in STROKE_PROTOCOLS:
+            raise ValueError(f"bias.protocol = {protocol} recolours grey digit strokes; data.source = {source} holds photos "
+                             "that carry their own bias attribute; allowed: bias.protocol = auto, given (or corruption)")
+        if source in TABULAR_SOURCES and protocol not in ("auto", "given"):
+            raise ValueError(f"bias.protocol = {protocol} biases images; data.source = {source} holds feature vectors "
+                             "with their own sensitive attribute; allowed: bias.protocol = auto or given")
+        if source in UNATTRIBUTED_SOURCES and protocol == "given":
+            raise ValueError(f"bias.protocol = given needs a bias attribute that data.source = {source} does not have; "
+                             "allowed: bias.protocol = auto or corruption (Corrupted CIFAR-10)")
+        smallest = MIN_IMAGE_SIZE.get(self.model.name)
+        if smallest and source not in TABULAR_SOURCES and self.data.image_size < smallest:
+            raise ValueError(f"model.name = {self.model.name} needs data.image_size >= {smallest} (its two 5x5 "
+                             f"convolutions and pools), got {self.data.image_size}")
+        return self
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _valid_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for name, field in model.model_fields.items():
+        dotted = f"{prefix}{name}"
+        keys.append(dotted)
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            keys.extend(_valid_keys(annotation, dotted + "."))
+    return keys
+
+
+def _field_at(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The pydantic FieldInfo at a dotted location, or None (list items, unions)."""
+    field = None
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        field = model.model_fields[part]
+        model = field.annotation  # type: ignore[assignment]
+    return field
+
+
+def _allowed_range(field: Any) -> str | None:
+    """'0 < value < 1' from a field's gt/ge/lt/le constraints."""
+    if field is None:
+        return None
+    low = high = None
+    for meta in field.metadata:
+        for attr, sign in (("gt", "<"), ("ge", "<=")):
+            if getattr(meta, attr, None) is not None:
+                low = f"{getattr(meta, attr)} {sign} "
+        for attr, sign in (("lt", "<"), ("le", "<=")):
+            if getattr(meta, attr, None) is not None:
+                high = f" {sign} {getattr(meta, attr)}"
+    if low is None and high is None:
+        return None
+    return f"{low or ''}value{high or ''}"
+
+
+EXPECTED_KIND = {"float_type": "a number", "float_parsing": "a number", "int_type": "a whole number",
+                 "int_parsing": "a whole number", "int_from_float": "a whole number", "bool_type": "true or false"}
+
+
+def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
+    """One line for one pydantic error: the dotted key, the (bounded) value, what is allowed."""
+    loc = tuple(error["loc"])
+    key = ".".join(str(part) for part in loc)
+    kind = error["type"]
+    value = error.get("input")
+    message = error["msg"].removeprefix("Value error, ")
+    if kind == "extra_forbidden":
+        close = difflib.get_close_matches(key, _valid_keys(model), n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        return f"unknown parameter '{key}' (value {show(value)}){hint}"
+    if not key:
+        return message
+    if kind == "value_error" and isinstance(value, dict):  # a section's own check; its message starts with a field
+        return message if message.startswith(f"{key}.") else f"{key}.{message}"  # named in full already: not twice
+    if kind == "literal_error":
+        return f"{key} = {show(value)} is not allowed; allowed: {error['ctx']['expected']}"
+    if kind in EXPECTED_KIND and isinstance(value, (bool, str)):
+        message = f"{'a boolean' if isinstance(value, bool) else 'a string'} where {EXPECTED_KIND[kind]} is expected"
+    allowed = _allowed_range(_field_at(model, loc))
+    return f"{key} = {show(value)}: {message}" + (f"; allowed: {allowed}" if allowed else "")
+
+
+def validate(raw: dict[str, Any]) -> Params:
+    """Validate a params mapping; raise :class:`ParamsError` listing every problem (at most 20)."""
+    try:
+        return Params.model_validate(raw or {})
+    except ValidationError as exc:
+        errors = exc.errors()
+        problems = [_describe(err, Params) for err in errors[:20]]
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        raise ParamsError("invalid params.yaml:\n  - " + "\n  - ".join(problems) + more) from None
+
+
+def read_yaml(path: Path) -> Any:
+    """``path`` parsed as YAML 1.2 (as DVC parses params.yaml, so ``1e-3`` is a number for both); a file that is
+    not UTF-8, not YAML, or repeats a key is a ParamsError naming the file and the place."""
+    from ruamel.yaml import YAML
+
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ParamsError(f"{path} is not UTF-8 text (byte {data[exc.start]:#04x} at line {line}); save it as UTF-8") from None
+    try:
+        return YAML(typ="safe", pure=True).load(text)
+    except Exception as exc:  # ruamel's YAMLError, DuplicateKeyError, ...
+        lines = [line for line in str(exc).splitlines() if line.strip()][:6]
+        raise ParamsError(f"{path} is not valid YAML ({type(exc).__name__}): " + " | ".join(l.strip() for l in lines)[:600]) from None
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and validate ``params.yaml``; a missing or malformed file is a ParamsError."""
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path} not found: run the stage from the repository root")
+    raw = read_yaml(path)
+    if raw is not None and not isinstance(raw, dict):
+        raise ParamsError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
+    return validate(raw or {})
+
+
+def section(params: Params, dotted: str) -> Any:
+    """The value at a dotted key, e.g. ``section(p, 'bias.foreground')``."""
+    value: Any = params
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def as_dict(params: Params, keys: list[str] | None = None) -> dict[str, Any]:
+    """Plain mapping of the given top-level/dotted keys (all when None), for logging and hashing."""
+    full = params.model_dump(mode="json", warnings=False)  # defaults hold tuples where params.yaml holds lists
+    if keys is None:
+        return full
+    out: dict[str, Any] = {}
+    for dotted in keys:
+        value: Any = full
+        for part in dotted.split("."):
+            value = value[part]
+        out[dotted] = value
+    return out
+
+
+def params_hash(values: dict[str, Any]) -> str:
+    """Stable short hash of the params a stage read (sorted JSON, sha256, 12 hex digits)."""
+    blob = json.dumps(values, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{'a': {'b': 1}}`` -> ``{'a.b': 1}``; lists are kept as JSON strings."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, dotted + "."))
+        elif isinstance(value, (list, tuple)):
+            flat[dotted] = json.dumps(value)
+        else:
+            flat[dotted] = value
+    return flat

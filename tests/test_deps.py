@@ -1,0 +1,243 @@
+"""Code deps follow the outputs: a change reruns the stages whose outputs that code computes, and no other.
+
+The rule (src/debias/deps.py): a stage depends on the code that computes its outputs; the harness (launcher,
+fork server, stage runner, tracking, progress, memory advice, the tools) is no stage's dep; a stage depends on
+the params schema's modules of the sections it reads, not on every section; the stages after ``download`` import
+no data source, and ERM's module is train_erm's alone. Checked three ways: the walk itself on a small tree,
+the derived deps of this repository's dvc.yaml, and, for real, ``dvc status`` in a scratch copy of the repository
+after a comment is appended to one file of each kind. That the harness cannot change an output byte is
+tests/test_forkserver.py's (the same bytes with the fork server on and off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from debias.deps import HARNESS, code_deps, is_harness, params_sections, stage_code_deps
+from tests.conftest import REPO, copy_worktree
+
+UPSTREAM_OF_STAGE2 = {"source", "download", "inject_bias", "train_erm", "infer_groups"}
+
+# file changed (a comment appended) -> the stages whose code deps it is. `report` renders the methods' facts
+# (which params apply to which method, their display names), so a method, its loss and its params rerun it too.
+PROBES: dict[str, set[str]] = {
+    # the harness: no stage
+    "src/debias/launch.py": set(),
+    "src/debias/forkserver/server.py": set(),
+    "src/debias/forkserver/launcher.py": set(),
+    "src/debias/stage.py": set(),
+    "src/debias/tracking/runs.py": set(),
+    "src/debias/progress.py": set(),
+    "src/debias/training/memory.py": set(),
+    # a stage-2 method, its loss, its params section: train_contrastive (and report), nothing upstream
+    "src/debias/training/methods/supcon.py": {"train_contrastive", "report"},
+    "src/debias/losses/supervised.py": {"train_contrastive", "report"},
+    "src/debias/losses/regulariser.py": {"train_contrastive", "report"},
+    "src/debias/params/loss.py": {"train_contrastive", "report"},
+    "src/debias/params/stage2.py": {"train_contrastive", "report"},
+    # a data source: download (and source, which fingerprints the files a source reads), nothing after
+    "src/debias/data/sources/mnist.py": {"source", "download"},
+    "src/debias/data/sources/base.py": {"source", "download"},
+    # ERM: train_erm alone
+    "src/debias/training/erm.py": {"train_erm"},
+}
+
+
+def stages_by_file(dvc_yaml: Path) -> dict[str, set[str]]:
+    """Each code file -> the stages of ``dvc_yaml`` that declare it as a dep."""
+    found: dict[str, set[str]] = {}
+    for name, stage in yaml.safe_load(dvc_yaml.read_text())["stages"].items():
+        for dep in stage.get("deps", []):
+            found.setdefault(dep, set()).add(name)
+    return found
+
+
+# --------------------------------------------------------------------------- the walk on a small tree
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_harness_files_are_no_dep_but_what_they_call_is(tmp_path: Path) -> None:
+    """The runner (harness) is not listed, the headline code it calls is; the launcher named by ``-m`` is not."""
+    write_tree(tmp_path, {
+        "src/debias/__init__.py": "",
+        "src/debias/launch.py": "def f():\n    from debias import forkserver\n",
+        "src/debias/forkserver/__init__.py": "from debias.forkserver import server\n",
+        "src/debias/forkserver/server.py": "import os\n",
+        "src/debias/stage.py": "def main():\n    from debias.headline import write\n    from debias.tracking import run\n",
+        "src/debias/headline.py": "from debias import io\n",
+        "src/debias/io.py": "",
+        "src/debias/tracking/__init__.py": "from debias.tracking.runs import run\n",
+        "src/debias/tracking/runs.py": "",
+        "src/debias/training/__init__.py": "",
+        "src/debias/training/memory.py": "from debias import io\n",
+        "src/debias/training/erm.py": "from debias.training.memory import check\n",
+        "pipeline/stage.py": "from debias.stage import main\nfrom debias.training.erm import fit\n",
+    })
+    deps = code_deps("python -m debias.launch pipeline/stage.py", tmp_path)
+    assert deps == ["pipeline/stage.py", "src/debias/__init__.py", "src/debias/headline.py", "src/debias/io.py",
+                    "src/debias/training/__init__.py", "src/debias/training/erm.py"]
+
+
+PARAMS_TREE = {
+    "src/debias/__init__.py": "",
+    "src/debias/errors.py": "",
+    "src/debias/params/__init__.py": ("from debias.params.base import Section\nfrom debias.params.optim import Optim\n"
+                                      "from debias.params.loss import Loss, TAU\nfrom debias.params.stage2 import S2\n"
+                                      "from debias.params.root import Params, load\n"),
+    "src/debias/params/base.py": "from debias.errors import E\nclass Section: ...\n",
+    "src/debias/params/optim.py": "from debias.params.base import Section\nclass Optim(Section): ...\n",
+    "src/debias/params/loss.py": "from debias.params.base import Section\nTAU = 1\nclass Loss(Section): ...\n",
+    "src/debias/params/stage2.py": "from debias.params.optim import Optim\nclass S2(Optim): ...\n",
+    "src/debias/params/root.py": ("from debias.params.base import Section\nfrom debias.params.loss import Loss\n"
+                                  "from debias.params.optim import Optim\nfrom debias.params.stage2 import S2\n"
+                                  "class Params(Section):\n    seed: int = 0\n    erm: Optim\n    loss: Loss\n"
+                                  "    stage2: S2\n"),
+    "pipeline/a.py": "from debias.params import Params\n",
+    "pipeline/b.py": "from debias.params import Params, TAU\n",
+}
+COMMON = ["src/debias/__init__.py", "src/debias/errors.py", "src/debias/params/__init__.py",
+          "src/debias/params/base.py", "src/debias/params/root.py"]
+
+
+def test_a_stage_depends_on_the_params_sections_it_reads(tmp_path: Path) -> None:
+    """The root composes every section, yet a stage lists only the sections it reads (with what they import) and
+    those whose names its code imports; the section of a key comes from the fields of ``Params``."""
+    write_tree(tmp_path, PARAMS_TREE)
+    assert params_sections(tmp_path) == {"erm": "debias.params.optim", "loss": "debias.params.loss",
+                                         "stage2": "debias.params.stage2"}
+    assert code_deps("python pipeline/a.py", tmp_path) == sorted(["pipeline/a.py", *COMMON])
+    assert code_deps("python pipeline/a.py", tmp_path, ["debias.params.stage2"]) == sorted(
+        ["pipeline/a.py", *COMMON, "src/debias/params/optim.py", "src/debias/params/stage2.py"])
+    assert code_deps("python pipeline/b.py", tmp_path) == sorted(  # TAU, imported by name, is loss's
+        ["pipeline/b.py", *COMMON, "src/debias/params/loss.py"])
+    reads_all = {"cmd": "python pipeline/a.py", "params": ["seed"], "deps": ["params.yaml"]}
+    assert {Path(p).name for p in stage_code_deps(reads_all, tmp_path)} >= {"loss.py", "optim.py", "stage2.py"}
+    assert stage_code_deps({"cmd": "python pipeline/a.py", "params": ["seed", "erm"]}, tmp_path) == sorted(
+        ["pipeline/a.py", *COMMON, "src/debias/params/optim.py"])
+
+
+def test_every_harness_entry_is_a_module_no_research_module_imports_to_compute() -> None:
+    """Each HARNESS entry exists, and no research module (one that some stage depends on) lies under one."""
+    for name in HARNESS:
+        base = REPO / "src" / Path(*name.split("."))
+        assert base.with_suffix(".py").is_file() or (base / "__init__.py").is_file(), name
+    declared = {dep for deps in (stage.get("deps", []) for stage in
+                                 yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values()) for dep in deps}
+    harnessed = sorted(dep for dep in declared if dep.startswith("src/") and is_harness(
+        ".".join(Path(dep).relative_to("src").with_suffix("").parts).removesuffix(".__init__")))
+    assert not harnessed, harnessed
+
+
+# --------------------------------------------------------------------------- this repository's dvc.yaml
+
+
+@pytest.mark.parametrize("path", sorted(PROBES))
+def test_dvc_yaml_names_each_file_in_the_stages_whose_outputs_it_computes(path: str) -> None:
+    declared = stages_by_file(REPO / "dvc.yaml").get(path, set())
+    assert (REPO / path).is_file(), path
+    assert declared == PROBES[path], f"{path}: deps of {sorted(declared)}, expected {sorted(PROBES[path])}"
+
+
+# --------------------------------------------------------------------------- for real: dvc status
+
+
+def placeholder_outputs(clone: Path) -> None:
+    """An empty stand-in for every declared output (a file, or a folder holding one), so that `dvc commit`
+    records a dvc.lock without running the pipeline."""
+    for stage in yaml.safe_load((clone / "dvc.yaml").read_text())["stages"].values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in stage.get(kind, []) or []:
+                path = clone / (next(iter(entry)) if isinstance(entry, dict) else entry)
+                if path.suffix:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text("placeholder\n")
+                else:
+                    path.mkdir(parents=True, exist_ok=True)
+                    (path / "placeholder").write_text("placeholder\n")
+
+
+def dvc(clone: Path, *args: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_"))}
+    done = subprocess.run(["dvc", *args], cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"dvc {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_dvc_status_names_only_the_stages_whose_outputs_the_changed_code_computes(tmp_path: Path) -> None:
+    """A scratch copy with a dvc.lock recorded by `dvc commit` over placeholder outputs; a comment appended to one
+    file of each kind and a value of the ``loss`` section changed; one `dvc status --json` then names, per stage,
+    each dep that changed."""
+    clone = copy_worktree(tmp_path / "repo")
+    for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "scratch"]):
+        subprocess.run(command, cwd=clone, check=True, capture_output=True)
+    placeholder_outputs(clone)
+    dvc(clone, "commit", "-f")
+    assert set(json.loads(dvc(clone, "status", "--json"))) <= {"source"}  # `source` is always changed
+
+    for path in PROBES:
+        with open(clone / path, "a", encoding="utf-8") as handle:
+            handle.write("# a comment\n")
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["loss"]["epsilon"] = params["loss"]["epsilon"] / 2 + 0.01
+    (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    status = json.loads(dvc(clone, "status", "--json"))
+
+    named: dict[str, set[str]] = {path: set() for path in PROBES}
+    params_changed: set[str] = set()
+    for stage, entries in status.items():
+        for entry in entries:
+            for dep, change in (entry.get("changed deps", {}) if isinstance(entry, dict) else {}).items():
+                if isinstance(change, dict):  # params.yaml's sections the stage reads
+                    params_changed.add(stage)
+                else:
+                    named.setdefault(dep, set()).add(stage)
+    assert {path: stages for path, stages in named.items() if path in PROBES} == PROBES
+    assert not set().union(*(named[p] for p in PROBES if "train_contrastive" in PROBES[p])) & UPSTREAM_OF_STAGE2
+    assert params_changed == {"train_contrastive"}  # the stage that reads `loss`
+    assert named.get("params.yaml") == {"report"}  # the report renders every param
+    assert set(named) - set(PROBES) == {"params.yaml"}
+
+
+# --------------------------------------------------------------------------- the harness changes no value
+
+
+def test_the_memory_check_leaves_the_model_and_every_random_stream_as_they_were() -> None:
+    """The memory check (harness) probes a copy of the real model before training: the model's weights and
+    BatchNorm statistics and torch's random state after it are those before, bit for bit, so training computes
+    the same with the check on or off (DEBIAS_MEMORY_CHECK)."""
+    import torch
+    from torch import nn
+
+    from debias.training.memory import profile
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(12, 8), nn.BatchNorm1d(8), nn.Dropout(0.5), nn.Linear(8, 3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x.float().flatten(1) + torch.rand(x.shape[0], 12))  # draws from the global stream
+
+    torch.manual_seed(0)
+    model = Net().train()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    prof = profile(model, (3, 4), torch.device("cpu"))
+    assert prof.weight_bytes == sum(p.numel() * 4 for p in model.parameters())  # it did probe the model
+    assert torch.equal(torch.get_rng_state(), rng)
+    after = model.state_dict()
+    assert all(torch.equal(after[name], value) for name, value in before.items())
+    assert model.training
