@@ -241,3 +241,32 @@ def test_the_memory_check_leaves_the_model_and_every_random_stream_as_they_were(
     after = model.state_dict()
     assert all(torch.equal(after[name], value) for name, value in before.items())
     assert model.training
+
+
+@pytest.mark.slow
+def test_tracking_on_or_off_the_stages_write_the_same_bytes(tmp_path, mlflow_template) -> None:
+    """Tracking is harness: with every stage logging to a real MLflow store, or with tracking off, source ->
+    train_erm write the same data, models and metrics, byte for byte (only the run records differ)."""
+    import hashlib
+    import shutil
+
+    from tests.faults.conftest import make_workspace, run_stages_in_one_process
+
+    stages = ("source", "download", "inject_bias", "train_erm")
+    outputs = {}
+    for mode in ("off", "required"):
+        workspace = make_workspace(tmp_path / mode)
+        env = {"DEBIAS_TRACKING": mode}
+        if mode == "required":
+            shutil.copy(mlflow_template, workspace / "mlflow.db")
+            env["MLFLOW_TRACKING_URI"] = f"sqlite:///{workspace / 'mlflow.db'}"
+        run_stages_in_one_process(workspace, stages, **env)
+        outputs[mode] = {str(path.relative_to(workspace)): hashlib.sha256(path.read_bytes()).hexdigest()
+                         for folder in ("data", "models", "reports/metrics") for path in (workspace / folder).rglob("*")
+                         if path.is_file()}
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'required' / 'mlflow.db'}")
+    logged = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(logged) >= len(stages) - 1  # the tracked side really logged its stage runs
+    assert len(outputs["off"]) > 10 and outputs["off"] == outputs["required"]
