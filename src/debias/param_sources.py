@@ -105,6 +105,13 @@ SOURCES: dict[str, str] = {
                                 "objective (kl, alpha 1, lambda 0.75): relu 76.9 / 27.8 / 76.1 % test average / "
                                 "worst-group / unbiased against tanh's 82.4 / 46.2 / 82.1 (params.yaml stage2.epochs "
                                 "comment); not re-measured under the current objective",
+    "model.stem": "ours: auto (default auto): the CIFAR stem (3x3 stride 1, no max-pool) from scratch at <= 64 px, "
+                  "torchvision's ImageNet stem otherwise and with pretrained weights. The FairKL Corrupted CIFAR-10 / "
+                  "bFFHQ presets set imagenet: code: FairKL debiasing/main_infonce.py load_model swaps the first "
+                  "convolution for cifar10 / cifar100 only (and keeps the max-pool there)",
+    "model.normalization": "code: FairKL debiasing/main_infonce.py normalises Biased-MNIST with 0.5 / 0.5 (default "
+                           "auto: half, ImageNet's with pretrained weights as torchvision's transforms); the FairKL "
+                           "Corrupted CIFAR-10 / bFFHQ presets set cifar10, the statistics that file uses there",
     "model.mlp.hidden": "code: LfF's MLP (alinlab/LfF module/mlp.py: 3 x 100)",
     "model.mlp.batch_norm": "paper: WCL Sec. 6.2: MLP with ReLU followed by batch normalization (default true)",
     # ----------------------------------------------------------------------------------------------- erm
