@@ -217,3 +217,116 @@ def test_fit_head_on_unit_features_is_scale_invariant() -> None:
         last.bias.mul_(7.0)
     fit_head(model, split, 64, torch.device("cpu"), max_iter=20, warm_start=False)
     assert torch.equal(model(split.x).argmax(1), first)
+
+
+# --------------------------------------------------------------------------- ResNet stems and input statistics
+
+
+def _stem(net) -> tuple:
+    """conv1, bn1 and maxpool of a torchvision ResNet as comparable tuples."""
+    from torch import nn
+
+    conv, bn, pool = net.conv1, net.bn1, net.maxpool
+    pooling = (pool.kernel_size, pool.stride, pool.padding) if isinstance(pool, nn.MaxPool2d) else ()
+    return ((type(conv).__name__, conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+             conv.bias is None), (type(bn).__name__, bn.num_features, bn.eps, bn.momentum),
+            (type(pool).__name__, *pooling))
+
+
+def _stem_output(net, size: int) -> tuple[int, ...]:
+    with torch.no_grad():
+        return tuple(net.maxpool(net.relu(net.bn1(net.conv1(torch.zeros(1, 3, size, size))))).shape)
+
+
+@pytest.mark.parametrize("size", [32, 224])
+def test_imagenet_stem_is_torchvisions_resnet18(size: int) -> None:
+    import torchvision.models
+
+    reference = torchvision.models.resnet18(weights=None)
+    net = build_model(ModelParams(name="resnet18", stem="imagenet"), 10, size).encoder.net
+    assert _stem(net) == _stem(reference)
+    assert (net.conv1.kernel_size, net.conv1.stride, net.maxpool.kernel_size, net.maxpool.stride) == ((7, 7), (2, 2), 3, 2)
+    shapes = {key: value.shape for key, value in reference.state_dict().items() if not key.startswith("fc.")}
+    assert {key: value.shape for key, value in net.state_dict().items()} == shapes  # every layer, not just the stem
+    assert _stem_output(net, size) == _stem_output(reference, size) == (1, 64, size // 4, size // 4)
+
+
+def test_cifar_stem_is_a_3x3_stride_1_convolution_without_max_pool() -> None:
+    import torchvision.models
+    from torch import nn
+
+    reference = torchvision.models.resnet18(weights=None)
+    net = build_model(ModelParams(name="resnet18", stem="cifar"), 10, 224).encoder.net  # set, not picked by size
+    conv = net.conv1
+    assert (conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, conv.bias) == (
+        3, 64, (3, 3), (1, 1), (1, 1), None)
+    assert isinstance(net.maxpool, nn.Identity) and _stem_output(net, 32) == (1, 64, 32, 32)
+    shapes = {key: value.shape for key, value in reference.state_dict().items() if not key.startswith("fc.")}
+    assert {key: value.shape for key, value in net.state_dict().items()} == {**shapes,
+                                                                             "conv1.weight": torch.Size([64, 3, 3, 3])}
+
+
+def test_auto_stem_is_cifar_up_to_64_px_from_scratch_and_left_out_of_the_options() -> None:
+    from debias.models import ResNet18
+
+    picked = {size: build_model(ModelParams(name="resnet18"), 2, size).encoder.stem for size in (32, 64, 65, 224)}
+    assert picked == {32: "cifar", 64: "cifar", 65: "imagenet", 224: "imagenet"}
+    assert ResNet18(32, pretrained=True, load_weights=False).stem == "imagenet"  # the weights' stem
+    # auto and the auto statistics are not recorded: checkpoints of runs that set neither stay as they were
+    assert build_model(ModelParams(name="resnet18"), 2, 32).encoder.options == {"pretrained": False}
+    assert build_model(ModelParams(name="resnet18", stem="imagenet"), 2, 32).encoder.options == {
+        "pretrained": False, "stem": "imagenet"}
+
+
+def test_stem_errors_name_the_param() -> None:
+    with pytest.raises(ValueError, match="stem = cifar sets the first layers of resnet18, resnet50; name = lenet5"):
+        ModelParams(name="lenet5", stem="cifar")
+    with pytest.raises(ValueError, match="stem = cifar replaces the first convolution that the ImageNet weights"):
+        ModelParams(name="resnet50", pretrained=True, stem="cifar")
+    with pytest.raises(ValueError, match="normalization"):
+        ModelParams(normalization="mnist")
+
+
+# FairKL's released main_infonce.py: Normalize(mean, std) per dataset (cifar10, corrupted-cifar10, bffhq share these)
+RELEASED_STATISTICS = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+                       "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+                       "half": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))}
+
+
+@pytest.mark.parametrize("name", ["lenet5", "resnet18"])
+@pytest.mark.parametrize("normalization", sorted(RELEASED_STATISTICS))
+def test_normalization_is_the_released_codes_statistics(name: str, normalization: str, tmp_path) -> None:
+    params = ModelParams(name=name, normalization=normalization, **({"stem": "imagenet"} if name == "resnet18" else {}))
+    model = build_model(params, 3, 32).eval()
+    x = torch.arange(256, dtype=torch.uint8).repeat(3 * 32 * 32 // 256 * 2)[: 2 * 3 * 32 * 32].view(2, 3, 32, 32)
+    mean, std = (torch.tensor(v, dtype=torch.float64).view(1, 3, 1, 1) for v in RELEASED_STATISTICS[normalization])
+    expected = (x.double() / 255 - mean) / std
+    assert torch.allclose(model.normalise(x).double(), expected, atol=1e-5, rtol=0)  # float32 rounding only
+    assert model.encoder.options["normalization"] == normalization
+    # a checkpoint rebuilds the same statistics and stem
+    save_network(str(tmp_path / "m.pt"), model, name, 3, 32)
+    loaded, payload = load_network(str(tmp_path / "m.pt"))
+    assert payload["options"] == model.encoder.options
+    assert torch.equal(loaded.normalise(x), model.normalise(x))
+    if name == "resnet18":
+        assert loaded.encoder.stem == "imagenet"
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+
+
+def test_normalization_leaves_feature_vectors_alone() -> None:
+    model = build_model(ModelParams(name="mlp", normalization="cifar10"), 2, (5,))
+    x = torch.randn(4, 5)
+    assert torch.equal(model.normalise(x), x)
+
+
+def test_initial_weights_must_have_the_same_stem_and_statistics(tmp_path) -> None:
+    from debias.errors import StaleInputError
+    from debias.models import load_initial_weights
+
+    params = ModelParams(name="resnet18", stem="imagenet", normalization="cifar10")
+    save_network(str(tmp_path / "erm.pt"), build_model(params, 2, 32), "resnet18", 2, 32)
+    assert set(load_initial_weights(str(tmp_path / "erm.pt"), params, 2, 32)) >= {"encoder.net.conv1.weight"}
+    for other in (ModelParams(name="resnet18", normalization="cifar10"), ModelParams(name="resnet18", stem="imagenet")):
+        with pytest.raises(StaleInputError, match="rerun train_erm"):
+            load_initial_weights(str(tmp_path / "erm.pt"), other, 2, 32)

@@ -44,3 +44,116 @@ def test_the_walk_finds_nested_params() -> None:
     keys = leaves(Params)
     assert {"loss.fairkl.weight", "stage2.cnc.temperature", "data.imagefolder.root", "seed"} <= set(keys)
     assert "loss.fairkl" not in keys and "stage2" not in keys
+
+
+# --------------------------------------------------------------------------- quoted values are checked facts
+# The convention (src/debias/param_sources.py's docstring): a line quotes its key's value only as
+#   "(default X" or "; default X"   the schema's default, which params.yaml keeps;
+#   "schema default X"              the schema's default, where params.yaml states another value ...
+#   "params.yaml Y"                 ... and that value.
+# Every number or boolean leaf quotes its value so; where params.yaml departs from the schema the line names both.
+# Values come from the schema and the committed params.yaml, never from this file: a default that changes
+# makes its stale line fail here.
+
+import re  # noqa: E402
+import typing  # noqa: E402
+
+import yaml  # noqa: E402
+
+from tests.conftest import committed_text  # noqa: E402
+
+_TOKEN = r"(-?[0-9][0-9_]*(?:\.[0-9]+)?(?:e-?[0-9]+)?|true|false|null|[a-z][a-z0-9_]*)"
+MARKERS = {"default": re.compile(r"(?:\(|[;,] )default " + _TOKEN),
+           "schema default": re.compile(r"schema default " + _TOKEN),
+           "params.yaml": re.compile(r"params\.yaml " + _TOKEN)}
+
+
+def _at(tree: dict, key: str) -> typing.Any:
+    for part in key.split("."):
+        tree = tree.get(part, {}) if isinstance(tree, dict) else {}
+    return tree
+
+
+def _is_scalar(value: typing.Any) -> bool:
+    return isinstance(value, (bool, int, float))
+
+
+def _literal_choices(key: str) -> tuple[str, ...]:
+    """The allowed strings of a Literal-typed leaf (empty for other types)."""
+    model: typing.Any = Params
+    *sections, name = key.split(".")
+    for section in sections:
+        model = model.model_fields[section].annotation
+    return tuple(arg for arg in typing.get_args(model.model_fields[name].annotation) if isinstance(arg, str))
+
+
+def _parse(token: str, default: typing.Any, choices: tuple[str, ...]) -> tuple[bool, typing.Any]:
+    """(is a value of this key, the value): a token of prose after a marker (``params.yaml comment``) is not."""
+    if token == "null":
+        return True, None
+    if isinstance(default, bool):
+        return token in ("true", "false"), token == "true"
+    if isinstance(default, (int, float)) or default is None:
+        try:
+            return True, float(token)
+        except ValueError:
+            return False, None
+    return token in choices, token
+
+
+def quoted_value_errors(sources: dict[str, str], schema: dict, shipped: dict) -> dict[str, list[str]]:
+    """Per key, what its source line gets wrong about the schema's default and params.yaml's value."""
+    errors: dict[str, list[str]] = {}
+    for key in leaves(Params):
+        if key not in sources:
+            continue
+        text, default, in_yaml = sources[key], _at(schema, key), _at(shipped, key)
+        value = default if in_yaml == {} else in_yaml
+        differs = value != default
+        expected = {"default": default, "schema default": default, "params.yaml": value}
+        found: dict[str, list[typing.Any]] = {}
+        for marker, pattern in MARKERS.items():
+            for token in pattern.findall(text):
+                ok, parsed = _parse(token, default, _literal_choices(key))
+                if ok:
+                    found.setdefault(marker, []).append(parsed)
+        wrong = [f"quotes '{marker} {quoted}', but it is {expected[marker]!r}"
+                 for marker, values in found.items() for quoted in values if quoted != expected[marker]]
+        if differs and "default" in found:
+            wrong.append(f"quotes one default, but the schema says {default!r} and params.yaml {value!r}: "
+                         "write 'schema default X' and 'params.yaml Y'")
+        if differs and not {"schema default", "params.yaml"} <= set(found):
+            wrong.append(f"params.yaml states {value!r}, the schema {default!r}: the line must quote both "
+                         f"('schema default {default}', 'params.yaml {value}')")
+        elif _is_scalar(default) and not found:
+            wrong.append(f"quotes no value: write '(default {default})'")
+        if wrong:
+            errors[key] = wrong
+    return errors
+
+
+def _schema_and_shipped() -> tuple[dict, dict]:
+    return Params().model_dump(mode="json", warnings=False), yaml.safe_load(committed_text("params.yaml"))
+
+
+def test_every_quoted_default_is_the_schemas_and_params_yamls() -> None:
+    errors = quoted_value_errors(SOURCES, *_schema_and_shipped())
+    assert not errors, "stale values in src/debias/param_sources.py:\n" + "\n".join(
+        f"  {key}: {'; '.join(problems)}" for key, problems in errors.items())
+
+
+def test_the_check_catches_a_stale_quote_a_missing_one_and_prose() -> None:
+    schema, shipped = _schema_and_shipped()
+    key = "stage2.cnc.temperature"
+    default = _at(schema, key)
+    assert quoted_value_errors({key: f"paper: CNC App. D.2.4 (default {default})"}, schema, shipped) == {}
+    stale = quoted_value_errors({key: f"paper: CNC App. D.2.4 (default {default + 1})"}, schema, shipped)[key]
+    assert stale == [f"quotes 'default {default + 1}', but it is {default!r}"]
+    unquoted = quoted_value_errors({key: f"paper: CNC App. D.2.4: tau {default}, scikit-learn's default 7"},
+                                   schema, shipped)[key]
+    assert unquoted == [f"quotes no value: write '(default {default})'"]
+    moved = {**shipped, "stage2": {**shipped["stage2"], "cnc": {**shipped["stage2"]["cnc"], "temperature": 0.5}}}
+    one = " ".join(quoted_value_errors({key: f"paper: CNC App. D.2.4 (default {default})"}, schema, moved)[key])
+    assert "write 'schema default X' and 'params.yaml Y'" in one and "the line must quote both" in one
+    both = {key: f"paper: CNC App. D.2.4 (schema default {default}); params.yaml 0.5 (ours: the params.yaml comment)"}
+    assert key not in quoted_value_errors(both, schema, moved)

@@ -268,3 +268,25 @@ def test_a_key_params_yaml_lacks_lands_after_its_sections_last_value_even_a_wrap
     applied = presets.plan_apply(text, presets.load("cnc-cmnist"), {"bias": {"max_uncolourable": 0.02}})
     assert validate(yaml.safe_load(applied.text)).bias.max_uncolourable == 0.02
     assert applied.changes["bias.max_uncolourable"][1] == 0.02
+
+
+@pytest.mark.parametrize("name", ["fairkl-ccifar10-0.5pct", "fairkl-ccifar10-1pct", "fairkl-ccifar10-2pct",
+                                  "fairkl-ccifar10-5pct", "fairkl-bffhq"])
+def test_fairkl_resnet_presets_keep_the_released_imagenet_stem_and_cifar10_statistics(name) -> None:
+    """The released main_infonce.py swaps in the 3x3 first convolution for cifar10 / cifar100 only: Corrupted CIFAR-10
+    and bFFHQ keep torchvision's 7x7 stride-2 stem and max-pool, normalised with CIFAR-10's mean and std."""
+    from torch import nn
+
+    from debias.models import build_model
+
+    params = _composed(name)
+    assert (params.model.stem, params.model.normalization) == ("imagenet", "cifar10")
+    model = build_model(params.model, 2, 32)  # 32 px, where stem auto would pick the CIFAR stem
+    assert model.encoder.net.conv1.kernel_size == (7, 7) and isinstance(model.encoder.net.maxpool, nn.MaxPool2d)
+    assert model.encoder.input_mean == (0.4914, 0.4822, 0.4465) and model.encoder.input_std == (0.2023, 0.1994, 0.2010)
+
+
+def test_presets_without_a_resnet_leave_stem_and_statistics_auto() -> None:
+    for name in ("fairkl-bmnist-0.997-eps-supinfonce", "cnc-cmnist", "wcl-adult"):
+        params = _composed(name)
+        assert (params.model.stem, params.model.normalization) == ("auto", "auto"), name

@@ -5,8 +5,11 @@
                 channels, no downsampling), global average pool -> 128-d. Heavy on CPU.
 ``resnet18``    torchvision's ResNet-18 -> 512-d (FairKL paper: Corrupted CIFAR-10, from scratch).
 ``resnet50``    torchvision's ResNet-50 -> 2048-d (CNC: Waterbirds and CelebA, ImageNet weights, 224 px).
-                From scratch, images of 64 px or less get a 3x3 stride-1 stem without max-pool (the
-                usual CIFAR variant); ``model.pretrained`` keeps the ImageNet stem and loads torchvision's
+                ``model.stem``: ``imagenet`` keeps torchvision's 7x7 stride-2 convolution and 3x3
+                max-pool, ``cifar`` replaces them with one 3x3 stride-1 convolution and no max-pool (the
+                usual CIFAR variant); ``auto``: imagenet with pretrained weights or images over 64 px, else
+                cifar. (FairKL's released code keeps the ImageNet stem on Corrupted CIFAR-10 and bFFHQ; its
+                presets set ``imagenet``.) ``model.pretrained`` keeps the ImageNet stem and loads torchvision's
                 IMAGENET1K_V1 weights (what ``pretrained=True`` gave the papers), from the torch hub
                 cache (``$TORCH_HOME/hub/checkpoints``) or downloaded into it.
 ``mlp``         [Linear, ReLU, BatchNorm1d] x len(model.mlp.hidden) (WCL Sec. 6.2: "MLP with ReLU
@@ -14,8 +17,9 @@
                 flattened input -> last hidden width; feature vectors, and images too (LfF's
                 Colored-MNIST MLP).
 A network takes the stored tensors unchanged and normalises them itself: uint8 images ``[N,3,H,W]``
-to ``(x/255 - mean) / std`` with the encoder's ``input_mean`` / ``input_std`` (0.5 / 0.5 as in the
-papers' code; the weights' own ImageNet statistics for pretrained encoders); float32 feature vectors
+to ``(x/255 - mean) / std`` with the encoder's ``input_mean`` / ``input_std``: ``model.normalization``
+(:data:`NORMALIZATIONS`), whose ``auto`` is 0.5 / 0.5 as in the papers' MNIST code, or the weights' own
+ImageNet statistics for pretrained encoders; float32 feature vectors
 ``[N,F]`` (standardised by their source) pass as they are. ``input_shape`` is the shape of one sample:
 ``(3, H, W)`` or ``(F,)`` (an int ``s`` means square images, ``(3, s, s)``). The image encoders take
 images only: asked for feature vectors, :func:`build_model` uses ``mlp`` instead and warns once
@@ -47,6 +51,13 @@ from debias.params import ACTIVATION_ENCODERS, HEAD_INPUTS, ModelParams
 InputShape = tuple[int, ...]  # one sample: (3, H, W) images or (F,) feature vectors
 INPUT_MODALITIES = {3: "image", 1: "tabular"}  # by the number of dimensions of one sample
 PAPERS_MEAN_STD = (0.5, 0.5, 0.5)  # the papers' code: inputs normalised with mean 0.5, std 0.5
+# model.normalization -> (mean, std) per channel on the 0..1 scale. cifar10: FairKL's released main_infonce.py for
+# cifar10, corrupted-cifar10 and bffhq; imagenet: torchvision's ImageNet weights' (their transforms()).
+NORMALIZATIONS: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] = {
+    "half": (PAPERS_MEAN_STD, PAPERS_MEAN_STD),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
 
 
 def as_input_shape(shape: int | Sequence[int]) -> InputShape:
@@ -268,7 +279,20 @@ RESNETS: dict[str, tuple[str, str, int, str]] = {
     "resnet18": ("resnet18", "ResNet18_Weights", 512, "IMAGENET1K_V1"),
     "resnet50": ("resnet50", "ResNet50_Weights", 2048, "IMAGENET1K_V1"),
 }
-CIFAR_STEM_MAX_SIDE = 64  # from scratch, images up to this side get the 3x3 stride-1 stem without max-pool
+CIFAR_STEM_MAX_SIDE = 64  # stem auto, from scratch: images up to this side get the 3x3 stride-1 stem without max-pool
+RESNET_STEMS = ("cifar", "imagenet")
+
+
+def resolve_stem(stem: str, image_size: int, pretrained: bool) -> str:
+    """``model.stem`` as built: ``auto`` is imagenet with pretrained weights or images over 64 px, else cifar;
+    the cifar stem cannot hold the ImageNet weights' 7x7 convolution."""
+    if stem not in ("auto", *RESNET_STEMS):
+        raise ValueError(f"model.stem = '{stem}'; allowed: auto, {', '.join(RESNET_STEMS)}")
+    if stem == "auto":
+        return "imagenet" if pretrained or image_size > CIFAR_STEM_MAX_SIDE else "cifar"
+    if stem == "cifar" and pretrained:
+        raise ValueError("model.stem = cifar cannot load the ImageNet weights (model.pretrained); allowed: imagenet, auto")
+    return stem
 
 
 def resnet_weights(name: str) -> Any:
@@ -304,21 +328,24 @@ def load_pretrained_state(name: str) -> dict[str, torch.Tensor]:
 
 
 class ResNet(Encoder):
-    """torchvision ResNet without its classifier; ImageNet stem, weights and statistics when ``pretrained``."""
+    """torchvision ResNet without its classifier, with the ``stem`` :func:`resolve_stem` picks; ImageNet weights and
+    statistics when ``pretrained``."""
 
-    def __init__(self, name: str, image_size: int, pretrained: bool = False, load_weights: bool = True) -> None:
+    def __init__(self, name: str, image_size: int, pretrained: bool = False, load_weights: bool = True,
+                 stem: str = "auto") -> None:
         super().__init__()
         import torchvision.models
 
         builder, _, dim, _ = RESNETS[name]
         net = getattr(torchvision.models, builder)(weights=None)
+        self.stem = resolve_stem(stem, image_size, pretrained)
         if pretrained:
             if load_weights:
                 net.load_state_dict(load_pretrained_state(name))
             preprocessing = weights_preprocessing(name)
             self.input_mean, self.input_std = preprocessing["mean"], preprocessing["std"]
-        elif image_size <= CIFAR_STEM_MAX_SIDE:
-            net.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
+        if self.stem == "cifar":
+            net.conv1 = nn.Conv2d(3, net.conv1.out_channels, 3, stride=1, padding=1, bias=False)
             net.maxpool = nn.Identity()
         net.fc = nn.Identity()
         self.net = net
@@ -330,22 +357,27 @@ class ResNet(Encoder):
 
 
 class ResNet18(ResNet):
-    def __init__(self, image_size: int, pretrained: bool = False, load_weights: bool = True) -> None:
-        super().__init__("resnet18", image_size, pretrained, load_weights)
+    def __init__(self, image_size: int, pretrained: bool = False, load_weights: bool = True, stem: str = "auto") -> None:
+        super().__init__("resnet18", image_size, pretrained, load_weights, stem)
 
 
 class ResNet50(ResNet):
-    def __init__(self, image_size: int, pretrained: bool = False, load_weights: bool = True) -> None:
-        super().__init__("resnet50", image_size, pretrained, load_weights)
+    def __init__(self, image_size: int, pretrained: bool = False, load_weights: bool = True, stem: str = "auto") -> None:
+        super().__init__("resnet50", image_size, pretrained, load_weights, stem)
 
 
 def _resnet(cls: type[ResNet]) -> Callable[..., Encoder]:
-    def build(shape: InputShape, load_weights: bool = True, pretrained: bool = False) -> Encoder:
-        encoder = cls(shape[-1], pretrained, load_weights)
-        encoder.options = {"pretrained": bool(pretrained)}
+    def build(shape: InputShape, load_weights: bool = True, pretrained: bool = False, stem: str = "auto") -> Encoder:
+        encoder = cls(shape[-1], pretrained, load_weights, stem)
+        # stem auto is left out, so checkpoints (and resume keys) of auto runs stay as before the option existed
+        encoder.options = {"pretrained": bool(pretrained), **({"stem": stem} if stem != "auto" else {})}
         return encoder
 
     return build
+
+
+def _resnet_options(model: ModelParams) -> dict[str, Any]:
+    return {"pretrained": model.pretrained, **({"stem": model.stem} if model.stem != "auto" else {})}
 
 
 @dataclass(frozen=True)
@@ -363,8 +395,8 @@ ENCODERS: dict[str, EncoderSpec] = {
                           LeNet5(shape[-1], feature_activation), ("image",)),
     "simpleconv": EncoderSpec(lambda shape, load_weights=True, feature_activation=DEFAULT_ACTIVATION:
                               SimpleConvNet(shape[-1], feature_activation), ("image",)),
-    "resnet18": EncoderSpec(_resnet(ResNet18), ("image",), lambda model: {"pretrained": model.pretrained}),
-    "resnet50": EncoderSpec(_resnet(ResNet50), ("image",), lambda model: {"pretrained": model.pretrained}),
+    "resnet18": EncoderSpec(_resnet(ResNet18), ("image",), _resnet_options),
+    "resnet50": EncoderSpec(_resnet(ResNet50), ("image",), _resnet_options),
     "mlp": EncoderSpec(lambda shape, load_weights=True, **options: MLP(shape, **options), ("image", "tabular"),
                        lambda model: model.mlp.model_dump(mode="json")),
 }
@@ -391,15 +423,29 @@ def resolve_activation(model: str | ModelParams, method_default: str = DEFAULT_A
 
 def encoder_options(model: str | ModelParams, name: str, method_default: str = DEFAULT_ACTIVATION) -> dict[str, Any]:
     """The options of encoder ``name`` from ``params.model`` (a ModelParams), else the params' defaults; encoders with a
-    configurable feature layer (``ACTIVATION_ENCODERS``) get ``feature_activation`` resolved for the method."""
+    configurable feature layer (``ACTIVATION_ENCODERS``) get ``feature_activation`` resolved for the method; a
+    ``normalization`` other than auto is one more option of every encoder."""
     params = model if isinstance(model, ModelParams) else ModelParams()
+    options = ENCODERS[name].options(params)
     if name in ACTIVATION_ENCODERS:
-        return {**ENCODERS[name].options(params), "feature_activation": resolve_activation(model, method_default)}
-    return ENCODERS[name].options(params)
+        options = {**options, "feature_activation": resolve_activation(model, method_default)}
+    if params.normalization != "auto":
+        options = {**options, "normalization": params.normalization}
+    return options
 
 
 def _build(name: str, n_classes: int, shape: InputShape, options: dict[str, Any], load_weights: bool = True) -> Network:
-    network = Network(ENCODERS[name].build(shape, load_weights=load_weights, **options), n_classes)
+    """The network of registry entry ``name``; ``options["normalization"]`` (when present) replaces the encoder's own
+    input statistics and stays in its options (checkpoints record it)."""
+    options = dict(options)
+    normalization = options.pop("normalization", None)
+    encoder = ENCODERS[name].build(shape, load_weights=load_weights, **options)
+    if normalization is not None:
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"model.normalization = '{normalization}'; allowed: auto, {', '.join(NORMALIZATIONS)}")
+        encoder.input_mean, encoder.input_std = NORMALIZATIONS[normalization]
+        encoder.options = {**encoder.options, "normalization": normalization}
+    network = Network(encoder, n_classes)
     network.encoder_name = name  # the registry name actually built (checkpoints record it)
     return network
 

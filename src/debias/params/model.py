@@ -39,6 +39,14 @@ class ModelParams(Section):
                             "(relu: ERM, JTT, CNC's LeNet-5, WCL with its projection head; tanh: the supcon family and "
                             "FairKL without a projection head, as the FairKL authors' encoder: a ReLU feature layer keeps "
                             "every normalised z in the positive orthant)")
+    stem: Literal["auto", "cifar", "imagenet"] = Field(
+        "auto", description="first layers of resnet18 / resnet50. imagenet: torchvision's 7x7 stride-2 convolution and "
+                            "3x3 max-pool; cifar: one 3x3 stride-1 convolution, no max-pool; auto: imagenet with "
+                            "pretrained weights or images over 64 px, else cifar")
+    normalization: Literal["auto", "half", "cifar10", "imagenet"] = Field(
+        "auto", description="per-channel mean / std of image inputs: half (0.5 / 0.5), cifar10 (CIFAR-10's, as FairKL's "
+                            "code on Corrupted CIFAR-10 and bFFHQ), imagenet (ImageNet's); auto: the pretrained "
+                            "weights' (imagenet), else half. Feature vectors are never normalised here")
     mlp: MLPParams = Field(default_factory=MLPParams)
 
     @model_validator(mode="after")
@@ -46,6 +54,12 @@ class ModelParams(Section):
         if self.pretrained and self.name not in PRETRAINABLE:
             raise ValueError(f"pretrained = true needs ImageNet weights, which name = {self.name} does not have; "
                              f"allowed: {', '.join(PRETRAINABLE)}")
+        if self.stem != "auto" and self.name not in PRETRAINABLE:
+            raise ValueError(f"stem = {self.stem} sets the first layers of {', '.join(PRETRAINABLE)}; name = {self.name} "
+                             "keeps its own; allowed: auto")
+        if self.stem == "cifar" and self.pretrained:
+            raise ValueError("stem = cifar replaces the first convolution that the ImageNet weights (pretrained = true) "
+                             "were trained with; allowed with pretrained: auto or imagenet")
         if self.feature_activation == "tanh" and self.name not in ACTIVATION_ENCODERS:
             raise ValueError(f"feature_activation = tanh replaces the last activation of {', '.join(ACTIVATION_ENCODERS)}; "
                              f"name = {self.name} keeps its own; allowed: auto or relu with {self.name}")
