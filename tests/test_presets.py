@@ -175,7 +175,7 @@ def test_apply_keeps_every_byte_but_the_changed_values(tmp_path, capsys) -> None
            [l for l in after.splitlines() if l.lstrip().startswith("#")]
     params = validate(yaml.safe_load(after))
     assert (params.data.source, params.stage2.cnc.num_positives, params.erm.weight_decay) == ("waterbirds", 17, 1.0)
-    assert "preset cnc-waterbirds version 1 applied" in capsys.readouterr().out
+    assert "preset cnc-waterbirds version 2 applied" in capsys.readouterr().out
     # applying it again changes nothing
     assert main(["preset", "apply", "cnc-waterbirds", "--params", str(path)]) == 0
     assert path.read_text() == after
@@ -218,8 +218,8 @@ def test_a_bad_name_lists_the_presets(tmp_path, capsys) -> None:
 
 
 def test_a_pinned_version_must_match(tmp_path) -> None:
-    assert presets.load("cnc-cmnist@1").version == 1
-    with pytest.raises(presets.PresetError, match="version 1, not 7"):
+    assert presets.load("cnc-cmnist@2").version == 2
+    with pytest.raises(presets.PresetError, match="version 2, not 7"):
         presets.load("cnc-cmnist@7")
 
 
