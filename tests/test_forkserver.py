@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from debias import embedding, forkserver
+from debias.forkserver import server as server_module
 from debias.forkserver.server import _serve_one as serve_one
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")
@@ -167,8 +168,10 @@ def test_a_fork_that_cannot_take_over_the_launcher_s_state_reports_that_nothing_
 
     ours, theirs = socket.socketpair()
     watcher = os.fork()
-    if watcher == 0:  # the server's side of one request
+    if watcher == 0:  # the server's side of one request (a server made under this process's state)
         ours.close()
+        server_module.SERVER_STATE.update(affinity=sorted(os.sched_getaffinity(0)),
+                                          limits=forkserver.protocol.resource_limits())
         serve_one(theirs, "the log")
     theirs.close()
     state = {**forkserver.process_state(str(tmp_path / "probe.py"), []), "cwd": str(tmp_path / "gone")}
