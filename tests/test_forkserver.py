@@ -200,6 +200,28 @@ def test_a_server_that_gave_up_is_not_started_again(tmp_path) -> None:
     _stop_servers([path])
 
 
+def test_a_launcher_pinned_to_other_cpus_is_not_forked_by_this_server(server) -> None:
+    """The server's thread pools were sized for its own CPUs: a ``taskset`` launcher runs its stage itself (here
+    with its own server marked as failed, so that it starts none) rather than in a fork sized for more cores."""
+    import shutil
+
+    taskset = shutil.which("taskset")
+    if taskset is None or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs taskset and two usable CPUs")
+    root, env = server
+    pin = [taskset, "-c", str(min(os.sched_getaffinity(0)))]
+    pinned = subprocess.run([*pin, sys.executable, "-m", "debias.forkserver", "--where"], cwd=root, env=env,
+                            capture_output=True, text=True, check=True).stdout.strip()
+    Path(f"{pinned}.failed").write_text("kept from starting by the test\n")
+    try:
+        launcher = subprocess.Popen([*pin, sys.executable, "-m", "debias.launch", "--single", "probe.py"], cwd=root,
+                                    env=env, stdout=subprocess.PIPE, text=True)
+        out, _ = launcher.communicate(timeout=120)
+    finally:
+        Path(f"{pinned}.failed").unlink()
+    assert launcher.returncode == 0 and json.loads(out.splitlines()[0])["pid"] == launcher.pid  # its own process
+
+
 def test_switched_off_the_launcher_runs_the_stage_itself(server) -> None:
     root, env = server
     launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py"], cwd=root,

@@ -49,6 +49,18 @@ PROBE = textwrap.dedent("""
         import resource
         block = bytearray(200 * 2**20)
         print(json.dumps({"RLIMIT_AS": resource.getrlimit(resource.RLIMIT_AS), "allocated": len(block)}))
+    elif action == "cuda":  # a few steps of training on the device
+        import torch
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 2).cuda()
+        x, y = torch.randn(64, 8, device="cuda"), torch.randint(0, 2, (64,), device="cuda")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(20):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+        print(json.dumps({"device": str(next(model.parameters()).device), "loss": loss.item()}))
     elif action == "state":  # thread pools, global random state and names, as a stage would start with them
         import numba, numpy, threadpoolctl, torch
         cmdline = Path("/proc/self/cmdline").read_bytes().rstrip(b"\\0").replace(b"\\0", b" ").decode()
@@ -200,6 +212,32 @@ def test_signals_ignored_by_a_background_job_stay_ignored(server, tmp_path) -> N
     assert outcomes["1"].same_as(outcomes["0"]), (outcomes["1"], outcomes["0"])
 
 
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _until(condition, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_ctrl_z_stops_the_stage_and_fg_continues_it(server, tmp_path) -> None:
+    def stop_and_continue(_process, stage, launcher):
+        os.kill(launcher, signal.SIGTSTP)  # what the terminal sends the foreground job on Ctrl-Z
+        assert _until(lambda: _state(stage) == "T") and _until(lambda: _state(launcher) == "T")
+        os.kill(launcher, signal.SIGCONT)  # `fg`
+        assert _until(lambda: _state(stage) != "T") and _until(lambda: _state(launcher) != "T")
+
+    outcomes = _both(server, tmp_path, lambda folder: _launch_words("wait", folder), stop_and_continue)
+    assert outcomes["1"].stage != outcomes["1"].launcher
+    assert outcomes["0"].code == 0 and "output.txt" in outcomes["0"].files
+    assert outcomes["1"].same_as(outcomes["0"]), (outcomes["1"], outcomes["0"])
+
+
 def test_a_stage_killed_with_its_launcher_writes_nothing_more(server, tmp_path) -> None:
     def kill(process, stage, _launcher):
         process.kill()  # SIGKILL: nothing can pass it on
@@ -317,3 +355,14 @@ def test_the_server_is_off_by_default_where_cuda_is_visible(monkeypatch) -> None
     assert not protocol.enabled({"DEBIAS_FORKSERVER": "0"})
     monkeypatch.setattr(protocol.glob, "glob", lambda pattern: ["/dev/nvidia0"])
     assert not protocol.enabled({}) and protocol.enabled({"CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_a_forked_stage_trains_on_the_cuda_device_as_a_plain_one(server, tmp_path) -> None:
+    """The check that would let the server on by default where CUDA is visible (it is off there until it passes)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device on this machine")
+    outcomes = _both(server, tmp_path, lambda folder: _launch_words("cuda", folder))  # DEBIAS_FORKSERVER=1: on
+    assert outcomes["1"].stage != outcomes["1"].launcher  # forked
+    assert outcomes["0"].code == 0 and json.loads(outcomes["0"].stdout)["device"] == "cuda:0"
+    assert outcomes["1"].same_as(outcomes["0"]), (outcomes["1"], outcomes["0"])
