@@ -17,7 +17,7 @@ IDLE_VARIABLE = "DEBIAS_FORKSERVER_IDLE"
 # Set in a forked stage process: the launcher's pid, whose ancestors (DVC) are the stage's (debias.tracking.runs).
 LAUNCHER_VARIABLE = "DEBIAS_LAUNCHER_PID"
 # Ours: long enough to span a pipeline's stages and the edit between two `dvc exp run`s, short enough that the
-# server's ~0.9 GB (resident, umap imported: measured on the default pipeline) is not held for long after the last stage.
+# server's ~1.1 GB (resident after a tiny pipeline: docs/pipeline.md) is not held for long after it.
 IDLE_SECONDS = 300.0
 # The environment variables an import may read (the interpreter, the dynamic loader, native thread pools, locale,
 # cache and temporary folders, and the preloaded libraries); the forked process gets the launcher's whole
