@@ -152,6 +152,9 @@ def _stand_in(sock: socket.socket, state: dict) -> int | None:
             signal.signal(signum, handler)
         if len(stage) > 1:
             os.close(stage[1])
+        if not stage:  # no fork took them: they are this process's own again, as for the stage it may become
+            for signum in pending:
+                signal.raise_signal(signum)
     status = int(ended["status"])
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
