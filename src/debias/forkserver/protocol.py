@@ -78,7 +78,7 @@ def identity(environ: dict[str, str], options: list[str]) -> str:
         "uid": os.getuid(), "code": [_text(str(path)) for path in sorted(Path(__file__).parent.glob("*.py"))],
         # the thread pools (torch, OpenMP, OpenBLAS, numba) are sized from the CPUs a process may run on when it
         # loads them: a pinned launcher (taskset, SLURM) gets a server that loaded them under the same mask
-        "affinity": sorted(os.sched_getaffinity(0)),
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         # hard limits (a fork can lower, never raise them) and the stack's (glibc sizes threads' stacks from it
         # at start-up)
         "limits": {name: pair if name == "RLIMIT_STACK" else pair[1] for name, pair in resource_limits().items()},
