@@ -48,8 +48,11 @@ def torchrun_arguments(script: str, args: Sequence[str], nproc: int) -> list[str
 
 
 def single_process_command(script: str, args: Sequence[str]) -> list[str]:
-    """``python SCRIPT ARGS`` with this interpreter."""
-    return [sys.executable, script, *args]
+    """``python [OPTIONS] SCRIPT ARGS`` with this interpreter and the options it was started with (``-X dev``, ...,
+    as a forked stage has them)."""
+    from debias.forkserver import interpreter_options
+
+    return [sys.executable, *interpreter_options(list(getattr(sys, "orig_argv", []))), script, *args]
 
 
 def exit_code_of_failure(exitcode: int) -> int:

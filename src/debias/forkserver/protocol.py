@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ IDLE_VARIABLE = "DEBIAS_FORKSERVER_IDLE"
 # Set in a forked stage process: the launcher's pid, whose ancestors (DVC) are the stage's (debias.tracking.runs).
 LAUNCHER_VARIABLE = "DEBIAS_LAUNCHER_PID"
 # Ours: long enough to span a pipeline's stages and the edit between two `dvc exp run`s, short enough that the
-# server's ~0.9 GB (resident, umap imported: measured on the default pipeline) is not held for long after the last stage.
+# server's ~1.1 GB (resident after a tiny pipeline: docs/pipeline.md) is not held for long after it.
 IDLE_SECONDS = 300.0
 # The environment variables an import may read (the interpreter, the dynamic loader, native thread pools, locale,
 # cache and temporary folders, and the preloaded libraries); the forked process gets the launcher's whole
@@ -31,6 +32,8 @@ MAX_MESSAGE = 1 << 24  # bytes of one request (the environment dominates)
 # Ours: how long a launcher waits for the server to fork its stage (a fork takes milliseconds; an idle import of
 # umap from numba's cache, during which the server answers nobody, ~1.5 s) before it runs the stage itself.
 ANSWER_SECONDS = 60.0
+# Limits a fork cannot honour (it starts with the server's mappings): finite, the stage runs as its own process.
+EXEC_ONLY_LIMITS = ("RLIMIT_AS", "RLIMIT_DATA")
 
 
 # ----------------------------------------------------------------------------------------------- identity
@@ -41,9 +44,10 @@ def read_at_import(name: str) -> bool:
 
 
 def interpreter_options(orig_argv: list[str]) -> list[str]:
-    """The interpreter options of ``python [OPTIONS] -m debias.launch ...`` (the words before ``-m``)."""
+    """The interpreter options of ``python [OPTIONS] -m debias.launch ...`` (the words before ``-m``; none for a
+    command line without ``-m``)."""
     words = orig_argv[1:]
-    return words[: words.index("-m")] if "-m" in words else words
+    return words[: words.index("-m")] if "-m" in words else []
 
 
 def _text(path: str) -> str:
@@ -72,6 +76,12 @@ def identity(environ: dict[str, str], options: list[str]) -> str:
         "environment": sorted((k, v) for k, v in environ.items() if read_at_import(k)),
         "paths": paths, "cgroup": _text("/proc/self/cgroup"), "namespace": namespace, "nice": os.nice(0),
         "uid": os.getuid(), "code": [_text(str(path)) for path in sorted(Path(__file__).parent.glob("*.py"))],
+        # the thread pools (torch, OpenMP, OpenBLAS, numba) are sized from the CPUs a process may run on when it
+        # loads them: a pinned launcher (taskset, SLURM) gets a server that loaded them under the same mask
+        "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        # hard limits (a fork can lower, never raise them) and the stack's (glibc sizes threads' stacks from it
+        # at start-up)
+        "limits": {name: pair if name == "RLIMIT_STACK" else pair[1] for name, pair in resource_limits().items()},
     }
     return hashlib.sha256(json.dumps(state, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -99,9 +109,53 @@ def socket_path(environ: dict[str, str], options: list[str]) -> Path | None:
     return path if len(os.fsencode(path)) < 100 else None  # sun_path holds 108 bytes
 
 
+def resource_limits() -> dict[str, tuple[int, int]]:
+    """This process's resource limits: ``{"RLIMIT_AS": (soft, hard), ...}`` (those this platform has)."""
+    import resource
+
+    limits = {}
+    for name in sorted(dir(resource)):
+        if name.startswith("RLIMIT_"):
+            try:
+                limits[name] = tuple(resource.getrlimit(getattr(resource, name)))
+            except (OSError, ValueError):
+                continue
+    return limits
+
+
+def unforkable(limits: dict[str, tuple[int, int] | list[int]]) -> str | None:
+    """Why a fork of the server cannot run under ``limits`` exactly as a new process would, or None.
+
+    A fork starts with the server's address space (several GB of mappings: torch, MLflow, ...), so a finite
+    address-space or data-segment limit would count what a new process never maps: such a stage runs as its own
+    process (:data:`EXEC_ONLY_LIMITS`)."""
+    import resource
+
+    for name in EXEC_ONLY_LIMITS:
+        if name in limits and any(value != resource.RLIM_INFINITY for value in limits[name]):
+            return f"{name} is finite"
+    return None
+
+
+def cuda_visible(environ: dict[str, str]) -> bool:
+    """True where torch could see a CUDA (or ROCm) device, read without loading a driver: ``CUDA_VISIBLE_DEVICES``
+    naming a device, or, where it is unset, an NVIDIA device file (``/dev/nvidia0``, ...) or ROCm's ``/dev/kfd``."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is not None:
+        first = value.split(",")[0].strip()
+        return bool(first) and not first.startswith("-")  # "" and "-1" hide every device
+    return bool(glob.glob("/dev/nvidia[0-9]*")) or os.path.exists("/dev/kfd")
+
+
 def enabled(environ: dict[str, str]) -> bool:
-    """The fork server is used on Linux unless ``DEBIAS_FORKSERVER=0``."""
-    return sys.platform == "linux" and environ.get(SWITCH_VARIABLE, "1").strip() != "0"
+    """Whether the launcher uses the fork server: on Linux, ``DEBIAS_FORKSERVER=1`` on, ``0`` off; unset (or
+    empty), on unless a CUDA device is visible (:func:`cuda_visible`; no forked stage has trained on one yet)."""
+    if sys.platform != "linux":
+        return False
+    switch = environ.get(SWITCH_VARIABLE, "").strip()
+    if switch == "0":
+        return False
+    return bool(switch) or not cuda_visible(environ)
 
 
 def idle_seconds(environ: dict[str, str]) -> float:

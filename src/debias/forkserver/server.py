@@ -7,11 +7,11 @@ import signal
 import socket
 import struct
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from debias.forkserver.protocol import LAUNCHER_VARIABLE, idle_seconds, receive_message, send_message
+from debias.forkserver.protocol import idle_seconds, receive_message, resource_limits, send_message, unforkable
+from debias.forkserver.stage import run_stage_process
 
 # The libraries the stages import (measured with `python -X importtime pipeline/<stage>.py`, the default data):
 # imported by the server before it takes a stage. umap (numba) is imported after the server is up, when idle
@@ -66,119 +66,25 @@ def _preload(names: tuple[str, ...]) -> list[str]:
     return done
 
 
-def _reset_signals() -> None:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
-        signal.signal(signum, signal.SIG_DFL)
+# What the server's thread pools and mappings were made under (set by :func:`serve` before it listens).
+SERVER_STATE: dict = {}
 
 
-def _adopt(state: dict, fds: list[int]) -> None:
-    """Become the launcher's stage process: streams, environment, folder, limits, argv, fresh project modules."""
-    import importlib
-    import io
-    import resource
-
-    for target, fd in enumerate(fds[:3]):
-        os.dup2(fd, target)
-    for fd in fds:
-        if fd > 2:
-            os.close(fd)
-    os.environ.clear()
-    os.environ.update(state["environ"])
-    os.environ[LAUNCHER_VARIABLE] = str(int(state["pid"]))
-    os.chdir(state["cwd"])
-    os.umask(int(state["umask"]))
-    for name, (soft, hard) in state["limits"].items():
-        try:
-            resource.setrlimit(getattr(resource, name), (soft, hard))
-        except (OSError, ValueError, AttributeError):
-            pass  # a limit above the server's hard limit: the server's stays
-    try:
-        os.sched_setaffinity(0, state["affinity"])
-    except OSError:
-        pass
-    os.setpgid(0, 0)  # the stage's process group: killed whole if the launcher goes
-    unbuffered = sys.stdout.write_through  # -u / PYTHONUNBUFFERED: the server was started with the same
-    encoding, errors = sys.stdout.encoding, sys.stdout.errors
-    sys.stdin = io.TextIOWrapper(io.open(0, "rb", closefd=False), encoding=encoding, errors=errors)
-    sys.stdout = io.TextIOWrapper(io.open(1, "wb", buffering=0 if unbuffered else -1, closefd=False),
-                                  encoding=encoding, errors=errors, line_buffering=os.isatty(1), write_through=unbuffered)
-    sys.stderr = io.TextIOWrapper(io.open(2, "wb", buffering=0 if unbuffered else -1, closefd=False),
-                                  encoding=encoding, errors="backslashreplace", line_buffering=True, write_through=unbuffered)
-    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
-    script = state["script"]
-    sys.argv = [script, *state["args"]]
-    sys.orig_argv = list(state["orig_argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    for name in [name for name in sys.modules if name == "debias" or name.startswith("debias.")]:
-        del sys.modules[name]
-    importlib.invalidate_caches()
-    _matplotlib_rc_of_folder()
-    tempfile.tempdir = None  # the server's TMPDIR, cached by its first gettempdir(): the launcher's instead
-
-
-def _matplotlib_rc_of_folder() -> None:
-    """A ``matplotlibrc`` in the working folder, which matplotlib reads first when imported there (the server
-    imported it in ``/``): its settings over the defaults, as matplotlib would have them."""
-    matplotlib = sys.modules.get("matplotlib")
-    if matplotlib is not None and os.path.isfile("matplotlibrc"):
-        matplotlib.rcParams.update(matplotlib.rc_params_from_file("matplotlibrc", use_default_template=True))
-
-
-def _exit_code(code: object) -> int:
-    """``SystemExit.code`` as the interpreter turns it into an exit status."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
-
-
-def _run_stage_process(state: dict, fds: list[int], adopted: int) -> None:
-    """The forked stage process: take over the launcher's process state (then write a byte to ``adopted``), run the
-    script as ``__main__``, end as the interpreter would. Never returns."""
-    import atexit
-    import runpy
-    import threading
-    import traceback
-
-    try:
-        _reset_signals()
-        _adopt(state, fds)
-        os.write(adopted, b"1")
-        os.close(adopted)
-    except BaseException:  # nothing of the stage ran: the watcher tells the launcher, which runs it itself
-        traceback.print_exc()
-        os._exit(1)
-    code, interrupted = 1, False
-    try:
-        runpy.run_path(state["script"], run_name="__main__")
-        code = 0
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        interrupted = True
-    except BaseException:
-        try:
-            sys.excepthook(*sys.exc_info())
-        except BaseException:
-            traceback.print_exc()
-        code = 1
-    try:
-        threading._shutdown()  # as the interpreter does at exit: wait for non-daemon threads, then atexit
-        atexit._run_exitfuncs()
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        if interrupted:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        os._exit(code)
+def why_not_forked(state: dict, server: dict) -> str | None:
+    """Why a fork of this server would not be the process the launcher would start, or None: a limit that a fork
+    cannot honour (:func:`debias.forkserver.protocol.unforkable`), a hard limit or stack size other than the
+    server's (a fork cannot raise one; glibc sized the server's thread stacks from its own), or another CPU
+    affinity (the server's thread pools were sized from its own). The socket's name covers all but the first."""
+    reason = unforkable(state["limits"])
+    if reason is not None:
+        return reason
+    if sorted(state["affinity"]) != server.get("affinity"):
+        return "the launcher may run on other CPUs than the server's thread pools were sized for"
+    for name, (soft, hard) in server.get("limits", {}).items():
+        theirs = state["limits"].get(name)
+        if theirs is None or theirs[1] != hard or (name == "RLIMIT_STACK" and theirs[0] != soft):
+            return f"the launcher's {name} is not the server's"
+    return None
 
 
 def _wait(pid: int, conn: socket.socket) -> int:
@@ -215,12 +121,17 @@ def _serve_one(conn: socket.socket, log: str) -> None:
         if len(fds) != 3:
             send_message(conn, {"error": f"{len(fds)} standard streams came with the request (3 expected)"})
             return
+        reason = why_not_forked(state, SERVER_STATE)
+        if reason is not None:  # the launcher runs the stage as a process of its own, saying nothing
+            send_message(conn, {"plain": reason})
+            return
         readable, adopted = os.pipe()
+        watcher = os.getpid()
         pid = os.fork()
         if pid == 0:
             conn.close()
             os.close(readable)
-            _run_stage_process(state, fds, adopted)
+            run_stage_process(state, fds, adopted, watcher)
         os.close(adopted)
         for fd in fds:
             os.close(fd)
@@ -235,6 +146,38 @@ def _serve_one(conn: socket.socket, log: str) -> None:
         code = 1
     finally:
         os._exit(code)
+
+
+def remove_stale(folder: Path, keep: Path) -> list[Path]:
+    """Remove the socket, lock and log of every other identity in ``folder`` that no server holds (an identity
+    used once, or whose server left); those of a server that gave up (``.failed``, which its log explains) stay.
+    The files removed. A server that opens a lock while it is removed sees another inode and leaves."""
+    import fcntl
+
+    removed = []
+    for lock_path in folder.glob("*.sock.lock"):
+        sock = lock_path.with_suffix("")
+        if sock == keep or Path(f"{sock}.failed").exists():
+            continue
+        try:
+            fd = os.open(lock_path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a server holds it while it lives
+        except OSError:
+            os.close(fd)
+            continue
+        try:
+            for stale in (sock, Path(f"{sock}.log"), lock_path):  # the lock last, still held
+                try:
+                    stale.unlink()
+                    removed.append(stale)
+                except FileNotFoundError:
+                    pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _give_up(path: Path, reason: str) -> int:
@@ -254,14 +197,18 @@ def serve(path: Path, options: list[str]) -> int:
     lock = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(lock).st_ino != os.stat(f"{path}.lock").st_ino:  # removed as stale while we opened it
+            raise OSError("the lock file was replaced")
     except OSError:
         print("another server holds the lock", flush=True)
         return 0
+    remove_stale(path.parent, keep=path)
     try:
         os.ftruncate(1, 0)  # the log (stdout and stderr) is this server's alone from here
     except OSError:  # not a file (started by hand)
         pass
     idle = idle_seconds(dict(os.environ))
+    SERVER_STATE.update(affinity=sorted(os.sched_getaffinity(0)), limits=resource_limits())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # leave through the finally below (the socket removed)
     os.chdir("/")  # nothing imported may read the launcher's folder
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
