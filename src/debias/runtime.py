@@ -11,7 +11,7 @@
                     number on the CPU, gloo); same global batch, same data order and metrics as one
                     process (:mod:`debias.distributed`, :mod:`debias.launch`)
 ``DEBIAS_FORKSERVER``  ``0`` runs every stage in a process of its own instead of a fork of the warm server
-                    (:mod:`debias.forkserver`; default: the server, on Linux)
+                    (:mod:`debias.forkserver`; default: the server, on Linux where no CUDA device is visible)
 ``DEBIAS_FORKSERVER_IDLE``  seconds the fork server waits for a next stage before it leaves (default 300)
 Machine settings stay out of params.yaml so that DVC does not rerun stages when they change.
 """
