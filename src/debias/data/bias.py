@@ -35,6 +35,7 @@ import torch
 
 from debias.data import corruptions
 from debias.data.sources import SOURCE_PROTOCOLS, RawSplits
+from debias.data.sources.checks import unassigned_labels
 from debias.data.store import BiasedSplit
 from debias.errors import BiasProtocolError
 from debias.params import BackgroundParams, BiasParams, ForegroundParams
@@ -117,7 +118,7 @@ def colour_foreground(grey: np.ndarray, colour: np.ndarray, params: ForegroundPa
 def foreground(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
     params = bias.foreground
     # label -> class by sorted lookup, not a dense table sized by the largest label (a stray label such
-    # as 2**32 - 1 in a bring-your-own npz would allocate tens of GiB); labels not named are dropped.
+    # as 2**32 - 1 in a bring-your-own npz would allocate tens of GiB); inject_bias refused labels not named.
     digits = np.array([d for group in params.class_digits for d in group], dtype=np.int64)
     classes = np.array([c for c, group in enumerate(params.class_digits) for _ in group], dtype=np.int64)
     order = np.argsort(digits)
@@ -213,6 +214,12 @@ def given(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSpl
                 f"bias.protocol = given: {name} holds the value {count - 1} for {n_images} images; allowed: indices "
                 f"0, 1, ..., K-1 with every value used (relabel {name} to consecutive integers)")
     train = splits["train"]
+    if len(np.unique(train.a)) < 2:  # the download stage refuses it too; raw splits of an older one may hold it
+        raise BiasProtocolError(
+            f"bias.protocol = given: the bias attribute a holds only the value {int(train.a[0])} in the "  # type: ignore[index]
+            f"{len(train)} training images; allowed: at least 2 values (one that never varies makes every image "
+            "'bias-aligned': a maximal bias that is none); give the attribute that varies, or use a protocol that "
+            "makes one (foreground, background)")
     counts = np.zeros((n_classes, n_attrs), dtype=np.int64)
     np.add.at(counts, (train.y, train.a), 1)
     majority = counts.argmax(axis=1)
@@ -326,7 +333,8 @@ def inject_bias(splits: RawSplits, bias: BiasParams, seed: int, source: str | No
             f"bias.protocol = {protocol} biases {' or '.join(PROTOCOL_MODALITIES[protocol])} data, but the splits hold "
             f"{modality} data{f' (data.source = {source})' if source else ''}; allowed: {', '.join(users)} or {AUTO}")
     if protocol == "foreground":
-        labels = set(np.unique(np.concatenate([s.y for s in splits.values()])).tolist())
+        every = np.concatenate([s.y for s in splits.values()])
+        labels = set(np.unique(every).tolist())
         wanted = {d for group in bias.foreground.class_digits for d in group}
         missing = sorted(wanted - labels)
         if missing:
@@ -334,8 +342,15 @@ def inject_bias(splits: RawSplits, bias: BiasParams, seed: int, source: str | No
                 f"bias.foreground.class_digits names labels {missing} that the data does not have "
                 f"(labels present: {sorted(labels)})"
             )
+        unassigned = unassigned_labels(every, bias.foreground.class_digits)
+        if unassigned:  # their images would vanish without a word, classes with them
+            raise BiasProtocolError(unassigned)
     check_colourable(splits, bias, protocol)
     biased = PROTOCOLS[protocol](splits, bias, seed)
+    if biased["train"].n_classes < 2:
+        raise BiasProtocolError(f"the data has {biased['train'].n_classes} class after bias.protocol = {protocol}; "
+                                "allowed: at least 2 classes (a task of one class scores a 'perfect' 1.000 that "
+                                "measures nothing)")
     for name, split in biased.items():
         if len(split) == 0:
             raise BiasProtocolError(f"split '{name}' is empty after bias.protocol = {protocol}")
