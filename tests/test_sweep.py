@@ -127,6 +127,8 @@ def test_a_huge_range_is_counted_and_refused_at_once_unless_max_points_raises_th
     # the product of the axes is what counts: 3 x 2 seeds = 6 against a cap of 5
     done = sweep_cli(repo, "--name", "grid", "--max-points", "5", "-S", "loss.epsilon=0,0.25,0.5", "--seeds", "0", "1")
     assert done.returncode == 2 and "the grid (3 loss.epsilon x 2 seed) has 6 points" in done.stderr
+    done = sweep_cli(repo, "--name", "zero", "--max-points", "0", "-S", "loss.epsilon=0,0.25")
+    assert done.returncode == 2 and "--max-points = 0; allowed: a whole number >= 1" in done.stderr
     with pytest.raises(grid.SweepError, match="has 3 points, more than --max-points = 2"):
         grid.grid("g", {"loss.epsilon": [0, 1, 2]}, max_points=2)
 

@@ -276,7 +276,7 @@ def upstream_runs(root: Path, jobs: list[Job], merged: list[dict[str, Any]], ups
 
 def plan_from_args(args: argparse.Namespace, root: Path) -> tuple[str, list[Job], str | None]:
     """The sweep's name, jobs and upstream stage from ``--file`` and/or ``-S`` / ``--seeds`` / ``--targets``."""
-    limit = getattr(args, "max_points", None) or MAX_POINTS
+    limit = MAX_POINTS if getattr(args, "max_points", None) is None else args.max_points
     if limit < 1:
         raise SweepError(f"--max-points = {limit}; allowed: a whole number >= 1")
     name, jobs, upstream = args.name or "sweep", [], args.upstream
