@@ -61,6 +61,14 @@ def test_labels_outside_class_digits_are_refused_naming_the_param_and_the_labels
     assert not (workspace / "data/biased/summary.json").exists()
 
 
+def test_check_params_refuses_digit_pairs_that_leave_digits_out(tmp_path: Path) -> None:
+    workspace = make_workspace(tmp_path / "ws", {"bias": {"foreground": {"class_digits": [[0, 1], [2, 3]]}}})
+    checked = check_params(workspace)
+    assert checked.returncode == 2, checked.stderr
+    assert ("bias.foreground.class_digits = [[0, 1], [2, 3]] puts no class on labels 4, 5, 6, 7, 8, 9: their images "
+            "would be dropped") in checked.stderr
+
+
 def test_a_label_far_out_of_range_is_refused_without_sizing_a_table_by_it(tmp_path: Path, monkeypatch,
                                                                           capsys) -> None:
     """A stray label (2**40, as a corrupted or mis-cast label file might hold) is named, not looked up in a

@@ -123,19 +123,24 @@ def check_postprocess(params: Params) -> str | None:
 DIGIT_LABELS = {"digits": 10, "mnist": 10, "fashion_mnist": 10}
 
 
-def unassigned_labels(labels: np.ndarray, class_digits: list[list[int]]) -> str | None:
-    """The refusal of the foreground protocol when ``labels`` (every image's) hold labels that no group of
-    ``class_digits`` names (their images would be dropped without a word); None when every label has a class."""
+def unassigned_labels(labels: np.ndarray, class_digits: list[list[int]], counted: bool = True) -> str | None:
+    """The refusal of the foreground protocol when ``labels`` (every image's; ``counted`` false: each label once,
+    the images not known) hold labels that no group of ``class_digits`` names (their images would be dropped
+    without a word); None when every label has a class."""
     wanted = {d for group in class_digits for d in group}
     present, counts = np.unique(labels, return_counts=True)
     left = [(int(v), int(c)) for v, c in zip(present, counts) if int(v) not in wanted]
     if not left:
         return None
-    shown = ", ".join(f"{v} ({c} images)" for v, c in left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
-    return (f"bias.foreground.class_digits = {class_digits} puts no class on labels {shown}: {sum(c for _, c in left)} "
-            f"of {len(labels)} images would be dropped (labels present: {present.tolist()[:20]}); allowed: every "
-            "label of the data in one group (add them to a group, or a group of their own with a colour in "
-            "bias.foreground.colours), or data without those labels")
+    more = f" and {len(left) - 10} more" if len(left) > 10 else ""
+    if counted:
+        shown = ", ".join(f"{v} ({c} images)" for v, c in left[:10]) + more
+        lost = f"{sum(c for _, c in left)} of {len(labels)} images would be dropped"
+    else:
+        shown, lost = ", ".join(str(v) for v, _ in left[:10]) + more, "their images would be dropped"
+    return (f"bias.foreground.class_digits = {class_digits} puts no class on labels {shown}: {lost} (labels "
+            f"present: {present.tolist()[:20]}); allowed: every label of the data in one group (add them to a "
+            "group, or a group of their own with a colour in bias.foreground.colours), or data without those labels")
 
 
 def check_class_digits(params: Params) -> str | None:
@@ -150,7 +155,7 @@ def check_class_digits(params: Params) -> str | None:
         protocol = SOURCE_PROTOCOLS.get(source, protocol) if protocol == "auto" else protocol
     if protocol != "foreground" or labels is None or labels.ndim != 1:
         return None
-    problem = unassigned_labels(labels, params.bias.foreground.class_digits)
+    problem = unassigned_labels(labels, params.bias.foreground.class_digits, counted=source == "npz")
     if problem:
         raise DataSourceError(problem)
     return "bias.foreground.class_digits: every label has a class"
