@@ -120,17 +120,18 @@ def is_recorded(identity: dict[str, Any] | None) -> tuple[bool, str]:
     return same, "" if same else f"pid {now['pid']} is now another process: {' '.join(now['cmdline'])[:200]!r}"
 
 
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """Whether ``host:port`` is taken: a listening socket there (or on every address) makes the bind fail."""
+def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
+    """Why a server could not listen on ``host:port`` (None: it could): a listening socket there (or on every
+    address) makes a test bind fail."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free to a server
         try:
             probe.bind((host, port))
         except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return True
-            raise
-    return False
+            if exc.errno == errno.EADDRINUSE:
+                return "is already in use (another `debias services up`, or another program)"
+            return f"cannot be used ({exc.strerror or exc})"
+    return None
 
 
 def check_ports(folder: Path, pg_port: int, mlflow_port: int) -> None:
@@ -142,10 +143,11 @@ def check_ports(folder: Path, pg_port: int, mlflow_port: int) -> None:
     if not postgres_running(folder):
         wanted.insert(0, (pg_port, "--pg-port", "PostgreSQL"))
     for port, flag, service in wanted:
-        if port_in_use(port):
-            raise ServicesError(f"port {port} on 127.0.0.1 is already in use (another `debias services up`, or another "
-                                f"program), so {service} cannot listen there; nothing was started: choose a free port "
-                                f"with {flag} PORT (the other services' --dir has its own ports in its services.json)")
+        problem = port_problem(port)
+        if problem:
+            raise ServicesError(f"port {port} on 127.0.0.1 {problem}, so {service} cannot listen there; nothing was "
+                                f"started: choose a free port with {flag} PORT (the other services' --dir has its own "
+                                "ports in its services.json)")
 
 
 def postmaster_pid(folder: Path) -> int | None:
