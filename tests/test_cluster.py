@@ -335,6 +335,7 @@ def test_a_tracking_server_restart_mid_stage_is_retried_and_an_outage_fails_nami
     def restart() -> None:
         time.sleep(2)
         record["mlflow_pid"], _ = services.start_mlflow(folder, record["backend_store_uri"], port)
+        record["mlflow_process"] = services.process_identity(record["mlflow_pid"])  # what `down` checks
 
     with stage_run("restart_probe", {"seed": 0}, record_path=tmp_path / "run.json") as run:
         services.stop_process(int(record["mlflow_pid"]))
@@ -353,4 +354,5 @@ def test_a_tracking_server_restart_mid_stage_is_retried_and_an_outage_fails_nami
             services.stop_process(int(record["mlflow_pid"]))
             run.log_metrics({"lost": 1.0})
     record["mlflow_pid"], _ = services.start_mlflow(folder, record["backend_store_uri"], port)
+    record["mlflow_process"] = services.process_identity(record["mlflow_pid"])
     (folder / "services.json").write_text(json.dumps(record))

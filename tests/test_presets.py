@@ -290,3 +290,77 @@ def test_presets_without_a_resnet_leave_stem_and_statistics_auto() -> None:
     for name in ("fairkl-bmnist-0.997-eps-supinfonce", "cnc-cmnist", "wcl-adult"):
         params = _composed(name)
         assert (params.model.stem, params.model.normalization) == ("auto", "auto"), name
+
+
+# --------------------------------------------------------------------------- apply: files that are not plain
+
+
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "applied" not in captured.out
+    return err
+
+
+def test_apply_writes_through_a_symlinked_params_yaml_to_its_target(tmp_path, capsys) -> None:
+    team = tmp_path / "team"
+    team.mkdir()
+    target = _workspace(team)
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    link = workspace / "params.yaml"
+    link.symlink_to(Path("..") / "team" / "params.yaml")
+    assert main(["preset", "apply", "cnc-cmnist", "--params", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(Path("..") / "team" / "params.yaml")
+    assert validate(yaml.safe_load(target.read_text())).stage2.cnc.num_positives == 32  # the team's file changed
+    assert sorted(p.name for p in workspace.iterdir()) == ["params.yaml"]  # no temporary file left beside the link
+    assert sorted(p.name for p in team.iterdir()) == ["params.yaml"]
+
+
+def test_an_alias_the_change_would_break_is_one_line_and_writes_nothing(tmp_path, capsys) -> None:
+    path = _workspace(tmp_path)
+    lines = path.read_text().split("\n")
+    erm = lines.index("erm:")
+    first = next(i for i in range(erm, len(lines)) if lines[i].startswith("  lr: "))
+    second = next(i for i in range(first + 1, len(lines)) if lines[i].startswith("  lr: "))
+    lines[first] = lines[first].replace("lr: ", "lr: &lr ", 1)
+    lines[second] = "  lr: *lr"
+    path.write_text("\n".join(lines))
+    before = path.read_bytes()
+    assert main(["preset", "apply", "cnc-cmnist", "--params", str(path)]) == 2  # it sets erm.lr, the anchor
+    err = _one_line_error(capsys)
+    assert f"&lr (line {first + 1}), *lr (line {second + 1})" in err and "nothing written" in err
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["params.yaml"]
+
+
+def test_a_repeated_key_is_one_line_and_writes_nothing(tmp_path, capsys) -> None:
+    path = _workspace(tmp_path)
+    path.write_text(path.read_text() + "\nseed: 3\n")
+    before = path.read_bytes()
+    assert main(["preset", "apply", "cnc-cmnist", "--params", str(path)]) == 2
+    err = _one_line_error(capsys)
+    assert "DuplicateKeyError" in err and 'duplicate key "seed"' in err and "nothing written" in err
+    assert path.read_bytes() == before
+
+
+def test_a_read_only_or_immutable_params_yaml_is_one_line_and_left_as_it_was(tmp_path, capsys) -> None:
+    import subprocess
+
+    path = _workspace(tmp_path)
+    before = path.read_bytes()
+    path.chmod(0o444)
+    try:
+        assert main(["preset", "apply", "cnc-cmnist", "--params", str(path)]) == 2
+        assert "is read-only (mode 444)" in _one_line_error(capsys)
+    finally:
+        path.chmod(0o644)
+    assert path.read_bytes() == before
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here (not root, or a file system without it)")
+    try:
+        assert main(["preset", "apply", "cnc-cmnist", "--params", str(path)]) == 2
+        assert "chattr -i" in _one_line_error(capsys)
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["params.yaml"]

@@ -92,6 +92,53 @@ def test_an_invalid_grid_launches_nothing(repo: Path, capsys, monkeypatch) -> No
     assert "no sweep named 'missing'" in capsys.readouterr().err
 
 
+def sweep_cli(repo: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``debias sweep`` as a user runs it (a process of its own, in ``repo``)."""
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    return subprocess.run([sys.executable, "-m", "debias.cli", "sweep", "--repo", str(repo), *args], cwd=repo,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../elsewhere", "a/b", "-rf", ".hidden", "a..b"])
+def test_a_sweep_name_that_is_not_one_safe_path_component_writes_nothing(repo: Path, name: str) -> None:
+    before = sorted(p.relative_to(repo.parent) for p in repo.parent.rglob("*") if ".git" not in p.parts)
+    done = sweep_cli(repo, f"--name={name}", "-S", "loss.epsilon=0.1,0.25", "--seeds", "0")
+    assert done.returncode == 2
+    assert f"sweep name {name!r}" in done.stderr and "starting with a letter or digit" in done.stderr
+    assert sorted(p.relative_to(repo.parent) for p in repo.parent.rglob("*") if ".git" not in p.parts) == before
+    assert not (repo / "sweep.json").exists() and not (repo.parent / "sweep.json").exists()
+    status = sweep_cli(repo, f"--name={name}", "--status")
+    assert status.returncode == 2 and f"sweep name {name!r}" in status.stderr
+
+
+def test_a_huge_range_is_counted_and_refused_at_once_unless_max_points_raises_the_cap(repo: Path) -> None:
+    import time
+
+    started = time.monotonic()
+    done = sweep_cli(repo, "--name", "big", "-S", "seed=range(0,1000000)")
+    assert done.returncode == 2
+    assert f"has 1000000 points, more than --max-points = {grid.MAX_POINTS}" in done.stderr
+    assert "nothing was validated or queued" in done.stderr
+    assert time.monotonic() - started < 60  # counted, not listed or validated (it took hours)
+    assert not (repo / workspace.SWEEPS).exists()
+    # the product of the axes is what counts: 3 x 2 seeds = 6 against a cap of 5
+    done = sweep_cli(repo, "--name", "grid", "--max-points", "5", "-S", "loss.epsilon=0,0.25,0.5", "--seeds", "0", "1")
+    assert done.returncode == 2 and "the grid (3 loss.epsilon x 2 seed) has 6 points" in done.stderr
+    done = sweep_cli(repo, "--name", "zero", "--max-points", "0", "-S", "loss.epsilon=0,0.25")
+    assert done.returncode == 2 and "--max-points = 0; allowed: a whole number >= 1" in done.stderr
+    with pytest.raises(grid.SweepError, match="has 3 points, more than --max-points = 2"):
+        grid.grid("g", {"loss.epsilon": [0, 1, 2]}, max_points=2)
+
+
+def test_the_number_of_experiments_is_printed_before_they_are_validated(repo: Path) -> None:
+    done = sweep_cli(repo, "--name", "count", "--max-points", "4", "-S", "loss.epsilon=0.1,oops", "--seeds", "0", "1")
+    assert done.returncode == 2 and "was not launched" in done.stderr  # an invalid value: stops at validation
+    assert "[sweep] count: 4 experiments; validating them against the params schema" in done.stdout
+
+
 def test_upstream_runs_once_per_distinct_value_of_the_params_its_stages_read(repo: Path) -> None:
     graph = grid.stage_graph(repo / "dvc.yaml")
     above = grid.ancestors(graph, "infer_groups")

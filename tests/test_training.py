@@ -249,3 +249,41 @@ def test_a_training_stage_carries_the_instability_warning_into_its_metrics(tmp_p
     write_outputs(model, "lenet5", result, splits, StageRun(None, None), out, 64, torch.device("cpu"), "erm")
     warnings = json.loads(out.metrics.read_text())["warnings"]
     assert any(w.startswith("unstable-training: ") and "epoch 2" in w for w in warnings), warnings
+
+
+# --------------------------------------------------------------------------- a last batch of one
+
+
+def _tabular_split(n: int, features: int = 6) -> BiasedSplit:
+    generator = torch.Generator().manual_seed(0)
+    y = torch.arange(n) % 2
+    a = (torch.arange(n) // 2) % 2
+    x = torch.randn(n, features, generator=generator) + y[:, None].float()
+    return BiasedSplit(x, y, a, a == y, 2, 2, tuple(f"f{i}" for i in range(features)))
+
+
+@pytest.mark.parametrize("batches", [1, 3])
+def test_a_batchnorm_mlp_trains_on_a_split_one_past_a_multiple_of_the_batch_size(batches: int) -> None:
+    from debias.training.loop import cut_batches
+    from debias.training.methods.base import group_balanced_batches, shuffled_batches
+
+    batch = 8
+    n = batches * batch + 1  # Adult with data.max_per_split = 257 and batch 32 (or 256) is this case
+    split = _tabular_split(n)
+    model = build_model("mlp", 2, (split.x.shape[1],))
+    assert any(isinstance(m, torch.nn.BatchNorm1d) for m in model.modules())
+    model.train()
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        model(split.x[:1])  # what a last batch of one did
+    optimizer = build_optimizer(model.parameters(), "sgd", 0.01, 0.9, 0.0)
+    task = ClassifierTask(model, optimizer, split, batch, torch.Generator().manual_seed(0), torch.device("cpu"),
+                          progress=False)
+    metrics = task.train_epoch(0)  # ERM, JTT and the classifier baselines
+    assert torch.isfinite(torch.tensor(metrics["train/loss"]))
+    for cut in (cut_batches(torch.randperm(n), batch), shuffled_batches(n, batch, torch.Generator().manual_seed(1))):
+        assert [len(b) for b in cut] == [batch] * (batches - 1) + [batch + 1]  # merged into the one before
+        assert sorted(torch.cat(cut).tolist()) == list(range(n))  # every index once
+    balanced = group_balanced_batches(split.a * 2 + split.y, batch, torch.Generator().manual_seed(2))
+    assert [len(b) for b in balanced] == [batch] * (batches - 1) + [batch + 1]
+    assert [len(b) for b in cut_batches(torch.arange(2 * batch + 2), batch)] == [batch, batch, 2]  # untouched
+    assert [len(b) for b in cut_batches(torch.arange(1), batch)] == [1]  # nothing to merge into

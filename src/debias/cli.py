@@ -149,10 +149,7 @@ def preset(args: argparse.Namespace) -> int:
             return 0
         sets = presets.parse_sets(args.set)
         path = Path(args.params)
-        if not path.is_file():
-            raise presets.PresetError(f"{path} not found: run from the repository root or give --params")
-        text = path.read_text(encoding="utf-8")
-        applied = presets.plan_apply(text, loaded, sets)
+        applied = presets.plan_apply(presets.read_params(path), loaded, sets)
     except presets.PresetError as exc:
         print(f"debias preset: {exc}", file=sys.stderr)
         return 2
@@ -162,13 +159,17 @@ def preset(args: argparse.Namespace) -> int:
     if args.print_set:
         print(presets.shell_line(presets.set_args(presets.merge(loaded.params(), sets))))
         return 0
+    if applied.changes and not args.dry_run:
+        try:
+            presets.write_atomic(path, applied.text)
+        except presets.PresetError as exc:
+            print(f"debias preset: {exc}", file=sys.stderr)
+            return 2
     for key, (old, new) in applied.changes.items():
         print(f"{key}: {old!r} -> {new!r}" if old is not None else f"{key}: (absent) -> {new!r}")
     if args.dry_run:
         print(f"{path}: {len(applied.changes)} values would change (dry run: nothing written)")
         return 0
-    if applied.changes:
-        presets.write_atomic(path, applied.text)
     print(f"{path}: preset {loaded.name} version {loaded.version} applied ({len(applied.changes)} values changed)")
     for deviation in loaded.deviations:
         print(f"  deviation from the paper: {deviation}")

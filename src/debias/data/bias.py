@@ -120,7 +120,7 @@ def colour_foreground(grey: np.ndarray, colour: np.ndarray, params: ForegroundPa
 def foreground(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
     params = bias.foreground
     # label -> class by sorted lookup, not a dense table sized by the largest label (a stray label such
-    # as 2**32 - 1 in a bring-your-own npz would allocate tens of GiB); labels not named are dropped.
+    # as 2**32 - 1 in a bring-your-own npz would allocate tens of GiB); inject_bias refused labels not named.
     digits = np.array([d for group in params.class_digits for d in group], dtype=np.int64)
     classes = np.array([c for c, group in enumerate(params.class_digits) for _ in group], dtype=np.int64)
     order = np.argsort(digits)
@@ -216,6 +216,12 @@ def given(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSpl
                 f"bias.protocol = given: {name} holds the value {count - 1} for {n_images} images; allowed: indices "
                 f"0, 1, ..., K-1 with every value used (relabel {name} to consecutive integers)")
     train = splits["train"]
+    if len(np.unique(train.a)) < 2:  # the download stage refuses it too; raw splits of an older one may hold it
+        raise BiasProtocolError(
+            f"bias.protocol = given: the bias attribute a holds only the value {int(train.a[0])} in the "  # type: ignore[index]
+            f"{len(train)} training images; allowed: at least 2 values (one that never varies makes every image "
+            "'bias-aligned': a maximal bias that is none); give the attribute that varies, or use a protocol that "
+            "makes one (foreground, background)")
     counts = np.zeros((n_classes, n_attrs), dtype=np.int64)
     np.add.at(counts, (train.y, train.a), 1)
     majority = counts.argmax(axis=1)
@@ -316,6 +322,26 @@ def corruption(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, Bias
 # --------------------------------------------------------------------------- entry point
 
 
+def unassigned_labels(labels: np.ndarray, class_digits: list[list[int]], counted: bool = True) -> str | None:
+    """The refusal of the foreground protocol when ``labels`` (every image's; ``counted`` false: each label once,
+    the images not known) hold labels that no group of ``class_digits`` names (their images would be dropped
+    without a word); None when every label has a class."""
+    wanted = {d for group in class_digits for d in group}
+    present, counts = np.unique(labels, return_counts=True)
+    left = [(int(v), int(c)) for v, c in zip(present, counts) if int(v) not in wanted]
+    if not left:
+        return None
+    more = f" and {len(left) - 10} more" if len(left) > 10 else ""
+    if counted:
+        shown = ", ".join(f"{v} ({c} images)" for v, c in left[:10]) + more
+        lost = f"{sum(c for _, c in left)} of {len(labels)} images would be dropped"
+    else:
+        shown, lost = ", ".join(str(v) for v, _ in left[:10]) + more, "their images would be dropped"
+    return (f"bias.foreground.class_digits = {class_digits} puts no class on labels {shown}: {lost} (labels "
+            f"present: {present.tolist()[:20]}); allowed: every label of the data in one group (add them to a "
+            "group, or a group of their own with a colour in bias.foreground.colours), or data without those labels")
+
+
 def inject_bias(splits: RawSplits, bias: BiasParams, seed: int, source: str | None = None,
                 source_protocol: str | None = None) -> dict[str, BiasedSplit]:
     """Apply ``bias.protocol`` (``auto`` resolved with ``source`` and ``source_protocol``, see
@@ -330,7 +356,8 @@ def inject_bias(splits: RawSplits, bias: BiasParams, seed: int, source: str | No
             f"bias.protocol = {protocol} biases {' or '.join(PROTOCOL_MODALITIES[protocol])} data, but the splits hold "
             f"{modality} data{f' (data.source = {source})' if source else ''}; allowed: {', '.join(users)} or {AUTO}")
     if protocol == "foreground":
-        labels = set(np.unique(np.concatenate([s.y for s in splits.values()])).tolist())
+        every = np.concatenate([s.y for s in splits.values()])
+        labels = set(np.unique(every).tolist())
         wanted = {d for group in bias.foreground.class_digits for d in group}
         missing = sorted(wanted - labels)
         if missing:
@@ -338,8 +365,15 @@ def inject_bias(splits: RawSplits, bias: BiasParams, seed: int, source: str | No
                 f"bias.foreground.class_digits names labels {missing} that the data does not have "
                 f"(labels present: {sorted(labels)})"
             )
+        unassigned = unassigned_labels(every, bias.foreground.class_digits)
+        if unassigned:  # their images would vanish without a word, classes with them
+            raise BiasProtocolError(unassigned)
     check_colourable(splits, bias, protocol)
     biased = PROTOCOLS[protocol](splits, bias, seed)
+    if biased["train"].n_classes < 2:
+        raise BiasProtocolError(f"the data has {biased['train'].n_classes} class after bias.protocol = {protocol}; "
+                                "allowed: at least 2 classes (a task of one class scores a 'perfect' 1.000 that "
+                                "measures nothing)")
     for name, split in biased.items():
         if len(split) == 0:
             raise BiasProtocolError(f"split '{name}' is empty after bias.protocol = {protocol}")

@@ -8,12 +8,16 @@ A preset file holds ``name`` (= its file name), ``version`` (bumped whenever a v
 from another preset's blocks (files named ``_*.yaml`` are bases only: listed by no command, applied by none).
 
 Applying rewrites only the values that change (comments, order and layout of ``params.yaml`` stay byte for byte),
-validates the result with the schema before writing anything, and replaces the file atomically.
+validates the result with the schema before writing anything, and replaces the file atomically: a symlinked
+``params.yaml`` is written through (its target is replaced, in the target's folder, and the link stays). A file
+that does not parse (a repeated key), uses YAML aliases the change would break, is read-only or cannot be
+replaced (immutable, an unwritable folder) is a one-line :class:`PresetError`, and nothing is written.
 """
 
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import re
 import shlex
@@ -290,12 +294,11 @@ def _block_lines(key: str, value: Any, indent: int) -> list[str]:
 def rewrite(text: str, changes: dict[str, Any]) -> str:
     """``text`` (a YAML mapping in block style) with the leaves of ``changes`` set: existing values are replaced
     where they stand, missing keys are appended to their section; every other byte stays."""
-    from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     lines = text.split("\n")
     for dotted, value in flatten(changes).items():
-        doc = YAML(typ="rt", pure=True).load("\n".join(lines))
+        doc = _load_yaml("\n".join(lines), "params.yaml as rewritten", typ="rt")
         if doc is None:
             doc = CommentedMap()
         parts = dotted.split(".")
@@ -330,6 +333,35 @@ def rewrite(text: str, changes: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _load_yaml(text: str, where: str, typ: str = "safe") -> Any:
+    """``text`` parsed (ruamel, YAML 1.2 as DVC reads params.yaml); a parse error (a repeated key, an undefined
+    alias, bad syntax) is a one-line PresetError naming ``where`` and the place."""
+    from ruamel.yaml import YAML
+
+    try:
+        return YAML(typ=typ, pure=True).load(text)
+    except Exception as exc:  # ruamel's YAMLError, DuplicateKeyError, ComposerError, ...
+        lines = [line.strip().replace('in "<unicode string>", ', "") for line in str(exc).splitlines()
+                 if line.strip() and not line.strip().startswith("^") and "yaml.dev" not in line
+                 and "suppress this check" not in line]
+        raise PresetError(f"{where} is not valid YAML ({type(exc).__name__}): " + " | ".join(lines[:6])[:600]
+                          + "; nothing written") from None
+
+
+def _aliases(text: str) -> list[str]:
+    """The anchors (``&name``) and aliases (``*name``) of ``text``, each with its line, in order."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.events import AliasEvent
+
+    found = []
+    for event in YAML(typ="rt", pure=True).parse(text):
+        anchor = getattr(event, "anchor", None)
+        if anchor:
+            sign = "*" if isinstance(event, AliasEvent) else "&"
+            found.append(f"{sign}{anchor} (line {event.start_mark.line + 1})")
+    return found
+
+
 @dataclass(frozen=True)
 class Applied:
     text: str  # the new params.yaml
@@ -340,11 +372,11 @@ def plan_apply(text: str, preset: Preset, sets: dict[str, Any] | None = None) ->
     """The new params.yaml text for ``preset`` (and ``sets``) over ``text``; validated, nothing written.
 
     Raises PresetError when the composition fails the schema or the rewritten text would not read back as it."""
-    from ruamel.yaml import YAML
-
     from debias.params import validate
 
-    base = YAML(typ="safe", pure=True).load(text) or {}
+    base = _load_yaml(text, "params.yaml") or {}
+    if not isinstance(base, dict):
+        raise PresetError(f"params.yaml holds a {type(base).__name__}, not a mapping of sections; nothing written")
     target = compose(base, preset, sets)
     try:
         validate(target)
@@ -354,24 +386,67 @@ def plan_apply(text: str, preset: Preset, sets: dict[str, Any] | None = None) ->
     old, new = flatten(base), flatten(target)
     changes = {k: (old.get(k), v) for k, v in new.items() if k not in old or old[k] != v
                or type(old[k]) is not type(v)}
-    rewritten = rewrite(text, unflatten({k: v for k, (_, v) in changes.items()})) if changes else text
-    if YAML(typ="safe", pure=True).load(rewritten) != target:  # the surgery must yield exactly the composition
+    aliases = _aliases(text) if changes else []
+    try:
+        rewritten = rewrite(text, unflatten({k: v for k, (_, v) in changes.items()})) if changes else text
+        ok = _load_yaml(rewritten, "params.yaml as rewritten") == target  # the surgery must yield the composition
+    except PresetError as exc:
+        if not aliases:
+            raise
+        ok, why = False, str(exc)
+    if not ok:
+        if aliases:
+            raise PresetError(f"preset {preset.name}: params.yaml shares values through YAML anchors and aliases "
+                              f"({', '.join(aliases[:6])}), which rewriting the changed values in place would "
+                              "break; write those values out instead of the alias, then apply again; nothing written")
         raise PresetError(f"preset {preset.name}: params.yaml could not be rewritten in place; nothing written")
     return Applied(rewritten, changes)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step (a temporary file in its folder, then os.replace)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+def read_params(path: Path) -> str:
+    """The text of ``path`` (through a symlink: its target's); missing, unreadable or not UTF-8 is a PresetError."""
+    if not path.is_file():
+        raise PresetError(f"{path} not found: run from the repository root or give --params")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PresetError(f"{path} is not UTF-8 text (byte offset {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise PresetError(f"{path} cannot be read ({exc.strerror or exc})") from None
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Replace ``path`` with ``text`` in one step (a temporary file in its folder, then os.replace) and return the
+    file written. A symlink is written through: its target is replaced (the temporary file in the target's folder)
+    and the link stays. A read-only file, or one that cannot be replaced (immutable, an unwritable folder), is a
+    PresetError and the file is left as it was."""
+    target = Path(os.path.realpath(path))
+    shown = str(path) if target == path.absolute() else f"{path} (a link to {target})"
+    if target.exists() and not target.stat().st_mode & 0o222:
+        raise PresetError(f"{shown} is read-only (mode {target.stat().st_mode & 0o777:o}); make it writable "
+                          "(chmod u+w) to apply a preset; nothing written")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise PresetError(f"{shown} cannot be written (not yours, or an immutable file: lsattr shows it, chattr -i "
+                          "clears it); nothing written")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    except OSError as exc:
+        raise PresetError(f"{shown} cannot be replaced: its folder {target.parent} is not writable "
+                          f"({exc.strerror or exc}); nothing written") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
+        if target.exists():
+            os.chmod(tmp, target.stat().st_mode & 0o7777)
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        hint = " (an immutable file? lsattr shows it, chattr -i clears it)" if exc.errno == errno.EPERM else ""
+        raise PresetError(f"{shown} cannot be replaced ({exc.strerror or exc}){hint}; nothing written") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return target
 
 
 def describe(preset: Preset) -> str:

@@ -13,7 +13,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from debias.sweep.grid import Job, SweepError, check_grid, plan_from_args, upstream_runs
+from debias.sweep.grid import MAX_POINTS, Job, SweepError, check_grid, plan_from_args, upstream_runs
 from debias.sweep.local import run_local
 from debias.sweep.slurm import launch_slurm, result_of
 from debias.sweep.status import mark_stopped_attempts, status_text, statuses, wait
@@ -34,6 +34,7 @@ def launch(root: Path, args: argparse.Namespace) -> int:
     if (here / "sweep.json").exists():
         raise SweepError(f"sweep {name!r} exists ({here / 'sweep.json'}): `debias sweep --name {name} --status` "
                          "shows it, `--resume` reruns what is not done; or choose another --name")
+    print(f"[sweep] {name}: {len(jobs)} experiments; validating them against the params schema", flush=True)
     merged = check_grid(root, jobs, upstream)
     if args.launcher == "slurm":
         if shutil.which("sbatch") is None:
@@ -167,6 +168,9 @@ def add_parser(commands: Any) -> None:
     p.add_argument("-S", "--set", action="append", default=[], metavar="KEY=V1[,V2...]",
                    help="a grid axis (several values) or a fixed override (one value), as dvc exp run -S")
     p.add_argument("--seeds", type=int, nargs="+", help="the seeds, innermost axis of the grid")
+    p.add_argument("--max-points", type=int, default=MAX_POINTS, metavar="N",
+                   help=f"refuse a sweep of more than N experiments (default {MAX_POINTS}: over six times the "
+                   "project's largest grid; a bigger one is most often a range meant as a list)")
     p.add_argument("--file", help="a YAML sweep file: name, params (key: [values]), seeds, set, targets, upstream, "
                    "or experiments: [{name, set, targets}]")
     p.add_argument("--targets", nargs="+", help="stages each experiment runs (default: the whole pipeline)")

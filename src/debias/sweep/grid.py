@@ -7,6 +7,7 @@ import argparse
 import copy
 import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,15 @@ import yaml
 from debias.trees import flatten
 
 SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
+# A sweep's name is a folder (sweeps/<name>/) and the prefix of git refs: one path component that starts with a
+# letter or digit, so '.', '..' and names git or a shell would read as options are refused.
+SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+# Experiments a sweep may have unless --max-points raises it (ours): over six times the largest grid the project
+# runs (the quality benchmark's on a cluster: 156 experiments, docs/cluster.md). Each point is a DVC experiment of
+# its own (a queue entry, a git ref, an MLflow run tree), so a grid past this is most often a range typed for a
+# list (-S 'seed=range(0,1000000)'), which would validate and queue for hours before the first stage ran.
+MAX_POINTS = 1000
 
 
 class SweepError(ValueError):
@@ -41,9 +51,35 @@ def _plain(value: Any) -> Any:
     return getattr(value, "text", value)  # hydra's QuotedString
 
 
-def parse_axis(item: str) -> tuple[str, list[Any]]:
+def check_name(name: str) -> str:
+    """``name`` when it is a safe sweep name (:data:`SWEEP_NAME`, no '..'), else a SweepError saying what is allowed."""
+    if not SWEEP_NAME.fullmatch(name) or ".." in name:
+        raise SweepError(f"sweep name {name!r}: it names the folder sweeps/<name>/ and prefixes the experiments' "
+                         "names; allowed: letters, digits, '.', '_' and '-', starting with a letter or digit, "
+                         "without '..'")
+    return name
+
+
+def too_many(points: int | str, limit: int, what: str) -> SweepError:
+    return SweepError(f"{what} has {points} points, more than --max-points = {limit} (each point is one DVC "
+                      "experiment); nothing was validated or queued: give fewer values (a range meant as a list?) "
+                      "or raise --max-points if you mean it")
+
+
+def range_length(override: Any) -> int | None:
+    """The number of values of a ``range(...)`` sweep (None for other sweeps)."""
+    from hydra.core.override_parser.types import RangeSweep
+
+    sweep = override.value()
+    if not isinstance(sweep, RangeSweep) or sweep.start is None or sweep.stop is None or not sweep.step:
+        return None
+    return max(0, math.ceil((sweep.stop - sweep.start) / sweep.step))
+
+
+def parse_axis(item: str, max_points: int = MAX_POINTS) -> tuple[str, list[Any]]:
     """``'loss.epsilon=0,0.25'`` -> ``('loss.epsilon', [0, 0.25])`` (one value: a fixed override), by the grammar
-    ``dvc exp run -S`` uses (Hydra's override parser: sweeps, quoted commas, lists)."""
+    ``dvc exp run -S`` uses (Hydra's override parser: sweeps, quoted commas, lists). An axis of more than
+    ``max_points`` values is refused before its values are listed."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import OverrideType
 
@@ -54,7 +90,11 @@ def parse_axis(item: str) -> tuple[str, list[Any]]:
         raise SweepError(f"{usage} ({exc})") from None
     if override.type is not OverrideType.CHANGE or not override.key_or_group or not item.partition("=")[2].strip():
         raise SweepError(f"{usage}; no +key or ~key in a sweep")
-    values = list(override.sweep_iterator()) if override.is_sweep_override() else [override.value()]
+    if not override.is_sweep_override():
+        return override.key_or_group, [_plain(override.value())]
+    values = list(itertools.islice(override.sweep_iterator(), max_points + 1))
+    if len(values) > max_points:
+        raise too_many(range_length(override) or f"more than {max_points}", max_points, f"-S {item!r} alone")
     return override.key_or_group, [_plain(v) for v in values]
 
 
@@ -84,15 +124,20 @@ def point_name(prefix: str, point: dict[str, Any]) -> str:
 
 
 def grid(name: str, axes: dict[str, list[Any]], seeds: list[int] | None = None, fixed: dict[str, Any] | None = None,
-         targets: list[str] | None = None) -> list[Job]:
+         targets: list[str] | None = None, max_points: int = MAX_POINTS) -> list[Job]:
     """Every combination of the ``axes`` values (then the ``seeds``, innermost) as a :class:`Job`; ``fixed``
-    overrides go into every job. Names are :func:`point_name`'s, made unique with an index where two coincide."""
+    overrides go into every job. Names are :func:`point_name`'s, made unique with an index where two coincide.
+    More than ``max_points`` combinations are refused (counted, not listed)."""
     axes = dict(axes)
     if seeds:
         if "seed" in axes:
             raise SweepError("give the seeds once: either --seeds or -S seed=...")
         axes["seed"] = list(seeds)
     keys = list(axes)
+    points = math.prod(len(axes[k]) for k in keys)
+    if points > max_points:
+        shape = " x ".join(f"{len(axes[k])} {k}" for k in keys)
+        raise too_many(points, max_points, f"the grid ({shape})")
     jobs = []
     for values in itertools.product(*(axes[k] for k in keys)) if keys else [()]:
         point = dict(zip(keys, values))
@@ -104,7 +149,7 @@ def grid(name: str, axes: dict[str, list[Any]], seeds: list[int] | None = None, 
     return jobs
 
 
-def jobs_from_file(path: Path, default_name: str) -> tuple[str, list[Job], str | None]:
+def jobs_from_file(path: Path, default_name: str, max_points: int = MAX_POINTS) -> tuple[str, list[Job], str | None]:
     """A sweep file: ``name``, ``params`` (dotted key -> list of values), ``seeds``, ``set`` (fixed overrides),
     ``targets``, ``upstream``; or ``experiments`` (a list of ``{name, set, targets}``) instead of a grid.
     Returns (name, jobs, upstream stage)."""
@@ -124,7 +169,7 @@ def jobs_from_file(path: Path, default_name: str) -> tuple[str, list[Job], str |
                 for e in spec["experiments"]]
     else:
         axes = {k: (v if isinstance(v, list) else [v]) for k, v in flatten(spec.get("params") or {}).items()}
-        jobs = grid(name, axes, spec.get("seeds"), fixed, targets)
+        jobs = grid(name, axes, spec.get("seeds"), fixed, targets, max_points)
     return name, jobs, spec.get("upstream")
 
 
@@ -231,15 +276,20 @@ def upstream_runs(root: Path, jobs: list[Job], merged: list[dict[str, Any]], ups
 
 def plan_from_args(args: argparse.Namespace, root: Path) -> tuple[str, list[Job], str | None]:
     """The sweep's name, jobs and upstream stage from ``--file`` and/or ``-S`` / ``--seeds`` / ``--targets``."""
+    limit = MAX_POINTS if getattr(args, "max_points", None) is None else args.max_points
+    if limit < 1:
+        raise SweepError(f"--max-points = {limit}; allowed: a whole number >= 1")
     name, jobs, upstream = args.name or "sweep", [], args.upstream
+    if args.name:
+        check_name(args.name)  # before anything is read: the name is a folder
     if args.file:
-        name, jobs, from_file = jobs_from_file(Path(args.file), args.name or Path(args.file).stem)
+        name, jobs, from_file = jobs_from_file(Path(args.file), args.name or Path(args.file).stem, limit)
         name = args.name or name
         upstream = upstream or from_file
     if args.set or args.seeds or not jobs:
         axes, fixed = {}, {}
         for item in args.set:
-            key, values = parse_axis(item)
+            key, values = parse_axis(item, limit)
             if len(values) > 1:
                 axes[key] = values
             else:
@@ -249,9 +299,10 @@ def plan_from_args(args: argparse.Namespace, root: Path) -> tuple[str, list[Job]
                 raise SweepError("with --file, -S sets one value for every experiment; put grids in the file")
             jobs = [Job(j.name, {**j.overrides, **fixed}, j.targets) for j in jobs]
         else:
-            jobs = grid(name, axes, args.seeds, fixed, args.targets)
+            jobs = grid(name, axes, args.seeds, fixed, args.targets, limit)
     if args.targets:
         jobs = [Job(j.name, j.overrides, list(args.targets)) for j in jobs]
-    if SAFE_NAME.search(name):
-        raise SweepError(f"sweep name {name!r}: use letters, digits, '.', '_' and '-' only")
+    check_name(name)
+    if len(jobs) > limit:  # a file's list of experiments
+        raise too_many(len(jobs), limit, "the sweep")
     return name, jobs, upstream

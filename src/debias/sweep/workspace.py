@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from debias.sweep.grid import SweepError, set_args
+from debias.sweep.grid import SweepError, check_name, set_args
 
 SWEEPS = "sweeps"  # <repository>/sweeps/<name>/: sweep.json, logs/, clones/ (git-ignored)
 CLONES = "clones"  # sweeps/<name>/clones/<experiment>: the clone a SLURM task runs its experiment in
@@ -47,7 +47,8 @@ def task_env(threads: int, tracking_uri: str | None, experiment: str | None, src
 
 
 def sweep_dir(root: Path, name: str) -> Path:
-    return root / SWEEPS / name
+    """``<root>/sweeps/<name>``; a name that is not one safe path component is a SweepError (:func:`check_name`)."""
+    return root / SWEEPS / check_name(name)
 
 
 def save_state(root: Path, state: dict[str, Any]) -> Path:

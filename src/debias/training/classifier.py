@@ -20,7 +20,7 @@ from debias import distributed
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.metrics import accuracy_report, scalars
-from debias.training.loop import GeneratorTask, StepMetrics, gather_rows, on_device, to_device
+from debias.training.loop import GeneratorTask, StepMetrics, cut_batches, gather_rows, on_device, to_device
 
 
 @torch.no_grad()
@@ -69,7 +69,7 @@ class ClassifierTask(GeneratorTask):
         order = self.pool[torch.randperm(len(self.pool), generator=self.generator)]
         metrics = StepMetrics()  # loss and correct predictions summed on the device, read once at the epoch's end
         seen = 0
-        batches = order.to(self.train.x.device, non_blocking=True).split(self.batch_size)  # one copy to the data
+        batches = cut_batches(order.to(self.train.x.device, non_blocking=True), self.batch_size)  # one copy to the data
         bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
                    disable=None if self.progress and distributed.is_main() else True)
         for step, index in enumerate(bar):

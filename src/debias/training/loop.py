@@ -91,6 +91,17 @@ def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return t.index_select(0, index)
 
 
+def cut_batches(order: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """``order`` (an epoch's indices) cut into training batches of ``batch_size``; a last batch of a single index is
+    merged into the one before (which then holds ``batch_size + 1``). A batch of one breaks BatchNorm in training
+    mode (torch: "Expected more than 1 value per channel"; the tabular MLP's layers) and is a one-sample step
+    elsewhere; merging keeps every index in the epoch exactly once."""
+    batches = list(order.split(batch_size))
+    if len(batches) > 1 and len(batches[-1]) == 1:
+        batches[-2:] = [torch.cat(batches[-2:])]
+    return batches
+
+
 def device_batches(batches: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
     """The epoch's index batches on ``device``, copied in one transfer (on the CPU: ``batches`` themselves)."""
     if not batches or batches[0].device == device:

@@ -34,16 +34,22 @@ SOURCE_FILES: dict[str, FilesFn] = {}
 # A source's own fingerprint of some of those params (the files it actually reads), where a folder's walk
 # (names, sizes, times of what lies under it) would miss files or see others: keyed as its files.
 SOURCE_DIGESTS: dict[str, DigestsFn] = {}
+# Where a source's labels ``y`` and attribute ``a`` come from (the column, array or param), for error messages.
+ValuesFn = Callable[[DataParams], dict[str, str]]
+SOURCE_VALUES: dict[str, ValuesFn] = {}
 
 
 def register_source(name: str, protocol: str = "foreground", files: FilesFn | None = None,
-                    digests: DigestsFn | None = None) -> Callable[[SourceFn], SourceFn]:
+                    digests: DigestsFn | None = None, values: ValuesFn | None = None) -> Callable[[SourceFn], SourceFn]:
     """Register ``fn`` as ``data.source = name``; ``protocol`` is the bias protocol its data calls for,
     ``files(params)`` the external files (or folders) it reads, by the param that names each, ``digests(params)``
-    its own fingerprint of some of them (default: a file's bytes, a folder's walk)."""
+    its own fingerprint of some of them (default: a file's bytes, a folder's walk), ``values(params)`` where its
+    ``y`` and ``a`` come from, by role (for messages; default: the source's labels and attribute)."""
     def decorate(fn: SourceFn) -> SourceFn:
         SOURCES[name] = fn
         SOURCE_PROTOCOLS[name] = protocol
+        if values is not None:
+            SOURCE_VALUES[name] = values
         if files is not None:
             SOURCE_FILES[name] = files
         if digests is not None:
@@ -131,6 +137,47 @@ def cap_train(splits: RawSplits, cap: int | None, seed: int) -> RawSplits:
     return {**splits, "train": splits["train"].take(np.sort(order[:cap]))}
 
 
+def value_origins(params: DataParams) -> dict[str, str]:
+    """Where ``y`` and ``a`` of ``data.source`` come from, by role, for messages (:data:`SOURCE_VALUES`)."""
+    default = {"y": f"the labels y of data.source = {params.source}",
+               "a": f"the bias attribute a of data.source = {params.source}"}
+    return {**default, **(SOURCE_VALUES[params.source](params) if params.source in SOURCE_VALUES else {})}
+
+
+# Why each role needs two values, and what to do instead.
+ONE_VALUE = {
+    "y": ("at least 2 classes (a task of one class scores a 'perfect' 1.000 that measures nothing)",
+          "give data with at least two classes"),
+    "a": ("at least 2 values of the bias attribute (one that never varies makes every image 'bias-aligned': a "
+          "maximal bias that is none)", "give the attribute that varies (or, for data without one, a source or "
+          "protocol that makes it: an npz without array 'a' is coloured by bias.protocol auto)"),
+}
+
+
+def check_varies(values: np.ndarray, role: str, origin: str, where: str) -> None:
+    """Refuse (DataSourceError) ``values`` of ``role`` (``y`` or ``a``) with fewer than two distinct values,
+    naming ``origin`` (the column, array or param) and ``where`` (which images)."""
+    present = np.unique(values)
+    if len(present) >= 2:
+        return
+    allowed, fix = ONE_VALUE[role]
+    found = f"only the value {present[0]}" if len(present) else "no value"
+    raise DataSourceError(f"{origin} holds {found} in {where}; allowed: {allowed}; {fix}")
+
+
+def check_two_values(splits: RawSplits, params: DataParams) -> None:
+    """Every source: the labels take at least two values, in all the data and in the training split, and so does
+    the attribute (where the source gives one) in the training split, whose majority defines the aligned images."""
+    origins = value_origins(params)
+    n_total = sum(len(split) for split in splits.values())
+    check_varies(np.concatenate([split.y for split in splits.values()]), "y", origins["y"], f"all {n_total} images")
+    check_varies(splits["train"].y, "y", origins["y"], f"the {len(splits['train'])} training images")
+    if all(split.a is not None for split in splits.values()):
+        check_varies(np.concatenate([split.a for split in splits.values()]), "a", origins["a"],  # type: ignore[misc]
+                     f"all {n_total} images")
+        check_varies(splits["train"].a, "a", origins["a"], f"the {len(splits['train'])} training images")  # type: ignore[arg-type]
+
+
 def missing_classes(splits: RawSplits) -> dict[str, list[int]]:
     """Per split, the classes of the whole dataset that the split holds no image of."""
     classes = set(np.unique(np.concatenate([split.y for split in splits.values()])).tolist())
@@ -182,9 +229,10 @@ def check_memory(n_images: int, size: int, params: DataParams) -> None:
 
 
 def load_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
-    """Run the registered source named by ``data.source``, then check every split is usable: not empty, and
-    not stripped by ``data.max_per_split`` of a label it had (classes missing from a split after the bias
-    protocol made them are refused by :func:`debias.data.bias.inject_bias`)."""
+    """Run the registered source named by ``data.source``, then check every split is usable: not empty, not
+    stripped by ``data.max_per_split`` of a label it had (classes missing from a split after the bias protocol
+    made them are refused by :func:`debias.data.bias.inject_bias`), and with two classes and, where the source
+    gives an attribute, two attribute values (:func:`check_two_values`)."""
     if params.source not in SOURCES:
         raise DataSourceError(f"data.source = '{params.source}' is unknown; allowed: {sorted(SOURCES)}")
     full = SOURCES[params.source](params, raw_dir, seed)
@@ -207,4 +255,5 @@ def load_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
                 f"{cap} = {value} leaves split '{name}' without labels {lost[:10]}: "
                 f"raise {cap} (the capped split keeps {len(splits[name])} of {len(full[name])} images) "
                 "or set it to null")
+    check_two_values(splits, params)
     return splits

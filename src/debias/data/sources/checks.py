@@ -6,8 +6,11 @@ returns one line per source check that ran (e.g. how many images an image folder
 
 - ``imagefolder``: the root is a folder, the metadata table reads and holds the named columns, labels, attributes
   and split values are valid, no image is listed twice and every image exists (existence only);
-- ``npz``: ``data.path`` exists; ``adult`` / ``compas`` with ``data.path``: the folder holds the original files,
-  and each is the published one (sha256) unless ``data.tabular.verify_sha256`` is false;
+- ``npz``: ``data.path`` exists, and its labels ``y`` (and attribute ``a``, when given) take at least two values;
+  ``adult`` / ``compas`` with ``data.path``: the folder holds the original files, and each is the published one
+  (sha256) unless ``data.tabular.verify_sha256`` is false;
+- the ``foreground`` protocol: ``bias.foreground.class_digits`` puts every label of the data in a class, where the
+  labels are known cheaply (the digit sources' 0-9, an npz's ``y``; :func:`check_class_digits`);
 - ``probe.postprocess: equalized_odds`` needs a binary task: refused when the class count is known to be
   otherwise (:func:`class_count`); where only the data tells, the linear_probe stage refuses it before any fit.
 """
@@ -15,11 +18,13 @@ returns one line per source check that ran (e.g. how many images an image folder
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 import debias.data.sources  # noqa: F401  (registers every source: SOURCE_PROTOCOLS)
-from debias.data.sources.base import SOURCE_PROTOCOLS, DataSourceError
+from debias.data.bias import unassigned_labels
+from debias.data.sources.base import SOURCE_PROTOCOLS, DataSourceError, check_varies
 from debias.params import Params
 from debias.paths import resolve_data_path
 
@@ -65,11 +70,25 @@ def check_imagefolder(params: Params) -> str:
     return check(params.data)
 
 
+def npz_arrays(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The arrays ``names`` of the npz at ``path`` that it holds (read alone: x is not loaded); {} when unreadable
+    (the download stage names what is wrong with the file)."""
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            return {name: archive[name] for name in names if name in archive.files}
+    except (OSError, ValueError):
+        return {}
+
+
 def check_npz(params: Params) -> str:
     path = resolve_data_path(params.data.path or "")
     if not path.is_file():
         raise DataSourceError(f"data.path = '{path}' does not exist; point data.path at a local .npz with arrays x and y")
-    return f"data.path = '{path}' exists"
+    arrays = npz_arrays(path, ("y", "a"))
+    for role, values in arrays.items():
+        if values.ndim == 1:
+            check_varies(values, role, f"array '{role}' of data.path = '{path}'", f"all {len(values)} images")
+    return f"data.path = '{path}' exists" + (f", {len(np.unique(arrays['y']))} classes" if "y" in arrays else "")
 
 
 def check_tabular(params: Params) -> str:
@@ -101,8 +120,32 @@ def check_postprocess(params: Params) -> str | None:
     return None if classes is None else "probe.postprocess = equalized_odds: a binary task"
 
 
+# The labels of the digit sources, known without reading them.
+DIGIT_LABELS = {"digits": 10, "mnist": 10, "fashion_mnist": 10}
+
+
+
+
+def check_class_digits(params: Params) -> str | None:
+    """The foreground protocol's class_digits against the labels, where they are known cheaply."""
+    source, protocol = params.data.source, params.bias.protocol
+    if source == "npz":
+        arrays = npz_arrays(resolve_data_path(params.data.path or ""), ("y", "a"))
+        labels = arrays.get("y")
+        protocol = ("given" if "a" in arrays else SOURCE_PROTOCOLS[source]) if protocol == "auto" else protocol
+    else:
+        labels = np.arange(DIGIT_LABELS[source]) if source in DIGIT_LABELS else None
+        protocol = SOURCE_PROTOCOLS.get(source, protocol) if protocol == "auto" else protocol
+    if protocol != "foreground" or labels is None or labels.ndim != 1:
+        return None
+    problem = unassigned_labels(labels, params.bias.foreground.class_digits, counted=source == "npz")
+    if problem:
+        raise DataSourceError(problem)
+    return "bias.foreground.class_digits: every label has a class"
+
+
 def check_source(params: Params) -> list[str]:
     """The checks above for ``params``; returns what each found, raises a DataSourceError at the first fault."""
     found = [SOURCE_CHECKS[params.data.source](params)] if params.data.source in SOURCE_CHECKS else []
-    post = check_postprocess(params)
-    return found + ([post] if post else [])
+    found += [line for line in (check_class_digits(params), check_postprocess(params)) if line]
+    return found

@@ -39,7 +39,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from debias.data.sources.base import (SPLITS, DataSourceError, RawSplit, RawSplits, cap_index, check_memory,
-                                      register_source, stratified_split)
+                                      check_varies, register_source, stratified_split)
 from debias.fingerprint import digest, file_digest, files_digest
 from debias.lazy import lazy_callable, lazy_module
 from debias.params import CelebAParams, DataParams, ImageFit, ImageFolderParams, WaterbirdsParams
@@ -185,6 +185,9 @@ def table_from_metadata(spec: ImageFolderParams, root: Path) -> ImageTable:
     split = split_rows(table[spec.split_column], spec.split_values, path) if spec.split_column is not None else None
     paths = [root / str(name) for name in table[spec.path_column]]
     check_unique(paths, spec.path_column, path)
+    rows = f"the {len(table)} rows of metadata table {path}"
+    check_varies(y, "y", f"column '{spec.label_column}' (data.imagefolder.label_column)", rows)  # before decoding
+    check_varies(a, "a", f"column '{spec.attribute_column}' (data.imagefolder.attribute_column)", rows)
     return ImageTable(paths, y, a, split, spec.label_column, y_names, spec.attribute_column, a_names)
 
 
@@ -327,7 +330,14 @@ def check_imagefolder(params: DataParams) -> str:
     return f"{len(table.paths)} images listed in {table_path(spec, root)}, all present"
 
 
-@register_source("imagefolder", protocol="given", files=imagefolder_files, digests=imagefolder_digests)
+def imagefolder_values(params: DataParams) -> dict[str, str]:
+    spec = params.imagefolder
+    return {"y": f"column '{spec.label_column}' (data.imagefolder.label_column)",
+            "a": f"column '{spec.attribute_column}' (data.imagefolder.attribute_column)"}
+
+
+@register_source("imagefolder", protocol="given", files=imagefolder_files, digests=imagefolder_digests,
+                 values=imagefolder_values)
 def imagefolder_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """A folder of images and a metadata table (``data.imagefolder``; a relative root is resolved against the
     repository root, as under ``dvc exp run --temp`` and the queue)."""
@@ -356,7 +366,8 @@ def find_waterbirds(root: Path) -> Path | None:
     return next((root / name for name in WATERBIRDS_FOLDERS if (root / name / "metadata.csv").is_file()), None)
 
 
-@register_source("waterbirds", protocol="given")
+@register_source("waterbirds", protocol="given",
+                 values=lambda params: {"y": "Waterbirds' column 'y'", "a": "Waterbirds' column 'place'"})
 def waterbirds_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """Waterbirds from ``data/raw/waterbirds`` (downloaded and extracted there when absent), official splits."""
     root = raw_dir / "waterbirds"
@@ -437,7 +448,9 @@ def celeba_table(folder: Path, params: CelebAParams) -> ImageTable:
                       params.attribute, [f"not {params.attribute}", params.attribute])
 
 
-@register_source("celeba", protocol="given")
+@register_source("celeba", protocol="given",
+                 values=lambda params: {"y": f"data.celeba.target = '{params.celeba.target}'",
+                                        "a": f"data.celeba.attribute = '{params.celeba.attribute}'"})
 def celeba_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """CelebA from ``data/raw/celeba/celeba`` (torchvision downloads it when absent), official partition."""
     root = raw_dir / "celeba"

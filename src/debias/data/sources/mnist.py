@@ -190,7 +190,8 @@ def read_npz(path: Path) -> RawSplit:
     return RawSplit(x, y.astype(np.int64), None if a is None else a.astype(np.int64))
 
 
-@register_source("npz", protocol="foreground", files=lambda params: {"data.path": resolve_data_path(params.path or "")})
+@register_source("npz", protocol="foreground", files=lambda params: {"data.path": resolve_data_path(params.path or "")},
+                 values=lambda params: {role: f"array '{role}' of data.path = '{params.path}'" for role in ("y", "a")})
 def npz_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """A local .npz, split stratified by class."""
     assert params.path is not None  # the schema requires it for this source

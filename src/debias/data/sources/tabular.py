@@ -271,7 +271,8 @@ def clean_adult(frame: pd.DataFrame, where: str = "adult") -> tuple[pd.DataFrame
     return frame, y, a
 
 
-@register_source("adult", protocol="given", files=path_files, digests=path_digests)
+@register_source("adult", protocol="given", files=path_files, digests=path_digests,
+                 values=lambda params: {"y": "adult's income label (>50K)", "a": "adult's attribute sex"})
 def adult_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """UCI Adult (adult.data + adult.test pooled), sensitive attribute sex; see the module docstring."""
     folder, download = source_folder(params, raw_dir, "adult")
@@ -326,7 +327,9 @@ def clean_compas(frame: pd.DataFrame, races: Sequence[str], where: str = "compas
     return frame, y, a
 
 
-@register_source("compas", protocol="given", files=path_files, digests=path_digests)
+@register_source("compas", protocol="given", files=path_files, digests=path_digests,
+                 values=lambda params: {"y": "compas' label two_year_recid",
+                                        "a": f"compas' race (data.tabular.compas_races = {params.tabular.compas_races})"})
 def compas_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:
     """ProPublica COMPAS two-year recidivism, sensitive attribute race; see the module docstring."""
     folder, download = source_folder(params, raw_dir, "compas")

@@ -25,8 +25,8 @@ from debias import distributed
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params, SpeedParams
-from debias.training.loop import (GeneratorTask, StepMetrics, build_optimizer, build_scheduler, device_batches,
-                                  gather_rows, on_device, to_device)  # noqa: F401  (the last three: methods' helpers)
+from debias.training.loop import (GeneratorTask, StepMetrics, build_optimizer, build_scheduler, cut_batches,
+                                  device_batches, gather_rows, on_device, to_device)  # noqa: F401  (the last three: methods' helpers)
 
 
 @dataclass
@@ -154,8 +154,9 @@ def stage2_optimiser(inputs: Stage2Inputs, parameters: Any) -> tuple[torch.optim
 
 
 def shuffled_batches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
-    """Every index of ``range(n)`` once, in a random order, cut into batches (the last may be smaller)."""
-    return list(torch.randperm(n, generator=generator).split(batch_size))
+    """Every index of ``range(n)`` once, in a random order, cut into batches (the last may be smaller; one of a
+    single index joins the one before: :func:`~debias.training.loop.cut_batches`)."""
+    return cut_batches(torch.randperm(n, generator=generator), batch_size)
 
 
 def group_balanced_batches(groups: torch.Tensor, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -163,7 +164,7 @@ def group_balanced_batches(groups: torch.Tensor, batch_size: int, generator: tor
     cut into batches: an epoch of Sagawa et al.'s group-balanced sampling (their ``--reweight_groups``)."""
     counts = torch.bincount(groups)
     weights = 1.0 / counts[groups].double()
-    return list(torch.multinomial(weights, len(groups), replacement=True, generator=generator).split(batch_size))
+    return cut_batches(torch.multinomial(weights, len(groups), replacement=True, generator=generator), batch_size)
 
 
 def epoch_steps(batches: list[torch.Tensor], epoch: int,
