@@ -46,6 +46,52 @@ def test_readme_documents_the_commands_a_new_user_needs() -> None:
     assert tracking_uri(REPO).endswith("/mlflow.db")  # the store the `mlflow ui` line opens
 
 
+
+def readme_section_commands(title: str) -> list[str]:
+    """The commands of README's ``## title`` section: its indented lines, a line ending in a backslash joined with
+    the next, comments after ``#`` dropped."""
+    text = (REPO / "README.md").read_text()
+    section = text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+    commands, pending = [], ""
+    for line in section.splitlines():
+        if not line.startswith("    "):
+            continue
+        pending += " " + line.strip()
+        if pending.endswith("\\"):
+            pending = pending[:-1]
+            continue
+        commands.append(" ".join(pending.split("  #", 1)[0].split()))
+        pending = ""
+    return commands
+
+
+def test_readme_own_data_block_runs_as_written_on_the_example_folder(tmp_path) -> None:
+    """README's "Your own data" commands, verbatim but for the folder's path: `debias example-folder` writes the
+    folder, `debias check-params` with README's -S accepts it (exit 0, source imagefolder), and `dvc exp run` there
+    takes exactly the same -S (check-params applies them with DVC's own code to a copy of params.yaml)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    commands = readme_section_commands("Your own data")
+    example = next(c for c in commands if c.startswith("debias example-folder "))
+    check = next(c for c in commands if c.startswith("debias check-params "))
+    run = next(c for c in commands if c.startswith("dvc exp run "))
+    folder = shlex.split(example)[2]
+    assert f"data.imagefolder.root={folder}" in check
+    assert shlex.split(check)[2:] == shlex.split(run)[3:]  # the run is what was checked
+    here = tmp_path / "shapes"
+    (tmp_path / "params.yaml").write_text(committed_text("params.yaml"))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    for command in (example, check):
+        args = [a.replace(folder, str(here)) for a in shlex.split(command)]
+        done = subprocess.run([sys.executable, "-m", "debias.cli", *args[1:]], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
+    assert "valid (source=imagefolder" in done.stdout, done.stdout
+
+
 TRAINING_STAGES = {"train_erm", "train_contrastive"}  # launched with DEBIAS_NPROC processes
 
 
