@@ -38,7 +38,7 @@ def test_readme_is_short_and_links_every_docs_page() -> None:
 def test_readme_documents_the_commands_a_new_user_needs() -> None:
     text = (REPO / "README.md").read_text()
     for needed in ("debias check-params -S", "git checkout params.yaml", "dvc exp apply",
-                   "mlflow ui --backend-store-uri sqlite:///mlflow.db", "Training runs",
+                   "mlflow ui --backend-store-uri sqlite:///mlflow.db", "Training runs", "Model training",
                    "--index-url https://download.pytorch.org/whl/cpu"):
         assert needed in text, needed
     from debias.tracking import tracking_uri
