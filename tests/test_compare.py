@@ -292,3 +292,69 @@ def test_the_page_opens_on_a_headline_card_with_each_seeds_worst_group(sweep, tm
     assert "2 warnings: [degenerate-selection](#warnings) × 2 (train_erm; 2 experiments)." in card_md
     assert "**Next: Read the warning `degenerate-selection` of cnc-s0/train_erm first" in card_md
     assert "| worst group: y, a · n · interval |" in md.replace(" warnings |", " |")  # per-experiment column
+
+
+# --------------------------------------------------------------------------- what cannot be measured is never ranked
+
+
+NAN = __import__("re").compile(r"\bnan\b", __import__("re").IGNORECASE)
+
+
+def _everything(comparison: compare_data.Comparison, out: Path) -> str:
+    """The terminal table, the page (HTML and markdown) and its CSVs, as one text."""
+    written = compare_page.write_page(comparison, out)
+    return "\n".join([compare_terminal.terminal_text(comparison), written["html"].read_text(encoding="utf-8"),
+                      written["md"].read_text(encoding="utf-8"), written["experiments"].read_text(encoding="utf-8"),
+                      written["groups"].read_text(encoding="utf-8")])
+
+
+def test_a_run_without_metrics_is_listed_with_its_reason_and_never_ranked(tmp_path: Path) -> None:
+    """README's flow: the baseline commit's outputs are not in this clone's cache (only the data's numbers came
+    back), one experiment has results. The baseline is listed as without results, with why and `dvc exp run`; the
+    headline does not call the one comparable run "best"; no NaN reaches the terminal or the page."""
+    from debias.report.collect import explain_missing
+
+    main = Experiment("main", "baseline", {"seed": 0, "loss.epsilon": 0.5}, {"bias_corr": 0.99, "bias_n": 240},
+                      rev="abc", timestamp="2026-11-23T10:00:00")
+    explain_missing(main)
+    eps = experiment("eps-0.25", 0, "eps_supinfonce", 0.4, "05")
+    runs = [main, eps]
+    chosen = compare_data.select(runs)
+    assert [e.name for e in chosen] == ["eps-0.25"]
+    comparison = compare_data.build_comparison(chosen, runs)
+    assert [e.name for e in comparison.without_results] == ["main"] and comparison.differences == []
+    text = _everything(comparison, tmp_path / "page")
+    assert not NAN.search(text), NAN.search(text)
+    flat = " ".join(text.split())
+    assert ("main: its metrics files are not in this clone's DVC cache (the dvc.lock committed there names outputs "
+            "computed elsewhere; `dvc pull` fetches them where a DVC remote holds them); run `dvc exp run`") in flat
+    md = (tmp_path / "page" / "compare.md").read_text(encoding="utf-8")
+    card_md = md.split("\n## ")[1]
+    assert "best:" not in card_md and "| every experiment (1 seed) | ERM | stage 2 |" in card_md
+    assert "the only group with stage-2 worst-group: nothing to rank it against" in card_md
+    assert "best by" not in text and "+nan" not in text
+
+
+def test_a_group_without_the_rank_metric_is_listed_but_not_ranked_or_tested(tmp_path: Path) -> None:
+    """Two groups, one of which has ERM's numbers only (its stage 2 blank): it stays in the tables, is named as not
+    ranked, and no difference, t-test or 'best' is drawn from a single ranked group."""
+    full = [experiment(f"eps-s{s}", s, "eps_supinfonce", 0.4 + 0.1 * s, f"0{s}", epsilon=0.25) for s in (0, 1)]
+    partial = [experiment(f"half-s{s}", s, "eps_supinfonce", 0.9, f"1{s}", epsilon=0.5) for s in (0, 1)]
+    for run in partial:
+        run.metrics = {k: v for k, v in run.metrics.items() if k.startswith("erm_")}
+    runs = full + partial
+    comparison = compare_data.build_comparison(compare_data.select(runs), runs)
+    assert comparison.ranked == 1 and len(comparison.groups) == 2 and comparison.differences == []
+    assert comparison.groups.iloc[0]["loss.epsilon"] == "0.25"  # the ranked group first, whatever the other's values
+    text = _everything(comparison, tmp_path / "page")
+    assert not NAN.search(text)
+    flat = " ".join(text.split())
+    assert "loss.epsilon=0.5 is not ranked: no stage-2 worst-group in its experiments (half-s0, half-s1)" in flat
+    card_md = (tmp_path / "page" / "compare.md").read_text(encoding="utf-8").split("\n## ")[1]
+    assert "| loss.epsilon=0.25 (2 seeds) | ERM | stage 2 |" in card_md and "best:" not in card_md
+    # with a second ranked group the ranking, the difference and the test come back
+    other = [experiment(f"z-s{s}", s, "eps_supinfonce", 0.2, f"2{s}", epsilon=0.0) for s in (0, 1)]
+    runs = full + partial + other
+    comparison = compare_data.build_comparison(compare_data.select(runs), runs)
+    assert comparison.ranked == 2 and [d["group"] for d in comparison.differences] == ["loss.epsilon=0.0"]
+    assert not NAN.search(_everything(comparison, tmp_path / "page2"))
