@@ -148,3 +148,26 @@ def test_the_import_walk_follows_lazy_submodule_and_relative_imports(tmp_path) -
     assert deps == sorted(["pipeline/stage.py", "src/debias/__init__.py", "src/debias/lazy.py",
                            "src/debias/sub/__init__.py", "src/debias/sub/a.py", "src/debias/sub/b.py",
                            "src/debias/sub/c.py"])
+
+
+ISSUE_NUMBER = re.compile(r"\bissues?\s*#?\d+\b|(?<![\w&])#\d{1,4}\b", re.IGNORECASE)
+# 7-40 hex digits with at least one letter and one digit, standing alone: not a colour (#1f77b4), not inside a file
+# name or path (quality_f0013e7_cnc.md, .../base/...), not part of a longer word
+COMMIT_HASH = re.compile(r"(?<![\w#./-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+
+
+def test_user_docs_hold_no_issue_number_and_no_commit_hash() -> None:
+    """README.md and docs/*.md speak to users: development history (issue numbers, commit hashes) stays in git and
+    in the results files under benchmarks/results, which keep their commands and dates."""
+    for bad in ("see issue 27", "Issue 30's target", "issue #12", "(#14)", "at f0013e7,", "commit 2453a1e's code",
+                "`dvc repro` at 11a1806"):
+        assert ISSUE_NUMBER.search(bad) or COMMIT_HASH.search(bad), bad
+    for fine in ("colour #1f77b4", "quality_f0013e7_cnc.md", "benchmarks/results/steps_ab_f0013e7.md", "tolerance 1e-7",
+                 "sha256 of the file", "the issue's description", "deadbeef", "1234567 images", "[warnings](#warnings)"):
+        assert not (ISSUE_NUMBER.search(fine) or COMMIT_HASH.search(fine)), fine
+    found = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            found += [f"{page.relative_to(REPO)}:{number}: {m.group(0)!r}" for pattern in (ISSUE_NUMBER, COMMIT_HASH)
+                      for m in pattern.finditer(line)]
+    assert not found, "\n".join(found)
