@@ -217,8 +217,9 @@ def dvc_reader(root: Path, experiment: Experiment, repo: Any) -> DvcReader:
 
 def read_lock(root: Path, experiment: Experiment) -> dict[str, Any] | None:
     """``experiment``'s dvc.lock, parsed: the workspace's from disk, a commit's or an experiment's from git;
-    None where there is none or it cannot be read."""
-    import yaml
+    None where there is none or it cannot be read. Parsed as DVC parses it (ruamel.yaml, YAML 1.2)."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
 
     if experiment.kind == "workspace":
         try:
@@ -234,8 +235,8 @@ def read_lock(root: Path, experiment: Experiment) -> dict[str, Any] | None:
     else:
         return None
     try:
-        lock = yaml.safe_load(text)
-    except yaml.YAMLError:
+        lock = YAML(typ="safe").load(text)
+    except YAMLError:
         return None
     return lock if isinstance(lock, dict) else None
 
