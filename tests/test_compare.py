@@ -292,3 +292,174 @@ def test_the_page_opens_on_a_headline_card_with_each_seeds_worst_group(sweep, tm
     assert "2 warnings: [degenerate-selection](#warnings) × 2 (train_erm; 2 experiments)." in card_md
     assert "**Next: Read the warning `degenerate-selection` of cnc-s0/train_erm first" in card_md
     assert "| worst group: y, a · n · interval |" in md.replace(" warnings |", " |")  # per-experiment column
+
+
+# --------------------------------------------------------------------------- what cannot be measured is never ranked
+
+
+NAN = __import__("re").compile(r"\bnan\b", __import__("re").IGNORECASE)
+
+
+def _everything(comparison: compare_data.Comparison, out: Path) -> str:
+    """The terminal table, the page (HTML and markdown) and its CSVs, as one text."""
+    written = compare_page.write_page(comparison, out)
+    return "\n".join([compare_terminal.terminal_text(comparison), written["html"].read_text(encoding="utf-8"),
+                      written["md"].read_text(encoding="utf-8"), written["experiments"].read_text(encoding="utf-8"),
+                      written["groups"].read_text(encoding="utf-8")])
+
+
+def test_a_run_without_metrics_is_listed_with_its_reason_and_never_ranked(tmp_path: Path) -> None:
+    """README's flow: the baseline commit's outputs are not in this clone's cache (only the data's numbers came
+    back), one experiment has results. The baseline is listed as without results, with why and `dvc exp run`; the
+    headline does not call the one comparable run "best"; no NaN reaches the terminal or the page."""
+    from debias.report.collect import explain_missing
+
+    main = Experiment("main", "baseline", {"seed": 0, "loss.epsilon": 0.5}, {"bias_corr": 0.99, "bias_n": 240},
+                      rev="abc", timestamp="2026-11-23T10:00:00")
+    explain_missing(main)
+    eps = experiment("eps-0.25", 0, "eps_supinfonce", 0.4, "05")
+    runs = [main, eps]
+    chosen = compare_data.select(runs)
+    assert [e.name for e in chosen] == ["eps-0.25"]
+    comparison = compare_data.build_comparison(chosen, runs)
+    assert [e.name for e in comparison.without_results] == ["main"] and comparison.differences == []
+    text = _everything(comparison, tmp_path / "page")
+    assert not NAN.search(text), NAN.search(text)
+    flat = " ".join(text.split())
+    assert ("main: its metrics files are not in this clone's DVC cache (the dvc.lock committed there names outputs "
+            "computed elsewhere; `dvc pull` fetches them where a DVC remote holds them); run `dvc exp run`") in flat
+    md = (tmp_path / "page" / "compare.md").read_text(encoding="utf-8")
+    card_md = md.split("\n## ")[1]
+    assert "best:" not in card_md and "| every experiment (1 seed) | ERM | stage 2 |" in card_md
+    assert "the only group with stage-2 worst-group: nothing to rank it against" in card_md
+    assert "best by" not in text and "+nan" not in text
+
+
+def test_a_group_without_the_rank_metric_is_listed_but_not_ranked_or_tested(tmp_path: Path) -> None:
+    """Two groups, one of which has ERM's numbers only (its stage 2 blank): it stays in the tables, is named as not
+    ranked, and no difference, t-test or 'best' is drawn from a single ranked group."""
+    full = [experiment(f"eps-s{s}", s, "eps_supinfonce", 0.4 + 0.1 * s, f"0{s}", epsilon=0.25) for s in (0, 1)]
+    partial = [experiment(f"half-s{s}", s, "eps_supinfonce", 0.9, f"1{s}", epsilon=0.5) for s in (0, 1)]
+    for run in partial:
+        run.metrics = {k: v for k, v in run.metrics.items() if k.startswith("erm_")}
+    runs = full + partial
+    comparison = compare_data.build_comparison(compare_data.select(runs), runs)
+    assert comparison.ranked == 1 and len(comparison.groups) == 2 and comparison.differences == []
+    assert comparison.groups.iloc[0]["loss.epsilon"] == "0.25"  # the ranked group first, whatever the other's values
+    text = _everything(comparison, tmp_path / "page")
+    assert not NAN.search(text)
+    flat = " ".join(text.split())
+    assert "loss.epsilon=0.5 is not ranked: no stage-2 worst-group in its experiments (half-s0, half-s1)" in flat
+    card_md = (tmp_path / "page" / "compare.md").read_text(encoding="utf-8").split("\n## ")[1]
+    assert "| loss.epsilon=0.25 (2 seeds) | ERM | stage 2 |" in card_md and "best:" not in card_md
+    # with a second ranked group the ranking, the difference and the test come back
+    other = [experiment(f"z-s{s}", s, "eps_supinfonce", 0.2, f"2{s}", epsilon=0.0) for s in (0, 1)]
+    runs = full + partial + other
+    comparison = compare_data.build_comparison(compare_data.select(runs), runs)
+    assert comparison.ranked == 2 and [d["group"] for d in comparison.differences] == ["loss.epsilon=0.0"]
+    assert not NAN.search(_everything(comparison, tmp_path / "page2"))
+
+
+# --------------------------------------------------------------------------- stages of another run are blanked
+
+TWO_STAGES = """stages:
+  train_erm:
+    cmd: python run.py train_erm
+    deps: [run.py]
+    params: [seed, erm]
+    outs: [data/erm.txt]
+    metrics: [reports/metrics/train_erm.json]
+  train_contrastive:
+    cmd: python run.py train_contrastive
+    deps: [run.py, data/erm.txt]
+    params: [seed, stage2]
+    outs: [reports/metrics/stage2_train_groups.json]
+    metrics: [reports/metrics/train_contrastive.json]
+"""
+RUN = """import json, os, sys, yaml
+p = yaml.safe_load(open("params.yaml"))
+os.makedirs("reports/metrics", exist_ok=True); os.makedirs("data", exist_ok=True)
+if sys.argv[1] == "train_erm":
+    open("data/erm.txt", "w").write(str(p["seed"]))
+    json.dump({"erm_worst": 0.1 + p["seed"] / 100}, open("reports/metrics/train_erm.json", "w"))
+else:
+    seed = open("data/erm.txt").read()
+    json.dump({"s2_worst": 0.5 + p["seed"] / 100}, open("reports/metrics/train_contrastive.json", "w"))
+    json.dump({"test": {"per_group": [[0.5]]}, "from_erm_seed": seed}, open("reports/metrics/stage2_train_groups.json", "w"))
+"""
+
+
+@pytest.mark.slow
+def test_a_partial_experiment_shows_no_stage_of_another_run(tmp_path: Path) -> None:
+    """For real, in a two-stage DVC repository: `dvc exp run -S seed=3 train_erm` reruns ERM only, its dvc.lock keeps
+    seed 0's stage-2 entry. compare shows seed 3's ERM, blanks the stage-2 metrics and files (they are seed 0's),
+    says why and how to rerun it whole; nothing averages them into seed means. A workspace whose params.yaml
+    changed after its run is without results, with `dvc repro`."""
+    import os
+    import subprocess
+
+    from debias.report.collect import from_dvc
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+    def sh(*command: str) -> None:
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+
+    (tmp_path / "params.yaml").write_text("seed: 0\nerm:\n  lr: 0.1\nstage2:\n  epochs: 2\n")
+    (tmp_path / "run.py").write_text(RUN)
+    (tmp_path / "dvc.yaml").write_text(TWO_STAGES)
+    sh("git", "init", "-q")
+    sh("dvc", "init", "-q")
+    sh("dvc", "config", "core.analytics", "false")
+    sh("git", "add", "-A")
+    sh("git", "commit", "-qm", "pipeline")
+    sh("dvc", "repro", "-q")
+    sh("git", "add", "-A")
+    sh("git", "commit", "-qm", "results")
+    sh("dvc", "exp", "run", "-q", "-n", "exp-partial", "-S", "seed=3", "train_erm")
+
+    found = {e.name: e for e in from_dvc(tmp_path)}
+    partial, workspace = found["exp-partial"], found["workspace"]
+    baseline = next(e for e in found.values() if e.kind == "baseline")
+    assert baseline.metrics == {"erm_worst": 0.1, "s2_worst": 0.5} and not baseline.stale
+    assert partial.metrics == {"erm_worst": 0.13}  # seed 3's ERM; seed 0's stage 2 left blank
+    assert partial.stale == {"train_contrastive": "ran with seed=0 (the experiment's: 3)"}
+    assert partial.fix == "dvc exp run -S seed=3"
+    assert partial.reader is not None and partial.reader(GROUP_FILES["stage2"]) is None  # its files too
+    assert baseline.reader is not None and json.loads(baseline.reader(GROUP_FILES["stage2"]))["from_erm_seed"] == "0"
+
+    runs = list(found.values())
+    comparison = compare_data.build_comparison(compare_data.select(runs), runs)
+    frame = comparison.frame.set_index("experiment")
+    assert math.isnan(frame.loc["exp-partial", "s2_worst"]) and frame.loc["exp-partial", "erm_worst"] == 0.13
+    text = " ".join(compare_terminal.terminal_text(comparison).split())
+    assert ("note: exp-partial: stale: train_contrastive ran with seed=0 (the experiment's: 3); its metrics are "
+            "another run's, left blank; run `dvc exp run -S seed=3`") in text
+
+    (tmp_path / "params.yaml").write_text("seed: 3\nerm:\n  lr: 0.5\nstage2:\n  epochs: 2\n")  # edited, not run
+    found = {e.name: e for e in from_dvc(tmp_path)}
+    workspace = found["workspace"]
+    assert workspace.metrics == {} and workspace.fix == "dvc repro" and set(workspace.stale) == {"train_erm",
+                                                                                                  "train_contrastive"}
+    assert workspace.stale["train_erm"] == "ran with erm.lr=0.1 (the experiment's: 0.5)"
+    runs = list(found.values())
+    assert "workspace" in [e.name for e in compare_data.build_comparison(compare_data.select(runs), runs).without_results]
+
+
+def test_stale_stages_follow_inputs_that_another_run_wrote() -> None:
+    """A stage whose input is not what its producer last wrote is stale, and so is everything downstream of it."""
+    from debias.report.stale import stale_stages
+
+    lock = {"stages": {
+        "a": {"params": {"params.yaml": {"seed": 0}}, "outs": [{"path": "data/a", "md5": "new.dir"}]},
+        "b": {"params": {"params.yaml": {"seed": 0}}, "deps": [{"path": "data/a", "md5": "old.dir"}],
+              "outs": [{"path": "data/b.pt", "md5": "b"}]},
+        "c": {"deps": [{"path": "data/b.pt", "md5": "b"}], "outs": [{"path": "m.json", "md5": "c"}]},
+        "d": {"params": {"params.yaml": {"loss.epsilon": 0.25}}, "deps": [{"path": "data/a", "md5": "new.dir"}]}}}
+    stale = stale_stages(lock, {"seed": 0, "loss.epsilon": 0.25, "loss.alpha": 1.0})
+    assert stale == {"b": "its input data/a is not the one a wrote last (another run of a)",
+                     "c": "its input data/b.pt comes from b, which is stale"}
+    assert stale_stages(lock, {"seed": 0, "loss.epsilon": 0.5})["d"] == "ran with loss.epsilon=0.25 (the experiment's: 0.5)"
+    assert stale_stages(None, {"seed": 1}) == {}

@@ -171,3 +171,19 @@ def test_check_params_with_overrides_validates_each_value_and_leaves_the_file_un
     other.write_bytes(before)
     assert cli_main(["check-params", str(other), "-S", "seed=3", "-S", "mine.yaml:loss.epsilon=0.5"]) == 0
     assert other.read_bytes() == before
+
+
+def test_a_typo_in_an_override_starts_with_the_unknown_key_and_the_suggestion(tmp_path, capsys) -> None:
+    """`-S loss.epsiln=0.3`: the line starts with the unknown key and the closest known one, then the overrides;
+    OmegaConf's internals (`Key ... is not in struct`, `full_key`, `object_type`) never reach the user. A missing
+    section is named with the override's whole key."""
+    shipped = tmp_path / "params.yaml"
+    shipped.write_text(committed_text("params.yaml"))
+    assert cli_main(["check-params", str(shipped), "-S", "loss.epsiln=0.3", "-S", "seed=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("unknown parameter 'loss.epsiln'; did you mean 'loss.epsilon'? (-S loss.epsiln=0.3 -S seed=1;")
+    assert "not in struct" not in err and "full_key" not in err and "object_type" not in err
+    assert cli_main(["check-params", str(shipped), "-S", "lss.epsilon=0.3"]) == 2
+    assert capsys.readouterr().err.startswith("unknown parameter 'lss.epsilon'; did you mean 'loss.epsilon'? (")
+    assert cli_main(["check-params", str(shipped), "-S", "zzzz=1"]) == 2
+    assert capsys.readouterr().err.startswith("unknown parameter 'zzzz' (-S zzzz=1; +key=value adds a key")

@@ -38,12 +38,58 @@ def test_readme_is_short_and_links_every_docs_page() -> None:
 def test_readme_documents_the_commands_a_new_user_needs() -> None:
     text = (REPO / "README.md").read_text()
     for needed in ("debias check-params -S", "git checkout params.yaml", "dvc exp apply",
-                   "mlflow ui --backend-store-uri sqlite:///mlflow.db", "Training runs",
+                   "mlflow ui --backend-store-uri sqlite:///mlflow.db", "Training runs", "Model training",
                    "--index-url https://download.pytorch.org/whl/cpu"):
         assert needed in text, needed
     from debias.tracking import tracking_uri
 
     assert tracking_uri(REPO).endswith("/mlflow.db")  # the store the `mlflow ui` line opens
+
+
+
+def readme_section_commands(title: str) -> list[str]:
+    """The commands of README's ``## title`` section: its indented lines, a line ending in a backslash joined with
+    the next, comments after ``#`` dropped."""
+    text = (REPO / "README.md").read_text()
+    section = text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+    commands, pending = [], ""
+    for line in section.splitlines():
+        if not line.startswith("    "):
+            continue
+        pending += " " + line.strip()
+        if pending.endswith("\\"):
+            pending = pending[:-1]
+            continue
+        commands.append(" ".join(pending.split("  #", 1)[0].split()))
+        pending = ""
+    return commands
+
+
+def test_readme_own_data_block_runs_as_written_on_the_example_folder(tmp_path) -> None:
+    """README's "Your own data" commands, verbatim but for the folder's path: `debias example-folder` writes the
+    folder, `debias check-params` with README's -S accepts it (exit 0, source imagefolder), and `dvc exp run` there
+    takes exactly the same -S (check-params applies them with DVC's own code to a copy of params.yaml)."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    commands = readme_section_commands("Your own data")
+    example = next(c for c in commands if c.startswith("debias example-folder "))
+    check = next(c for c in commands if c.startswith("debias check-params "))
+    run = next(c for c in commands if c.startswith("dvc exp run "))
+    folder = shlex.split(example)[2]
+    assert f"data.imagefolder.root={folder}" in check
+    assert shlex.split(check)[2:] == shlex.split(run)[3:]  # the run is what was checked
+    here = tmp_path / "shapes"
+    (tmp_path / "params.yaml").write_text(committed_text("params.yaml"))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    for command in (example, check):
+        args = [a.replace(folder, str(here)) for a in shlex.split(command)]
+        done = subprocess.run([sys.executable, "-m", "debias.cli", *args[1:]], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
+    assert "valid (source=imagefolder" in done.stdout, done.stdout
 
 
 TRAINING_STAGES = {"train_erm", "train_contrastive"}  # launched with DEBIAS_NPROC processes
@@ -102,3 +148,26 @@ def test_the_import_walk_follows_lazy_submodule_and_relative_imports(tmp_path) -
     assert deps == sorted(["pipeline/stage.py", "src/debias/__init__.py", "src/debias/lazy.py",
                            "src/debias/sub/__init__.py", "src/debias/sub/a.py", "src/debias/sub/b.py",
                            "src/debias/sub/c.py"])
+
+
+ISSUE_NUMBER = re.compile(r"\bissues?\s*#?\d+\b|(?<![\w&])#\d{1,4}\b", re.IGNORECASE)
+# 7-40 hex digits with at least one letter and one digit, standing alone: not a colour (#1f77b4), not inside a file
+# name or path (quality_f0013e7_cnc.md, .../base/...), not part of a longer word
+COMMIT_HASH = re.compile(r"(?<![\w#./-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
+
+
+def test_user_docs_hold_no_issue_number_and_no_commit_hash() -> None:
+    """README.md and docs/*.md speak to users: development history (issue numbers, commit hashes) stays in git and
+    in the results files under benchmarks/results, which keep their commands and dates."""
+    for bad in ("see issue 27", "Issue 30's target", "issue #12", "(#14)", "at f0013e7,", "commit 2453a1e's code",
+                "`dvc repro` at 11a1806"):
+        assert ISSUE_NUMBER.search(bad) or COMMIT_HASH.search(bad), bad
+    for fine in ("colour #1f77b4", "quality_f0013e7_cnc.md", "benchmarks/results/steps_ab_f0013e7.md", "tolerance 1e-7",
+                 "sha256 of the file", "the issue's description", "deadbeef", "1234567 images", "[warnings](#warnings)"):
+        assert not (ISSUE_NUMBER.search(fine) or COMMIT_HASH.search(fine)), fine
+    found = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            found += [f"{page.relative_to(REPO)}:{number}: {m.group(0)!r}" for pattern in (ISSUE_NUMBER, COMMIT_HASH)
+                      for m in pattern.finditer(line)]
+    assert not found, "\n".join(found)

@@ -47,19 +47,31 @@ def _cause(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _hint(exc: BaseException) -> str:
-    """For a key params.yaml does not hold (DVC sets only existing keys without ``+``): the closest known key."""
+def _override_key(override: str) -> str:
+    """The dotted key of one override: ``+loss.epsilon=1`` -> ``loss.epsilon``, ``~seed`` -> ``seed``."""
+    return override.split("=", 1)[0].lstrip("+~").strip()
+
+
+def refusal(exc: BaseException, overrides: list[str]) -> str:
+    """DVC's refusal of ``overrides`` as one line. A key params.yaml does not hold (DVC sets only existing keys
+    without ``+``) starts the line, with the closest known key: ``unknown parameter 'loss.epsiln'; did you mean
+    'loss.epsilon'? (-S loss.epsiln=0.3; ...)``, never OmegaConf's ``Key ... is not in struct`` internals. The key
+    named is the override's whole key (``lss.epsilon``, where OmegaConf names only the missing section ``lss``)."""
     import difflib
     import re
 
     from debias.params import Params, _valid_keys
 
+    given = f"-S {' -S '.join(overrides)}"
     found = re.search(r"full_key: (\S+)", _cause(exc))
     if found is None:
-        return ""
-    close = difflib.get_close_matches(found[1], _valid_keys(Params), n=1, cutoff=0.6)
-    return (f"; unknown parameter '{found[1]}'" + (f"; did you mean '{close[0]}'?" if close else "")
-            + " (+key=value adds a key params.yaml does not hold)")
+        return f"{given}: {_cause(exc)}"
+    keys = [_override_key(o) for o in overrides]
+    key = next((k for k in keys if k == found[1]), None) or next(
+        (k for k in keys if k.startswith(found[1] + ".")), found[1])
+    close = difflib.get_close_matches(key, _valid_keys(Params), n=1, cutoff=0.6)
+    return (f"unknown parameter '{key}'" + (f"; did you mean '{close[0]}'?" if close else "")
+            + f" ({given}; +key=value adds a key params.yaml does not hold)")
 
 
 @contextlib.contextmanager
@@ -80,7 +92,7 @@ def override_files(path: str | Path, items: list[str]) -> Iterator[list[tuple[li
             try:
                 apply_overrides(copy, overrides)
             except Exception as exc:  # DVC's InvalidArgumentError around hydra's ConfigCompositionException
-                results.append((overrides, ParamsError(f"-S {' -S '.join(overrides)}: {_cause(exc)}{_hint(exc)}")))
+                results.append((overrides, ParamsError(refusal(exc, overrides))))
                 continue
             results.append((overrides, copy))
         yield results

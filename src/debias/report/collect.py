@@ -23,6 +23,7 @@ from typing import Any
 
 from debias import headline, paths
 from debias.params import flatten
+from debias.report.stale import is_within, rerun_command, stale_outputs, stale_stages
 
 GROUP_FILES = {"erm": paths.METRICS / "erm_groups.json", "stage2": paths.METRICS / "stage2_train_groups.json"}
 CURVE_FILES = {"erm": paths.PLOTS / "erm_curves.csv", "stage2": paths.PLOTS / "stage2_curves.csv"}
@@ -48,6 +49,12 @@ class Experiment:
     run_id: str | None = None  # the MLflow parent run
     reader: Callable[[Path], str | None] | None = field(default=None, repr=False)  # a file of this run, as text
     rejected: dict[str, str] = field(default_factory=dict)  # headline keys whose value is not a number (NaN, text)
+    metric_stages: dict[str, str] = field(default_factory=dict)  # headline key -> the stage that wrote it
+    stale: dict[str, str] = field(default_factory=dict)  # stage -> why its outputs are another run's (blanked)
+    blanked: set[str] = field(default_factory=set)  # output paths of the stale stages: never read
+    baseline_params: dict[str, Any] | None = None  # an experiment's baseline commit's params (the rerun command)
+    reason: str = ""  # why it has no results (or which are blank), in words
+    fix: str = ""  # the command that gives it results
 
     @property
     def has_results(self) -> bool:
@@ -112,6 +119,12 @@ def _headline_values(data: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def _metric_stages(data: dict[str, Any]) -> dict[str, str]:
+    """Headline key -> the stage whose headline file holds it."""
+    return {key: HEADLINE_FILES[path] for path, entry in (data.get("metrics") or {}).items()
+            if path in HEADLINE_FILES and isinstance(entry, dict) for key in (entry.get("data") or {})}
+
+
 def _headline_metrics(data: dict[str, Any]) -> dict[str, float]:
     return {k: v for k, v in _headline_values(data).items() if is_number(v)}
 
@@ -145,7 +158,8 @@ def parse_exp_show(shown: list[dict[str, Any]]) -> list[Experiment]:
         found.append(Experiment(name, kind, _params(data), _headline_metrics(data),
                                 "done" if _headline_metrics(data) else "no results",
                                 None if kind == "workspace" else entry.get("rev"), data.get("timestamp"),
-                                rejected=rejected_values(_headline_values(data))))
+                                rejected=rejected_values(_headline_values(data)), metric_stages=_metric_stages(data)))
+        baseline = _params(data)
         for experiment in entry.get("experiments") or []:
             revisions = experiment.get("revs") or []
             if not revisions:
@@ -155,7 +169,8 @@ def parse_exp_show(shown: list[dict[str, Any]]) -> list[Experiment]:
             name = revision.get("name") or experiment.get("name") or str(revision.get("rev", ""))[:7]
             found.append(Experiment(name, "experiment", _params(data), _headline_metrics(data),
                                     _status(revision, experiment, data), revision.get("rev"), data.get("timestamp"),
-                                    rejected=rejected_values(_headline_values(data))))
+                                    rejected=rejected_values(_headline_values(data)),
+                                    metric_stages=_metric_stages(data), baseline_params=baseline))
     return found
 
 
@@ -189,6 +204,8 @@ class DvcReader:
             self.cache.update({key: None for key in keys})
 
     def __call__(self, path: Path) -> str | None:
+        if is_within(str(path), self.experiment.blanked):  # a stale stage's output: another run's
+            return None
         self.prefetch([path])
         return self.cache.get(str(path))
 
@@ -198,9 +215,79 @@ def dvc_reader(root: Path, experiment: Experiment, repo: Any) -> DvcReader:
     return DvcReader(root, experiment, repo)
 
 
+def read_lock(root: Path, experiment: Experiment) -> dict[str, Any] | None:
+    """``experiment``'s dvc.lock, parsed: the workspace's from disk, a commit's or an experiment's from git;
+    None where there is none or it cannot be read. Parsed as DVC parses it (ruamel.yaml, YAML 1.2)."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    if experiment.kind == "workspace":
+        try:
+            text = (root / "dvc.lock").read_text(encoding="utf-8")
+        except OSError:
+            return None
+    elif experiment.rev:
+        done = subprocess.run(["git", "show", f"{experiment.rev}:dvc.lock"], cwd=root, capture_output=True, text=True,
+                              timeout=60)
+        if done.returncode != 0:
+            return None
+        text = done.stdout
+    else:
+        return None
+    try:
+        lock = YAML(typ="safe").load(text)
+    except YAMLError:
+        return None
+    return lock if isinstance(lock, dict) else None
+
+
+def blank_stale(experiment: Experiment, lock: dict[str, Any] | None) -> None:
+    """Blank the metrics and files of ``experiment``'s stale stages (:mod:`debias.report.stale`) and say why."""
+    found = stale_stages(lock, experiment.params)
+    if not found:
+        return
+    experiment.stale = found
+    experiment.blanked = stale_outputs(lock, found)
+    for key in [k for k, stage in experiment.metric_stages.items() if stage in found]:
+        experiment.metrics.pop(key, None)
+        experiment.rejected.pop(key, None)
+    stage, why = next(iter(found.items()))
+    others = f" (and {len(found) - 1} more stage{'s' if len(found) > 2 else ''} after it)" if len(found) > 1 else ""
+    experiment.reason = f"stale: {stage} {why}{others}; its metrics are another run's, left blank"
+    experiment.fix = ("dvc repro" if experiment.kind == "workspace" else
+                      "dvc repro, then commit dvc.lock" if experiment.kind == "baseline" else
+                      rerun_command(experiment.params, experiment.baseline_params))
+    if not experiment.metrics and experiment.status == "done":
+        experiment.status = "no results"
+
+
+def explain_missing(experiment: Experiment) -> None:
+    """Why an experiment that finished has none of the compared metrics (none at all, or only the data's and the
+    groups' numbers), and the command that computes them."""
+    from debias.report.compare_data import METRIC_KEYS
+
+    if (any(k in experiment.metrics for k in METRIC_KEYS) or experiment.reason
+            or experiment.status in ("queued", "running", "failed")):
+        return
+    if experiment.kind == "workspace":
+        experiment.reason, experiment.fix = "no metrics files in the workspace", "dvc repro"
+    elif experiment.kind == "baseline":
+        experiment.reason = ("its metrics files are not in this clone's DVC cache (the dvc.lock committed there names "
+                             "outputs computed elsewhere; `dvc pull` fetches them where a DVC remote holds them)")
+        experiment.fix = "dvc exp run"
+    else:
+        experiment.reason = "no metrics files at its revision"
+        experiment.fix = rerun_command(experiment.params, experiment.baseline_params)
+
+
 def from_dvc(root: Path) -> list[Experiment]:
-    """Every experiment DVC shows for ``root``'s HEAD, with a reader of its files."""
+    """Every experiment DVC shows for ``root``'s HEAD, with a reader of its files; a stage whose lock entry does
+    not match the experiment's params is blanked (:func:`blank_stale`)."""
     experiments = parse_exp_show(dvc_exp_show(root))
+    for experiment in experiments:
+        if experiment.status in ("done", "no results"):
+            blank_stale(experiment, read_lock(root, experiment))
+        explain_missing(experiment)
     from dvc.repo import Repo
 
     repo = Repo(str(root))

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from debias.params import ReportParams
 from debias.report.collect import Experiment
-from debias.report.compare_data import Comparison, build_comparison, rank_metric, select
+from debias.report.compare_data import Comparison, build_comparison, comparable, rank_metric, select
 from debias.report.compare_page import check_out, default_out, write_page
-from debias.report.compare_terminal import MAX_WIDTH, terminal_text, wrap
+from debias.report.compare_terminal import MAX_WIDTH, describe_without_results, terminal_text, wrap
 
 MIN_WIDTH = 40  # ours: the narrowest --width accepted (a name column and one metric column)
 
@@ -60,7 +60,7 @@ def log_to_mlflow(comparison: Comparison, written: dict[str, Path], root: Path) 
                                          Param("groups", str(len(comparison.groups))),
                                          Param("varying_params", ", ".join(comparison.params)[:6000] or "none")])
         rank = rank_metric(comparison.frame)
-        if rank is not None and len(comparison.groups):
+        if rank is not None and comparison.ranked:
             best = comparison.groups.iloc[0]
             client.log_batch(run_id, metrics=[Metric(f"best_{rank}_mean", float(best[f"{rank}_mean"]),
                                                      int(dt.datetime.now().timestamp() * 1000), 0)])
@@ -113,10 +113,11 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
                                       *(f"--tag {k}={v}" for k, v in (tags or {}).items())]))
     chosen = select(gathered, method, param_filters, last)
     if not chosen:
-        with_results = [e.name for e in gathered if e.has_results]
+        with_results = [e.name for e in gathered if comparable(e)]
         raise ValueError(f"no experiment to compare ({source}{'; ' + filters if filters else ''}): "
                          + (f"those with results are {', '.join(with_results)}" if with_results else
-                            "none has results yet (run `dvc repro` or `dvc exp run`)"))
+                            "none has results yet (run `dvc repro` or `dvc exp run`)"
+                            + (f"; {describe_without_results(gathered)}" if gathered else "")))
     for experiment in chosen:
         experiment.load_notes()
     comparison = build_comparison(chosen, gathered, source, filters)

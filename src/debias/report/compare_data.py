@@ -65,15 +65,31 @@ def parse_filter(text: str) -> tuple[str, str]:
     return key.strip(), param_text(yaml.safe_load(value))
 
 
+def comparable(experiment: Experiment) -> bool:
+    """Finished, with at least one of the compared test metrics (:data:`METRIC_KEYS`); a run with only the data's
+    or the groups' numbers, or none, has nothing to rank."""
+    return experiment.status == "done" and any(key in experiment.metrics for key in METRIC_KEYS)
+
+
+def missing_reason(experiment: Experiment) -> str:
+    """Why ``experiment`` is not compared, and the command that fixes it, in words."""
+    if experiment.status in ("queued", "running", "failed"):
+        return experiment.status + (f" ({experiment.reason})" if experiment.reason else "")
+    reason = experiment.reason or (
+        f"no ERM or stage-2 test metrics (only {', '.join(sorted(experiment.metrics))})" if experiment.metrics
+        else "no metrics")
+    return reason + (f"; run `{experiment.fix}`" if experiment.fix else "")
+
+
 def select(experiments: list[Experiment], method: str | None = None, param_filters: Iterable[str] = (),
            last: int | None = None) -> list[Experiment]:
-    """The finished experiments with results whose ``stage2.method`` is ``method`` and whose params equal every
-    ``key=value``; of those the ``last`` most recent. Duplicates (the same params and metrics, e.g. the workspace
-    holding the last experiment's results) are kept once, under the experiment's name."""
+    """The finished experiments with comparable results (:func:`comparable`) whose ``stage2.method`` is ``method``
+    and whose params equal every ``key=value``; of those the ``last`` most recent. Duplicates (the same params and
+    metrics, e.g. the workspace holding the last experiment's results) are kept once, under the experiment's name."""
     wanted = [parse_filter(f) for f in param_filters]
     chosen = []
     for experiment in experiments:
-        if not experiment.has_results or experiment.status != "done":  # a running experiment shows its baseline's
+        if not comparable(experiment):  # a running experiment shows its baseline's metrics
             continue
         if method is not None and param_text(experiment.params.get("stage2.method")) != method:
             continue
@@ -205,9 +221,18 @@ def welch(values_a: list[float], values_b: list[float]) -> float | None:
     return float(2 * stdtr(df, -abs(t)))
 
 
-def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[str]) -> list[dict[str, Any]]:
-    """Each group against the best one on the rank metric: difference of means (points) and Welch's p-value."""
+def ranked_count(frame: pd.DataFrame, groups: pd.DataFrame) -> int:
+    """How many groups (the first ones: :func:`groups_frame` puts the others last) have a value of the rank metric;
+    only those are ranked, headlined and tested."""
     rank = rank_metric(frame)
+    return 0 if rank is None else int(groups[f"{rank}_mean"].notna().sum())
+
+
+def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[str]) -> list[dict[str, Any]]:
+    """Each ranked group against the best one on the rank metric: difference of means (points) and Welch's p-value.
+    A group without the rank metric is not ranked: no difference, no test."""
+    rank = rank_metric(frame)
+    groups = groups.iloc[:ranked_count(frame, groups)]
     if rank is None or len(groups) < 2:
         return []
 
@@ -264,6 +289,7 @@ class Comparison:
     source: str = "dvc"
     filters: str = ""
     notes: list[str] = field(default_factory=list)  # what was left out of the means, and why
+    ranked: int = 0  # the first ``ranked`` groups have the rank metric; the others are listed, never ranked
 
 
 def build_comparison(experiments: list[Experiment], all_experiments: list[Experiment] | None = None,
@@ -278,6 +304,12 @@ def build_comparison(experiments: list[Experiment], all_experiments: list[Experi
         order = {name: i for i, name in enumerate(frame["experiment"])}
         experiments = sorted(experiments, key=lambda e: order.get(e.name, 0))
     groups = groups_frame(frame, group_params)
-    others = [e for e in (all_experiments or []) if not e.has_results or e.status != "done"]
+    ranked = ranked_count(frame, groups)
+    rank = rank_metric(frame)
+    if rank is not None:
+        notes += [f"{group_label(row, group_params)} is not ranked: no {LABELS.get(rank, rank)} in its experiments "
+                  f"({row['experiments']})" for _, row in groups.iloc[ranked:].iterrows()]
+    notes += [f"{e.name}: {missing_reason(e)}" for e in experiments if e.stale]
+    others = [e for e in (all_experiments or []) if not comparable(e)]
     return Comparison(experiments, params, group_params, frame, groups, differences(frame, groups, group_params),
-                      others, source, filters, notes)
+                      others, source, filters, notes, ranked)

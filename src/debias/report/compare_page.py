@@ -73,7 +73,11 @@ def headline_section(comparison: Comparison, worst: dict[str, dict[str, GroupAcc
         [f"its {level} interval (Wilson)", *(per_run(m, lambda g: card.interval_text(g.low, g.high)) for m, _ in models)],
     ]
     label = group_label(best, c.group_params) if c.group_params else "every experiment"
-    headers = [f"best: {label} ({seeds} seed{'s' if seeds != 1 else ''})", "ERM", "stage 2"]
+    seeds_text = f"{seeds} seed{'s' if seeds != 1 else ''}"
+    rank = rank_metric(c.frame)
+    rank_label = LABELS.get(rank, rank) if rank else "a ranked metric"
+    # "best" only where there is something to rank it against: two groups or more with the rank metric
+    headers = [f"best: {label} ({seeds_text})" if c.ranked > 1 else f"{label} ({seeds_text})", "ERM", "stage 2"]
     found = [(f"{e.name}/{stage}", m) for e in c.experiments for stage, ms in e.warnings.items() for m in ms]
     mine = [w for w in found if w[0].split("/")[0] in names]
     chosen = [worst[e.name].get("stage2") or worst[e.name].get("erm") for e in members]
@@ -81,8 +85,10 @@ def headline_section(comparison: Comparison, worst: dict[str, dict[str, GroupAcc
     number = {key: (None if f"{key}_mean" not in best or pd.isna(best[f"{key}_mean"]) else float(best[f"{key}_mean"]))
               for key in ("erm_worst", "s2_worst")}
     facts = card.Facts(mine, number["erm_worst"], number["s2_worst"], smallest, min_n, confidence, seeds)
-    caption = (f"Test split, ranked first of {len(c.groups)} group{'s' if len(c.groups) != 1 else ''}: mean ± sample std "
-               f"over its seeds; the worst group and its Wilson interval per run ({', '.join(names)}).")
+    standing = (f"ranked first of {c.ranked} groups by {rank_label}" if c.ranked > 1 else
+                f"the only group with {rank_label}: nothing to rank it against")
+    caption = (f"Test split, {standing}: mean ± sample std over its seeds; the worst group and its Wilson interval "
+               f"per run ({', '.join(names)}).")
     return Section("Headline", card_blocks(headers, rows, card.warnings_line(found), card.next_step(facts), caption),
                    card=True)
 

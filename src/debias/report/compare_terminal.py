@@ -195,7 +195,15 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
 
 
 def describe_without_results(experiments: list[Experiment]) -> str:
+    """Each run that is not compared: queued and running ones by status, the others each with the reason and the
+    command that gives it results."""
+    from debias.report.compare_data import missing_reason
+
     by_status: dict[str, list[str]] = {}
     for e in experiments:
-        by_status.setdefault(e.status, []).append(e.name)
-    return "; ".join(f"{status}: {', '.join(names)}" for status, names in by_status.items())
+        if e.status in ("queued", "running") and not e.reason:
+            by_status.setdefault(e.status, []).append(e.name)
+    listed = [f"{status}: {', '.join(names)}" for status, names in by_status.items()]
+    listed += [f"{e.name}: {missing_reason(e)}" for e in experiments if not (e.status in ("queued", "running")
+                                                                             and not e.reason)]
+    return "; ".join(listed)
