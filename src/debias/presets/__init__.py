@@ -282,11 +282,20 @@ def _subtree_last_line(node: Any, lines: list[str]) -> int:
                     last = max(last, _value_end(lines, vl, vc, False)[0])
                 else:
                     last = max(last, _subtree_last_line(child, lines))
+            elif child is None and _empty_value(lines, (kl, node.lc.key(key)[1]), str(key)) is not None:
+                last = max(last, kl)  # `key:` written empty (DVC's null): ruamel places its value on the next token
             else:
                 last = max(last, vl)
     elif isinstance(node, CommentedSeq):
         for i in range(len(node)):
-            last = max(last, node.lc.item(i)[0])
+            il, ic = node.lc.item(i)
+            last = max(last, il)
+            child = node[i]
+            if isinstance(child, (CommentedMap, CommentedSeq)):  # nested lists (block lists of lists, as DVC writes)
+                if _starts_flow(lines, il, ic):
+                    last = max(last, _value_end(lines, il, ic, False)[0])
+                else:
+                    last = max(last, _subtree_last_line(child, lines))
     return last
 
 
