@@ -88,7 +88,9 @@ def interval(values: list[float]) -> str:
 
 def table(rows: list[dict[str, str]]) -> str:
     """The Markdown summary of every (objective, ε) in ``rows``, with the commands that produced them."""
-    keys = list(dict.fromkeys((r["objective"], r["epsilon"]) for r in rows))
+    order = list(dict.fromkeys(r["objective"] for r in rows))
+    keys = sorted(dict.fromkeys((r["objective"], r["epsilon"]) for r in rows),
+                  key=lambda k: (order.index(k[0]), float(k[1])))
     commands = "".join(f"\n  - `{c}`" for c in dict.fromkeys(r["command"] for r in rows))
     lines = ["# Stage 2 of the default pipeline by objective and ε", "",
              f"- Commands (SCRATCH: any empty folder):{commands}",
