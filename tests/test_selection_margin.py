@@ -85,3 +85,37 @@ def test_validation_records_the_worst_groups_size() -> None:
     pred = torch.tensor([0, 1, 0, 1, 1, 1, 0, 1, 1, 1])
     report = accuracy_report(pred, y, a, (y == a), 2, 2)
     assert report["worst_group"] == 0.5 and worst_group_n(report) == 2
+
+
+def test_a_fragile_selection_reaches_the_metrics_json_the_log_and_mlflow(tmp_path, capsys) -> None:
+    """write_outputs: the selection block with its margin, the warning in the metrics JSON, printed, and handed to
+    the MLflow run's log_warnings (tag debias.warnings, metric warnings)."""
+    import json
+
+    from debias.tracking import StageRun
+    from debias.training.outputs import StageOutputs, write_outputs
+    from tests.test_training import run, tiny_split
+
+    class Recorder(StageRun):
+        logged: list[str] = []
+
+        def log_warnings(self, warnings: list[str]) -> None:
+            Recorder.logged = list(warnings)
+
+    model, result = run(3, selection="best_worst_group")
+    result.selected_state = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
+    worst = [0.0, 2 / 11, 0.0]
+    result.history = [{**row, "val/worst_group": w, "val/worst_group_n": 11.0}
+                      for row, w in zip(result.history, worst)]
+    result.selected_epoch = 1
+    result.selection = describe_selection(result.history, 1, "best_worst_group")
+    out = StageOutputs(model=tmp_path / "m.pt", embeddings_dir=tmp_path / "emb", metrics=tmp_path / "metrics.json",
+                       curves=tmp_path / "curves.csv", resume=tmp_path / "state.pt")
+    splits = {"train": tiny_split(), "val": tiny_split(seed=1), "test": tiny_split(seed=2)}
+    write_outputs(model, "lenet5", result, splits, Recorder(None, None), out, 64, torch.device("cpu"), "stage2 x")
+    metrics = json.loads(out.metrics.read_text())
+    assert metrics["selection"]["won_by_images"] == 2 and metrics["selection"]["fragile"]
+    fragile = [w for w in metrics["warnings"] if w.startswith("fragile-selection: ")]
+    assert len(fragile) == 1 and fragile[0] in Recorder.logged
+    assert f"WARNING {fragile[0]}" in capsys.readouterr().out
+    assert "val/worst_group_n" in out.curves.read_text().splitlines()[0]
