@@ -95,11 +95,11 @@ def table(rows: list[dict[str, str]]) -> str:
     lines = ["# Stage 2 of the default pipeline by objective and ε", "",
              f"- Commands (SCRATCH: any empty folder):{commands}",
              f"- Date: {dt.date.today().isoformat()}; CPU, torch threads as --threads",
-             "- Means over seeds in %, with the 95 % t-interval of the mean (3 seeds: mean ± 4.30 × sd / √3, clipped to "
-             "[0, 100]); the "
+             "- Means over seeds in %, with the 95 % t-interval of the mean (3 seeds: mean ± 4.30 × sd / √3, "
+             "clipped to [0, 100]); the "
              "epoch kept is the selection rule's (best validation worst-group, ties by validation unbiased)", "",
-             "| objective | ε | seeds | val worst-group | val unbiased | test average | test unbiased | test worst-group "
-             "| per seed: val wg / test wg (epoch kept) |", "|---|---|---|---|---|---|---|---|---|"]
+             "| objective | ε | seeds | val worst-group | val unbiased | test average | test unbiased "
+             "| test worst-group | per seed: val wg / test wg (epoch kept) |", "|---|---|---|---|---|---|---|---|---|"]
     for objective, epsilon in keys:
         group = sorted((r for r in rows if (r["objective"], r["epsilon"]) == (objective, epsilon)),
                        key=lambda r: int(r["seed"]))
