@@ -262,7 +262,8 @@ def test_a_key_params_yaml_lacks_lands_after_its_sections_last_value_even_a_wrap
     out = presets.rewrite(text, {"bias": {"background": {"probe_key": 1}}})
     lines = out.splitlines()
     at = lines.index("    probe_key: 1")
-    assert lines[at - 1].strip().endswith("[128, 128, 128]]")  # after the colours' second line, inside the section
+    # after the colours' last item (a block list of lists, as DVC writes it), inside the section
+    assert lines[at - 3:at] == ["    - - 128", "      - 128", "      - 128"]  # the last colour, [128, 128, 128]
     assert yaml.safe_load(out)["bias"]["background"]["probe_key"] == 1
     assert out.replace("    probe_key: 1\n", "", 1) == text
     applied = presets.plan_apply(text, presets.load("cnc-cmnist"), {"bias": {"max_uncolourable": 0.02}})

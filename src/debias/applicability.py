@@ -1,9 +1,16 @@
-"""Which params apply to a run: the one registry of ``param prefix -> predicate`` (source, protocol, method).
+"""Which params apply to a run: the one registry of ``param prefix -> predicate`` (source, protocol, method); and
+which params apply but weigh almost nothing (:data:`WEAK_RULES`, :func:`weak`, :func:`weak_warnings`).
 
 A param applies unless the longest registered prefix of its dotted key says otherwise: ``bias.foreground.*``
 only under the foreground protocol, ``stage2.cnc.*`` only when stage 2 is CNC, ``data.imagefolder.*`` only for
 the imagefolder source, and so on. The report's params tables list applicable params only; anything else
 that must tell relevant params from irrelevant ones reads :func:`applies`.
+
+A param that applies can still have (almost) no effect: one that enters only a term of the stage-2 loss whose
+effective weight is below :data:`NEGLIGIBLE_SHARE` of the loss's total weight (e.g. ``loss.epsilon`` under the
+released FairKL objective at alpha 0.03: the eps-SupInfoNCE term weighs alpha^2 * tau/0.07 = 0.0013 against
+FairKL's lambda 0.5, 0.26 %). :func:`weak` says why; ``debias check-params`` prints a ``negligible-param`` warning
+for each such param (:func:`weak_warnings`), and any other view of params (compare) reads the same functions.
 
 ``protocol`` is the protocol the run resolved (``data/biased/summary.json``); with ``bias.protocol: auto`` and
 no summary it is unknown (None) and the protocol sections are all kept.
@@ -93,3 +100,67 @@ def applies(key: str, context: RunContext) -> bool:
     """Whether the param ``key`` has any effect on a run in ``context``."""
     prefix = rule_for(key)
     return True if prefix is None else bool(RULES[prefix](context))
+
+
+# Below this share of the stage-2 loss's total weight a term (and every param that enters only it) counts as
+# negligible (ours: the issue's rule of thumb, 1 %).
+NEGLIGIBLE_SHARE = 0.01
+RELEASED_BASE_TEMPERATURE = 0.07  # the released code's EpsilonSupInfoNCE scale tau / 0.07 (losses.supervised)
+
+
+def loss_weights(params: Params) -> dict[str, float]:
+    """The effective coefficients of the stage-2 objective's terms (``contrastive``, ``fairkl``) for the supcon
+    family, as :mod:`debias.training.methods.supcon` composes them: ``kl`` / ``mean``: alpha and lambda;
+    ``released``: alpha^2 * tau / 0.07 and lambda (alpha * tau / 0.07 alone when lambda is 0)."""
+    loss, method = params.loss, params.stage2.method
+    weight = loss.fairkl_weight_for(method)
+    if loss.fairkl.variant != "released":
+        return {"contrastive": loss.alpha, "fairkl": weight}
+    scale = loss.temperature / RELEASED_BASE_TEMPERATURE
+    return {"contrastive": (loss.alpha * loss.alpha if weight > 0 else loss.alpha) * scale, "fairkl": weight}
+
+
+def _contrastive_only(c: RunContext) -> str | None:
+    """Why a param of the contrastive term alone (its epsilon) weighs almost nothing, or None."""
+    if c.params.stage2.method not in FAIRKL_METHODS:
+        return None
+    weights = loss_weights(c.params)
+    total = sum(weights.values())
+    share = weights["contrastive"] / total if total > 0 else 0.0
+    if share >= NEGLIGIBLE_SHARE:
+        return None
+    loss = c.params.loss
+    return (f"it enters only the contrastive term, whose weight ({weights['contrastive']:.4g} under "
+            f"loss.fairkl.variant {loss.fairkl.variant}, loss.alpha {loss.alpha:g}) is {share:.2%} of the stage-2 "
+            f"loss's (FairKL lambda {weights['fairkl']:g}), below {NEGLIGIBLE_SHARE:.0%}: changing it changes "
+            "almost nothing; give the term weight (e.g. loss.alpha 1)")
+
+
+# param (exact key) -> why it has almost no effect in a run (None: it has an effect); only params that apply are asked
+WEAK_RULES: dict[str, Callable[[RunContext], str | None]] = {
+    "loss.epsilon": lambda c: _contrastive_only(c) if c.params.stage2.method == "eps_supinfonce" else None,
+    "loss.eps_supcon.epsilon": lambda c: _contrastive_only(c) if c.params.stage2.method == "eps_supcon" else None,
+}
+
+
+def weak(key: str, context: RunContext) -> str | None:
+    """Why the param ``key`` applies to a run in ``context`` but has almost no effect there, else None."""
+    rule = WEAK_RULES.get(key)
+    return None if rule is None or not applies(key, context) else rule(context)
+
+
+def weak_warnings(context: RunContext, keys: list[str] | None = None) -> list[str]:
+    """``negligible-param: KEY = VALUE ...`` for each of ``keys`` (default: every key :data:`WEAK_RULES` covers)
+    that has almost no effect in ``context``."""
+    from debias.params import as_dict
+
+    values = as_dict(context.params)
+    found = []
+    for key in keys if keys is not None else list(WEAK_RULES):
+        reason = weak(key, context)
+        if reason is not None:
+            value = values
+            for part in key.split("."):
+                value = value[part]
+            found.append(f"negligible-param: {key} = {value}: {reason}")
+    return found

@@ -23,6 +23,10 @@ def check_params(path: str, label: str | None = None) -> int:
         return 2
     print(f"{label or path}: valid (source={params.data.source}, protocol={params.bias.protocol}, "
           f"model={params.model.name}, groups={params.groups.method}, stage2={params.stage2.method})")
+    from debias.applicability import RunContext, weak_warnings
+
+    for message in weak_warnings(RunContext(params)):  # valid, but a param that weighs almost nothing: say so
+        print(f"{label or path}: WARNING {message}")
     return 0
 
 

@@ -253,6 +253,18 @@ def _replace(lines: list[str], start: tuple[int, int], end: tuple[int, int], new
     lines[l0:l1 + 1] = [head + new + tail]
 
 
+def _empty_value(lines: list[str], key_at: tuple[int, int], key: str) -> tuple[int, int] | None:
+    """Where the value of ``key`` (at ``key_at``) goes when it is written empty (``key:`` alone or before a comment,
+    as DVC writes null): right after the colon; None when the key's line holds a value."""
+    line, col = key_at
+    text = lines[line]
+    colon = col + len(key)
+    if text[colon:colon + 1] != ":":
+        return None
+    rest = text[colon + 1:].lstrip(" ")
+    return (line, colon + 1) if rest == "" or rest.startswith("#") else None
+
+
 def _starts_flow(lines: list[str], line: int, col: int) -> bool:
     """Whether the value written at (line, col) is a flow collection ([...] or {...}, empty ones included)."""
     return line < len(lines) and col < len(lines[line]) and lines[line][col] in "[{"
@@ -274,11 +286,20 @@ def _subtree_last_line(node: Any, lines: list[str]) -> int:
                     last = max(last, _value_end(lines, vl, vc, False)[0])
                 else:
                     last = max(last, _subtree_last_line(child, lines))
+            elif child is None and _empty_value(lines, (kl, node.lc.key(key)[1]), str(key)) is not None:
+                last = max(last, kl)  # `key:` written empty (DVC's null): ruamel places its value on the next token
             else:
                 last = max(last, vl)
     elif isinstance(node, CommentedSeq):
         for i in range(len(node)):
-            last = max(last, node.lc.item(i)[0])
+            il, ic = node.lc.item(i)
+            last = max(last, il)
+            child = node[i]
+            if isinstance(child, (CommentedMap, CommentedSeq)):  # nested lists (block lists of lists, as DVC writes)
+                if _starts_flow(lines, il, ic):
+                    last = max(last, _value_end(lines, il, ic, False)[0])
+                else:
+                    last = max(last, _subtree_last_line(child, lines))
     return last
 
 
@@ -322,6 +343,10 @@ def rewrite(text: str, changes: dict[str, Any]) -> str:
             if last:
                 child = node[part]
                 vl, vc = node.lc.value(part)
+                if child is None and _empty_value(lines, node.lc.key(part), part) is not None:
+                    at = _empty_value(lines, node.lc.key(part), part)  # `key:` written empty (DVC's null)
+                    _replace(lines, at, at, " " + _flow_dump(value))
+                    break
                 if isinstance(child, (CommentedMap, CommentedSeq)) and not _starts_flow(lines, vl, vc):
                     raise PresetError(f"params.yaml: {dotted} is a block-style collection; write it in flow style "
                                       "([...] / {...}) to let presets set it")

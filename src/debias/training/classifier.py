@@ -47,9 +47,22 @@ def evaluate(model: nn.Module, split: BiasedSplit, batch_size: int, device: torc
     return accuracy_report(logits.argmax(1), split.y, split.a, split.aligned, split.n_classes, split.n_attrs)
 
 
+def worst_group_n(report: dict) -> int:
+    """The number of images of the report's worst group (of the smallest, where several groups tie on it)."""
+    sizes = [n for accuracies, counts in zip(report["per_group"], report["group_counts"])
+             for accuracy, n in zip(accuracies, counts) if accuracy is not None and accuracy == report["worst_group"]]
+    return int(min(sizes))
+
+
+def validation_scalars(report: dict) -> dict[str, float]:
+    """The scalar accuracies prefixed ``val/``, and ``val/worst_group_n`` (the worst group's size, which tells by how
+    many images an epoch's worst-group accuracy differs from another's: the selection's margin)."""
+    return {**scalars(report, "val/"), "val/worst_group_n": float(worst_group_n(report))}
+
+
 def validator(model: nn.Module, split: BiasedSplit, batch_size: int, device: torch.device):
-    """A ``fit`` validation callback: scalar accuracies prefixed ``val/``."""
-    return lambda: scalars(evaluate(model, split, batch_size, device), "val/")
+    """A ``fit`` validation callback: :func:`validation_scalars` of ``model`` on ``split``."""
+    return lambda: validation_scalars(evaluate(model, split, batch_size, device))
 
 
 class ClassifierTask(GeneratorTask):

@@ -99,9 +99,16 @@ def load_embeddings(directory: Path, split: str) -> dict[str, torch.Tensor]:
 
 
 def selection_warnings(result: FitResult) -> list[str]:
-    """A ``degenerate-selection`` warning when the selection had nothing to choose by (see ``describe_selection``)."""
+    """A ``degenerate-selection`` warning when the selection had nothing to choose by, a ``fragile-selection`` one
+    when one or two validation images decided it (see ``describe_selection``)."""
     if result.selection.get("degenerate"):
         return [health.warning("degenerate-selection", result.selection["reason"])]
+    if result.selection.get("fragile"):
+        won = result.selection["won_by_images"]
+        return [health.warning("fragile-selection",
+                               f"epoch {result.selected_epoch} was kept by {won} validation image{'s' if won != 1 else ''}"
+                               f" of its worst group: {result.selection['reason']}; a lead that small is noise at "
+                               "this validation size, so the kept epoch is not shown to be better than the others")]
     return []
 
 

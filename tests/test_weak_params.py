@@ -1,0 +1,115 @@
+"""A param that applies but weighs almost nothing is warned about; the default objective gives ε real weight."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import yaml
+from debias.applicability import RELEASED_BASE_TEMPERATURE as APPLICABILITY_BASE
+from debias.applicability import NEGLIGIBLE_SHARE, RunContext, loss_weights, weak, weak_warnings
+from debias.losses import RELEASED_BASE_TEMPERATURE
+from debias.params import validate
+from debias.training.methods.supcon import objective
+from tests.conftest import committed_text
+
+RELEASED_SMALL_ALPHA = {"variant": "released", "alpha": 0.03, "weight": 0.5}  # the earlier default objective
+# The stage-2 loss on one fixed batch, and its gradient, must move by more than this fraction between ε 0.25 and 0.5
+# (ratios of float64 values on the same batch; the default moves by ~2-3 %, the earlier objective by ~0.04 %).
+EPSILON_EFFECT = 0.01
+
+
+def committed(**loss: object) -> dict:
+    """The committed params.yaml as a dict, ``loss`` keys (alpha, variant, weight, epsilon) replaced."""
+    raw = yaml.safe_load(committed_text("params.yaml"))
+    raw = copy.deepcopy(raw)
+    for key, value in loss.items():
+        if key in ("variant", "weight"):
+            raw["loss"]["fairkl"][key] = value
+        else:
+            raw["loss"][key] = value
+    return raw
+
+
+def fixed_batch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """64 normalised features clustered by class (class centre + unit noise in 16 dimensions, as a partly trained
+    encoder's), 5 classes, a bias label aligned with the class for 90 % of the points."""
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(64) % 5
+    b = torch.where(torch.rand(64, generator=g) < 0.9, y, (y + 1) % 5)
+    centres = torch.randn(5, 16, generator=g, dtype=torch.float64)
+    z = centres[y] + torch.randn(64, 16, generator=g, dtype=torch.float64)
+    return torch.nn.functional.normalize(z, dim=1), y, b
+
+
+def stage2_loss(raw: dict, epsilon: float) -> tuple[float, torch.Tensor]:
+    """The stage-2 objective of ``raw`` with ``loss.epsilon`` on :func:`fixed_batch`, and its gradient there."""
+    raw = copy.deepcopy(raw)
+    raw["loss"]["epsilon"] = epsilon
+    params = validate(raw)
+    z, y, b = fixed_batch()
+    z.requires_grad_(True)
+    loss, _ = objective(z, y, b, params.stage2.method, params)
+    loss.backward()
+    return float(loss.detach()), z.grad
+
+
+def relative_change(raw: dict) -> tuple[float, float]:
+    """(loss, gradient) change between ε 0.25 and 0.5, relative to the larger loss / the ε 0.5 gradient's norm."""
+    (low, grad_low), (high, grad_high) = stage2_loss(raw, 0.25), stage2_loss(raw, 0.5)
+    return abs(high - low) / max(abs(low), abs(high)), float((grad_high - grad_low).norm() / grad_high.norm())
+
+
+def test_loss_weights_follow_the_objectives_composition() -> None:
+    assert APPLICABILITY_BASE == RELEASED_BASE_TEMPERATURE  # the losses' own scale, restated without torch
+    old = validate(committed(**RELEASED_SMALL_ALPHA))
+    weights = loss_weights(old)
+    assert weights["contrastive"] == pytest.approx(0.03 ** 2 * old.loss.temperature / 0.07)
+    assert weights["fairkl"] == 0.5
+    no_fairkl = validate(committed(variant="released", alpha=0.03, weight=0.0))
+    assert loss_weights(no_fairkl)["contrastive"] == pytest.approx(0.03 * old.loss.temperature / 0.07)
+    paper = validate(committed(variant="kl", alpha=1.0, weight=0.75))
+    assert loss_weights(paper) == {"contrastive": 1.0, "fairkl": 0.75}
+
+
+def test_epsilon_under_the_released_objective_at_alpha_003_is_warned() -> None:
+    old = RunContext(validate(committed(**RELEASED_SMALL_ALPHA)))
+    reason = weak("loss.epsilon", old)
+    assert reason is not None and "0.26%" in reason and "loss.alpha" in reason
+    (message,) = weak_warnings(old)
+    assert message.startswith("negligible-param: loss.epsilon = ")
+    # the term weighs enough: no warning (alpha 1 under either objective; the committed default)
+    for loss in ({"variant": "released", "alpha": 1.0}, {"variant": "kl", "alpha": 1.0}, {}):
+        assert weak_warnings(RunContext(validate(committed(**loss)))) == [], loss
+    # eps_supcon's own epsilon is judged for eps_supcon; loss.epsilon is not read there
+    raw = committed(**RELEASED_SMALL_ALPHA)
+    raw["stage2"]["method"] = "eps_supcon"
+    found = weak_warnings(RunContext(validate(raw)))
+    assert [m.split(" =")[0] for m in found] == ["negligible-param: loss.eps_supcon.epsilon"]
+    # a method that does not read loss.* at all: nothing to warn about (the param does not apply)
+    raw["stage2"]["method"] = "cnc"
+    assert weak_warnings(RunContext(validate(raw))) == []
+
+
+def test_check_params_prints_the_warning_and_still_passes(tmp_path, capsys) -> None:
+    from debias.cli import main as cli_main
+
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(committed(**RELEASED_SMALL_ALPHA)))
+    assert cli_main(["check-params", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING negligible-param: loss.epsilon = 0.5" in out
+    path.write_text(committed_text("params.yaml"))
+    assert cli_main(["check-params", str(path)]) == 0
+    assert "negligible-param" not in capsys.readouterr().out
+
+
+def test_epsilon_changes_the_default_stage2_loss() -> None:
+    """The committed objective: ε 0.25 and 0.5 give stage-2 losses (and gradients) apart by more than EPSILON_EFFECT
+    on a fixed batch; the earlier default (released, alpha 0.03) did not (the check can fail)."""
+    loss, gradient = relative_change(committed())
+    assert loss > EPSILON_EFFECT and gradient > EPSILON_EFFECT, (loss, gradient)
+    loss, gradient = relative_change(committed(**RELEASED_SMALL_ALPHA))
+    assert loss < EPSILON_EFFECT and gradient < EPSILON_EFFECT, (loss, gradient)
+    assert NEGLIGIBLE_SHARE == EPSILON_EFFECT  # the warning's threshold is the effect this test calls visible
