@@ -312,6 +312,20 @@ def _block_lines(key: str, value: Any, indent: int) -> list[str]:
     return [" " * indent + f"{key}: {_flow_dump(value)}"]
 
 
+def _block_body(key: str, value: Any, indent: int) -> list[str]:
+    """The lines under ``key:`` of ``value`` in block style, as ruamel (and so ``dvc exp run -S``) writes them,
+    indented by ``indent``."""
+    import io
+
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    yaml.default_flow_style = False
+    buffer = io.StringIO()
+    yaml.dump({key: value}, buffer)
+    return [" " * indent + line for line in buffer.getvalue().rstrip("\n").split("\n")[1:]]
+
+
 def rewrite(text: str, changes: dict[str, Any]) -> str:
     """``text`` (a YAML mapping in block style) with the leaves of ``changes`` set: existing values are replaced
     where they stand, missing keys are appended to their section; every other byte stays."""
@@ -348,8 +362,9 @@ def rewrite(text: str, changes: dict[str, Any]) -> str:
                     _replace(lines, at, at, " " + _flow_dump(value))
                     break
                 if isinstance(child, (CommentedMap, CommentedSeq)) and not _starts_flow(lines, vl, vc):
-                    raise PresetError(f"params.yaml: {dotted} is a block-style collection; write it in flow style "
-                                      "([...] / {...}) to let presets set it")
+                    kl, kc = node.lc.key(part)  # a block collection (as dvc exp run -S writes lists): its lines anew
+                    lines[kl + 1:_subtree_last_line(child, lines) + 1] = _block_body(part, value, kc)
+                    break
                 end = _value_end(lines, vl, vc, bool(node.fa.flow_style()))
                 _replace(lines, (vl, vc), end, _flow_dump(value))
                 break
