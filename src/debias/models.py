@@ -472,9 +472,10 @@ def save_network(path: str, model: Network, name: str, n_classes: int, input_sha
 
     shape = as_input_shape(input_shape)
     built = getattr(model, "encoder_name", None) or resolve_encoder(name, shape)
+    head = {} if model.head_input == "raw" else {"head_input": model.head_input}  # raw: the checkpoint as before
     save_torch(path, {"model_name": built, "n_classes": n_classes, "input_shape": list(shape),
-                      "options": dict(model.encoder.options), "head_input": model.head_input,
-                      "state_dict": model.state_dict(), "meta": dict(meta)},
+                      "options": dict(model.encoder.options), **head, "state_dict": model.state_dict(),
+                      "meta": dict(meta)},
                kind="checkpoint")
 
 
