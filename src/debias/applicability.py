@@ -15,9 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from debias.params import PATH_SOURCES, PRETRAINABLE, TABULAR_SOURCES, Params
-
-FAIRKL_METHODS = frozenset({"supcon", "eps_supcon", "eps_supinfonce"})  # the stage-2 methods that use loss.*
-VIEW_METHODS = frozenset({"wcl", "dcl", "hcl"})  # the methods that draw two views (stage2.tabular_view on tables)
+from debias.training.methods.registry import method_sections, method_spec
 
 
 @dataclass(frozen=True)
@@ -42,14 +40,18 @@ def _protocol(name: str) -> Rule:
     return rule
 
 
-def _method(*names: str) -> Rule:
-    return lambda c: c.params.stage2.method in names
+def _section_owner(section: str) -> Rule:
+    """``stage2.<section>.*`` applies when the running method declares that section as its own."""
+    return lambda c: method_spec(c.params.stage2.method).section == section
+
+
+def _method_reads(prefix: str) -> Rule:
+    """A shared section applies when the running method declares it reads it (``MethodSpec.reads``)."""
+    return lambda c: prefix in method_spec(c.params.stage2.method).reads
 
 
 def _head_fitted(c: RunContext) -> bool:
-    from debias.training.methods import head_trained_methods
-
-    return c.params.stage2.method not in head_trained_methods()
+    return not method_spec(c.params.stage2.method).head_trained
 
 
 RULES: dict[str, Rule] = {
@@ -67,16 +69,11 @@ RULES: dict[str, Rule] = {
     "model.mlp.": lambda c: c.params.model.name == "mlp" or c.params.data.source in TABULAR_SOURCES,
     "groups.cluster.": lambda c: c.params.groups.method == "cluster",
     "groups.soft.": lambda c: c.params.groups.method == "soft",
-    "stage2.cnc.": _method("cnc"),
-    "stage2.jtt.": _method("jtt"),
-    "stage2.wcl.": _method("wcl"),
-    "stage2.lff.": _method("lff"),
-    "stage2.groupdro.": _method("groupdro"),
-    "stage2.dcl.": _method("dcl"),
-    "stage2.hcl.": _method("hcl"),
+    **{f"stage2.{section}.": _section_owner(section) for section in method_sections()},
     "stage2.head.": _head_fitted,
-    "stage2.tabular_view.": lambda c: c.params.stage2.method in VIEW_METHODS and c.params.data.source in TABULAR_SOURCES,
-    "loss.": lambda c: c.params.stage2.method in FAIRKL_METHODS,
+    "stage2.tabular_view.": lambda c: (_method_reads("stage2.tabular_view.")(c)
+                                       and c.params.data.source in TABULAR_SOURCES),
+    "loss.": _method_reads("loss."),
     "probe.dfr.": lambda c: c.params.probe.method == "dfr",
     "probe.train_split": lambda c: c.params.probe.method != "dfr",
 }

@@ -21,6 +21,11 @@ from pathlib import Path
 PACKAGE = "debias"
 SOURCE_ROOT = Path("src")
 CODE_PREFIXES = ("src/", "pipeline/")  # a dvc.yaml dep under these is code, derived here
+# Modules that import others by name at run time, which no import statement shows: reaching the key (relative to
+# src/debias) reaches every file its glob names. The stage-2 method registry imports every method's declaration
+# when the params schema is built; base.setup_method imports the training module the running method names.
+DISCOVERED = {"training/methods/registry.py": "training/methods/*/__init__.py",
+              "training/methods/base.py": "training/methods/*/train.py"}
 
 
 def module_file(module: str, root: Path) -> Path | None:
@@ -77,6 +82,9 @@ def reachable_files(entries: list[Path], root: Path) -> set[Path]:
                 found = module_file(name, root)
                 if found is not None and found not in seen:
                     todo.append(found)
+        package = root / SOURCE_ROOT / PACKAGE
+        if package in path.parents and path.relative_to(package).as_posix() in DISCOVERED:
+            todo.extend(sorted(package.glob(DISCOVERED[path.relative_to(package).as_posix()])))
     return seen
 
 

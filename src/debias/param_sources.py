@@ -1,5 +1,8 @@
 """Where every parameter's default comes from: one line per leaf of the params schema (src/debias/params.py).
 
+A stage-2 method's own section (``stage2.cnc``, ...) carries its sources in the method's declaration
+(``register_method(..., sources=...)``, src/debias/training/methods/); :data:`SOURCES` adds them below.
+
 Each source starts with its kind: ``paper:`` (a paper's table or section), ``code:`` (an official code file) or
 ``ours:`` (this project's choice, with the measured reason or, for a setting that cannot change a result, why).
 Where ``params.yaml`` states a value other than the schema's default, the line names both. The test
@@ -16,8 +19,6 @@ SimCLR = Chen et al. 2020; SCARF = Bahri et al. 2022; DCL = Chuang et al. 2020; 
 from __future__ import annotations
 
 KINDS = ("paper: ", "code: ", "ours: ")
-_TAU_PLUS = ("paper: WCL Sec. 6.1 / DCL: tau+ is the class probability (0.1 on CIFAR-10's ten classes; a null "
-             "default means 1 / number of classes)")
 
 SOURCES: dict[str, str] = {
     "seed": "ours: any fixed seed; quality claims rest on >= 3 seeds (benchmarks/quality.py --seeds 0 1 2)",
@@ -151,52 +152,6 @@ SOURCES: dict[str, str] = {
                             "(benchmarks/results/speed_settings.md); GPU not measured",
     "stage2.speed.channels_last": "ours: off: channels-last measured 0.95x steps/s on the CPU "
                                   "(benchmarks/results/speed_settings.md); GPU not measured",
-    "stage2.cnc.num_positives": "paper: CNC App. D.2.4 (CMNIST*): M = 32",
-    "stage2.cnc.num_negatives": "paper: CNC App. D.2.4 (CMNIST*): N = 32",
-    "stage2.cnc.two_sided": "paper: CNC App. B.3 / Alg. 3 (two-sided batches)",
-    "stage2.cnc.temperature": "paper: CNC App. D.2.4: 0.05 (CMNIST*, CelebA)",
-    "stage2.cnc.anchor_fraction": "paper: CNC Alg. 3: 1 (schema default); params.yaml 0.1 (ours: 0.1 x 30 epochs "
-                                  "draws as many batches as CNC's 3 epochs; measured 82.0 / 44.4 / 81.9 %, "
-                                  "params.yaml comment)",
-    "stage2.cnc.accumulation": "paper: CNC App. D.2.4: 32 (schema default); params.yaml 1 (ours: at ~1k images "
-                               "32-batch steps barely move; params.yaml comment)",
-    "stage2.cnc.contrastive_weight": "paper: CNC App. D.2.4: lambda 0.75",
-    "stage2.cnc.init": "paper: CNC App. D.2.4: a new model (scratch)",
-    "stage2.cnc.forward_chunk": "ours: 8 batches per forward pass (speed and memory; no effect on results without "
-                                "BatchNorm or with encoder_mode eval; with BatchNorm in train mode the chunk's batches "
-                                "share batch statistics)",
-    "stage2.cnc.encoder_mode": "ours: train (a freshly initialised encoder has no running statistics worth freezing); "
-                               "the released train_supervised_contrast.py (train_epoch: encoder.eval()) keeps eval, "
-                               "which the cnc-* presets set",
-    "stage2.cnc.short_pools": "code: replace (ours: every batch keeps App. D.2.4's M and N, short pools drawn with "
-                              "replacement and warned of); shrink is the released code's adjust_num_pos_neg_",
-    "stage2.cnc.skip_empty_classes": "paper: CNC Alg. 3 needs a positive per class (false: fail, schema default); "
-                                     "params.yaml true (ours: ERM fits ~1k digits with no error in some classes)",
-    "stage2.jtt.upweight": "ours: 20 at ~1k digits, not compared with other values (CNC App. D.2.5 tried "
-                           "{10, 100, 1000} and used ~1100 at CMNIST* 0.995, benchmarks/fullsize.yaml)",
-    "stage2.wcl.temperature": "paper: WCL Sec. 6.1: t = 0.5 for all methods",
-    "stage2.wcl.tau_plus": _TAU_PLUS,
-    "stage2.wcl.projection_dim": "code: DCL / HCL code: a 128-d projection head",
-    "stage2.wcl.crop_min_scale": "code: MoCo v2's random resized crop scale (0.2, 1) (SimCLR's ImageNet setting: "
-                                 "0.08)",
-    "stage2.wcl.colour_strength": "paper: SimCLR: s = 1 (ImageNet); params.yaml comment: s = 0.5 leaves enough "
-                                  "colour to tell CMNIST* images apart",
-    "stage2.wcl.jitter_p": "paper: SimCLR: colour distortion with probability 0.8",
-    "stage2.wcl.grayscale_p": "paper: SimCLR: grayscale with probability 0.2",
-    "stage2.wcl.triplet_weight": "paper: WCL Sec. 5.2: L = L_tri + L_wcl, an unweighted sum",
-    "stage2.lff.q": "paper: LfF: GCE q = 0.7 (CNC App. D.2.5's CMNIST* grid chose 0.7)",
-    "stage2.lff.ema_alpha": "code: LfF's code: EMA alpha 0.7",
-    "stage2.groupdro.step_size": "paper: GroupDRO (Sagawa et al. 2020): eta_q = 0.01",
-    "stage2.groupdro.adjustment": "paper: CNC App. D.2.5: C = 0 on CMNIST*",
-    "stage2.groupdro.balanced_sampling": "code: GroupDRO's commands pass --reweight_groups (Alg. 1 draws a group "
-                                         "uniformly)",
-    "stage2.dcl.projection_dim": "code: DCL's code: a 128-d projection head",
-    "stage2.hcl.projection_dim": "code: HCL's code: a 128-d projection head",
-    "stage2.dcl.temperature": "paper: WCL Sec. 6.1: t = 0.5 for all methods",
-    "stage2.dcl.tau_plus": _TAU_PLUS,
-    "stage2.hcl.temperature": "paper: WCL Sec. 6.1: t = 0.5 for all methods",
-    "stage2.hcl.tau_plus": _TAU_PLUS,
-    "stage2.hcl.beta": "paper: WCL Sec. 6.1: beta = 1 for HCL",
     "stage2.tabular_view.corruption_rate": "paper: SCARF: corruption rate 0.6",
     # ----------------------------------------------------------------------------------------------- loss
     "loss.temperature": "paper: SupCon / FairKL: 0.1 (FairKL src/main_infonce.py --temp default 0.1)",
@@ -255,3 +210,12 @@ SOURCES: dict[str, str] = {
     "health.loss_min_fall": "ours: judged only once the loss fell by 10 % of |first epoch's loss| (before that a rise "
                             "is not instability after converging)",
 }
+
+
+def _method_sources() -> dict[str, str]:
+    from debias.training.methods.registry import method_sources
+
+    return method_sources()
+
+
+SOURCES.update(_method_sources())
