@@ -622,7 +622,6 @@ def _stage2_model() -> type[OptimParams]:
                         tabular_view=(TabularViewParams, Field(default_factory=TabularViewParams)))
 
 
-
 # Source / protocol combinations that make no sense (Params._protocol_fits_source).
 PHOTO_SOURCES = ("imagefolder", "waterbirds", "celeba")  # carry their own attribute
 STROKE_PROTOCOLS = ("foreground", "background")  # paint grey digit strokes or backgrounds

@@ -55,11 +55,12 @@ def memory_plan(params: Params, n_train: int) -> StepPlan:
     return StepPlan("stage2.batch_size", params.stage2.batch_size, forwards=2, max_value=n_train, pairwise=12)
 
 
-register_method("dcl", f"{__name__}.train:dcl_method", display="DCL",
+DCL, HCL = "dcl", "hcl"
+register_method(DCL, f"{__name__}.train:dcl_method", display="DCL",
                 temperature=lambda p: ("stage2.dcl.temperature", p.stage2.dcl.temperature),
                 section="dcl", params=DCLParams, sources=DCL_SOURCES, reads=("stage2.tabular_view.",),
                 memory_plan=memory_plan)
-register_method("hcl", f"{__name__}.train:hcl_method", display="HCL",
+register_method(HCL, f"{__name__}.train:hcl_method", display="HCL",
                 temperature=lambda p: ("stage2.hcl.temperature", p.stage2.hcl.temperature),
                 section="hcl", params=HCLParams, sources=HCL_SOURCES, reads=("stage2.tabular_view.",),
                 memory_plan=memory_plan)

@@ -28,12 +28,13 @@ from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, c
                                           gather_rows, normalise, on_device, shuffled_batches,
                                           stage2_optimiser, to_device)
 from debias.training.methods.selfsup.train import projection_head, wcl_image_view
+from debias.training.methods.dclhcl import DCL, HCL
 from debias.training.methods.views import Views
 
 
 def two_view_loss(method: str, z1: torch.Tensor, z2: torch.Tensor, params: Params, tau_plus: float) -> torch.Tensor:
     """``dcl`` or ``hcl`` of the two normalised (projected) views with the method's params and class prior."""
-    if method == "dcl":
+    if method == DCL:
         return losses.dcl(z1, z2, params.stage2.dcl.temperature, tau_plus)
     hcl = params.stage2.hcl
     return losses.hcl(z1, z2, hcl.temperature, tau_plus, hcl.beta)
@@ -94,8 +95,8 @@ def _setup(method: str, inputs: Stage2Inputs) -> Stage2Setup:
 
 
 def dcl_method(inputs: Stage2Inputs) -> Stage2Setup:
-    return _setup("dcl", inputs)
+    return _setup(DCL, inputs)
 
 
 def hcl_method(inputs: Stage2Inputs) -> Stage2Setup:
-    return _setup("hcl", inputs)
+    return _setup(HCL, inputs)

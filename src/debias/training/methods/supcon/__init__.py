@@ -11,18 +11,22 @@ if TYPE_CHECKING:
     from debias.params import Params
     from debias.training.memory import StepPlan
 
-METHODS = {"supcon": "SupCon", "eps_supcon": "ε-SupCon", "eps_supinfonce": "ε-SupInfoNCE"}
+SUPCON, EPS_SUPCON, EPS_SUPINFONCE = "supcon", "eps_supcon", "eps_supinfonce"
+METHODS = {SUPCON: "SupCon", EPS_SUPCON: "ε-SupCon", EPS_SUPINFONCE: "ε-SupInfoNCE"}  # name -> display name
+# The released code's classes (debias.losses.released_contrastive's form): EpsilonSupCon for eps_supcon (and supcon,
+# epsilon 0), EpsilonSupInfoNCE otherwise.
+RELEASED_FORM = {SUPCON: "supcon", EPS_SUPCON: "supcon", EPS_SUPINFONCE: "supinfonce"}
 
 
 def epsilon(params: Params, method: str) -> float:
     """The epsilon margin ``method`` uses: eps_supcon has its own (FairKL Table 6), supcon none (0), the others
     loss.epsilon."""
-    return {"eps_supcon": params.loss.eps_supcon.epsilon, "supcon": 0.0}.get(method, params.loss.epsilon)
+    return {EPS_SUPCON: params.loss.eps_supcon.epsilon, SUPCON: 0.0}.get(method, params.loss.epsilon)
 
 
 def fairkl_weight(params: Params, method: str) -> float:
     """lambda of FairKL with ``method``: eps_supcon has its own (FairKL Table 6), the others loss.fairkl.weight."""
-    return params.loss.eps_supcon.fairkl_weight if method == "eps_supcon" else params.loss.fairkl.weight
+    return params.loss.eps_supcon.fairkl_weight if method == EPS_SUPCON else params.loss.fairkl.weight
 
 
 def _memory_plan(method: str):

@@ -39,16 +39,14 @@ from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, gather_rows,
                                           normalise, on_device, shuffled_batches, stage2_optimiser,
                                           to_device)
-from debias.training.methods.supcon import epsilon, fairkl_weight
+from debias.training.methods.supcon import (EPS_SUPCON, EPS_SUPINFONCE, RELEASED_FORM, SUPCON, epsilon,
+                                            fairkl_weight)
 
 CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tensor]] = {
-    "supcon": lambda z, y, p: losses.supcon(z, y, p.loss.temperature),
-    "eps_supcon": lambda z, y, p: losses.eps_supcon(z, y, epsilon(p, "eps_supcon"), p.loss.temperature),
-    "eps_supinfonce": lambda z, y, p: losses.eps_supinfonce(z, y, p.loss.epsilon, p.loss.temperature),
+    SUPCON: lambda z, y, p: losses.supcon(z, y, p.loss.temperature),
+    EPS_SUPCON: lambda z, y, p: losses.eps_supcon(z, y, epsilon(p, EPS_SUPCON), p.loss.temperature),
+    EPS_SUPINFONCE: lambda z, y, p: losses.eps_supinfonce(z, y, p.loss.epsilon, p.loss.temperature),
 }
-# The released code's classes: EpsilonSupCon for eps_supcon (and supcon, epsilon 0), EpsilonSupInfoNCE otherwise.
-RELEASED_FORM: dict[str, losses.ReleasedForm] = {"supcon": "supcon", "eps_supcon": "supcon",
-                                                 "eps_supinfonce": "supinfonce"}
 # Below this fraction of active steps (over the whole training) a FairKL side counts as starved.
 STARVED_FRACTION = 0.5
 # What a missing pair set does to each composition (the released code takes an empty set's mean as 0).
