@@ -67,7 +67,8 @@ from debias.sampling import CNCBatchSampler  # noqa: E402
 from debias.training.classifier import ClassifierTask  # noqa: E402
 from debias.training.loop import build_optimizer  # noqa: E402
 from debias.training.methods import Stage2Inputs, method_spec, setup_method  # noqa: E402
-from debias.training.methods.selfsup import projection_head  # noqa: E402
+from debias.training.methods import supcon as supcon_family  # noqa: E402
+from debias.training.methods.selfsup.train import projection_head  # noqa: E402
 
 DEFAULT_NPZ = REPO.parent / "shared" / "datasets" / "mnist10k.npz"
 CONTRASTIVE_METHODS = ("supcon", "eps_supcon", "eps_supinfonce")
@@ -315,7 +316,7 @@ def baseline_classifier_epoch(model: PaperNet, optimizer: torch.optim.Optimizer,
 def baseline_contrastive_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, data: DataLoader, params: Params,
                                device: torch.device) -> None:
     method, loss_params = params.stage2.method, params.loss
-    tau, eps = loss_params.temperature, loss_params.epsilon_for(method)
+    tau, eps = loss_params.temperature, supcon_family.epsilon(params, method)
     model.train()
     running = 0.0
     for x, y, bias in data:
@@ -328,8 +329,8 @@ def baseline_contrastive_epoch(model: PaperNet, optimizer: torch.optim.Optimizer
         else:
             con = base_eps_supinfonce(z, y, eps, tau)
         loss = loss_params.alpha * con
-        if loss_params.fairkl_weight_for(method) > 0:
-            loss = loss + loss_params.fairkl_weight_for(method) * base_fairkl(z, y, bias)
+        if supcon_family.fairkl_weight(params, method) > 0:
+            loss = loss + supcon_family.fairkl_weight(params, method) * base_fairkl(z, y, bias)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -8,7 +8,8 @@ from debias.params import Params
 from debias.stage import main
 from debias.tracking import StageRun
 from debias.training.outputs import StageOutputs
-from debias.training.methods import method_spec, train_stage2
+from debias.training.methods.registry import method_spec
+from debias.training.methods.run import train_stage2
 
 OUTPUTS = StageOutputs(model=paths.STAGE2_MODEL, embeddings_dir=paths.STAGE2_DIR,
                        metrics=paths.METRICS / "stage2_train.json", curves=paths.PLOTS / "stage2_curves.csv",
@@ -19,10 +20,11 @@ def run(params: Params, run: StageRun) -> None:
     splits = load_splits(paths.BIASED)
     groups = load_groups(GROUPS_TABLE, y=splits["train"].y)
     train = splits["train"]
+    spec = method_spec(params.stage2.method)
     erm_state = None
-    if params.stage2.method == "cnc" and params.stage2.cnc.init == "erm":
+    if spec.needs_erm_weights(params):
         erm_state = load_initial_weights(str(paths.ERM_MODEL), params.model, train.n_classes, tuple(train.x.shape[1:]),
-                                         method_spec(params.stage2.method).feature_activation)
+                                         spec.feature_activation)
     train_stage2(params, splits, groups.inferred_label, groups.minority, erm_state, run, OUTPUTS,
                  inferred_group=groups.inferred_group, bias_scores=groups.bias_scores)
 

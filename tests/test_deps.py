@@ -25,7 +25,8 @@ from tests.conftest import REPO, copy_worktree
 UPSTREAM_OF_STAGE2 = {"source", "download", "inject_bias", "train_erm", "infer_groups"}
 
 # file changed (a comment appended) -> the stages whose code deps it is. `report` renders the methods' facts
-# (which params apply to which method, their display names), so a method, its loss and its params rerun it too.
+# (which params apply to which method, their display names), so a method's declaration and its params rerun it
+# too; its training code and its loss only train_contrastive.
 PROBES: dict[str, set[str]] = {
     # the harness: no stage
     "src/debias/launch.py": set(),
@@ -36,9 +37,10 @@ PROBES: dict[str, set[str]] = {
     "src/debias/progress.py": set(),
     "src/debias/training/memory.py": set(),
     # a stage-2 method, its loss, its params section: train_contrastive (and report), nothing upstream
-    "src/debias/training/methods/supcon.py": {"train_contrastive", "report"},
-    "src/debias/losses/supervised.py": {"train_contrastive", "report"},
-    "src/debias/losses/regulariser.py": {"train_contrastive", "report"},
+    "src/debias/training/methods/supcon/train.py": {"train_contrastive"},
+    "src/debias/training/methods/supcon/__init__.py": {"train_contrastive", "report"},
+    "src/debias/losses/supervised.py": {"train_contrastive"},
+    "src/debias/losses/regulariser.py": {"train_contrastive"},
     "src/debias/params/loss.py": {"train_contrastive", "report"},
     "src/debias/params/stage2.py": {"train_contrastive", "report"},
     # a data source: download (and source, which fingerprints the files a source reads), nothing after

@@ -16,7 +16,7 @@ from debias.runtime import seed_everything
 from debias.training.loop import fit
 from debias.training.methods import (METHODS, Stage2Inputs, fit_head, head_trained_methods, jtt_pool, setup_method,
                                      stage2_validator)
-from debias.training.methods.supcon import (fairkl_activity, fairkl_summary, fairkl_warnings, objective,
+from debias.training.methods.supcon.train import (fairkl_activity, fairkl_summary, fairkl_warnings, objective,
                                             stratified_batches)
 from tests.losses.reference import RELEASED_CASES, ref_released_objective, unit
 from tests.test_training import tiny_split

@@ -11,7 +11,7 @@ from debias.applicability import RELEASED_BASE_TEMPERATURE as APPLICABILITY_BASE
 from debias.applicability import NEGLIGIBLE_SHARE, RunContext, loss_weights, weak, weak_warnings
 from debias.losses import RELEASED_BASE_TEMPERATURE
 from debias.params import validate
-from debias.training.methods.supcon import objective
+from debias.training.methods.supcon.train import objective
 from tests.conftest import committed_text
 
 RELEASED_SMALL_ALPHA = {"variant": "released", "alpha": 0.03, "weight": 0.5}  # the earlier default objective

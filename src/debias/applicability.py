@@ -22,9 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from debias.params import PATH_SOURCES, PRETRAINABLE, TABULAR_SOURCES, Params
-
-FAIRKL_METHODS = frozenset({"supcon", "eps_supcon", "eps_supinfonce"})  # the stage-2 methods that use loss.*
-VIEW_METHODS = frozenset({"wcl", "dcl", "hcl"})  # the methods that draw two views (stage2.tabular_view on tables)
+from debias.training.methods.registry import method_sections, method_spec
 
 
 @dataclass(frozen=True)
@@ -49,14 +47,18 @@ def _protocol(name: str) -> Rule:
     return rule
 
 
-def _method(*names: str) -> Rule:
-    return lambda c: c.params.stage2.method in names
+def _section_owner(section: str) -> Rule:
+    """``stage2.<section>.*`` applies when the running method declares that section as its own."""
+    return lambda c: method_spec(c.params.stage2.method).section == section
+
+
+def _method_reads(prefix: str) -> Rule:
+    """A shared section applies when the running method declares it reads it (``MethodSpec.reads``)."""
+    return lambda c: prefix in method_spec(c.params.stage2.method).reads
 
 
 def _head_fitted(c: RunContext) -> bool:
-    from debias.training.methods import head_trained_methods
-
-    return c.params.stage2.method not in head_trained_methods()
+    return not method_spec(c.params.stage2.method).head_trained
 
 
 RULES: dict[str, Rule] = {
@@ -74,16 +76,11 @@ RULES: dict[str, Rule] = {
     "model.mlp.": lambda c: c.params.model.name == "mlp" or c.params.data.source in TABULAR_SOURCES,
     "groups.cluster.": lambda c: c.params.groups.method == "cluster",
     "groups.soft.": lambda c: c.params.groups.method == "soft",
-    "stage2.cnc.": _method("cnc"),
-    "stage2.jtt.": _method("jtt"),
-    "stage2.wcl.": _method("wcl"),
-    "stage2.lff.": _method("lff"),
-    "stage2.groupdro.": _method("groupdro"),
-    "stage2.dcl.": _method("dcl"),
-    "stage2.hcl.": _method("hcl"),
+    **{f"stage2.{section}.": _section_owner(section) for section in method_sections()},
     "stage2.head.": _head_fitted,
-    "stage2.tabular_view.": lambda c: c.params.stage2.method in VIEW_METHODS and c.params.data.source in TABULAR_SOURCES,
-    "loss.": lambda c: c.params.stage2.method in FAIRKL_METHODS,
+    "stage2.tabular_view.": lambda c: (_method_reads("stage2.tabular_view.")(c)
+                                       and c.params.data.source in TABULAR_SOURCES),
+    "loss.": _method_reads("loss."),
     "probe.dfr.": lambda c: c.params.probe.method == "dfr",
     "probe.train_split": lambda c: c.params.probe.method != "dfr",
 }
@@ -112,8 +109,8 @@ def loss_weights(params: Params) -> dict[str, float]:
     """The effective coefficients of the stage-2 objective's terms (``contrastive``, ``fairkl``) for the supcon
     family, as :mod:`debias.training.methods.supcon` composes them: ``kl`` / ``mean``: alpha and lambda;
     ``released``: alpha^2 * tau / 0.07 and lambda (alpha * tau / 0.07 alone when lambda is 0)."""
-    loss, method = params.loss, params.stage2.method
-    weight = loss.fairkl_weight_for(method)
+    loss, spec = params.loss, method_spec(params.stage2.method)
+    weight = spec.fairkl_weight(params) if spec.fairkl_weight is not None else 0.0
     if loss.fairkl.variant != "released":
         return {"contrastive": loss.alpha, "fairkl": weight}
     scale = loss.temperature / RELEASED_BASE_TEMPERATURE
@@ -122,7 +119,7 @@ def loss_weights(params: Params) -> dict[str, float]:
 
 def _contrastive_only(c: RunContext) -> str | None:
     """Why a param of the contrastive term alone (its epsilon) weighs almost nothing, or None."""
-    if c.params.stage2.method not in FAIRKL_METHODS:
+    if method_spec(c.params.stage2.method).fairkl_weight is None:  # not a FairKL method
         return None
     weights = loss_weights(c.params)
     total = sum(weights.values())
@@ -138,8 +135,8 @@ def _contrastive_only(c: RunContext) -> str | None:
 
 # param (exact key) -> why it has almost no effect in a run (None: it has an effect); only params that apply are asked
 WEAK_RULES: dict[str, Callable[[RunContext], str | None]] = {
-    "loss.epsilon": lambda c: _contrastive_only(c) if c.params.stage2.method == "eps_supinfonce" else None,
-    "loss.eps_supcon.epsilon": lambda c: _contrastive_only(c) if c.params.stage2.method == "eps_supcon" else None,
+    key: lambda c, key=key: _contrastive_only(c) if method_spec(c.params.stage2.method).epsilon_key == key else None
+    for key in ("loss.epsilon", "loss.eps_supcon.epsilon")  # each judged for the methods whose margin it is
 }
 
 

@@ -35,6 +35,11 @@ from pathlib import Path
 PACKAGE = "debias"
 SOURCE_ROOT = Path("src")
 CODE_PREFIXES = ("src/", "pipeline/")  # a dvc.yaml dep under these is code, derived here
+# Modules that import others by name at run time, which no import statement shows: reaching the key (relative to
+# src/debias) reaches every file its glob names. The stage-2 method registry imports every method's declaration
+# when the params schema is built; base.setup_method imports the training module the running method names.
+DISCOVERED = {"training/methods/registry.py": "training/methods/*/__init__.py",
+              "training/methods/base.py": "training/methods/*/train.py"}
 
 # Modules (and packages, with everything under them) that cannot change a byte of a stage's data, model or
 # metric outputs, each with the reason. Their run records (reports/runs/*.json: timings, hosts, run ids) differ
@@ -55,6 +60,10 @@ HARNESS: dict[str, str] = {
     "debias.deps": "this module: derives dvc.yaml's code deps",
     "debias.presets": "writes params.yaml from a preset (DVC sees the params, not this code); no stage imports it",
 }
+
+# Harness modules that call nothing computing an output either: the walk stops at them (the memory check reads
+# the methods' memory plans, which must not make every stage depend on every method's declaration).
+HARNESS_LEAVES = ("debias.training.memory",)
 
 PARAMS = "debias.params"
 # The schema's modules every stage that loads params depends on: the package (re-exports), the Section base and
@@ -138,8 +147,8 @@ def params_sections(root: Path) -> dict[str, str]:
     if path is None:
         return {}
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    origin = {alias.asname or alias.name: node.module for node in tree.body if isinstance(node, ast.ImportFrom)
-              and node.module for alias in node.names}
+    origin = {alias.asname or alias.name: node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              and node.module for alias in node.names}  # ast.walk: TYPE_CHECKING imports name sections too
     sections: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "Params":
@@ -167,6 +176,8 @@ def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = (
             todo += [f for name in PARAMS_COMMON if (f := module_file(name, root)) is not None]
             continue  # the package only re-exports: which sections count is decided by name, not by its imports
         own = module_name(path, root) if path.is_relative_to(root / SOURCE_ROOT) else ""
+        if own in HARNESS_LEAVES:
+            continue
         for module in _imported_modules(path):
             if module.startswith(PARAMS + ".") and module_file(module, root) is None:  # from debias.params import X
                 module = exports.get(module.rsplit(".", 1)[1], PARAMS)
@@ -177,6 +188,9 @@ def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = (
                 found = module_file(name, root)
                 if found is not None and found not in seen:
                     todo.append(found)
+        package = root / SOURCE_ROOT / PACKAGE
+        if package in path.parents and path.relative_to(package).as_posix() in DISCOVERED:
+            todo.extend(sorted(package.glob(DISCOVERED[path.relative_to(package).as_posix()])))
     return {path for path in seen if not _harness_file(path, root)}
 
 

@@ -1,5 +1,8 @@
 """Where every parameter's default comes from: one line per leaf of the params schema (src/debias/params/).
 
+A stage-2 method's own section (``stage2.cnc``, ...) carries its sources in the method's declaration
+(``register_method(..., sources=...)``, src/debias/training/methods/); :data:`SOURCES` adds them below.
+
 Each source starts with its kind: ``paper:`` (a paper's table or section), ``code:`` (an official code file) or
 ``ours:`` (this project's choice, with the measured reason or, for a setting that cannot change a result, why).
 A line quotes its key's value only in these forms, and tests/test_param_sources.py compares each with the schema's
@@ -19,9 +22,6 @@ SimCLR = Chen et al. 2020; SCARF = Bahri et al. 2022; DCL = Chuang et al. 2020; 
 from __future__ import annotations
 
 KINDS = ("paper: ", "code: ", "ours: ")
-_TAU_PLUS = ("ours: 1 / number of classes (default null), DCL's tau+ as the class probability under uniform "
-             "classes; not measured. It equals WCL Sec. 6.1's 0.1 on CIFAR-10 only: WCL sets 0.05 on CIFAR-100 and "
-             "0.3 on CelebA / Waterbirds, per dataset")
 
 SOURCES: dict[str, str] = {
     "seed": "ours: any fixed seed (default 0); quality claims rest on >= 3 seeds (benchmarks/quality.py --seeds 0 1 2)",
@@ -183,54 +183,6 @@ SOURCES: dict[str, str] = {
                             "s first epoch (benchmarks/results/speed_settings.md); GPU not measured",
     "stage2.speed.channels_last": "ours: off (default false): channels-last measured 0.95x steps/s on the CPU "
                                   "(benchmarks/results/speed_settings.md); GPU not measured",
-    "stage2.cnc.num_positives": "paper: CNC App. D.2.4 (CMNIST*): M = 32 (default 32)",
-    "stage2.cnc.num_negatives": "paper: CNC App. D.2.4 (CMNIST*): N = 32 (default 32)",
-    "stage2.cnc.two_sided": "paper: CNC App. B.3 / Alg. 3: two-sided batches (default true)",
-    "stage2.cnc.temperature": "paper: CNC App. D.2.4: CMNIST*, CelebA (default 0.05)",
-    "stage2.cnc.anchor_fraction": "paper: CNC Alg. 3 (schema default 1); params.yaml 0.1 (ours: 0.1 x 30 epochs draws "
-                                  "as many batches as CNC's 3 epochs; measured 82.0 / 44.4 / 81.9 %, params.yaml "
-                                  "comment)",
-    "stage2.cnc.accumulation": "paper: CNC App. D.2.4 (schema default 32); params.yaml 1 (ours, not measured: at ~1k "
-                               "images 32-batch steps would be few; no run compares 1 with 32 on the default data)",
-    "stage2.cnc.contrastive_weight": "paper: CNC App. D.2.4: lambda (default 0.75)",
-    "stage2.cnc.init": "paper: CNC App. D.2.4: a new model (scratch)",
-    "stage2.cnc.forward_chunk": "ours: 8 batches per forward pass (default 8; speed and memory; no effect on results "
-                                "without BatchNorm or with encoder_mode eval; with BatchNorm in train mode the chunk's "
-                                "batches share batch statistics)",
-    "stage2.cnc.encoder_mode": "ours: train (default train: a freshly initialised encoder has no running statistics "
-                               "worth freezing); the released train_supervised_contrast.py (train_epoch: "
-                               "encoder.eval()) keeps eval, which the cnc-* presets set",
-    "stage2.cnc.short_pools": "code: replace (ours: every batch keeps App. D.2.4's M and N, short pools drawn with "
-                              "replacement and warned of); shrink is the released code's adjust_num_pos_neg_",
-    "stage2.cnc.skip_empty_classes": "paper: CNC Alg. 3 needs a positive per class (schema default false: fail); "
-                                     "params.yaml true (ours: ERM fits ~1k digits with no error in some classes)",
-    "stage2.jtt.upweight": "ours: 20 at ~1k digits (default 20), not measured: compared with no other value (CNC App. "
-                           "D.2.5 tried {10, 100, 1000} and used ~1100 at CMNIST* 0.995, benchmarks/fullsize.yaml)",
-    "stage2.wcl.temperature": "paper: WCL Sec. 6.1: t for all methods (default 0.5)",
-    "stage2.wcl.tau_plus": _TAU_PLUS,
-    "stage2.wcl.projection_dim": "code: DCL / HCL code: a 128-d projection head (default 128)",
-    "stage2.wcl.crop_min_scale": "code: MoCo v2's random resized crop scale (0.2, 1) (default 0.2; SimCLR's ImageNet "
-                                 "setting: 0.08)",
-    "stage2.wcl.colour_strength": "ours: SimCLR's ImageNet strength s = 1 (default 1), not measured: chosen over its "
-                                  "CIFAR s = 0.5 (DCL's code) on the argument of the params.yaml comment (colour is "
-                                  "the bias, and 0.5 leaves enough of it to tell CMNIST* images apart); no run "
-                                  "compares them",
-    "stage2.wcl.jitter_p": "paper: SimCLR: colour distortion with probability 0.8 (default 0.8)",
-    "stage2.wcl.grayscale_p": "paper: SimCLR: grayscale with probability 0.2 (default 0.2)",
-    "stage2.wcl.triplet_weight": "paper: WCL Sec. 5.2: L = L_tri + L_wcl, an unweighted sum (default 1)",
-    "stage2.lff.q": "paper: LfF: GCE q (default 0.7; CNC App. D.2.5's CMNIST* grid chose 0.7)",
-    "stage2.lff.ema_alpha": "code: LfF's code: EMA alpha (default 0.7)",
-    "stage2.groupdro.step_size": "paper: GroupDRO (Sagawa et al. 2020): eta_q (default 0.01)",
-    "stage2.groupdro.adjustment": "paper: CNC App. D.2.5: C on CMNIST* (default 0)",
-    "stage2.groupdro.balanced_sampling": "code: GroupDRO's commands pass --reweight_groups (default true; Alg. 1 "
-                                         "draws a group uniformly)",
-    "stage2.dcl.projection_dim": "code: DCL's code: a 128-d projection head (default 128)",
-    "stage2.hcl.projection_dim": "code: HCL's code: a 128-d projection head (default 128)",
-    "stage2.dcl.temperature": "paper: WCL Sec. 6.1: t for all methods (default 0.5)",
-    "stage2.dcl.tau_plus": _TAU_PLUS,
-    "stage2.hcl.temperature": "paper: WCL Sec. 6.1: t for all methods (default 0.5)",
-    "stage2.hcl.tau_plus": _TAU_PLUS,
-    "stage2.hcl.beta": "paper: WCL Sec. 6.1: beta for HCL (default 1)",
     "stage2.tabular_view.corruption_rate": "paper: SCARF: corruption rate (default 0.6)",
     # ----------------------------------------------------------------------------------------------- loss
     "loss.temperature": "paper: SupCon / FairKL (default 0.1; FairKL debiasing/main_infonce.py --temp 0.1)",
@@ -304,3 +256,12 @@ SOURCES: dict[str, str] = {
     "health.loss_min_fall": "ours: judged only once the loss fell by 10 % of |first epoch's loss| (default 0.1; "
                             "before that a rise is not instability after converging)",
 }
+
+
+def _method_sources() -> dict[str, str]:
+    from debias.training.methods.registry import method_sources
+
+    return method_sources()
+
+
+SOURCES.update(_method_sources())

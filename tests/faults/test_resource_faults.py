@@ -196,7 +196,7 @@ def test_out_of_memory_during_training_gets_advice_not_a_traceback(prepared_work
 
 
 def test_cpu_allocator_failure_in_stage2_names_the_cnc_knobs(prepared_workspace: Path, monkeypatch, capsys) -> None:
-    import debias.training.methods as methods_module
+    import debias.training.methods.run as methods_module
 
     def oom(*args, **kwargs):
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: "

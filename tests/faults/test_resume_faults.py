@@ -36,7 +36,7 @@ import torch
 
 torch.set_num_threads(1)
 import debias.training.erm as erm_mod
-import debias.training.methods as methods_mod
+import debias.training.methods.run as methods_mod
 import debias.training.methods.base as methods_base  # fresh_model() builds every stage-2 network
 from debias.data.store import load_split
 from debias.params import validate

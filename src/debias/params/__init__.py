@@ -32,10 +32,7 @@ from debias.params.model import (  # noqa: F401
 )
 from debias.params.optim import OptimParams  # noqa: F401
 from debias.params.groups import ClusterParams, GroupsParams, SoftParams  # noqa: F401
-from debias.params.stage2 import (  # noqa: F401
-    CNCParams, DCLParams, GroupDROParams, HCLParams, HeadParams, JTTParams, LfFParams, SpeedParams, Stage2Params,
-    TabularViewParams, WCLParams
-)
+from debias.params.stage2 import HeadParams, SpeedParams, STAGE2_SHARED_FIELDS, TabularViewParams  # noqa: F401
 from debias.params.loss import EpsSupConParams, FairKLParams, LossParams  # noqa: F401
 from debias.params.probe import _positive_distinct, DFRParams, ProbeParams  # noqa: F401
 from debias.params.evaluate import EvaluateParams, UMAPParams  # noqa: F401
@@ -46,3 +43,10 @@ from debias.params.root import (  # noqa: F401
     Params, params_hash, PHOTO_SOURCES, read_yaml, section, STROKE_PROTOCOLS, TABULAR_SOURCES, UNATTRIBUTED_SOURCES,
     validate
 )
+
+# The stage-2 methods' declarations (debias.training.methods.registry) may import anything above, a method kept
+# in one module its training code too: Stage2Params is built from them last, and the schema completed with it.
+from debias.params import root as _root, stage2 as _stage2  # noqa: E402
+
+Stage2Params = _root.Stage2Params = _stage2.Stage2Params = _stage2.stage2_model()
+Params.model_rebuild()

@@ -47,12 +47,3 @@ class LossParams(Section):
                          "Table 6: 0.03; with fairkl.variant released the code applies it twice, alpha^2)")
     fairkl: FairKLParams = Field(default_factory=FairKLParams)
     eps_supcon: EpsSupConParams = Field(default_factory=EpsSupConParams)
-
-    def epsilon_for(self, method: str) -> float:
-        """The epsilon margin ``method`` uses: eps_supcon has its own (FairKL Table 6), supcon none (0), the others
-        loss.epsilon."""
-        return {"eps_supcon": self.eps_supcon.epsilon, "supcon": 0.0}.get(method, self.epsilon)
-
-    def fairkl_weight_for(self, method: str) -> float:
-        """lambda of FairKL with ``method``: eps_supcon has its own (FairKL Table 6), the others loss.fairkl.weight."""
-        return self.eps_supcon.fairkl_weight if method == "eps_supcon" else self.fairkl.weight

@@ -6,7 +6,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -22,7 +22,9 @@ from debias.params.model import ModelParams
 from debias.params.optim import OptimParams
 from debias.params.probe import ProbeParams
 from debias.params.report import ReportParams
-from debias.params.stage2 import Stage2Params
+
+if TYPE_CHECKING:  # built from the registered stage-2 methods once the package is loaded (debias.params sets it here)
+    from debias.params.stage2 import Stage2Params
 
 # Source / protocol combinations that make no sense (Params._protocol_fits_source).
 PHOTO_SOURCES = ("imagefolder", "waterbirds", "celeba")  # carry their own attribute

@@ -23,6 +23,7 @@ from typing import Any
 
 from debias import headline, paths
 from debias.params import flatten
+from debias.report.columns import METRIC_KEYS
 from debias.report.stale import is_within, rerun_command, stale_outputs, stale_stages
 
 GROUP_FILES = {"erm": paths.METRICS / "erm_groups.json", "stage2": paths.METRICS / "stage2_train_groups.json"}
@@ -264,8 +265,6 @@ def blank_stale(experiment: Experiment, lock: dict[str, Any] | None) -> None:
 def explain_missing(experiment: Experiment) -> None:
     """Why an experiment that finished has none of the compared metrics (none at all, or only the data's and the
     groups' numbers), and the command that computes them."""
-    from debias.report.compare_data import METRIC_KEYS
-
     if (any(k in experiment.metrics for k in METRIC_KEYS) or experiment.reason
             or experiment.status in ("queued", "running", "failed")):
         return

@@ -3,7 +3,6 @@ seed (mean ± sample standard deviation over the seeds, ranked, with a Welch t-t
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -13,46 +12,14 @@ import pandas as pd
 
 from debias.headline import LABELS
 from debias.report.collect import Experiment
+from debias.report.columns import METRIC_KEYS, METRICS, Metric, param_text  # noqa: F401  (compare's columns)
 
 SEED = "seed"
 RANK_METRIC = "s2_worst"  # groups are ranked by it (ERM's worst-group when no stage 2 ran)
 
 
-@dataclass(frozen=True)
-class Metric:
-    """A headline metric as a column: ``group`` and ``label`` are its two header lines in the terminal."""
-
-    key: str
-    group: str
-    label: str
-    percent: bool = True
-    priority: int = 5  # the terminal table drops the lowest first when it is too wide
 
 
-METRICS: tuple[Metric, ...] = (
-    Metric("erm_avg", "ERM", "avg", priority=2), Metric("erm_unbiased", "ERM", "unb", priority=2),
-    Metric("erm_worst", "ERM", "wg", priority=6),
-    Metric("s2_avg", "stage 2", "avg", priority=9), Metric("s2_unbiased", "stage 2", "unb", priority=9),
-    Metric("s2_worst", "stage 2", "wg", priority=10),
-    Metric("probe_erm_avg", "ERM probe", "avg", priority=1), Metric("probe_erm_unbiased", "ERM probe", "unb", priority=1),
-    Metric("probe_erm_worst", "ERM probe", "wg", priority=3),
-    Metric("probe_s2_avg", "S2 probe", "avg", priority=4), Metric("probe_s2_unbiased", "S2 probe", "unb", priority=4),
-    Metric("probe_s2_worst", "S2 probe", "wg", priority=8),
-    Metric("align_erm", "align", "ERM", percent=False, priority=3), Metric("align_s2", "align", "S2", percent=False, priority=7),
-    Metric("mi_a_erm", "Î(A;Z)", "ERM", percent=False, priority=3), Metric("mi_a_s2", "Î(A;Z)", "S2", percent=False, priority=7),
-)
-METRIC_KEYS = tuple(m.key for m in METRICS)
-
-
-def param_text(value: Any) -> str:
-    """A param value as text, the same for DVC's (typed) and MLflow's (string) params: ``0.25``, ``cnc``, ``[1, 2]``."""
-    if isinstance(value, str):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            return value
-        return value if isinstance(parsed, str) else json.dumps(parsed)
-    return "null" if value is None else json.dumps(value)
 
 
 def parse_filter(text: str) -> tuple[str, str]:

@@ -29,7 +29,6 @@ CURVE_INPUTS: dict[str, Path] = {"erm": paths.PLOTS / "erm_curves.csv", "stage2"
 MODELS = ("erm", "stage2")
 STAGE_ORDER = ("download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
                "evaluate", "report")
-FAIRKL_METHODS = frozenset({"supcon", "eps_supcon", "eps_supinfonce"})  # the stage-2 methods that add FairKL
 
 
 def umap_test_path(model: str) -> Path:
@@ -145,7 +144,10 @@ def stage2_method(inputs: ReportInputs, params: Params) -> str | None:
 
 def fairkl_weight(method: str | None, params: Params) -> float:
     """The FairKL weight that applied to ``method`` (0 for methods without the regulariser)."""
-    return params.loss.fairkl_weight_for(method) if method in FAIRKL_METHODS else 0.0
+    from debias.training.methods.registry import discover
+
+    spec = discover().get(method or "")
+    return spec.fairkl_weight(params) if spec is not None and spec.fairkl_weight is not None else 0.0
 
 
 def stage2_label(method: str | None, params: Params) -> str:

@@ -182,6 +182,7 @@ class StepPlan:
     pairwise: int = 0
     ranks: int = 1
     copies: int = 1
+    hint: str = ""  # appended to the advice when even value 1 does not fit (what else sets the step's size)
 
 
 def distributed_plan(plan: StepPlan, device: torch.device) -> StepPlan:
@@ -287,35 +288,23 @@ def check_classifier_fits(model: nn.Module, optimizer: torch.optim.Optimizer, mo
 
 def check_stage2_fits(method: str, networks: list[nn.Module], optimizer: torch.optim.Optimizer, params: Any,
                       n_train: int, n_eval: int, image_shape: tuple[int, ...], device: torch.device) -> None:
-    """The step of ``stage2.method``: CNC per forward chunk, contrastive losses with their B x B matrices."""
+    """The step of ``stage2.method`` as its declaration plans it (``MethodSpec.memory_plan``: e.g. CNC per forward
+    chunk, contrastive losses with their B x B matrices)."""
     if not _enabled():
         return
+    from debias.training.methods.registry import method_spec
+
     s2 = params.stage2
     prof = _profile_or_none(networks[0], image_shape, device)
     if prof is None:
         return
     fixed = (sum(p.numel() * p.element_size() for net in networks for p in net.parameters())
              + trained_weight_bytes(optimizer) * (1 + optimizer_state_tensors(optimizer)))
-    hint = ""
-    if method == "cnc":
-        per_batch = 2 * s2.cnc.num_positives + (2 if s2.cnc.two_sided else 1) * s2.cnc.num_negatives
-        plan = StepPlan("stage2.cnc.forward_chunk", s2.cnc.forward_chunk, images_per_unit=per_batch,
-                        max_value=min(s2.cnc.accumulation, s2.cnc.forward_chunk))
-        hint = (f" (one contrastive batch is {per_batch} images): lower stage2.cnc.num_positives "
-                f"({s2.cnc.num_positives}) and stage2.cnc.num_negatives ({s2.cnc.num_negatives})")
-    elif method == "wcl":
-        plan = StepPlan("stage2.batch_size", s2.batch_size, forwards=4, max_value=n_train, pairwise=12)
-    elif method in ("supcon", "eps_supcon", "eps_supinfonce"):
-        pairwise = 8 + (8 if params.loss.fairkl_weight_for(method) > 0 else 0)
-        plan = StepPlan("stage2.batch_size", s2.batch_size, max_value=n_train, pairwise=pairwise)
-    elif method in ("dcl", "hcl"):  # two views of the batch through one encoder, a 2B x 2B similarity matrix
-        plan = StepPlan("stage2.batch_size", s2.batch_size, forwards=2, max_value=n_train, pairwise=12)
-    elif method == "lff":  # the biased and the debiased model forward the same batch
-        plan = StepPlan("stage2.batch_size", s2.batch_size, forwards=2, max_value=n_train)
-    else:  # erm, jtt, groupdro
-        plan = StepPlan("stage2.batch_size", s2.batch_size, max_value=n_train)
+    planned = method_spec(method).memory_plan
+    plan = (planned(params, n_train) if planned is not None  # the method's own plan, else ERM's: one forward
+            else StepPlan("stage2.batch_size", s2.batch_size, max_value=n_train))
     check_fits(prof, distributed_plan(plan, device), fixed, device, params.model.name, "stage2.eval_batch_size",
-               s2.eval_batch_size, n_eval, hint_if_none_fits=hint)
+               s2.eval_batch_size, n_eval, hint_if_none_fits=plan.hint)
 
 
 # --------------------------------------------------------------------------- after the fact: a real OOM
@@ -350,9 +339,10 @@ def out_of_memory_advice(stage: str, params: Any | None) -> str:
     if stage == "train_erm":
         keys = ["erm.batch_size", "erm.eval_batch_size"]
     elif stage == "train_contrastive":
-        method = getattr(getattr(params, "stage2", None), "method", None)
-        keys = (["stage2.cnc.forward_chunk", "stage2.cnc.num_positives", "stage2.cnc.num_negatives"]
-                if method == "cnc" else ["stage2.batch_size"]) + ["stage2.eval_batch_size"]
+        from debias.training.methods.registry import METHODS
+
+        spec = METHODS.get(getattr(getattr(params, "stage2", None), "method", None))
+        keys = [*(spec.memory_advice if spec else ("stage2.batch_size",)), "stage2.eval_batch_size"]
     elif stage == "evaluate":
         keys = ["evaluate.block_size", "evaluate.umap.max_points"]
     else:

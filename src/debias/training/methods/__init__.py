@@ -1,6 +1,10 @@
 """Stage-2 methods behind a registry (``stage2.method``); each trains a fresh encoder.
 
-One module per method family, each registering its methods (:func:`base.register_method`):
+A method family is one subpackage here: its ``__init__.py`` declares the family's methods
+(:func:`registry.register_method`: params section and the source of each default, display name, memory plan, the
+params that apply, whether the head is CE-trained, the temperature key, ...) with pydantic only, and its
+``train.py`` holds the training code the declaration names. The registry finds every subpackage
+(:func:`registry.discover`); nothing else lists them. docs/extending.md walks through adding one.
 
 ``classifier``  ``erm`` (a second ERM run with stage 2's optimiser settings) and ``jtt`` (ERM errors
                 present 1 + upweight times per epoch, JTT's run_expt.py): cross-entropy, head trained with the encoder.
@@ -18,103 +22,34 @@ One module per method family, each registering its methods (:func:`base.register
                 ``groups.method: true``, else the inferred ones).
 ``dclhcl``      ``dcl`` / ``hcl``: WCL's comparison rows, self-supervised two-view InfoNCE with debiased (and
                 hard) negatives; labels unused.
-``views``       augmented views by the data's modality (images: the method's image views; feature vectors:
-                SCARF), for ``wcl``, ``dcl`` and ``hcl``.
-``head``        the per-epoch linear head of methods that learn no classifier themselves: fitted on the
-                frozen training features after every epoch, so every epoch has a validation worst-group
-                accuracy for checkpoint selection.
-``base``        the registry, the inputs every method gets, and the helpers the families share.
 
-A new family is a new module that registers its methods, plus one import line below.
-:func:`train_stage2` (here) builds the registered method, trains it with :func:`debias.training.loop.fit`
-and writes the stage's outputs.
+Modules shared by the families: ``registry`` (the declarations' registry, torch-free), ``base`` (the inputs every
+method gets and the helpers the families share), ``views`` (augmented views by the data's modality, for ``wcl``,
+``dcl`` and ``hcl``), ``head`` (the per-epoch linear head of methods that learn no classifier themselves) and
+``run`` (:func:`train_stage2`: builds the registered method, trains it, writes the stage's outputs).
 
-Under ``torchrun`` (:mod:`debias.distributed`) each batch (a shuffled minibatch, a CNC forward
-chunk of contrastive batches, WCL's two views) is the global batch: every rank draws and augments
-all of it with the same generator, forwards its contiguous shard and all-gathers the features
-(and logits) with gradient, so the loss, negatives from every rank included, is the
-single-process loss of the global batch; the ranks' gradients are summed before each step.
-Labels and bias labels need no gather: every rank holds the batch's indices.
+This package's ``__init__`` stays light (the params schema imports it to find the declarations); the training
+names below are imported from their modules on first use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from typing import Any
 
-import torch
+import debias.params  # noqa: F401  (building the schema imports every declaration: METHODS is complete)
+from debias.training.methods.registry import (METHODS, MethodSpec, head_trained_methods, method_spec,
+                                              register_method, register_module)
 
-from debias import distributed
-from debias.data.store import BiasedSplit
-from debias.io import save_json
-from debias.models import Network
-from debias.params import HeadParams, Params
-from debias.runtime import pick_device, seed_everything
-from debias.tracking import StageRun
-from debias.training.outputs import StageOutputs, note_resume, split_tensors, write_outputs
-from debias.training.loop import finish, fit, resume_key
-from debias.training.memory import check_stage2_fits
-from debias.training.methods import classifier, cnc, selfsup, supcon  # noqa: F401  (each registers its methods)
-from debias.training.methods import dclhcl, groupdro, lff  # noqa: F401  (each registers its methods)
-from debias.training.methods.base import (METHODS, MethodSpec, Stage2Inputs, Stage2Setup, head_trained_methods,
-                                          method_spec, register_method, setup_method)
-from debias.training.methods.classifier import jtt_pool
-from debias.training.methods.head import fit_head, head_validator
+_LAZY = {"Stage2Inputs": "base", "Stage2Setup": "base", "setup_method": "base", "fit_head": "head",
+         "jtt_pool": "classifier.train", "stage2_validator": "run", "train_stage2": "run"}
 
-__all__ = ["METHODS", "MethodSpec", "Stage2Inputs", "Stage2Setup", "fit_head", "head_trained_methods", "jtt_pool",
-           "method_spec", "register_method", "setup_method", "stage2_validator", "train_stage2"]
+__all__ = ["METHODS", "MethodSpec", "head_trained_methods", "method_spec", "register_method", "register_module",
+           *_LAZY]
 
 
-def stage2_validator(model: Network, splits: dict[str, BiasedSplit], method: str, batch_size: int,
-                     device: torch.device, head: HeadParams | None = None) -> Callable[[], dict[str, float]]:
-    """Validation scalars; methods without a jointly trained head get it fitted first (:func:`fit_head` with
-    ``stage2.head``'s weight decay and iterations)."""
-    return head_validator(model, splits, method_spec(method).head_trained, batch_size, device, head or HeadParams())
-
-
-def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch.Tensor, minority: torch.Tensor,
-                 erm_state: dict[str, torch.Tensor] | None, run: StageRun, out: StageOutputs,
-                 inferred_group: torch.Tensor | None = None, bias_scores: torch.Tensor | None = None) -> dict[str, dict]:
-    """Train ``stage2.method``, keep the selected epoch (best validation worst-group by default), write outputs.
-
-    ``inferred_group`` and ``bias_scores`` are the groups table's other columns (:class:`Stage2Inputs`).
-
-    Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
-    outputs and returns the accuracy reports, the other ranks return ``{}``.
-    """
-    s2 = params.stage2
-    spec = method_spec(s2.method)
-    device = distributed.init_from_env(pick_device())
-    generator = seed_everything(params.seed)
-    setup = setup_method(Stage2Inputs(splits, inferred, minority, erm_state, params, device, generator,
-                                      inferred_group, bias_scores))
-    if not spec.head_trained:  # the per-epoch head reads z or z / |z| (stage2.head.features); saved with the model
-        setup.model.head_input = s2.head.features
-    check_stage2_fits(s2.method, list(setup.task.modules().values()), setup.optimizer, params, len(splits["train"]),
-                      max(len(split) for split in splits.values()), tuple(splits["train"].x.shape[1:]), device)
-    key = resume_key({"seed": params.seed, "model": params.model.name, "options": setup.model.encoder.options,
-                      "stage2": s2.model_dump(mode="json"), "loss": params.loss.model_dump(mode="json")},
-                     {**split_tensors(splits), "inferred": inferred, "minority": minority, "erm_state": erm_state,
-                      **{k: v for k, v in (("inferred_group", inferred_group), ("bias_scores", bias_scores))
-                         if v is not None}})
-    advice = f"stage2.lr (now {s2.lr:g})"
-    if spec.temperature is not None:
-        temperature_key, temperature = spec.temperature(params)
-        advice += f" or raise {temperature_key} (now {temperature:g})"
-    result = fit(setup.task, setup.optimizer, s2.epochs,
-                 stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device, s2.head),
-                 selection=s2.selection, scheduler=setup.scheduler, state_path=out.resume, state_key=key,
-                 on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch), label="train_contrastive",
-                 divergence_advice=advice)
-    note_resume(run, result)
-    reports: dict[str, dict] = {}
-    if distributed.is_main():
-        reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
-                                label=f"stage2 {s2.method}", extra_metrics={"method": s2.method},
-                                meta={"method": s2.method, "head_trained": spec.head_trained},
-                                warnings=setup.warnings(result.history), thresholds=params.health)
-        info_path = out.metrics.with_name(f"{out.metrics.stem}_info.json")
-        save_json(info_path, {"method": s2.method, **setup.report(result.history)})
-        run.log_artifact(info_path)
-        finish(out.resume)
-    distributed.barrier()
-    return reports
+def __getattr__(name: str) -> Any:
+    """The training names (torch) imported on first use: ``from debias.training.methods import train_stage2``."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

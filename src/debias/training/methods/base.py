@@ -1,13 +1,9 @@
-"""The stage-2 method registry and what every method family shares.
+"""What every stage-2 method's training code shares: its inputs, its setup, and the helpers the families use.
 
-A method is a function ``setup(inputs: Stage2Inputs) -> Stage2Setup`` registered under its
-``stage2.method`` name with :func:`register_method`, together with the facts the orchestration
-(:func:`debias.training.methods.train_stage2`) needs about it (:class:`MethodSpec`): whether its
-linear head is trained with cross-entropy together with the encoder (else a head is fitted on the
-frozen features after every epoch), which temperature param it reads (named in the advice when
-training diverges) and the feature activation its paper's encoder ends in (``model.feature_activation: auto``). A new family is one module under ``debias/training/methods/`` that registers its
-methods, imported once in the package's ``__init__``; its name must also be allowed by
-``Stage2Params.method`` in :mod:`debias.params`.
+A method's ``setup(inputs: Stage2Inputs) -> Stage2Setup`` is named by its declaration
+(:mod:`debias.training.methods.registry`, which also holds :class:`MethodSpec`: whether its linear head is trained
+with cross-entropy together with the encoder, which temperature param it reads, the feature activation its
+paper's encoder ends in, its params section, memory plan and the params that apply to it).
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ from debias import distributed
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params, SpeedParams
+from debias.training.methods.registry import METHODS, MethodSpec, head_trained_methods, method_spec  # noqa: F401
 from debias.training.loop import (GeneratorTask, StepMetrics, build_optimizer, build_scheduler, cut_batches,
                                   device_batches, gather_rows, on_device, to_device)  # noqa: F401  (the last three: methods' helpers)
 
@@ -66,50 +63,11 @@ class Stage2Setup:
 
 
 MethodFn = Callable[[Stage2Inputs], Stage2Setup]
-TemperatureFn = Callable[[Params], tuple[str, float]]  # (dotted param key, its value)
-
-
-@dataclass(frozen=True)
-class MethodSpec:
-    """A registered stage-2 method."""
-
-    name: str
-    setup: MethodFn
-    head_trained: bool = False  # head trained with CE together with the encoder (else: per-epoch head fit)
-    temperature: TemperatureFn | None = None  # the temperature param the method's loss reads, if any
-    feature_activation: str = "relu"  # the encoder's feature layer under model.feature_activation: auto
-
-
-METHODS: dict[str, MethodSpec] = {}
-
-
-def register_method(name: str, *, head_trained: bool = False, temperature: TemperatureFn | None = None,
-                    feature_activation: str = "relu") -> Callable[[MethodFn], MethodFn]:
-    """Decorator: register ``setup`` as ``stage2.method = name``."""
-
-    def decorate(fn: MethodFn) -> MethodFn:
-        if name in METHODS:
-            raise ValueError(f"stage-2 method '{name}' is registered twice")
-        METHODS[name] = MethodSpec(name, fn, head_trained, temperature, feature_activation)
-        return fn
-
-    return decorate
-
-
-def method_spec(name: str) -> MethodSpec:
-    if name not in METHODS:
-        raise ValueError(f"stage2.method = '{name}' is unknown; allowed: {sorted(METHODS)}")
-    return METHODS[name]
-
-
-def head_trained_methods() -> frozenset[str]:
-    """Names of the methods whose head is trained with cross-entropy together with the encoder."""
-    return frozenset(name for name, spec in METHODS.items() if spec.head_trained)
 
 
 def setup_method(inputs: Stage2Inputs) -> Stage2Setup:
     """Build the task of ``stage2.method`` from the registry."""
-    return method_spec(inputs.params.stage2.method).setup(inputs)
+    return method_spec(inputs.params.stage2.method).setup_fn()(inputs)
 
 
 def fresh_model(inputs: Stage2Inputs) -> Network:

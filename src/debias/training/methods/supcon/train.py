@@ -37,17 +37,16 @@ from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, gather_rows,
-                                          normalise, on_device, register_method, shuffled_batches, stage2_optimiser,
+                                          normalise, on_device, shuffled_batches, stage2_optimiser,
                                           to_device)
+from debias.training.methods.supcon import (EPS_SUPCON, EPS_SUPINFONCE, RELEASED_FORM, SUPCON, epsilon,
+                                            fairkl_weight)
 
 CONTRASTIVE: dict[str, Callable[[torch.Tensor, torch.Tensor, Params], torch.Tensor]] = {
-    "supcon": lambda z, y, p: losses.supcon(z, y, p.loss.temperature),
-    "eps_supcon": lambda z, y, p: losses.eps_supcon(z, y, p.loss.epsilon_for("eps_supcon"), p.loss.temperature),
-    "eps_supinfonce": lambda z, y, p: losses.eps_supinfonce(z, y, p.loss.epsilon, p.loss.temperature),
+    SUPCON: lambda z, y, p: losses.supcon(z, y, p.loss.temperature),
+    EPS_SUPCON: lambda z, y, p: losses.eps_supcon(z, y, epsilon(p, EPS_SUPCON), p.loss.temperature),
+    EPS_SUPINFONCE: lambda z, y, p: losses.eps_supinfonce(z, y, p.loss.epsilon, p.loss.temperature),
 }
-# The released code's classes: EpsilonSupCon for eps_supcon (and supcon, epsilon 0), EpsilonSupInfoNCE otherwise.
-RELEASED_FORM: dict[str, losses.ReleasedForm] = {"supcon": "supcon", "eps_supcon": "supcon",
-                                                 "eps_supinfonce": "supinfonce"}
 # Below this fraction of active steps (over the whole training) a FairKL side counts as starved.
 STARVED_FRACTION = 0.5
 # What a missing pair set does to each composition (the released code takes an empty set's mean as 0).
@@ -82,7 +81,7 @@ def paper_objective(z: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None,
     """FairKL paper Eq. 11: ``alpha * L_con + lambda * FairKL`` (Eq. 10 or 9 by ``loss.fairkl.variant``)."""
     con = CONTRASTIVE[method](z, y, params)
     loss, terms = params.loss.alpha * con, {"contrastive": con}
-    weight = params.loss.fairkl_weight_for(method)
+    weight = fairkl_weight(params, method)
     if weight > 0 and bias is not None:
         reg = losses.fairkl(z, y, bias, params.loss.fairkl.variant, variance_floor=params.loss.fairkl.variance_floor)
         loss, terms["fairkl"] = loss + weight * reg, reg
@@ -95,9 +94,9 @@ def released_objective(z: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | No
     ``alpha * target_loss + lambda * fairkl(F.normalize(feats), y, b, 1.0, kld=1)``, i.e. ``alpha^2 * L_con``
     (``infonce`` already carries ``tau / 0.07``); without FairKL, ``alpha * L_con``."""
     loss_params = params.loss
-    con = losses.released_contrastive(z, y, loss_params.epsilon_for(method), loss_params.temperature,
+    con = losses.released_contrastive(z, y, epsilon(params, method), loss_params.temperature,
                                       RELEASED_FORM[method])
-    weight = loss_params.fairkl_weight_for(method)
+    weight = fairkl_weight(params, method)
     if weight == 0 or bias is None:
         return loss_params.alpha * con, {"contrastive": con}
     reg = losses.fairkl(z, y, bias, "released")
@@ -129,7 +128,7 @@ class ContrastiveTask(GeneratorTask):
         self.minority = minority
         self.params, self.generator, self.device = params, generator, device
         self.method = params.stage2.method
-        self.fairkl_on = params.loss.fairkl_weight_for(self.method) > 0
+        self.fairkl_on = fairkl_weight(params, self.method) > 0
 
     def batches(self) -> list[torch.Tensor]:
         fairkl = self.params.loss.fairkl
@@ -174,7 +173,7 @@ def fairkl_activity(y: torch.Tensor, bias: torch.Tensor) -> dict[str, torch.Tens
 def fairkl_summary(history: list[dict[str, float]], params: Params) -> dict[str, Any] | None:
     """FairKL's activity over training from the per-epoch history: per epoch the fraction of steps each side was
     active and the mean pairs per set; ``None`` without FairKL."""
-    weight = params.loss.fairkl_weight_for(params.stage2.method)
+    weight = fairkl_weight(params, params.stage2.method)
     if weight <= 0 or not history or "train/fairkl_pos_active" not in history[0]:
         return None
     epochs = [{"epoch": int(row["epoch"]),
@@ -218,11 +217,3 @@ def contrastive_method(inputs: Stage2Inputs) -> Stage2Setup:
                        warnings=lambda history: fairkl_warnings(fairkl_summary(history, inputs.params)))
 
 
-def _temperature(params: Params) -> tuple[str, float]:
-    return "loss.temperature", params.loss.temperature
-
-
-for _name in CONTRASTIVE:
-    # No projection head: the FairKL authors' encoder then ends in Tanh (a ReLU layer keeps every z/|z| in the
-    # positive orthant, so no two samples can be pushed more than 90 degrees apart).
-    register_method(_name, temperature=_temperature, feature_activation="tanh")(contrastive_method)

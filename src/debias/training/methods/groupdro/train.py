@@ -29,7 +29,7 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, gather_rows,
-                                          group_balanced_batches, on_device, register_method, stage2_optimiser,
+                                          group_balanced_batches, on_device, stage2_optimiser,
                                           to_device)
 
 
@@ -100,7 +100,6 @@ class GroupDROTask(StepTask):
                 "q_max": self._q.max()}
 
 
-@register_method("groupdro", head_trained=True)
 def groupdro_method(inputs: Stage2Inputs) -> Stage2Setup:
     if inputs.inferred_group is None:
         raise ValueError("stage2.method = groupdro needs the groups table's inferred_group column (run infer_groups; "

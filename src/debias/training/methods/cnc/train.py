@@ -20,7 +20,7 @@ from debias.params import Params
 from debias.sampling import CNCBatchSampler
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, gather_rows, normalise,
-                                          on_device, register_method, stage2_optimiser, to_device)
+                                          on_device, stage2_optimiser, to_device)
 
 
 class CNCTask(GeneratorTask):
@@ -100,10 +100,6 @@ class CNCTask(GeneratorTask):
         return progress.means()
 
 
-def _temperature(params: Params) -> tuple[str, float]:
-    return "stage2.cnc.temperature", params.stage2.cnc.temperature
-
-
 def shrunk_sizes(report: dict[str, Any]) -> tuple[int, int]:
     """(M, N) cut to the smallest anchor / positive pool and the smallest negative pool of the classes that seed
     batches (at least 1), as the released contrastive_supervised_loader.py's ``adjust_num_pos_neg_``:
@@ -132,7 +128,6 @@ def cnc_sampler(train: BiasedSplit, inferred: torch.Tensor, params: Params) -> C
     return sampler
 
 
-@register_method("cnc", head_trained=True, temperature=_temperature)
 def cnc_method(inputs: Stage2Inputs) -> Stage2Setup:
     cnc = inputs.params.stage2.cnc
     train = inputs.splits["train"]

@@ -21,10 +21,11 @@ from debias import distributed, losses
 from debias.data.augment import simclr_view
 from debias.data.store import BiasedSplit
 from debias.models import Network
-from debias.params import Params, WCLParams
+from debias.params import Params
+from debias.training.methods.selfsup import WCLParams
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, class_prior, epoch_steps, fresh_model,
-                                          gather_rows, normalise, on_device, register_method, shuffled_batches,
+                                          gather_rows, normalise, on_device, shuffled_batches,
                                           stage2_optimiser, to_device)
 from debias.training.methods.views import Views
 
@@ -94,11 +95,6 @@ class WCLTask(GeneratorTask):
         return progress.means()
 
 
-def _temperature(params: Params) -> tuple[str, float]:
-    return "stage2.wcl.temperature", params.stage2.wcl.temperature
-
-
-@register_method("wcl", temperature=_temperature)
 def wcl_method(inputs: Stage2Inputs) -> Stage2Setup:
     model, biased = fresh_model(inputs), fresh_model(inputs)
     out = inputs.params.stage2.wcl.projection_dim

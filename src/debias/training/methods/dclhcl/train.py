@@ -5,10 +5,10 @@ and ``hcl``, hard-negative contrastive learning (Robinson et al. 2021: the same 
 :func:`debias.losses.hcl` (two-view, symmetric, the other 2B - 2 views as negatives, as WCL's Sec. 6).
 
 Views by modality (:class:`debias.training.methods.views.Views`): images get WCL's SimCLR views
-(:func:`debias.training.methods.selfsup.wcl_image_view`, ``stage2.wcl``'s crop, colour strength 1.0 and grayscale
+(:func:`debias.training.methods.selfsup.train.wcl_image_view`, ``stage2.wcl``'s crop, colour strength 1.0 and grayscale
 options), feature vectors SCARF's feature corruption, so the WCL, DCL and HCL rows differ only in their loss. One
 encoder and, as the official DCL / HCL code (a 128-d head after the encoder) and our WCL, a projection head
-(:func:`debias.training.methods.selfsup.projection_head`, ``stage2.dcl.projection_dim`` /
+(:func:`debias.training.methods.selfsup.train.projection_head`, ``stage2.dcl.projection_dim`` /
 ``stage2.hcl.projection_dim``) the loss is computed on; the linear head is fitted on the encoder's output after every
 epoch (:mod:`debias.training.methods.head`). Each method has its own temperature and τ+ (``stage2.dcl``,
 ``stage2.hcl``; WCL paper Sec. 6.1: t = 0.5 for all methods, τ+ = 0.1 on CIFAR-10, β = 1; τ+ null: 1 / classes).
@@ -25,15 +25,16 @@ from debias.models import Network
 from debias.params import Params
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, class_prior, epoch_steps, fresh_model,
-                                          gather_rows, normalise, on_device, register_method, shuffled_batches,
+                                          gather_rows, normalise, on_device, shuffled_batches,
                                           stage2_optimiser, to_device)
-from debias.training.methods.selfsup import projection_head, wcl_image_view
+from debias.training.methods.selfsup.train import projection_head, wcl_image_view
+from debias.training.methods.dclhcl import DCL, HCL
 from debias.training.methods.views import Views
 
 
 def two_view_loss(method: str, z1: torch.Tensor, z2: torch.Tensor, params: Params, tau_plus: float) -> torch.Tensor:
     """``dcl`` or ``hcl`` of the two normalised (projected) views with the method's params and class prior."""
-    if method == "dcl":
+    if method == DCL:
         return losses.dcl(z1, z2, params.stage2.dcl.temperature, tau_plus)
     hcl = params.stage2.hcl
     return losses.hcl(z1, z2, hcl.temperature, tau_plus, hcl.beta)
@@ -93,11 +94,9 @@ def _setup(method: str, inputs: Stage2Inputs) -> Stage2Setup:
     return Stage2Setup(task, model, optimizer, scheduler)
 
 
-@register_method("dcl", temperature=lambda p: ("stage2.dcl.temperature", p.stage2.dcl.temperature))
 def dcl_method(inputs: Stage2Inputs) -> Stage2Setup:
-    return _setup("dcl", inputs)
+    return _setup(DCL, inputs)
 
 
-@register_method("hcl", temperature=lambda p: ("stage2.hcl.temperature", p.stage2.hcl.temperature))
 def hcl_method(inputs: Stage2Inputs) -> Stage2Setup:
-    return _setup("hcl", inputs)
+    return _setup(HCL, inputs)

@@ -31,7 +31,7 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, gather_rows, on_device,
-                                          register_method, stage2_optimiser, to_device)
+                                          stage2_optimiser, to_device)
 
 
 class LossEMA:
@@ -119,7 +119,6 @@ class LfFTask(StepTask):
                 "ce_debiased": ce_d.detach().mean(), "weight": weight.mean()}
 
 
-@register_method("lff", head_trained=True)
 def lff_method(inputs: Stage2Inputs) -> Stage2Setup:
     model, biased = fresh_model(inputs), fresh_model(inputs)
     optimizer, scheduler = stage2_optimiser(inputs, list(model.parameters()) + list(biased.parameters()))

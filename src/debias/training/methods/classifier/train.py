@@ -8,10 +8,9 @@ from __future__ import annotations
 import torch
 
 from debias.training.classifier import ClassifierTask
-from debias.training.methods.base import Stage2Inputs, Stage2Setup, fresh_model, register_method, stage2_optimiser
+from debias.training.methods.base import Stage2Inputs, Stage2Setup, fresh_model, stage2_optimiser
 
 
-@register_method("erm", head_trained=True)
 def erm_method(inputs: Stage2Inputs) -> Stage2Setup:
     model = fresh_model(inputs)
     optimizer, scheduler = stage2_optimiser(inputs, model.parameters())
@@ -27,7 +26,6 @@ def jtt_pool(n: int, minority: torch.Tensor, upweight: int) -> torch.Tensor:
     return torch.cat([torch.arange(n), errors.repeat(upweight)])
 
 
-@register_method("jtt", head_trained=True)
 def jtt_method(inputs: Stage2Inputs) -> Stage2Setup:
     if not bool(inputs.minority.any()):
         raise ValueError("stage2.method = jtt: infer_groups found no inferred minority (error) point to upweight; "
