@@ -113,3 +113,30 @@ def test_epsilon_changes_the_default_stage2_loss() -> None:
     loss, gradient = relative_change(committed(**RELEASED_SMALL_ALPHA))
     assert loss < EPSILON_EFFECT and gradient < EPSILON_EFFECT, (loss, gradient)
     assert NEGLIGIBLE_SHARE == EPSILON_EFFECT  # the warning's threshold is the effect this test calls visible
+
+
+@pytest.mark.parametrize("loss,warned", [(RELEASED_SMALL_ALPHA, True), ({}, False)])
+def test_a_negligible_param_is_a_warning_of_the_stage_2_run(tmp_path, loss, warned) -> None:
+    """The run itself records ``negligible-param`` among train_contrastive's warnings (so the report, MLflow and
+    ``debias compare`` show it as they show every stage warning); the committed default's ε weighs enough."""
+    import json
+
+    from debias.tracking import StageRun
+    from debias.training.methods import train_stage2
+    from debias.training.outputs import StageOutputs
+    from tests.test_training import tiny_split
+
+    values = committed(**loss)
+    values["stage2"].update(epochs=1, batch_size=32)
+    values["groups"]["method"] = "true"
+    params = validate(values)
+    train, val = tiny_split(64), tiny_split(32, seed=1)
+    outputs = StageOutputs(model=tmp_path / "stage2.pt", embeddings_dir=tmp_path / "stage2",
+                           metrics=tmp_path / "stage2_train.json", curves=tmp_path / "curves.csv",
+                           resume=tmp_path / "resume.pt")
+    train_stage2(params, {"train": train, "val": val, "test": val}, train.a.clone(), train.a != train.y, None,
+                 StageRun(None, None), outputs)
+    found = [w for w in json.loads(outputs.metrics.read_text()).get("warnings", []) if w.startswith("negligible-param")]
+    assert bool(found) == warned, found
+    if warned:
+        assert found[0].startswith("negligible-param: loss.epsilon = ")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from debias import distributed
+from debias.applicability import RunContext, weak_warnings
 from debias.data.store import BiasedSplit
 from debias.io import save_json
 from debias.models import Network
@@ -80,7 +81,8 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
         reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
                                 label=f"stage2 {s2.method}", extra_metrics={"method": s2.method},
                                 meta={"method": s2.method, "head_trained": spec.head_trained},
-                                warnings=setup.warnings(result.history), thresholds=params.health)
+                                warnings=setup.warnings(result.history) + weak_warnings(RunContext(params)),
+                                thresholds=params.health)
         info_path = out.metrics.with_name(f"{out.metrics.stem}_info.json")
         save_json(info_path, {"method": s2.method, **setup.report(result.history)})
         run.log_artifact(info_path)
