@@ -364,23 +364,6 @@ def describe_selection(history: list[dict[str, float]], selected_epoch: int, sel
                                 f"{margin['runner_up_epoch']}'s {margin['runner_up_worst_group']:.3f}")
             block["fragile"] = 1 <= won <= FRAGILE_IMAGES
     return block
-    chosen = next(row for row in history if int(row["epoch"]) == selected_epoch)
-    worst = [float(row["val/worst_group"]) for row in history]
-    tied = [int(row["epoch"]) for row in history if float(row["val/worst_group"]) == float(chosen["val/worst_group"])]
-    scores = (f"validation worst-group {chosen['val/worst_group']:.3f}, unbiased {chosen.get('val/unbiased', 0):.3f}, "
-              f"average {chosen.get('val/avg', 0):.3f}")
-    if max(worst) == 0:
-        block.update(degenerate=True, reason=f"validation worst-group accuracy was 0 at every epoch ({len(history)}); "
-                                             f"epoch {selected_epoch} kept by validation unbiased accuracy ({scores})")
-    elif selected_epoch == int(history[0]["epoch"]) and len(history) > 1:
-        block.update(degenerate=True, reason=f"the first epoch was kept: no later epoch of {len(history)} beat its "
-                                             f"{scores}")
-    elif len(tied) > 1:
-        block["reason"] = (f"epochs {tied} tie on validation worst-group accuracy; epoch {selected_epoch} kept by "
-                           f"the tie-breaks ({scores})")
-    else:
-        block["reason"] = f"best validation worst-group accuracy ({scores})"
-    return block
 
 
 def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Callable[[], dict[str, float]],
