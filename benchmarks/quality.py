@@ -2,7 +2,7 @@
 
 For every setting (bias protocol and strength) x seed x method of ``benchmarks/quality.yaml``
 this runs ``dvc exp run -S ...`` in a scratch clone of the repository through ``debias sweep``'s
-local launcher (DVC's queue, ``dvc queue start -j JOBS``: :func:`debias.sweep.run_local`). The shared upstream of each (setting, seed) (download ->
+local launcher (DVC's queue, ``dvc queue start -j JOBS``: :func:`debias.tools.sweep.run_local`). The shared upstream of each (setting, seed) (download ->
 inject_bias -> train_erm -> infer_groups with clusters) is queued first, so the method
 experiments reuse it from DVC's run-cache. Results are collected from ``dvc exp show --json``
 (metrics) and the clone's MLflow store (wall time of every stage run, by experiment tag), then
@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
-from debias import sweep
-from debias.trees import flatten, merge  # noqa: F401 (speed.py, scale.py and gpu.py import merge from here)
+from debias.tools import sweep
+from debias.core.trees import flatten, merge  # noqa: F401 (speed.py, scale.py and gpu.py import merge from here)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -69,12 +69,12 @@ def set_param_args(overrides: dict) -> list[str]:
 
 
 def expand_preset(entry: dict) -> dict:
-    """``entry`` with its ``preset`` (a paper preset of src/debias/presets: a name, or ``{name, keys}`` to take only
+    """``entry`` with its ``preset`` (a paper preset of src/debias/tools/presets: a name, or ``{name, keys}`` to take only
     those dotted subtrees) replaced by the preset's params, the entry's own values merged over them."""
     spec = entry.get("preset")
     if spec is None:
         return entry
-    from debias import presets
+    from debias.tools import presets
 
     name, keys = (spec, None) if isinstance(spec, str) else (spec["name"], spec.get("keys"))
     own = {key: value for key, value in entry.items() if key != "preset"}
@@ -183,7 +183,7 @@ def run_queue(workdir: Path, jobs: list[dict], workers: int, env: dict[str, str]
               poll_s: float = 10.0) -> list[str]:
     """Run ``jobs`` on ``debias sweep``'s local launcher (DVC's queue, ``workers`` workers) in ``workdir``: what is
     done, queued or running is not queued again; at ``deadline`` the queue stops. Returns the names that did not
-    succeed (:func:`debias.sweep.run_local`)."""
+    succeed (:func:`debias.tools.sweep.run_local`)."""
     return sweep.run_local(workdir, sweep_jobs(jobs), workers, env, deadline, poll_s, log="quality")
 
 
@@ -203,7 +203,7 @@ def write_sweep_file(path: Path, jobs: list[dict], base: dict, name: str) -> Pat
 
 def shown_experiments(workdir: Path) -> dict[str, dict]:
     """Experiment name -> ``{"params": params.yaml dict, "metrics": headline values}`` from ``dvc exp show --json``
-    (the headline files ``reports/metrics/<stage>.json`` are the pipeline's DVC metrics; src/debias/headline.py)."""
+    (the headline files ``reports/metrics/<stage>.json`` are the pipeline's DVC metrics; src/debias/core/headline.py)."""
     shown = json.loads(run(["dvc", "exp", "show", "--json"], cwd=workdir))  # --all-commits: minutes
     found: dict[str, dict] = {}
 
@@ -255,7 +255,7 @@ def stage_runs(workdir: Path, tracking_uri: str | None = None) -> tuple[dict[str
 
 def stage_warnings(workdir: Path, tracking_uri: str | None = None) -> dict[str, dict[str, list[str]]]:
     """Experiment name -> stage -> the warning codes of its MLflow run (tag ``debias.warnings``, one ``code: message``
-    per line; :mod:`debias.health`)."""
+    per line; :mod:`debias.core.health`)."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=store_uri(workdir, tracking_uri))
@@ -351,15 +351,15 @@ def warning_flag(group: list[dict]) -> str:
 
 
 def warning_notes(rows: list[dict]) -> list[str]:
-    """The legend of the warning codes the rows carry (:data:`debias.health.CODES`); empty when none."""
-    from debias.health import CODES
+    """The legend of the warning codes the rows carry (:data:`debias.core.health.CODES`); empty when none."""
+    from debias.core.health import CODES
 
     found = sorted({code for r in rows for code in (r.get("warnings") or "").split(";") if code})
     if not found:
         return []
-    return ["⚠ code in k of n seeds: k of the row's n runs carried that warning (debias.health) from the stage behind "
+    return ["⚠ code in k of n seeds: k of the row's n runs carried that warning (debias.core.health) from the stage behind "
             "its numbers; each run's metrics JSON and MLflow hold the full message. "
-            + " ".join(f"*{code}*: {CODES.get(code, 'see debias.health')}." for code in found)]
+            + " ".join(f"*{code}*: {CODES.get(code, 'see debias.core.health')}." for code in found)]
 
 
 def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[str]) -> str:

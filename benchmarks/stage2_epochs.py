@@ -3,7 +3,7 @@
 Runs what train_contrastive runs (the registered method's task, the per-epoch validation, the selection rule) on a
 workspace whose upstream stages have run (``dvc repro infer_groups`` there), and prints per epoch the training
 losses, validation and test accuracy and the spread of the L2-normalised validation features
-(:func:`debias.health.feature_spread`; < 0.05 is a collapsed representation), then the epoch the selection rule
+(:func:`debias.core.health.feature_spread`; < 0.05 is a collapsed representation), then the epoch the selection rule
 keeps. Nothing is written; no MLflow. Results differ from the stage's in the last digits (the stage also profiles
 memory before training, which draws from the same RNG).
 
@@ -28,12 +28,12 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
-from debias import health  # noqa: E402
+from debias.core import health  # noqa: E402
 from debias.data.store import load_splits  # noqa: E402
 from debias.groups import GROUPS_TABLE, load_groups  # noqa: E402
 from debias.models import load_initial_weights  # noqa: E402
 from debias.params import validate  # noqa: E402
-from debias.runtime import seed_everything  # noqa: E402
+from debias.core.runtime import seed_everything  # noqa: E402
 from debias.training.classifier import evaluate, predict  # noqa: E402
 from debias.training.loop import describe_selection, selection_score  # noqa: E402
 from debias.training.methods import Stage2Inputs, method_spec, setup_method, stage2_validator  # noqa: E402

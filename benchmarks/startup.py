@@ -3,7 +3,7 @@
 In a fresh temporary clone per tree (the working tree and/or commits, as benchmarks/speed.py makes them), the
 default pipeline is run once with `dvc repro` (so every stage's inputs exist and the MLflow store is migrated),
 then every stage's command (dvc.yaml's, unchanged) is run ``--repeats`` times, in DAG order, with a sitecustomize
-module that times the stage body (the function ``debias.stage.main`` calls) from inside the process. Per stage:
+module that times the stage body (the function ``debias.harness.stage.main`` calls) from inside the process. Per stage:
 
 - wall / CPU: the whole process (CPU = user + system, from RUSAGE_CHILDREN of a minimal launcher);
 - body: the body's wall and CPU seconds, measured in the process;
@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 from speed import NUMBA_CACHE, child_env, make_clone, run_measured, stage_order  # noqa: E402
 
 # A sitecustomize.py put first on the stages' PYTHONPATH: in a process started as `python pipeline/<stage>.py`
-# (exactly dvc.yaml's command; the debias.launch process before its exec is left alone) it wraps debias.stage.main
+# (exactly dvc.yaml's command; the debias.harness.launch process before its exec is left alone) it wraps debias.harness.stage.main
 # to mark (seconds since interpreter start-up reached site, CPU seconds) the body's start and end and the exit,
 # written to $DEBIAS_STARTUP_MARKS from an atexit handler (which also runs when the stage ends with os._exit).
 SITECUSTOMIZE = r"""
@@ -57,7 +57,7 @@ if os.environ.get("DEBIAS_STARTUP_MARKS") and sys.argv and sys.argv[0].endswith(
             json.dump(marks, handle)
     atexit.register(dump)
     if os.path.basename(sys.argv[0]) != "source.py":  # the source stage is not harnessed
-        import debias.stage as stage
+        import debias.harness.stage as stage
         harness = stage.main
         def main(name, body):
             def timed(params, run):

@@ -49,7 +49,7 @@ def resolve(methods: list[str], epoch_steps: int) -> dict[str, dict]:
     epoch, resolved here, in this tree, so the workers of older trees need only debias' stable APIs."""
     import yaml
 
-    from debias.trees import merge
+    from debias.core.trees import merge
 
     config = yaml.safe_load((HERE / "speed.yaml").read_text())["throughput"]
     specs = {}
@@ -97,8 +97,8 @@ def build_tasks(spec: dict, npz: Path, device: Any) -> dict[str, tuple[Any, int]
     from throughput import fill_npz, subset, throughput_train
 
     from debias.params import validate
-    from debias.runtime import seed_everything
-    from debias.sampling import CNCBatchSampler
+    from debias.core.runtime import seed_everything
+    from debias.training.methods.cnc.sampling import CNCBatchSampler
     from debias.training.methods import Stage2Inputs, setup_method
 
     _, full = throughput_train(spec, npz)

@@ -53,7 +53,7 @@ def with_data_paths(config: dict, data_dir: Path) -> dict:
 
 
 def result_of(metrics: dict, job: dict, derived: dict | None = None) -> dict:
-    """A row's test results from the headline keys ``dvc exp show`` reports (:mod:`debias.headline`): the upstream's
+    """A row's test results from the headline keys ``dvc exp show`` reports (:mod:`debias.core.headline`): the upstream's
     ERM (``erm_*``), a method's stage-2 model (``s2_*``), or a derived row's post-processed ERM probe
     (``probe_erm_eo_*``); ``{avg, worst_group, equalized_odds_difference, demographic_parity_difference}``."""
     if derived is not None:

@@ -1,11 +1,11 @@
 """Stage download: fetch the data source and make the train/val/test splits (data/raw/)."""
 
-from debias import paths
+from debias.core import paths
 from debias.data.sources import SOURCE_PROTOCOLS, load_source
 from debias.data.store import save_raw_splits
 from debias.params import Params
-from debias.stage import main
-from debias.tracking import StageRun
+from debias.harness.stage import main
+from debias.harness.tracking import StageRun
 
 
 def run(params: Params, run: StageRun) -> None:

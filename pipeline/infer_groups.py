@@ -5,14 +5,14 @@ import os
 # Before torch/numba load OpenMP: busy-waiting OpenMP threads left by UMAP slow torch ~10x (cpu-measurements.md).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from debias import paths  # noqa: E402
+from debias.core import paths  # noqa: E402
 from debias.data.store import load_split  # noqa: E402
 from debias.groups import (GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN, groups_report, infer_groups,  # noqa: E402
                            report_scalars, save_embedding, save_groups)
-from debias.io import save_json  # noqa: E402
+from debias.core.io import save_json  # noqa: E402
 from debias.params import Params  # noqa: E402
-from debias.stage import main  # noqa: E402
-from debias.tracking import StageRun  # noqa: E402
+from debias.harness.stage import main  # noqa: E402
+from debias.harness.tracking import StageRun  # noqa: E402
 from debias.training.outputs import load_embeddings  # noqa: E402
 
 

@@ -3,14 +3,14 @@
 Writes reports/metrics/probe.json (scalars) and reports/metrics/probe_groups.json (per-group tables).
 """
 
-from debias import paths
+from debias.core import paths
 from debias.data.store import load_splits
 from debias.evaluation.probe import flat_scalars, load_encoders, probe_encoders, probe_splits, split_tables
-from debias.io import save_json
+from debias.core.io import save_json
 from debias.params import Params
-from debias.runtime import pick_device, seed_everything
-from debias.stage import main
-from debias.tracking import StageRun
+from debias.core.runtime import pick_device, seed_everything
+from debias.harness.stage import main
+from debias.harness.tracking import StageRun
 
 PROBE_METRICS = paths.METRICS / "probe.json"
 PROBE_GROUPS = paths.METRICS / "probe_groups.json"

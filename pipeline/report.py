@@ -9,8 +9,8 @@ from pathlib import Path
 from debias.params import Params
 from debias.report.build import REPORT_HTML, REPORT_MD, build_report
 from debias.report.plots_page import PLOTS_TEMPLATE, write_plots_template
-from debias.stage import main
-from debias.tracking import StageRun
+from debias.harness.stage import main
+from debias.harness.tracking import StageRun
 
 
 def run(params: Params, run: StageRun) -> None:

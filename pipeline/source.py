@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from debias.data.sources.base import DataSourceError, external_files, source_digests
-from debias.fingerprint import file_digest, tree_digest
-from debias.io import save_json
+from debias.core.fingerprint import file_digest, tree_digest
+from debias.core.io import save_json
 from debias.params import ParamsError, load_params
-from debias.paths import SOURCE_FINGERPRINT
+from debias.core.paths import SOURCE_FINGERPRINT
 
 
 def fingerprint() -> dict:

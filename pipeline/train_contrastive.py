@@ -1,12 +1,12 @@
 """Stage train_contrastive: the stage-2 method (stage2.method) on the biased splits with inferred groups."""
 
-from debias import paths
+from debias.core import paths
 from debias.data.store import load_splits
 from debias.groups import GROUPS_TABLE, load_groups
 from debias.models import load_initial_weights
 from debias.params import Params
-from debias.stage import main
-from debias.tracking import StageRun
+from debias.harness.stage import main
+from debias.harness.tracking import StageRun
 from debias.training.outputs import StageOutputs
 from debias.training.methods.registry import method_spec
 from debias.training.methods.run import train_stage2

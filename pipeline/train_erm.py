@@ -1,10 +1,10 @@
 """Stage train_erm: cross-entropy training (models/erm.pt), embeddings and logits per split, metrics."""
 
-from debias import paths
+from debias.core import paths
 from debias.data.store import load_splits
 from debias.params import Params
-from debias.stage import main
-from debias.tracking import StageRun
+from debias.harness.stage import main
+from debias.harness.tracking import StageRun
 from debias.training.erm import train_erm
 from debias.training.outputs import StageOutputs
 

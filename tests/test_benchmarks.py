@@ -192,7 +192,7 @@ def test_raw_files_are_linked_gz_or_not_and_a_missing_one_is_named(tmp_path) -> 
 
 def test_the_grid_written_as_a_sweep_file_passes_debias_sweeps_checks(tmp_path) -> None:
     """``--sweep-file``: the quality grid as ``debias sweep --file`` runs it on a cluster (names, targets, params)."""
-    from debias.sweep import grid
+    from debias.tools.sweep import grid
 
     root = tmp_path / "repo"
     root.mkdir()

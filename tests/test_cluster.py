@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from debias import services
-from debias.sweep import slurm as sweep_slurm
-from debias.sweep import workspace
+from debias.tools import services
+from debias.tools.sweep import slurm as sweep_slurm
+from debias.tools.sweep import workspace
 
 pytestmark = pytest.mark.slow
 
@@ -181,7 +181,7 @@ def shared_services(slurm):
 
 
 def debias(repo: Path, env: dict[str, str], *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "debias.cli", *args], cwd=repo, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "debias.tools.cli", *args], cwd=repo, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -320,8 +320,8 @@ def test_a_tracking_server_restart_mid_stage_is_retried_and_an_outage_fails_nami
 
     from mlflow.tracking import MlflowClient
 
-    from debias.errors import TrackingError
-    from debias.tracking import stage_run
+    from debias.core.errors import TrackingError
+    from debias.harness.tracking import stage_run
 
     folder = Path(shared_services["dvc_remote"]).parent
     uri = shared_services["tracking_uri"]

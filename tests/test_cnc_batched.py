@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from debias.params import validate
-from debias.runtime import seed_everything
+from debias.core.runtime import seed_everything
 from debias.training.methods import Stage2Inputs, setup_method
 from tests.test_training import tiny_split
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from debias import headline
-from debias.report import compare_data, compare_page, compare_terminal
+from debias.core import headline
+from debias.tools.compare import data as compare_data, page as compare_page, terminal as compare_terminal
 from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment, parse_exp_show
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -208,7 +208,7 @@ def test_out_replaces_only_what_compare_wrote_there(sweep, tmp_path: Path) -> No
 
 
 def test_out_that_is_a_file_or_unwritable_is_one_line(tmp_path: Path, capsys) -> None:
-    from debias.cli import main as cli_main
+    from debias.tools.cli import main as cli_main
 
     (tmp_path / "a_file").write_text("x")
     assert cli_main(["compare", "--out", str(tmp_path / "a_file"), "--no-mlflow"]) == 2
@@ -235,7 +235,7 @@ def test_out_on_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
     out.mkdir()
     done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
                            f"mount --bind {out} {out} && mount -o remount,bind,ro {out} && exec {sys.executable} -m "
-                           f"debias.cli compare --out {out} --no-mlflow"], capture_output=True, text=True,
+                           f"debias.tools.cli compare --out {out} --no-mlflow"], capture_output=True, text=True,
                           env=stage_env(), timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == f"debias compare: --out {out}: cannot write there (Read-only file system); choose a " \

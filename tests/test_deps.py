@@ -1,6 +1,6 @@
 """Code deps follow the outputs: a change reruns the stages whose outputs that code computes, and no other.
 
-The rule (src/debias/deps.py): a stage depends on the code that computes its outputs; the harness (launcher,
+The rule (src/debias/tools/deps.py): a stage depends on the code that computes its outputs; the harness (launcher,
 fork server, stage runner, tracking, progress, memory advice, the tools) is no stage's dep; a stage depends on
 the params schema's modules of the sections it reads, not on every section; the stages after ``download`` import
 no data source, and ERM's module is train_erm's alone. Checked three ways: the walk itself on a small tree,
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias.deps import HARNESS, code_deps, is_harness, params_sections, stage_code_deps
+from debias.tools.deps import HARNESS, code_deps, is_harness, params_sections, stage_code_deps
 from tests.conftest import REPO, copy_worktree
 
 UPSTREAM_OF_STAGE2 = {"source", "download", "inject_bias", "train_erm", "infer_groups"}
@@ -29,13 +29,13 @@ UPSTREAM_OF_STAGE2 = {"source", "download", "inject_bias", "train_erm", "infer_g
 # too; its training code and its loss only train_contrastive.
 PROBES: dict[str, set[str]] = {
     # the harness: no stage
-    "src/debias/launch.py": set(),
-    "src/debias/forkserver/server.py": set(),
-    "src/debias/forkserver/launcher.py": set(),
-    "src/debias/stage.py": set(),
-    "src/debias/tracking/runs.py": set(),
-    "src/debias/progress.py": set(),
-    "src/debias/training/memory.py": set(),
+    "src/debias/harness/launch.py": set(),
+    "src/debias/harness/forkserver/server.py": set(),
+    "src/debias/harness/forkserver/launcher.py": set(),
+    "src/debias/harness/stage.py": set(),
+    "src/debias/harness/tracking/runs.py": set(),
+    "src/debias/harness/progress.py": set(),
+    "src/debias/harness/memory.py": set(),
     # a stage-2 method, its loss, its params section: train_contrastive (and report), nothing upstream
     "src/debias/training/methods/supcon/train.py": {"train_contrastive"},
     "src/debias/training/methods/supcon/__init__.py": {"train_contrastive", "report"},
@@ -73,31 +73,31 @@ def test_harness_files_are_no_dep_but_what_they_call_is(tmp_path: Path) -> None:
     """The runner (harness) is not listed, the headline code it calls is; the launcher named by ``-m`` is not."""
     write_tree(tmp_path, {
         "src/debias/__init__.py": "",
-        "src/debias/launch.py": "def f():\n    from debias import forkserver\n",
-        "src/debias/forkserver/__init__.py": "from debias.forkserver import server\n",
-        "src/debias/forkserver/server.py": "import os\n",
-        "src/debias/stage.py": "def main():\n    from debias.headline import write\n    from debias.tracking import run\n",
-        "src/debias/headline.py": "from debias import io\n",
-        "src/debias/io.py": "",
-        "src/debias/tracking/__init__.py": "from debias.tracking.runs import run\n",
-        "src/debias/tracking/runs.py": "",
+        "src/debias/harness/launch.py": "def f():\n    from debias import forkserver\n",
+        "src/debias/harness/forkserver/__init__.py": "from debias.harness.forkserver import server\n",
+        "src/debias/harness/forkserver/server.py": "import os\n",
+        "src/debias/harness/stage.py": "def main():\n    from debias.core.headline import write\n    from debias.harness.tracking import run\n",
+        "src/debias/core/headline.py": "from debias import io\n",
+        "src/debias/core/io.py": "",
+        "src/debias/harness/tracking/__init__.py": "from debias.harness.tracking.runs import run\n",
+        "src/debias/harness/tracking/runs.py": "",
         "src/debias/training/__init__.py": "",
-        "src/debias/training/memory.py": "from debias import io\n",
-        "src/debias/training/erm.py": "from debias.training.memory import check\n",
-        "pipeline/stage.py": "from debias.stage import main\nfrom debias.training.erm import fit\n",
+        "src/debias/harness/memory.py": "from debias import io\n",
+        "src/debias/training/erm.py": "from debias.harness.memory import check\n",
+        "pipeline/stage.py": "from debias.harness.stage import main\nfrom debias.training.erm import fit\n",
     })
-    deps = code_deps("python -m debias.launch pipeline/stage.py", tmp_path)
-    assert deps == ["pipeline/stage.py", "src/debias/__init__.py", "src/debias/headline.py", "src/debias/io.py",
+    deps = code_deps("python -m debias.harness.launch pipeline/stage.py", tmp_path)
+    assert deps == ["pipeline/stage.py", "src/debias/__init__.py", "src/debias/core/headline.py", "src/debias/core/io.py",
                     "src/debias/training/__init__.py", "src/debias/training/erm.py"]
 
 
 PARAMS_TREE = {
     "src/debias/__init__.py": "",
-    "src/debias/errors.py": "",
+    "src/debias/core/errors.py": "",
     "src/debias/params/__init__.py": ("from debias.params.base import Section\nfrom debias.params.optim import Optim\n"
                                       "from debias.params.loss import Loss, TAU\nfrom debias.params.stage2 import S2\n"
                                       "from debias.params.root import Params, load\n"),
-    "src/debias/params/base.py": "from debias.errors import E\nclass Section: ...\n",
+    "src/debias/params/base.py": "from debias.core.errors import E\nclass Section: ...\n",
     "src/debias/params/optim.py": "from debias.params.base import Section\nclass Optim(Section): ...\n",
     "src/debias/params/loss.py": "from debias.params.base import Section\nTAU = 1\nclass Loss(Section): ...\n",
     "src/debias/params/stage2.py": "from debias.params.optim import Optim\nclass S2(Optim): ...\n",
@@ -108,7 +108,7 @@ PARAMS_TREE = {
     "pipeline/a.py": "from debias.params import Params\n",
     "pipeline/b.py": "from debias.params import Params, TAU\n",
 }
-COMMON = ["src/debias/__init__.py", "src/debias/errors.py", "src/debias/params/__init__.py",
+COMMON = ["src/debias/__init__.py", "src/debias/core/errors.py", "src/debias/params/__init__.py",
           "src/debias/params/base.py", "src/debias/params/root.py"]
 
 
@@ -223,7 +223,7 @@ def test_the_memory_check_leaves_the_model_and_every_random_stream_as_they_were(
     import torch
     from torch import nn
 
-    from debias.training.memory import profile
+    from debias.harness.memory import profile
 
     class Net(nn.Module):
         def __init__(self) -> None:

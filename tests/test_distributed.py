@@ -5,7 +5,7 @@
   the gathered batch and sum their gradients; the result must be the gradient of the same loss on
   the whole batch in one process, and one rank's gradient alone must not be.
 * whole runs: ERM, eps-SupInfoNCE + FairKL and CNC train 2 epochs on a tiny biased split under
-  ``python -m debias.launch`` with ``DEBIAS_NPROC=2`` (``torchrun --standalone --nproc_per_node=2``)
+  ``python -m debias.harness.launch`` with ``DEBIAS_NPROC=2`` (``torchrun --standalone --nproc_per_node=2``)
   and in one process (this one, one thread, meanwhile); the metrics agree, and only rank 0 writes.
 * the pure helpers: shard sizes, the launcher's command lines, the memory plan, rank 1's stage run.
 """
@@ -24,11 +24,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from debias import distributed, losses
+from debias.core import distributed
+
+from debias import losses
 from debias.data.store import BiasedSplit, save_split
-from debias.launch import exit_code_of_failure, nproc_from_env, single_process_command, torchrun_arguments
+from debias.harness.launch import exit_code_of_failure, nproc_from_env, single_process_command, torchrun_arguments
 from debias.models import build_model
-from debias.training import memory
+from debias.harness import memory
 from tests.conftest import REPO
 
 GLOBAL_BATCH = 13  # odd: the two shards differ in size (7 and 6)
@@ -169,7 +171,7 @@ import torch
 
 from debias.data.store import load_split
 from debias.params import validate
-from debias.tracking import stage_run
+from debias.harness.tracking import stage_run
 from debias.training.erm import train_erm
 from debias.training.outputs import StageOutputs
 from debias.training.methods import train_stage2
@@ -248,7 +250,7 @@ def _env(nproc: int) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
-    """The driver under ``DEBIAS_NPROC=2 python -m debias.launch`` (2 torchrun workers) and, meanwhile,
+    """The driver under ``DEBIAS_NPROC=2 python -m debias.harness.launch`` (2 torchrun workers) and, meanwhile,
     in this process (one process, one thread); their output folders."""
     root = tmp_path_factory.mktemp("torchrun")
     data = root / "data"
@@ -259,7 +261,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     driver = root / "driver.py"
     driver.write_text(DRIVER)
     started = time.monotonic()
-    torchrun = subprocess.Popen([sys.executable, "-m", "debias.launch", str(driver), str(data), str(root / "nproc2")],
+    torchrun = subprocess.Popen([sys.executable, "-m", "debias.harness.launch", str(driver), str(data), str(root / "nproc2")],
                                 env=_env(2), cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     threads = torch.get_num_threads()
     try:
@@ -341,7 +343,7 @@ def test_launcher_commands_and_settings() -> None:
 
 
 def test_launcher_rejects_a_bad_nproc_with_one_message() -> None:
-    done = subprocess.run([sys.executable, "-m", "debias.launch", "pipeline/train_erm.py"], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "debias.harness.launch", "pipeline/train_erm.py"], cwd=REPO,
                           env={**_env(1), "DEBIAS_NPROC": "zero"}, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "DEBIAS_NPROC = 'zero'" in done.stderr and "Traceback" not in done.stderr
 
@@ -359,7 +361,7 @@ def test_memory_plan_counts_each_rank_s_shard_and_the_shared_cpu() -> None:
 
 
 def test_rank_1_opens_no_mlflow_run_and_writes_no_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from debias.tracking import stage_run
+    from debias.harness.tracking import stage_run
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")

@@ -1,7 +1,7 @@
-"""The fork server (debias.forkserver): a stage forked from the warm server behaves as ``python SCRIPT ARGS`` would.
+"""The fork server (debias.harness.forkserver): a stage forked from the warm server behaves as ``python SCRIPT ARGS`` would.
 
 A real server is started (its own socket folder, a short idle lifetime) and a probe script run through
-``python -m debias.launch --single``: the process it reports must be a fork (a pid other than the launcher's),
+``python -m debias.harness.launch --single``: the process it reports must be a fork (a pid other than the launcher's),
 with the launcher's arguments, folder, environment, umask, streams, exit codes and signals, and none of the
 server's ``debias`` modules. The server and its launchers are pinned to one CPU with ``taskset`` where it exists.
 
@@ -29,11 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from debias import embedding, forkserver
-from debias.forkserver import protocol
-from debias.forkserver import server as server_module
-from debias.forkserver.server import _serve_one as serve_one
-from debias.forkserver.server import remove_stale, why_not_forked
+from debias.groups import embedding
+
+from debias.harness import forkserver
+from debias.harness.forkserver import protocol
+from debias.harness.forkserver import server as server_module
+from debias.harness.forkserver.server import _serve_one as serve_one
+from debias.harness.forkserver.server import remove_stale, why_not_forked
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server runs on Linux only")
 
@@ -105,7 +107,7 @@ def _stop_servers(sockets: list[str]) -> None:
 
 
 def launch(root: Path, env: dict, args: list[str], **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([*PIN, sys.executable, "-m", "debias.launch", "--single", "probe.py", *args], cwd=root,
+    return subprocess.run([*PIN, sys.executable, "-m", "debias.harness.launch", "--single", "probe.py", *args], cwd=root,
                           env=env, capture_output=True, text=True, timeout=120, **kwargs)
 
 
@@ -115,7 +117,7 @@ def report(done: subprocess.CompletedProcess) -> dict:
 
 def test_a_stage_is_forked_with_the_launcher_s_arguments_folder_environment_and_streams(server) -> None:
     root, env = server
-    launcher = subprocess.Popen([*PIN, sys.executable, "-m", "debias.launch", "--single", "probe.py", "a", "b c"],
+    launcher = subprocess.Popen([*PIN, sys.executable, "-m", "debias.harness.launch", "--single", "probe.py", "a", "b c"],
                                 cwd=root, env={**env, "DEBIAS_PROBE": "x y", "SOME_RUNTIME_SETTING": "7"}, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=lambda: os.umask(0o027))
     out, err = launcher.communicate(timeout=120)
@@ -165,7 +167,7 @@ def _gone(pid: int, seconds: float = 20) -> bool:
 
 def _sleeping_stage(root: Path, env: dict, marker: Path) -> tuple[subprocess.Popen, int]:
     """A launcher whose (forked) stage sleeps, and that stage's pid once it runs."""
-    launcher = subprocess.Popen([*PIN, sys.executable, "-m", "debias.launch", "--single", "probe.py", "sleep",
+    launcher = subprocess.Popen([*PIN, sys.executable, "-m", "debias.harness.launch", "--single", "probe.py", "sleep",
                                  str(marker)], cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stage = _wait_for(marker)
     assert stage != launcher.pid
@@ -213,7 +215,7 @@ def test_a_server_that_gave_up_is_not_started_again(tmp_path) -> None:
     runtime = Path(tempfile.mkdtemp(prefix="dfs", dir="/tmp"))
     (tmp_path / "probe.py").write_text(PROBE)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "DEBIAS_FORKSERVER": "1"}
-    path = subprocess.run([*PIN, sys.executable, "-m", "debias.forkserver", "--where"], cwd=tmp_path, env=env,
+    path = subprocess.run([*PIN, sys.executable, "-m", "debias.harness.forkserver", "--where"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(f"{path}.failed").write_text("threads after the imports\n")
     assert launch(tmp_path, env, []).returncode == 0  # runs by itself
@@ -231,11 +233,11 @@ def test_a_launcher_on_other_cpus_is_not_forked_by_this_server(server) -> None:
     if not PIN or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs taskset and two usable CPUs")
     root, env = server
-    unpinned = subprocess.run([sys.executable, "-m", "debias.forkserver", "--where"], cwd=root, env=env,
+    unpinned = subprocess.run([sys.executable, "-m", "debias.harness.forkserver", "--where"], cwd=root, env=env,
                               capture_output=True, text=True, check=True).stdout.strip()
     Path(f"{unpinned}.failed").write_text("kept from starting by the test\n")
     try:
-        launcher = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py"], cwd=root, env=env,
+        launcher = subprocess.Popen([sys.executable, "-m", "debias.harness.launch", "--single", "probe.py"], cwd=root, env=env,
                                     stdout=subprocess.PIPE, text=True)
         out, _ = launcher.communicate(timeout=120)
     finally:
@@ -245,7 +247,7 @@ def test_a_launcher_on_other_cpus_is_not_forked_by_this_server(server) -> None:
 
 def test_switched_off_the_launcher_runs_the_stage_itself(server) -> None:
     root, env = server
-    launcher = subprocess.Popen([*PIN, sys.executable, "-m", "debias.launch", "--single", "probe.py"], cwd=root,
+    launcher = subprocess.Popen([*PIN, sys.executable, "-m", "debias.harness.launch", "--single", "probe.py"], cwd=root,
                                 env={**env, "DEBIAS_FORKSERVER": "0"}, stdout=subprocess.PIPE, text=True)
     out, _ = launcher.communicate(timeout=120)
     assert json.loads(out.splitlines()[0])["pid"] == launcher.pid  # exec: the same process
@@ -253,7 +255,7 @@ def test_switched_off_the_launcher_runs_the_stage_itself(server) -> None:
 
 def _start_server(cwd: Path, env: dict) -> None:
     """Start the server of ``env`` (a first launch) and wait for its socket."""
-    subprocess.run([sys.executable, "-m", "debias.launch", "--single", "pipeline/source.py"], cwd=cwd, env=env,
+    subprocess.run([sys.executable, "-m", "debias.harness.launch", "--single", "pipeline/source.py"], cwd=cwd, env=env,
                    capture_output=True, timeout=120)
     runtime = Path(env["XDG_RUNTIME_DIR"])
     deadline = time.monotonic() + 120
@@ -273,12 +275,12 @@ def test_stage_outputs_are_the_same_bytes_with_and_without_the_fork_server(serve
         if switch == "1":
             _start_server(workspace, env)
             (workspace / "probe.py").write_text(PROBE)
-            probe = subprocess.Popen([sys.executable, "-m", "debias.launch", "--single", "probe.py"], cwd=workspace,
+            probe = subprocess.Popen([sys.executable, "-m", "debias.harness.launch", "--single", "probe.py"], cwd=workspace,
                                      env=env, stdout=subprocess.PIPE, text=True)
             assert json.loads(probe.communicate(timeout=120)[0].splitlines()[0])["pid"] != probe.pid  # forked
         for stage in ("source", "download", "inject_bias", "train_erm"):
             single = [] if stage == "train_erm" else ["--single"]
-            done = subprocess.run([sys.executable, "-m", "debias.launch", *single, f"pipeline/{stage}.py"],
+            done = subprocess.run([sys.executable, "-m", "debias.harness.launch", *single, f"pipeline/{stage}.py"],
                                   cwd=workspace, env=env, capture_output=True, text=True, timeout=300)
             assert done.returncode == 0, done.stderr
         outputs[switch] = {str(path.relative_to(workspace)): hashlib.sha256(path.read_bytes()).hexdigest()
@@ -298,7 +300,7 @@ def test_the_server_s_identity_follows_what_imports_read_not_run_time_settings()
                         {"LANG": "C"}, {"MLFLOW_LOGGING_LEVEL": "DEBUG"}):
         assert forkserver.identity({**base, **import_time}, []) != key, import_time
     assert forkserver.identity(base, ["-X", "dev"]) != key
-    assert forkserver.interpreter_options(["python", "-X", "dev", "-m", "debias.launch", "s.py"]) == ["-X", "dev"]
+    assert forkserver.interpreter_options(["python", "-X", "dev", "-m", "debias.harness.launch", "s.py"]) == ["-X", "dev"]
 
 
 def test_idle_lifetime_setting_is_checked() -> None:
@@ -390,7 +392,7 @@ class Outcome:
 
 
 def _launch_words(action: str, folder: Path) -> list[str]:
-    return [*PIN, sys.executable, "-m", "debias.launch", "--single", "plain_probe.py", action, str(folder)]
+    return [*PIN, sys.executable, "-m", "debias.harness.launch", "--single", "plain_probe.py", action, str(folder)]
 
 
 def _appears(path: Path, seconds: float = 60) -> None:
@@ -533,7 +535,7 @@ def test_a_stage_whose_watcher_is_killed_dies_and_its_launcher_says_so(server, t
     def kill_watcher(_process, stage, launcher):
         assert stage != launcher, "the stage was not forked"
         seen["watcher"] = watcher = int(Path(f"/proc/{stage}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        assert b"debias.forkserver" in Path(f"/proc/{watcher}/cmdline").read_bytes()  # the server's, nobody else
+        assert b"debias.harness.forkserver" in Path(f"/proc/{watcher}/cmdline").read_bytes()  # the server's, nobody else
         os.kill(watcher, signal.SIGKILL)
         assert _ended(stage), "the stage outlived its watcher"
 
@@ -583,7 +585,7 @@ def test_the_server_s_identity_follows_the_launcher_s_pin_and_hard_limits(tmp_pa
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
 
     def where(*prefix: str) -> str:
-        return subprocess.run([*prefix, sys.executable, "-m", "debias.forkserver", "--where"], env=env,
+        return subprocess.run([*prefix, sys.executable, "-m", "debias.harness.forkserver", "--where"], env=env,
                               capture_output=True, text=True, check=True).stdout.strip()
 
     plain = where()

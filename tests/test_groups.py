@@ -17,9 +17,9 @@ from debias.groups import (GROUP_COLUMNS, METHODS, GroupInference, group_quality
                            report_scalars, save_embedding, save_groups)
 from debias.groups.inference import (cluster_points, exact_knn, label_within_class_clusters,
                                      match_clusters_to_classes, size_ranks, within_class_ranks)
-from debias.io import CorruptFileError, save_torch
+from debias.core.io import CorruptFileError, save_torch
 from debias.params import ClusterParams, GroupsParams, Params
-from debias.tracking import StageRun
+from debias.harness.tracking import StageRun
 from tests.conftest import REPO
 
 N_CLASSES = 5

@@ -89,7 +89,7 @@ def test_imagefolder_reads_official_splits_groups_and_size(shapes, tmp_path, mon
 
 
 def test_example_folder_is_biased_in_training_balanced_elsewhere_and_read_by_the_defaults(tmp_path) -> None:
-    from debias.cli import main as cli_main
+    from debias.tools.cli import main as cli_main
 
     root = tmp_path / "example"
     assert cli_main(["example-folder", str(root), "--n-train", "40", "--n-eval", "8", "--rho", "0.9", "--size", "16"]) == 0
@@ -317,7 +317,7 @@ def _check_params(tmp_path, imagefolder: dict) -> tuple[int, str]:
 
     import yaml
 
-    from debias.cli import main as cli_main
+    from debias.tools.cli import main as cli_main
     from tests.conftest import committed_text
 
     params = yaml.safe_load(committed_text("params.yaml"))
@@ -345,7 +345,7 @@ def test_check_params_checks_an_image_folder_cheaply(shapes, tmp_path) -> None:
 
 
 def test_example_folder_refuses_a_folder_that_is_not_empty_unless_forced(tmp_path, capsys) -> None:
-    from debias.cli import main as cli_main
+    from debias.tools.cli import main as cli_main
 
     mine = tmp_path / "mine"
     mine.mkdir()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from debias.io import CorruptFileError, save_torch
+from debias.core.io import CorruptFileError, save_torch
 from debias.models import ENCODERS, build_model, load_network, save_network
 from debias.params import ModelParams
 
@@ -321,7 +321,7 @@ def test_normalization_leaves_feature_vectors_alone() -> None:
 
 
 def test_initial_weights_must_have_the_same_stem_and_statistics(tmp_path) -> None:
-    from debias.errors import StaleInputError
+    from debias.core.errors import StaleInputError
     from debias.models import load_initial_weights
 
     params = ModelParams(name="resnet18", stem="imagenet", normalization="cifar10")

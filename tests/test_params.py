@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from debias.cli import main as cli_main
+from debias.tools.cli import main as cli_main
 from debias.params import Params, ParamsError, load_params, params_hash, validate
 from tests.conftest import committed_text
 
@@ -145,7 +145,7 @@ def test_check_params_with_overrides_validates_each_value_and_leaves_the_file_un
     shipped.write_text(committed_text("params.yaml"))
     before = shipped.read_bytes()
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    done = subprocess.run([sys.executable, "-m", "debias.cli", "check-params", "-S", "loss.epsilon=-1"], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "debias.tools.cli", "check-params", "-S", "loss.epsilon=-1"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "loss.epsilon = -1" in done.stderr and "allowed: 0 <= value" in done.stderr
     assert shipped.read_bytes() == before

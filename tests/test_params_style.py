@@ -7,7 +7,7 @@ import difflib
 import pytest
 from dvc.utils.hydra import apply_overrides  # what `dvc exp run -S` calls to write params.yaml
 
-from debias import presets
+from debias.tools import presets
 from tests.conftest import committed_text
 
 

@@ -134,7 +134,7 @@ def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
     for heading in ("Warnings", "Provenance", "Dataset", "Results", "Per-group accuracy", "Training curves",
                     "Group inference"):
         assert heading in report
-    from debias.headline import DETAILED, headline, headline_path
+    from debias.core.headline import DETAILED, headline, headline_path
 
     for stage, detailed in DETAILED.items():  # the DVC metrics: the headline of each stage's detailed file
         written = json.loads((clone / headline_path(stage)).read_text())
@@ -198,7 +198,7 @@ def test_one_parent_run_per_pipeline_run_with_its_stages_and_logged_models(pipel
     and the report; each stage is one run nested under it, with provenance tags and its run record."""
     import mlflow
 
-    from debias.headline import read_headlines
+    from debias.core.headline import read_headlines
 
     clone, _ = pipeline
     client = _client(clone)
@@ -218,7 +218,7 @@ def test_one_parent_run_per_pipeline_run_with_its_stages_and_logged_models(pipel
     headline = read_headlines(clone)
     assert {k: parent.data.metrics[k] for k in headline} == pytest.approx(headline)
     assert parent.data.tags["debias.warnings"] and "report" in {a.path for a in client.list_artifacts(parent.info.run_id)}
-    from debias.tracking.store import _tracking_uri_set
+    from debias.harness.tracking.store import _tracking_uri_set
 
     with _tracking_uri_set(f"sqlite:///{clone / 'mlflow.db'}"):
         models = mlflow.search_logged_models(experiment_ids=[parent.info.experiment_id], output_format="list")
@@ -296,7 +296,7 @@ def test_queued_experiments_on_two_workers_lose_no_run(pipeline) -> None:
             break
         time.sleep(3)
     assert "Failed" not in status, status
-    runs = client.search_runs(experiments, filter_string="tags.`debias.stage` = 'report'")
+    runs = client.search_runs(experiments, filter_string="tags.`debias.harness.stage` = 'report'")
     by_experiment = {r.data.tags.get("debias.dvc_experiment"): r for r in runs}
     assert {"q81", "q82", "q83", "q84"} <= set(by_experiment), sorted(filter(None, by_experiment))
     parents = {r.data.tags["debias.dvc_experiment"]: r for r in client.search_runs(
@@ -344,7 +344,7 @@ def test_compare_reports_the_metrics_files_and_mlflow_numbers(pipeline, tmp_path
     """`debias compare` on the workspace and the five experiments: a table at most 160 characters wide whose
     numbers are the headline files' (the workspace) and MLflow's (the temp run's probe), grouped by the
     params that differ; a self-contained page that Chromium renders; the page logged to MLflow."""
-    from debias.report.compare import compare
+    from debias.tools.compare import compare
 
     clone, _ = pipeline
     monkeypatch.setenv("DEBIAS_TRACKING", "required")
@@ -359,7 +359,7 @@ def test_compare_reports_the_metrics_files_and_mlflow_numbers(pipeline, tmp_path
     assert {k: frame.loc["workspace", k] for k in headline} == pytest.approx(headline)
     detailed = json.loads((clone / "reports/metrics/stage2_train.json").read_text())["test"]
     assert frame.loc["workspace", "s2_worst"] == pytest.approx(detailed["worst_group"], abs=5e-5)
-    probe_run = _runs(clone, "tags.`debias.dvc_experiment` = 'lr002' and tags.`debias.stage` = 'linear_probe'")[0]
+    probe_run = _runs(clone, "tags.`debias.dvc_experiment` = 'lr002' and tags.`debias.harness.stage` = 'linear_probe'")[0]
     assert frame.loc["lr002", "probe_s2_avg"] == pytest.approx(
         probe_run.data.metrics["stage2.probe.test.avg"], abs=5e-5)
     assert f"{100 * headline['s2_avg']:.1f}" in text

@@ -140,8 +140,8 @@ def test_training_stage_metrics_carry_a_fairness_block_for_binary_tasks(tmp_path
 
 
 def test_report_adds_a_fairness_table_for_binary_tasks_only(tmp_path) -> None:
-    from debias import paths
-    from debias.io import load_json, save_json
+    from debias.core import paths
+    from debias.core.io import load_json, save_json
     from debias.report.inputs import load_inputs
     from debias.report.sections.base import result_rows
     from debias.report.sections.results import fairness_blocks

@@ -1,4 +1,4 @@
-"""Paper presets (src/debias/presets) and ``debias preset``: every preset composes into valid params over the
+"""Paper presets (src/debias/tools/presets) and ``debias preset``: every preset composes into valid params over the
 committed params.yaml and yields the papers' values; apply keeps every byte but the changed values, refuses before
 writing, and names the presets on a bad name."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias import presets
-from debias.cli import main
-from debias.errors import ParamsError
+from debias.tools import presets
+from debias.tools.cli import main
+from debias.core.errors import ParamsError
 from debias.params import BACKGROUND_COLOURS, Params, validate
 from tests.conftest import committed_text
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from debias import progress
+from debias.harness import progress
 from debias.data.store import save_split
 from tests.conftest import REPO
 from tests.test_training import tiny_split

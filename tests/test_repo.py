@@ -6,8 +6,8 @@ import re
 
 import yaml
 
-from debias import paths
-from debias.stage import STAGE_PARAMS
+from debias.core import paths
+from debias.harness.stage import STAGE_PARAMS
 from tests.conftest import REPO, committed_text
 
 
@@ -41,7 +41,7 @@ def test_readme_documents_the_commands_a_new_user_needs() -> None:
                    "mlflow ui --backend-store-uri sqlite:///mlflow.db", "Training runs", "Model training",
                    "--index-url https://download.pytorch.org/whl/cpu"):
         assert needed in text, needed
-    from debias.tracking import tracking_uri
+    from debias.harness.tracking import tracking_uri
 
     assert tracking_uri(REPO).endswith("/mlflow.db")  # the store the `mlflow ui` line opens
 
@@ -86,7 +86,7 @@ def test_readme_own_data_block_runs_as_written_on_the_example_folder(tmp_path) -
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     for command in (example, check):
         args = [a.replace(folder, str(here)) for a in shlex.split(command)]
-        done = subprocess.run([sys.executable, "-m", "debias.cli", *args[1:]], cwd=tmp_path, env=env,
+        done = subprocess.run([sys.executable, "-m", "debias.tools.cli", *args[1:]], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, f"{command}\n{done.stdout}{done.stderr}"
     assert "valid (source=imagefolder" in done.stdout, done.stdout
@@ -100,11 +100,11 @@ def test_dvc_yaml_declares_exactly_the_params_each_stage_reads() -> None:
     assert set(stages) == set(STAGE_PARAMS)
     for name, stage in stages.items():
         assert sorted(stage.get("params", [])) == sorted(STAGE_PARAMS[name]), name
-        launcher = "python -m debias.launch" if name in TRAINING_STAGES else "python -m debias.launch --single"
+        launcher = "python -m debias.harness.launch" if name in TRAINING_STAGES else "python -m debias.harness.launch --single"
         assert stage["cmd"] == f"{launcher} pipeline/{name}.py", name
         if name in TRAINING_STAGES:  # the multi-process code changes what training computes
-            assert {"src/debias/distributed.py", "src/debias/data/augment.py"} <= set(stage["deps"]), name
-        assert "src/debias/launch.py" not in stage["deps"], name  # the launcher is harness (debias.deps.HARNESS)
+            assert {"src/debias/core/distributed.py", "src/debias/data/augment.py"} <= set(stage["deps"]), name
+        assert "src/debias/harness/launch.py" not in stage["deps"], name  # the launcher is harness (debias.tools.deps.HARNESS)
 
 
 def test_stage_outputs_are_the_paths_the_code_writes() -> None:
@@ -121,13 +121,13 @@ def test_stage_outputs_are_the_paths_the_code_writes() -> None:
 def test_every_stage_depends_on_exactly_the_code_its_entrypoint_imports() -> None:
     """dvc.yaml's code deps are derived from the imports (`debias deps --write`): a stage never keeps a stale
     result after a change to code it runs, and lists no file it does not run."""
-    from debias.deps import stage_differences
+    from debias.tools.deps import stage_differences
 
     assert stage_differences(REPO / "dvc.yaml") == {}
 
 
 def test_the_import_walk_follows_lazy_submodule_and_relative_imports(tmp_path) -> None:
-    from debias.deps import code_deps
+    from debias.tools.deps import code_deps
 
     package = tmp_path / "src" / "debias"
     (package / "sub").mkdir(parents=True)
@@ -144,7 +144,7 @@ def test_the_import_walk_follows_lazy_submodule_and_relative_imports(tmp_path) -
     }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    deps = code_deps("python -m debias.launch pipeline/stage.py  # a comment", tmp_path)
+    deps = code_deps("python -m debias.harness.launch pipeline/stage.py  # a comment", tmp_path)
     assert deps == sorted(["pipeline/stage.py", "src/debias/__init__.py", "src/debias/lazy.py",
                            "src/debias/sub/__init__.py", "src/debias/sub/a.py", "src/debias/sub/b.py",
                            "src/debias/sub/c.py"])

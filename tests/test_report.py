@@ -21,9 +21,9 @@ import pytest
 import torch
 import yaml
 
-from debias import paths
-from debias.io import save_json, save_torch
-from debias.applicability import RunContext, applies, rule_for
+from debias.core import paths
+from debias.core.io import save_json, save_torch
+from debias.params.applicability import RunContext, applies, rule_for
 from debias.metrics import GroupAccuracy, wilson_interval
 from debias.params import Params, validate
 from debias.report import card, paper, params_table
@@ -337,7 +337,7 @@ def test_paper_matching_needs_protocol_and_method() -> None:
 
 
 def test_entrypoint_builds_the_report_in_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from debias.tracking import StageRun
+    from debias.harness.tracking import StageRun
 
     write_inputs(tmp_path)
     monkeypatch.chdir(tmp_path)

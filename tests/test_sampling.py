@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from debias.sampling import CNCBatch, CNCBatchSampler
+from debias.training.methods.cnc.sampling import CNCBatch, CNCBatchSampler
 
 
 def make_data(n: int = 3000, classes: int = 4, p_major: float = 0.9, seed: int = 0):

@@ -7,7 +7,7 @@ from math import ceil
 import numpy as np
 import torch
 
-from debias import embedding
+from debias.groups import embedding
 
 
 def _blobs(n: int, dim: int = 16, centres: int = 8, seed: int = 0) -> torch.Tensor:

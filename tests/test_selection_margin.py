@@ -92,7 +92,7 @@ def test_a_fragile_selection_reaches_the_metrics_json_the_log_and_mlflow(tmp_pat
     the MLflow run's log_warnings (tag debias.warnings, metric warnings)."""
     import json
 
-    from debias.tracking import StageRun
+    from debias.harness.tracking import StageRun
     from debias.training.outputs import StageOutputs, write_outputs
     from tests.test_training import run, tiny_split
 

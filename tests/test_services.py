@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from debias import services
+from debias.tools import services
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="p
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.run([sys.executable, "-m", "debias.cli", "services", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "debias.tools.cli", "services", *args], capture_output=True, text=True,
                           env=env, timeout=120)
 
 

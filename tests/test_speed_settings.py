@@ -11,7 +11,7 @@ import torch
 
 from debias import losses
 from debias.params import ParamsError, validate
-from debias.runtime import seed_everything
+from debias.core.runtime import seed_everything
 from debias.training.methods import METHODS, Stage2Inputs, setup_method
 from tests.test_training import tiny_split
 

@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from debias.lazy import lazy_callable, lazy_module
+from debias.core.lazy import lazy_callable, lazy_module
 from tests.conftest import REPO
 
 STAGE_SCRIPT = """
 import atexit, sys
-from debias.stage import main
+from debias.harness.stage import main
 atexit.register(lambda: open("atexit-ran", "w").write("yes"))
 def body(params, run):
     print("body ran; mlflow imported:", "mlflow" in sys.modules, flush=True)
@@ -51,7 +51,7 @@ def test_a_finished_stage_process_ends_without_teardown_only_as_its_own_script(t
 
 def test_registry_groups_and_tracking_import_no_pandas_sklearn_or_mlflow() -> None:
     heavy = "('pandas', 'sklearn', 'scipy', 'mlflow', 'matplotlib', 'umap')"
-    code = ("import sys, debias.data.sources, debias.tracking, debias.stage; "
+    code = ("import sys, debias.data.sources, debias.harness.tracking, debias.harness.stage; "
             f"print(sorted(m for m in {heavy} if m in sys.modules)); "
             "import debias.groups; "  # reads and writes parquet tables: pandas, but no matching libraries
             f"print(sorted(m for m in {heavy} if m in sys.modules))")
@@ -78,7 +78,7 @@ def _fake_worker(exps: Path, number: int, pid: int, returncode: int | None = Non
 def test_threads_default_to_cores_over_live_queue_workers(tmp_path, monkeypatch) -> None:
     import torch
 
-    from debias import runtime
+    from debias.core import runtime
 
     exps = tmp_path / "repo" / ".dvc" / "tmp" / "exps"
     run_dir = exps / "tmpabc123"

@@ -4,9 +4,11 @@ evaluation module and no stage that is not ERM's, and no module over the size li
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "src"
@@ -114,9 +116,9 @@ def test_the_import_walk_sees_function_level_and_relative_imports(tmp_path: Path
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     lazy = tmp_path / "lazy.py"
-    lazy.write_text("import torch\n\n\ndef f():\n    from ..evaluation import dfr\n    import debias.io.x\n"
+    lazy.write_text("import torch\n\n\ndef f():\n    from ..evaluation import dfr\n    import debias.core.io.x\n"
                     "    from debias.metrics import scalars\n")
-    assert imports_of(lazy, "debias.training.lazy") == {"debias.evaluation.dfr", "debias.io", "debias.metrics"}
+    assert imports_of(lazy, "debias.training.lazy") == {"debias.evaluation.dfr", "debias.core.io", "debias.metrics"}
 
 
 def test_no_import_cycle_in_src_debias() -> None:
@@ -150,3 +152,23 @@ def test_no_module_exceeds_the_line_limit() -> None:
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them along their seams): " + ", ".join(
         f"{MODULES[name].relative_to(ROOT)} ({n})" for name, n in sorted(long.items()))
+
+
+def test_the_layout_in_docs_pipeline_md_matches_the_tree() -> None:
+    """docs/pipeline.md's layout names every top-level module and package of src/debias, and nothing else."""
+    text = (ROOT / "docs" / "pipeline.md").read_text(encoding="utf-8")
+    block = text.split("## Layout", 1)[1].split("\n    benchmarks/", 1)[0]
+    named = set(re.findall(r"^      ([a-z_]+(?:\.py|/))", block, re.M))
+    package = ROOT / "src" / "debias"
+    present = {p.name + "/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    present |= {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    assert named == present, f"in the layout, not in src/debias: {sorted(named - present)}; " \
+                             f"in src/debias, not in the layout: {sorted(present - named)}"
+
+
+def test_the_harness_and_the_tools_are_no_stage_dependency() -> None:
+    """No file under src/debias/harness or src/debias/tools is listed among any stage's deps in dvc.yaml."""
+    deps = [d for stage in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values()
+            for d in stage.get("deps", [])]
+    assert [d for d in deps if d.startswith(("src/debias/harness/", "src/debias/tools/"))] == []
+    assert any(d.startswith("src/debias/core/") for d in deps)  # the walk does reach the shared modules

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias.sweep import grid, local, slurm, status, workspace
-from debias.cli import main as cli
+from debias.tools.sweep import grid, local, slurm, status, workspace
+from debias.tools.cli import main as cli
 from tests.conftest import committed_text
 
 
@@ -98,7 +98,7 @@ def sweep_cli(repo: Path, *args: str, timeout: float = 120) -> subprocess.Comple
     import sys
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    return subprocess.run([sys.executable, "-m", "debias.cli", "sweep", "--repo", str(repo), *args], cwd=repo,
+    return subprocess.run([sys.executable, "-m", "debias.tools.cli", "sweep", "--repo", str(repo), *args], cwd=repo,
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -233,7 +233,7 @@ def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resu
                GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
 
     def debias(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "debias.cli", "sweep", "--name", "loc", *args], cwd=repo,
+        return subprocess.run([sys.executable, "-m", "debias.tools.cli", "sweep", "--name", "loc", *args], cwd=repo,
                               env=env, capture_output=True, text=True, timeout=900)
 
     done = debias("-S", "loss.epsilon=0.1,0.25", "--seeds", "0", "--upstream", "infer_groups", "--targets",

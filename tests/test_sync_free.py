@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from debias.params import validate
-from debias.runtime import seed_everything
+from debias.core.runtime import seed_everything
 from debias.training.loop import NonFiniteLoss, StepMetrics
 from debias.training.methods import METHODS, Stage2Inputs, setup_method
 from tests.test_training import tiny_split
@@ -27,7 +27,7 @@ from tests.test_training import tiny_split
 # ops whose result needs the device's values on the host (a sync on CUDA)
 HOST_READS = {"_local_scalar_dense", "nonzero", "_unique", "_unique2", "unique_dim", "unique_consecutive",
               "masked_select", "bincount", "repeat_interleave"}
-HOST_SIDE = ("torch/optim/", "debias/sampling.py")  # CPU-only bookkeeping (see the module docstring)
+HOST_SIDE = ("torch/optim/", "debias/training/methods/cnc/sampling.py")  # CPU-only bookkeeping (see the module docstring)
 
 
 def _host_side() -> bool:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from debias import headline, health
+from debias.core import headline, health
 from debias.params import validate
 from tests.conftest import REPO, SHARED_DATASETS
 
@@ -53,7 +53,7 @@ def test_rows_read_erm_methods_derived_and_grids() -> None:
     jobs = [{"name": "up", "setting": "compas", "seed": 0, "method": tabular.quality.UPSTREAM},
             {"name": "a", "setting": "compas", "seed": 0, "method": "lff_q01"},
             {"name": "b", "setting": "compas", "seed": 0, "method": "lff_q07"}]
-    detailed = {  # the stages' detailed files; dvc exp show reports their headline keys (debias.headline)
+    detailed = {  # the stages' detailed files; dvc exp show reports their headline keys (debias.core.headline)
         "up": {"train_erm": {"test": {"avg": 0.65, "worst_group": 0.3, "fairness": fair(0.3)}}},
         "a": {"train_contrastive": {"test": {"avg": 0.62, "worst_group": 0.2, "fairness": fair(0.2)},
                                     "val": {"avg": 0.66}}},
@@ -77,7 +77,7 @@ def test_rows_read_erm_methods_derived_and_grids() -> None:
     assert "chosen: LfF, q = 0.1 ×1" in text
     assert "| compas | LfF, q = 0.7 ⚠ chance-level in 1 of 1 seeds ⚠ degenerate-selection in 1 of 1 seeds | 40.0 |" in text
     assert "| compas | LfF, q = 0.1 | 62.0 |" in text
-    # the legend explains exactly the codes the table carries, from debias.health.CODES
+    # the legend explains exactly the codes the table carries, from debias.core.health.CODES
     assert f"*chance-level*: {health.CODES['chance-level']}." in text and "*weak-groups*" in text
     assert "*collapsed-representation*" not in text
     mixed = [rows["lff_q07"], {**rows["lff_q07"], "seed": 1, "warnings": ""}]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from debias import tracking
-from debias.errors import TrackingError
-from debias.paths import repo_root
-from debias.tracking import runs, stage_run, store, tracking_uri
+from debias.harness import tracking
+from debias.core.errors import TrackingError
+from debias.core.paths import repo_root
+from debias.harness.tracking import runs, stage_run, store, tracking_uri
 from tests.conftest import fresh_store
 
 
@@ -140,7 +140,7 @@ def test_a_logged_model_has_a_signature_an_input_example_and_loads_without_pickl
     from mlflow.tracking import MlflowClient
 
     from debias.models import build_model, save_network
-    from debias.tracking import MODEL_CODE, model_requirements
+    from debias.harness.tracking import MODEL_CODE, model_requirements
 
     (tmp_path / ".dvc").mkdir()
     fresh_store(mlflow_template, tmp_path)
@@ -242,7 +242,7 @@ def test_experiments_open_on_their_training_runs(tmp_path, mlflow_template) -> N
     """MLflow 3's UI opens an experiment on GenAI traces unless mlflow.experimentKind says machine learning."""
     from mlflow.tracking import MlflowClient
 
-    from debias.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, ensure_experiment
+    from debias.harness.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, ensure_experiment
 
     fresh_store(mlflow_template, tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -261,7 +261,7 @@ def test_a_training_stage_logs_the_selected_epochs_validation_metrics(tmp_path) 
     """The per-epoch series' last value is the last epoch's; the selected epoch's get their own keys."""
     import torch
 
-    from debias.tracking import StageRun
+    from debias.harness.tracking import StageRun
     from debias.training.outputs import StageOutputs, write_outputs
     from tests.test_training import run, tiny_split
 

@@ -7,7 +7,7 @@ import torch
 
 from debias.data.store import BiasedSplit
 from debias.models import build_model
-from debias.runtime import seed_everything
+from debias.core.runtime import seed_everything
 from debias.training.classifier import ClassifierTask, evaluate, validator
 from debias.training.loop import build_optimizer, fit
 
@@ -143,7 +143,7 @@ def test_selection_ties_never_fall_back_to_the_first_epoch_by_accident() -> None
 
 
 def test_health_checks_name_a_collapsed_representation_and_chance_accuracy() -> None:
-    from debias import health
+    from debias.core import health
 
     g = torch.Generator().manual_seed(0)
     z = torch.randn(50, 8, generator=g)
@@ -164,7 +164,7 @@ def test_every_warning_code_is_documented_and_an_unknown_one_is_refused() -> Non
     import re
     from pathlib import Path
 
-    from debias import health
+    from debias.core import health
 
     src = Path(health.__file__).parent
     used = {code for path in src.rglob("*.py") for code in re.findall(r'warning\(\s*"([a-z-]+)"', path.read_text())}
@@ -178,7 +178,7 @@ def test_a_training_stage_writes_its_selection_and_warnings(tmp_path, capsys) ->
     """write_outputs puts the selection block and the warnings into the metrics JSON and prints each warning."""
     import json
 
-    from debias.tracking import StageRun
+    from debias.harness.tracking import StageRun
     from debias.training.outputs import StageOutputs, write_outputs
 
     model, result = run(3, selection="best_worst_group")
@@ -205,7 +205,7 @@ def test_unstable_training_fires_on_a_spike_or_a_high_end_and_not_on_a_smooth_or
     import math
     import random
 
-    from debias import health
+    from debias.core import health
     from debias.params import HealthParams
 
     limits = HealthParams()
@@ -237,7 +237,7 @@ def test_unstable_training_fires_on_a_spike_or_a_high_end_and_not_on_a_smooth_or
 def test_a_training_stage_carries_the_instability_warning_into_its_metrics(tmp_path) -> None:
     import json
 
-    from debias.tracking import StageRun
+    from debias.harness.tracking import StageRun
     from debias.training.outputs import StageOutputs, write_outputs
 
     model, result = run(4)

@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 import yaml
-from debias.applicability import RELEASED_BASE_TEMPERATURE as APPLICABILITY_BASE
-from debias.applicability import NEGLIGIBLE_SHARE, RunContext, loss_weights, weak, weak_warnings
+from debias.params.applicability import RELEASED_BASE_TEMPERATURE as APPLICABILITY_BASE
+from debias.params.applicability import NEGLIGIBLE_SHARE, RunContext, loss_weights, weak, weak_warnings
 from debias.losses import RELEASED_BASE_TEMPERATURE
 from debias.params import validate
 from debias.training.methods.supcon.train import objective
@@ -93,7 +93,7 @@ def test_epsilon_under_the_released_objective_at_alpha_003_is_warned() -> None:
 
 
 def test_check_params_prints_the_warning_and_still_passes(tmp_path, capsys) -> None:
-    from debias.cli import main as cli_main
+    from debias.tools.cli import main as cli_main
 
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(committed(**RELEASED_SMALL_ALPHA)))
@@ -121,7 +121,7 @@ def test_a_negligible_param_is_a_warning_of_the_stage_2_run(tmp_path, loss, warn
     ``debias compare`` show it as they show every stage warning); the committed default's ε weighs enough."""
     import json
 
-    from debias.tracking import StageRun
+    from debias.harness.tracking import StageRun
     from debias.training.methods import train_stage2
     from debias.training.outputs import StageOutputs
     from tests.test_training import tiny_split

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import FunctionCtx, once_differentiable
 
-from debias.errors import CorruptFileError, DataSourceError, StaleInputError
+from debias.core.errors import CorruptFileError, DataSourceError, StaleInputError
 from debias.params import ACTIVATION_ENCODERS, HEAD_INPUTS, ModelParams
 
 InputShape = tuple[int, ...]  # one sample: (3, H, W) images or (F,) feature vectors
@@ -468,7 +468,7 @@ def build_encoder(model: str | ModelParams, input_shape: int | Sequence[int]) ->
 def save_network(path: str, model: Network, name: str, n_classes: int, input_shape: int | Sequence[int],
                  **meta: object) -> None:
     """Checkpoint: the encoder built (``name`` as resolved for the input), its options, shapes and weights (atomic)."""
-    from debias.io import save_torch
+    from debias.core.io import save_torch
 
     shape = as_input_shape(input_shape)
     built = getattr(model, "encoder_name", None) or resolve_encoder(name, shape)
@@ -482,7 +482,7 @@ def save_network(path: str, model: Network, name: str, n_classes: int, input_sha
 def load_network(path: str) -> tuple[Network, dict]:
     """Rebuild a network from :func:`save_network` (a pretrained one from its own weights, without downloading);
     a foreign or truncated file is a CorruptFileError. Older checkpoints hold ``image_size`` (square images)."""
-    from debias.io import load_torch
+    from debias.core.io import load_torch
 
     payload = load_torch(path, "checkpoint", ("model_name", "n_classes", "state_dict"))
     if "input_shape" not in payload and "image_size" not in payload:

@@ -133,7 +133,7 @@ def snapshot(root: Path, folders: Iterable[str] = ("data", "models", "reports"))
 
 
 def stray_temp_files(root: Path) -> list[Path]:
-    """Temporary files of :func:`debias.io.atomic_path` (``.<name>.<...>.tmp``) left under the outputs."""
+    """Temporary files of :func:`debias.core.io.atomic_path` (``.<name>.<...>.tmp``) left under the outputs."""
     return [p for p in files_under(root) if p.name.startswith(".") and p.name.endswith(".tmp")]
 
 

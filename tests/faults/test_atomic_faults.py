@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from debias import io
-from debias.io import CorruptFileError, load_json, load_torch, save_json, save_torch
+from debias.core import io
+from debias.core.io import CorruptFileError, load_json, load_torch, save_json, save_torch
 from tests.faults.conftest import (
     PYTHON,
     dvc,
@@ -26,11 +26,11 @@ from tests.faults.conftest import (
     write_params,
 )
 
-# Writes a ~300 MB payload with debias.io.save_torch, so that a test can SIGKILL it mid-write.
+# Writes a ~300 MB payload with debias.core.io.save_torch, so that a test can SIGKILL it mid-write.
 BIG_WRITER = """
 import sys
 import torch
-from debias.io import save_torch
+from debias.core.io import save_torch
 
 path, size = sys.argv[1], int(sys.argv[2])
 payload = {"x": torch.ones(size, dtype=torch.uint8)}

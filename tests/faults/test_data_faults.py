@@ -254,7 +254,7 @@ def _text(path: Path) -> None:
 
 def _foreign_split(path: Path) -> None:
     """Our format tag, but tensors that disagree (a split from another tool or version)."""
-    from debias.io import load_torch, save_torch
+    from debias.core.io import load_torch, save_torch
 
     payload = load_torch(path, "biased-split")
     payload["g"] = payload["g"] + 1

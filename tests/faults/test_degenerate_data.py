@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from debias.data.sources.base import RawSplit
-from debias.errors import BiasProtocolError
+from debias.core.errors import BiasProtocolError
 from tests.conftest import tiny_grey_digits
 from tests.faults.conftest import assert_clean_failure, make_workspace, run_entrypoint_in_process
 
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def check_params(workspace: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.run([sys.executable, "-m", "debias.cli", "check-params", "params.yaml"], cwd=workspace, env=env,
+    return subprocess.run([sys.executable, "-m", "debias.tools.cli", "check-params", "params.yaml"], cwd=workspace, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

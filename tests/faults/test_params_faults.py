@@ -130,11 +130,11 @@ def test_check_params_command_rejects_a_typo_and_accepts_the_fix(tmp_path: Path)
 
 
 def test_check_params_command_on_a_missing_and_a_malformed_file(tmp_path: Path) -> None:
-    done = subprocess.run([PYTHON, "-m", "debias.cli", "check-params", str(tmp_path / "nope.yaml")],
+    done = subprocess.run([PYTHON, "-m", "debias.tools.cli", "check-params", str(tmp_path / "nope.yaml")],
                           capture_output=True, text=True, check=False, env=stage_env(), timeout=60)
     assert done.returncode == 2 and "not found" in done.stderr and "Traceback" not in done.stderr
     (tmp_path / "broken.yaml").write_text("loss: {temperature: [\n")
-    done = subprocess.run([PYTHON, "-m", "debias.cli", "check-params", str(tmp_path / "broken.yaml")],
+    done = subprocess.run([PYTHON, "-m", "debias.tools.cli", "check-params", str(tmp_path / "broken.yaml")],
                           capture_output=True, text=True, check=False, env=stage_env(), timeout=60)
     assert done.returncode == 2 and "not valid YAML" in done.stderr and "Traceback" not in done.stderr
 
@@ -209,7 +209,7 @@ def test_dvc_valid_key_with_a_bad_value_fails_with_our_message(downloaded_clone:
     done = dvc(clone, "exp", "run", "-S", "loss.temperature=0", check=False)
     assert done.returncode != 0
     assert "Running stage 'source'" in done.stdout, done.stdout
-    assert "failed to run: python -m debias.launch --single pipeline/source.py, exited with 2" in done.stderr, done.stderr
+    assert "failed to run: python -m debias.harness.launch --single pipeline/source.py, exited with 2" in done.stderr, done.stderr
     assert "[source] error: invalid params.yaml" in done.stderr
     assert "loss.temperature = 0" in done.stderr and "allowed: 0.0001 <= value <= 10" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr

@@ -12,8 +12,8 @@ import torch
 
 from debias.models import build_model
 from debias.params import validate
-from debias.training import memory
-from debias.training.memory import ResourceError
+from debias.harness import memory
+from debias.harness.memory import ResourceError
 from tests.faults.conftest import (
     PYTHON,
     assert_clean_failure,
@@ -155,7 +155,7 @@ def test_out_of_memory_errors_are_recognised(error: BaseException, expected: boo
 
 SMALL_MACHINE = """
 import runpy, sys
-from debias.training import memory
+from debias.harness import memory
 
 memory.available_bytes = lambda device: int(sys.argv[1])  # a machine with this much free memory
 runpy.run_path("pipeline/train_erm.py", run_name="__main__")

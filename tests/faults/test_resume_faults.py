@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from debias.data.store import BiasedSplit, save_split
-from debias.io import load_torch
+from debias.core.io import load_torch
 from debias.models import load_network
 from tests.faults.conftest import (
     PYTHON,
@@ -40,7 +40,7 @@ import debias.training.methods.run as methods_mod
 import debias.training.methods.base as methods_base  # fresh_model() builds every stage-2 network
 from debias.data.store import load_split
 from debias.params import validate
-from debias.tracking import StageRun
+from debias.harness.tracking import StageRun
 from debias.training.outputs import StageOutputs
 
 # driver.py DATA [--kill-marker FILE] WORK [WORK ...]; each WORK holds params.json and kind (erm | stage2)
@@ -206,7 +206,7 @@ def test_killed_mid_epoch_resumes_to_the_uninterrupted_result(name: str, runs, d
         # the sampler state round-trips: a fresh sampler over the same data takes it and gives it back,
         # at an epoch boundary, having drawn exactly the completed epochs' batches
         from debias.data.store import load_split
-        from debias.sampling import CNCBatchSampler
+        from debias.training.methods.cnc.sampling import CNCBatchSampler
 
         train = load_split(data_dir / "train.pt")
         cnc = CONFIGS[name]["stage2"]["cnc"]
@@ -248,7 +248,7 @@ def test_a_torn_resume_state_starts_over_with_a_warning(data_dir: Path, tmp_path
     """A resume state cut short (e.g. a disk full) is not worth failing for: training starts over."""
     from debias.data.store import load_splits
     from debias.params import validate
-    from debias.tracking import StageRun
+    from debias.harness.tracking import StageRun
     from debias.training.erm import train_erm
     from debias.training.outputs import StageOutputs
 

@@ -33,7 +33,7 @@ def test_a_setting_with_a_non_ascii_digit_is_named(tmp_path: Path, variable: str
         assert_clean_failure(done, "DEBIAS_THREADS = '²'; allowed: a whole number >= 1", stage="download")
         assert "invalid literal" not in done.stderr
         return
-    done = subprocess.run([sys.executable, "-c", "from debias.launch import nproc_from_env; nproc_from_env()"],
+    done = subprocess.run([sys.executable, "-c", "from debias.harness.launch import nproc_from_env; nproc_from_env()"],
                           env=stage_env(DEBIAS_NPROC="²"), capture_output=True, text=True, timeout=60)
     assert "ValueError: DEBIAS_NPROC = '²'; allowed: a whole number >= 1" in done.stderr, done.stderr
 
@@ -64,7 +64,7 @@ def test_a_section_check_names_its_keys_once(tmp_path: Path) -> None:
 def test_commands_that_write_into_a_user_folder_leave_other_files_alone(tmp_path: Path, capsys) -> None:
     """plots-template over a user's file (or onto a folder) is refused, over a template it replaces; example-folder
     refuses a size it cannot draw (its non-empty-folder refusal: tests/test_image_sources.py)."""
-    from debias.cli import main as cli_main
+    from debias.tools.cli import main as cli_main
 
     mine = tmp_path / "README.md"
     mine.write_text("my notes\n")
@@ -87,7 +87,7 @@ def test_check_params_checks_the_files_of_other_sources_too(tmp_path: Path, caps
     import numpy as np
     import yaml
 
-    from debias.cli import main as cli_main
+    from debias.tools.cli import main as cli_main
     from tests.conftest import committed_text
 
     def check(data: dict, probe: dict | None = None) -> tuple[int, str]:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from debias.io import save_torch
+from debias.core.io import save_torch
 from tests.conftest import tiny_grey_digits
 from tests.faults.conftest import (
     PYTHON,

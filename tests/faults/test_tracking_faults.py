@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from debias.errors import TrackingError
-from debias.tracking import check_reachable
+from debias.core.errors import TrackingError
+from debias.harness.tracking import check_reachable
 from tests.conftest import fresh_store
 from tests.faults.conftest import (
     PYTHON,
@@ -118,7 +118,7 @@ WORKER = """
 import os, sys, time
 from pathlib import Path
 
-from debias.stage import main
+from debias.harness.stage import main
 
 stage, runs, steps, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 while not start.exists():  # both workers begin together

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from debias.io import load_torch
+from debias.core.io import load_torch
 from tests.faults.conftest import dvc
 
 pytestmark = pytest.mark.slow

@@ -37,7 +37,7 @@ import torch
 from debias.data import corruptions
 from debias.data.raw import RawSplits
 from debias.data.store import BiasedSplit
-from debias.errors import BiasProtocolError
+from debias.core.errors import BiasProtocolError
 from debias.params import BackgroundParams, BiasParams, ForegroundParams
 
 SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}

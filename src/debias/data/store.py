@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from debias.data.raw import RAW_LAYOUTS, SPLITS, RawSplit, RawSplits, raw_modality
-from debias.io import CorruptFileError, load_torch, save_torch
+from debias.core.io import CorruptFileError, load_torch, save_torch
 
 SPLIT_KEYS = ("x", "y", "a", "g", "aligned", "n_classes", "n_attrs")
 # What ``x`` of a biased split may be, per modality (the checks quote these).

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from sklearn.pipeline import Pipeline
 
-from debias import progress
+from debias.harness import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation import dfr, logistic, postprocess  # noqa: F401  (each registers its variants)
 from debias.evaluation.linear import split_report

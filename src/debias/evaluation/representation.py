@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from debias.embedding import umap_fit
+from debias.groups.embedding import umap_fit
 import torch.nn.functional as F
 from scipy.special import xlogy
 
-from debias import progress
+from debias.harness import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import fit_logistic, predict_proba, stratified_halves
 from debias.evaluation.probe import FEATURE_BATCH, FrozenEncoder, encode
@@ -232,7 +232,7 @@ def representation_metrics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_
 
 
 def umap_2d(features: np.ndarray, params: UMAPParams, seed: int) -> np.ndarray:
-    """Seeded (hence single-threaded) 2-D UMAP of ``features`` (see :func:`debias.embedding.umap_fit`)."""
+    """Seeded (hence single-threaded) 2-D UMAP of ``features`` (see :func:`debias.groups.embedding.umap_fit`)."""
     return umap_fit(torch.as_tensor(features), 2, params.neighbors, params.min_dist, seed).numpy()
 
 

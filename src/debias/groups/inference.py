@@ -40,13 +40,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from debias import health, progress
+from debias.core import health
+
+from debias.harness import progress
 from debias.data.store import BiasedSplit
-from debias.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
+from debias.groups.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
 from debias.groups.matching import group_quality, hungarian_map
-from debias.io import CorruptFileError, atomic_path, load_torch, save_torch
+from debias.core.io import CorruptFileError, atomic_path, load_torch, save_torch
 from debias.params import GroupsParams
-from debias.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
+from debias.core.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
 
 GROUP_COLUMNS = ("index", "y", "inferred_label", "inferred_group", "minority")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from debias.lazy import lazy_callable
+from debias.core.lazy import lazy_callable
 
 # Imported on first use: train_contrastive imports this package for load_groups and never matches (scikit-learn
 # and scipy cost ~1.7 CPU s of its start-up).

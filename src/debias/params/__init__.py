@@ -10,12 +10,12 @@ One module per section (``data``, ``bias``, ``model``, ``optim`` for ``erm``, ``
 ``probe``, ``evaluate``, ``report``, ``health``), the shared :class:`Section` base in ``base`` and the whole
 schema with its loading in ``root``; every name is re-exported here, so ``from debias.params import X`` is the way
 to import any of them. A stage's code dependencies list only the section modules of the params it reads
-(:mod:`debias.deps`).
+(:mod:`debias.tools.deps`).
 """
 
 from __future__ import annotations
 
-from debias.errors import ParamsError  # noqa: F401  (raised by validate and load_params)
+from debias.core.errors import ParamsError  # noqa: F401  (raised by validate and load_params)
 from debias.params.base import (  # noqa: F401
     Channel, check_colours, MIN_COLOUR_DISTANCE, MIN_TEMPERATURE, RGB, Section, show
 )

@@ -8,7 +8,7 @@ from debias.params.base import Section
 
 
 class HealthParams(Section):
-    """When a training loss counts as unstable (``unstable-training``, :func:`debias.health.loss_instability`).
+    """When a training loss counts as unstable (``unstable-training``, :func:`debias.core.health.loss_instability`).
 
     Ours, measured on the default run (default params, digits, `dvc repro`): the eps-SupInfoNCE + FairKL loss fell
     from 5.53 to 0.283 at epoch 13, jumped to 1.89 at epoch 14 (31 % of its fall) and from 1.94 to 3.36 at epoch 16

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from debias.errors import ParamsError
+from debias.core.errors import ParamsError
 from debias.params.base import Section, show
 from debias.params.bias import BiasParams
 from debias.params.data import DataParams

@@ -7,8 +7,8 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from debias import paths
-from debias.io import atomic_path
+from debias.core import paths
+from debias.core.io import atomic_path
 from debias.metrics import group_accuracies
 from debias.params import Params
 from debias.report import figures

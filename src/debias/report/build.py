@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from debias.io import atomic_path
+from debias.core.io import atomic_path
 from debias.params import Params
 from debias.report.artifacts import FIGURE_FILES, draw_figures, protocol_colours, write_per_group_csvs
 from debias.report.document import Section, render_html, render_markdown

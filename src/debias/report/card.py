@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from debias.headline import warning_code
+from debias.core.headline import warning_code
 from debias.metrics import GroupAccuracy, group_accuracies, wilson_interval, worst_group_of
 
 WARNINGS_LINK = "#warnings"

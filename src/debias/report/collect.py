@@ -2,7 +2,7 @@
 baseline commit, its experiments, queued, running and failed ones) and/or MLflow's pipeline parent runs.
 
 Every experiment becomes one :class:`Experiment`: its flat params, its headline metrics
-(:mod:`debias.headline`), its warnings and model-selection blocks, and a reader of its other files (per-group
+(:mod:`debias.core.headline`), its warnings and model-selection blocks, and a reader of its other files (per-group
 accuracy tables, validation curves) for the figures. DVC experiments are read from DVC's cache at their
 revision (``Repo.switch``), the workspace from disk; MLflow runs from the parent run (params, metrics, tags)
 and the artifacts its stage runs logged (``outputs/<path>``).
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from debias import headline, paths
+from debias.core import headline, paths
 from debias.params import flatten
 from debias.report.columns import METRIC_KEYS
 from debias.report.stale import is_within, rerun_command, stale_outputs, stale_stages
@@ -304,7 +304,7 @@ def from_mlflow(uri: str, experiment_name: str, tags: dict[str, str] | None = No
     with a reader of the artifacts their stage runs logged."""
     from mlflow.tracking import MlflowClient
 
-    from debias.tracking import KIND_TAG, PARENT_TAG
+    from debias.harness.tracking import KIND_TAG, PARENT_TAG
 
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a command line tool: no bar per small file
     client = MlflowClient(tracking_uri=uri)

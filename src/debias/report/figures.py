@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from debias.io import atomic_path  # noqa: E402
+from debias.core.io import atomic_path  # noqa: E402
 
 if TYPE_CHECKING:
     import torch

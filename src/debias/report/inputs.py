@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from debias import paths
-from debias.io import load_json, load_torch
+from debias.core import paths
+from debias.core.io import load_json, load_torch
 from debias.params import Params
 from debias.report.document import Text
 

@@ -1,7 +1,7 @@
 """The report's params tables: what this run changed against the committed params.yaml, and where the committed
 params depart from the papers' settings (the schema's defaults) with the reason params.yaml's comment gives.
 
-Both list only params that apply to the run (:mod:`debias.applicability`). The committed file is
+Both list only params that apply to the run (:mod:`debias.params.applicability`). The committed file is
 ``git show HEAD:params.yaml`` in the report's root; outside git (an exported tree) or without a commit the first
 table says it cannot be built.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from debias.applicability import RunContext, applies
+from debias.params.applicability import RunContext, applies
 from debias.params import Params, as_dict, flatten, validate
 
 PARAMS_FILE = "params.yaml"

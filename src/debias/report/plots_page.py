@@ -22,7 +22,7 @@ import os
 import re
 from pathlib import Path
 
-from debias.io import atomic_path
+from debias.core.io import atomic_path
 
 PLOTS_TEMPLATE = Path("reports/plots_template.html")
 # DVC's templates (built-in and .dvc/plots/) declare the Vega-Lite v5 schema: bundle the newest v5.

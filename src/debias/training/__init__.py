@@ -1,1 +1,1 @@
-"""Training: the shared epoch loop (loop.py), ERM (erm.py), memory checks (memory.py), stage-2 methods (methods/)."""
+"""Training: the shared epoch loop and model selection (loop.py), ERM (erm.py), stage-2 methods (methods/)."""

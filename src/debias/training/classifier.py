@@ -6,7 +6,7 @@ Batches are index tensors into the stored uint8 images, shuffled by a seeded gen
 ``pool`` lists the indices one epoch visits (ERM: every index once; JTT: errors repeated).
 Under ``torchrun`` every rank draws and augments the same global batch, forwards its shard and
 gathers the logits, so the loss is the global batch's mean cross-entropy (see
-:mod:`debias.distributed`).
+:mod:`debias.core.distributed`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from debias import distributed
+from debias.core import distributed
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.metrics import accuracy_report, scalars

@@ -2,20 +2,20 @@
 
 The task is :class:`debias.training.classifier.ClassifierTask` (every index once per epoch); the outputs are
 :func:`debias.training.outputs.write_outputs`'s. Under ``torchrun`` every rank trains (see
-:mod:`debias.distributed`); only rank 0 writes outputs.
+:mod:`debias.core.distributed`); only rank 0 writes outputs.
 """
 
 from __future__ import annotations
 
-from debias import distributed
+from debias.core import distributed
 from debias.data.store import BiasedSplit
 from debias.models import build_model
 from debias.params import HealthParams, ModelParams, OptimParams
-from debias.runtime import pick_device, seed_everything
-from debias.tracking import StageRun
+from debias.core.runtime import pick_device, seed_everything
+from debias.harness.tracking import StageRun
 from debias.training.classifier import ClassifierTask, validator
 from debias.training.loop import build_optimizer, build_scheduler, finish, fit, resume_key
-from debias.training.memory import check_classifier_fits
+from debias.harness.memory import check_classifier_fits
 from debias.training.outputs import StageOutputs, note_resume, split_tensors, write_outputs
 
 

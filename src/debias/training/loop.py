@@ -18,7 +18,7 @@ device (:class:`StepMetrics`; no host sync inside a step) and reads it once per 
 weights after every epoch; either raises :class:`TrainingDiverged` naming the epoch, the first non-finite step
 and the params to lower (``divergence_advice``).
 
-Under ``torchrun`` (:mod:`debias.distributed`) every rank runs ``fit``: all ranks load the resume
+Under ``torchrun`` (:mod:`debias.core.distributed`) every rank runs ``fit``: all ranks load the resume
 state (and must agree on the epoch it resumes from), only rank 0 saves or deletes it; each
 epoch's metrics are rank 0's, broadcast, so every rank takes the same selection decision, and
 rank 0's weights are broadcast after validation, so the selected weights are the same on every rank.
@@ -40,11 +40,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from debias import distributed, progress
-from debias.errors import TrainingDiverged
+from debias.core import distributed
+
+from debias.harness import progress
+from debias.core.errors import TrainingDiverged
 from debias.data.store import BiasedSplit
-from debias.fingerprint import code_version, digest, tensor_digest
-from debias.io import CorruptFileError, load_torch, save_torch
+from debias.core.fingerprint import code_version, digest, tensor_digest
+from debias.core.io import CorruptFileError, load_torch, save_torch
 
 
 class Task(Protocol):
@@ -375,7 +377,7 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
     ``state_key`` (:func:`resume_key`) ties the resume state at ``state_path`` to its inputs; ``label`` names
     the stage in messages, ``divergence_advice`` the params to lower when training diverges. After every epoch
     one line goes to stderr: the epoch, its loss and validation accuracies, its time and the ETA
-    (:func:`debias.progress.epoch_line`).
+    (:func:`debias.harness.progress.epoch_line`).
     """
     history: list[dict[str, float]] = []
     best_epoch, best_score, best_state = -1, None, None

@@ -9,14 +9,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from debias import health
+from debias.core import health
 from debias.data.store import BiasedSplit
-from debias.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
+from debias.core.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
 from debias.metrics import accuracy_report, fairness_report, fairness_scalars, scalars
 from debias.models import Network, save_network
 from debias.params import HealthParams
-from debias.paths import embeddings_path
-from debias.tracking import StageRun
+from debias.core.paths import embeddings_path
+from debias.harness.tracking import StageRun
 from debias.training.classifier import predict
 from debias.training.loop import FitResult
 

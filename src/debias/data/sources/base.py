@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from debias.data.raw import RAW_LAYOUTS, SPLITS, RawSplit, RawSplits, raw_modality  # noqa: F401  (re-exported)
-from debias.errors import DataSourceError
+from debias.core.errors import DataSourceError
 from debias.params import DataParams
 
 SourceFn = Callable[[DataParams, Path, int], RawSplits]

@@ -1,7 +1,7 @@
 """What ``debias check-params`` checks beyond the schema, cheaply (no image decoded, no model built): the files a
 source reads and the params that need the class count.
 
-:func:`check_source` raises a :class:`~debias.errors.DataSourceError` naming the param or file at fault, else
+:func:`check_source` raises a :class:`~debias.core.errors.DataSourceError` naming the param or file at fault, else
 returns one line per source check that ran (e.g. how many images an image folder lists):
 
 - ``imagefolder``: the root is a folder, the metadata table reads and holds the named columns, labels, attributes
@@ -26,7 +26,7 @@ import debias.data.sources  # noqa: F401  (registers every source: SOURCE_PROTOC
 from debias.data.bias import unassigned_labels
 from debias.data.sources.base import SOURCE_PROTOCOLS, DataSourceError, check_varies
 from debias.params import Params
-from debias.paths import resolve_data_path
+from debias.core.paths import resolve_data_path
 
 # Classes of each source whose class count does not depend on its files (the foreground protocol: its own).
 FIXED_CLASSES = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "adult": 2, "compas": 2,

@@ -43,7 +43,7 @@ import numpy as np
 from debias.data.sources.base import (DataSourceError, RawSplit, RawSplits, register_source, resize_images,
                                       split_by_index)
 from debias.params import DataParams
-from debias.paths import resolve_data_path
+from debias.core.paths import resolve_data_path
 
 @register_source("digits")
 def digits_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:

@@ -60,11 +60,11 @@ from pathlib import Path
 import numpy as np
 
 from debias.data.sources.base import DataSourceError, RawSplit, RawSplits, random_split, register_source
-from debias.fingerprint import digest, file_digest
-from debias.io import atomic_path
-from debias.lazy import lazy_module
+from debias.core.fingerprint import digest, file_digest
+from debias.core.io import atomic_path
+from debias.core.lazy import lazy_module
 from debias.params import DataParams, TabularParams
-from debias.paths import resolve_data_path
+from debias.core.paths import resolve_data_path
 
 pd = lazy_module("pandas")  # imported when a table is read, not by every stage that imports the source registry
 

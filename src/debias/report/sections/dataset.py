@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from debias import paths
+from debias.core import paths
 from debias.params import Params
 from debias.report.document import Block, Columns, Figure, Heading, Section, Table, Text, num
 from debias.report.inputs import ReportInputs, missing_note

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from debias.headline import local_warnings
+from debias.core.headline import local_warnings
 from debias.params import Params
 from debias.report import card
 from debias.report.document import Block, Section, Table, Text

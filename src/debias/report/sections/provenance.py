@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from debias import paths
+from debias.core import paths
 from debias.params import Params
 from debias.report.document import Block, Heading, Section, Table, Text, num
 from debias.report.inputs import ReportInputs
 from debias.report.sections.base import ReportContext
-from debias.tracking import git_commit
+from debias.harness.tracking import git_commit
 
 TITLE = "Provenance"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from debias.applicability import RunContext
+from debias.params.applicability import RunContext
 from debias.params import Params
 from debias.report import params_table
 from debias.report.document import Block, Heading, Section, Table, Text, show

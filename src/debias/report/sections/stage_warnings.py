@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from debias.headline import local_selection, local_warnings, warning_code
+from debias.core.headline import local_selection, local_warnings, warning_code
 from debias.report.document import Block, Section, Table, Text
 from debias.report.sections.base import ReportContext
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from debias import distributed
+from debias.core import distributed
 
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
@@ -59,7 +59,7 @@ class Stage2Setup:
     optimizer: torch.optim.Optimizer
     scheduler: Any | None
     report: Callable[[History], dict[str, Any]] = _nothing  # method facts for stage2_train_info.json, after training
-    warnings: Callable[[History], list[str]] = _no_warnings  # the method's own warnings (debias.health), after training
+    warnings: Callable[[History], list[str]] = _no_warnings  # the method's own warnings (debias.core.health), after training
 
 
 MethodFn = Callable[[Stage2Inputs], Stage2Setup]

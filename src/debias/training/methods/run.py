@@ -2,7 +2,7 @@
 :func:`debias.training.loop.fit` and write the stage's outputs. Nothing here depends on which method runs: what
 differs is read from its :class:`~debias.training.methods.registry.MethodSpec`.
 
-Under ``torchrun`` (:mod:`debias.distributed`) each batch (a shuffled minibatch, a CNC forward
+Under ``torchrun`` (:mod:`debias.core.distributed`) each batch (a shuffled minibatch, a CNC forward
 chunk of contrastive batches, WCL's two views) is the global batch: every rank draws and augments
 all of it with the same generator, forwards its contiguous shard and all-gathers the features
 (and logits) with gradient, so the loss, negatives from every rank included, is the
@@ -16,17 +16,17 @@ from collections.abc import Callable
 
 import torch
 
-from debias import distributed
-from debias.applicability import RunContext, weak_warnings
+from debias.core import distributed
+from debias.params.applicability import RunContext, weak_warnings
 from debias.data.store import BiasedSplit
-from debias.io import save_json
+from debias.core.io import save_json
 from debias.models import Network
 from debias.params import HeadParams, Params
-from debias.runtime import pick_device, seed_everything
-from debias.tracking import StageRun
+from debias.core.runtime import pick_device, seed_everything
+from debias.harness.tracking import StageRun
 from debias.training.outputs import StageOutputs, note_resume, split_tensors, write_outputs
 from debias.training.loop import finish, fit, resume_key
-from debias.training.memory import check_stage2_fits
+from debias.harness.memory import check_stage2_fits
 from debias.training.methods.base import Stage2Inputs, setup_method
 from debias.training.methods.head import head_validator
 from debias.training.methods.registry import method_spec

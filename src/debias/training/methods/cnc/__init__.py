@@ -11,7 +11,7 @@ from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
     from debias.params import Params
-    from debias.training.memory import StepPlan
+    from debias.harness.memory import StepPlan
 
 
 class CNCParams(Section):
@@ -70,7 +70,7 @@ SOURCES: dict[str, str] = {
 
 def memory_plan(params: Params, n_train: int) -> StepPlan:
     """A forward pass of ``forward_chunk`` contrastive batches of 2M + 2N images (one-sided: 2M + N)."""
-    from debias.training.memory import StepPlan
+    from debias.harness.memory import StepPlan
 
     cnc = params.stage2.cnc
     per_batch = 2 * cnc.num_positives + (2 if cnc.two_sided else 1) * cnc.num_negatives

@@ -1,5 +1,5 @@
 """Correct-N-Contrast (CNC App. B): two-sided contrastive batches from inferred bias labels
-(:class:`debias.sampling.CNCBatchSampler`); loss = lambda * cnc_two_sided + (1 - lambda) * CE on every batch
+(:class:`debias.training.methods.cnc.sampling.CNCBatchSampler`); loss = lambda * cnc_two_sided + (1 - lambda) * CE on every batch
 point; no projection head; ``accumulation`` contrastive batches per optimiser step. Pools smaller than M or N
 (``stage2.cnc.short_pools``): drawn with replacement (``replace``, with a ``cnc-small-pools`` warning), or M and N
 shrunk to the smallest pool for every batch (``shrink``, the released code's ``adjust_num_pos_neg_``)."""
@@ -12,12 +12,14 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from debias import distributed, health, losses
+from debias.core import distributed, health
+
+from debias import losses
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.sampling import CNCBatchSampler
+from debias.training.methods.cnc.sampling import CNCBatchSampler
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, gather_rows, normalise,
                                           on_device, stage2_optimiser, to_device)

@@ -11,7 +11,7 @@ from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
     from debias.params import Params
-    from debias.training.memory import StepPlan
+    from debias.harness.memory import StepPlan
 
 
 class WCLParams(Section):
@@ -50,7 +50,7 @@ SOURCES: dict[str, str] = {
 
 def memory_plan(params: Params, n_train: int) -> StepPlan:
     """Two views through two encoders (and their heads), 2B x 2B similarity and weight matrices."""
-    from debias.training.memory import StepPlan
+    from debias.harness.memory import StepPlan
 
     return StepPlan("stage2.batch_size", params.stage2.batch_size, forwards=4, max_value=n_train, pairwise=12)
 

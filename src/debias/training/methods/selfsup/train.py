@@ -17,7 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from debias import distributed, losses
+from debias.core import distributed
+
+from debias import losses
 from debias.data.augment import simclr_view
 from debias.data.store import BiasedSplit
 from debias.models import Network

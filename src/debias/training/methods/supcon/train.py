@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 
-from debias import distributed, health, losses
+from debias.core import distributed, health
+
+from debias import losses
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network

@@ -1,0 +1,47 @@
+"""Every error a user can act on, in one light module (no torch import), so the stage harness can name them.
+
+Each is raised with one message that names the parameter, file or setting at fault and what to do;
+:func:`debias.harness.stage.main` prints it on one line and exits with code 2 (``DEBIAS_DEBUG=1``: traceback).
+"""
+
+from __future__ import annotations
+
+
+class DebiasError(Exception):
+    """Base of the errors a user can act on."""
+
+
+class ParamsError(DebiasError, ValueError):
+    """A parameter is missing, unknown, of the wrong type or out of range."""
+
+
+class DataSourceError(DebiasError, RuntimeError):
+    """A data source cannot provide its data; the message says which parameter or file to change."""
+
+
+class BiasProtocolError(DebiasError, ValueError):
+    """The data cannot be biased with the chosen protocol and parameters."""
+
+
+class CorruptFileError(DebiasError, RuntimeError):
+    """A file is truncated, foreign or missing the keys its reader needs."""
+
+
+class TrackingError(DebiasError, RuntimeError):
+    """The tracking store cannot be reached or used."""
+
+
+class ResourceError(DebiasError, RuntimeError):
+    """A run would not fit in the memory (or on the disk) of its machine; the message names what to lower."""
+
+
+class DeviceError(DebiasError, RuntimeError):
+    """``DEBIAS_DEVICE`` names a device this machine does not have."""
+
+
+class TrainingDiverged(DebiasError, RuntimeError):
+    """A loss or a weight became non-finite (or meaningless); the message names epoch, step and the params to lower."""
+
+
+class StaleInputError(DebiasError, RuntimeError):
+    """An input was written for other data or settings than the stage now reads."""

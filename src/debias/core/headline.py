@@ -1,0 +1,281 @@
+"""Headline metrics: one small ``reports/metrics/<stage>.json`` per stage, the only files dvc.yaml declares as
+DVC ``metrics`` (so ``dvc exp show`` has a few dozen columns, not hundreds); the detailed JSONs the stages
+write stay ordinary outputs. Also each stage's warnings and model-selection block, read from those detailed
+files.
+
+The stage harness (:mod:`debias.harness.stage`) writes a stage's headline file from the detailed file it wrote
+(:data:`DETAILED`) after the stage's body, and logs it to MLflow. Keys are flat (no dots), unique across
+stages (DVC prefixes a column with its file's path only when a key repeats) and never start like a param
+section, so ``dvc exp show --keep/--drop`` patterns can tell metrics from params:
+
+    inject_bias        bias_corr, bias_conflicting, bias_n   training split: realised correlation, bias-conflicting
+                                                          images, images
+    train_erm          erm_avg, erm_unbiased, erm_worst    ERM on the test split (fractions)
+    infer_groups       groups_matched, groups_recall       inferred bias labels: matched accuracy, minority recall
+    train_contrastive  s2_avg, s2_unbiased, s2_worst       the stage-2 model on the test split
+    linear_probe       probe_erm_*, probe_s2_*             linear probes of both encoders (avg, unbiased, worst)
+    evaluate           align_erm, align_s2, mi_a_erm, mi_a_s2   alignment loss and Î(A;Z) (nats), test split
+
+Binary tasks (a ``fairness`` block in the detailed file) add, on the test split, ``erm_eod``, ``erm_dpd``,
+``s2_eod``, ``s2_dpd`` (equalized-odds and demographic-parity differences), ``s2_val_avg`` (the selected stage-2
+model's validation accuracy, by which a grid of stage-2 runs is chosen) and, with ``probe.postprocess``, the
+post-processed ERM probe's ``probe_erm_eo_avg``, ``probe_erm_eo_worst``, ``probe_erm_eo_eod``, ``probe_erm_eo_dpd``.
+
+Values are rounded to :data:`DIGITS` decimals (a test split of 10,000 images moves an accuracy by 1e-4);
+a value the detailed file lacks (a stage 2 that did not train) is left out, never written as 0.
+Every reader tolerates files without ``warnings`` or ``selection``: older outputs have neither.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from debias.core import paths
+from debias.core.io import load_json, save_json
+
+DIGITS = 4
+STAGES = ("inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate")
+
+# The detailed file each stage writes, from which its headline is taken (and its warnings read).
+DETAILED: dict[str, Path] = {
+    "inject_bias": paths.BIAS_SUMMARY,
+    "train_erm": paths.METRICS / "erm.json",
+    "infer_groups": paths.GROUPS_METRICS,
+    "train_contrastive": paths.METRICS / "stage2_train.json",
+    "linear_probe": paths.METRICS / "probe.json",
+    "evaluate": paths.METRICS / "representation.json",
+}
+# Further files of a stage that may carry warnings.
+EXTRA_WARNING_FILES: dict[str, tuple[Path, ...]] = {
+    "train_contrastive": (paths.METRICS / "stage2_train_info.json",),
+}
+ACCURACIES = {"avg": "avg", "unbiased": "unbiased", "worst": "worst_group"}
+
+# Short labels of the headline keys (tables, the comparison page, README).
+LABELS: dict[str, str] = {
+    "bias_corr": "train correlation", "bias_conflicting": "bias-conflicting (train)", "bias_n": "training images",
+    "erm_avg": "ERM avg", "erm_unbiased": "ERM unbiased", "erm_worst": "ERM worst-group",
+    "groups_matched": "groups matched acc.", "groups_recall": "minority recall",
+    "s2_avg": "stage-2 avg", "s2_unbiased": "stage-2 unbiased", "s2_worst": "stage-2 worst-group",
+    "probe_erm_avg": "ERM probe avg", "probe_erm_unbiased": "ERM probe unbiased",
+    "probe_erm_worst": "ERM probe worst-group",
+    "probe_s2_avg": "stage-2 probe avg", "probe_s2_unbiased": "stage-2 probe unbiased",
+    "probe_s2_worst": "stage-2 probe worst-group",
+    "align_erm": "ERM alignment loss", "align_s2": "stage-2 alignment loss",
+    "mi_a_erm": "ERM Î(A;Z)", "mi_a_s2": "stage-2 Î(A;Z)",
+    "erm_eod": "ERM EOd", "erm_dpd": "ERM DP difference", "s2_eod": "stage-2 EOd", "s2_dpd": "stage-2 DP difference",
+    "s2_val_avg": "stage-2 val avg",
+    "probe_erm_eo_avg": "ERM probe + EO post-processing avg", "probe_erm_eo_worst": "ERM probe + EO worst-group",
+    "probe_erm_eo_eod": "ERM probe + EO EOd", "probe_erm_eo_dpd": "ERM probe + EO DP difference",
+}
+FAIRNESS = {"eod": "equalized_odds_difference", "dpd": "demographic_parity_difference"}  # short -> metrics key
+# Fractions shown as percentages (the rest: counts, a correlation, losses and nats, shown as they are).
+PERCENT_KEYS = (frozenset(k for k in LABELS if k.startswith(("erm_", "s2_", "probe_")) and not k.endswith(tuple(FAIRNESS)))
+                | {"groups_matched", "groups_recall"})
+
+
+def headline_path(stage: str) -> Path:
+    """``reports/metrics/<stage>.json``."""
+    return paths.METRICS / f"{stage}.json"
+
+
+def _number(value: Any) -> float | int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value if isinstance(value, int) else round(float(value), DIGITS)
+
+
+def _accuracies(prefix: str, split: dict | None) -> dict[str, float]:
+    split = split or {}
+    out = {f"{prefix}_{short}": _number(split.get(key)) for short, key in ACCURACIES.items()}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _fairness(prefix: str, split: dict | None) -> dict[str, float]:
+    fairness = (split or {}).get("fairness") or {}
+    out = {f"{prefix}_{short}": _number(fairness.get(key)) for short, key in FAIRNESS.items()}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _inject_bias(summary: dict) -> dict[str, Any]:
+    train = (summary.get("splits") or {}).get("train") or {}
+    return {"bias_corr": _number(train.get("realised_correlation")), "bias_conflicting": _number(train.get("n_conflicting")),
+            "bias_n": _number(train.get("n"))}
+
+
+def _train_erm(metrics: dict) -> dict[str, Any]:
+    return {**_accuracies("erm", metrics.get("test")), **_fairness("erm", metrics.get("test"))}
+
+
+def _infer_groups(report: dict) -> dict[str, Any]:
+    return {"groups_matched": _number(report.get("matched_accuracy")), "groups_recall": _number(report.get("minority_recall"))}
+
+
+def _train_contrastive(metrics: dict) -> dict[str, Any]:
+    out = {**_accuracies("s2", metrics.get("test")), **_fairness("s2", metrics.get("test"))}
+    if (metrics.get("test") or {}).get("fairness") is not None:  # binary tasks: the grid-choice accuracy
+        out["s2_val_avg"] = _number((metrics.get("val") or {}).get("avg"))
+    return out
+
+
+def _trained(document: dict, model: str) -> dict:
+    entry = document.get(model) or {}
+    return entry if entry.get("trained") else {}
+
+
+def _linear_probe(probe: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for model, short in (("erm", "erm"), ("stage2", "s2")):
+        out.update(_accuracies(f"probe_{short}", (_trained(probe, model).get("probe") or {}).get("test")))
+    post = ((_trained(probe, "erm").get("probe") or {}).get("equalized_odds") or {}).get("test")
+    if post:
+        out.update({k: v for k, v in _accuracies("probe_erm_eo", post).items() if not k.endswith("_unbiased")})
+        out.update(_fairness("probe_erm_eo", post))
+    return out
+
+
+def _evaluate(representation: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for model, short in (("erm", "erm"), ("stage2", "s2")):
+        test = _trained(representation, model).get("test") or {}
+        out[f"align_{short}"] = _number(test.get("alignment_loss"))
+        out[f"mi_a_{short}"] = _number(test.get("mi_a"))
+    return out
+
+
+EXTRACT: dict[str, Callable[[dict], dict[str, Any]]] = {
+    "inject_bias": _inject_bias, "train_erm": _train_erm, "infer_groups": _infer_groups,
+    "train_contrastive": _train_contrastive, "linear_probe": _linear_probe, "evaluate": _evaluate,
+}
+
+
+def headline(stage: str, detailed: dict) -> dict[str, Any]:
+    """The headline scalars of ``stage`` from its detailed file's content (missing values left out)."""
+    return {key: value for key, value in EXTRACT[stage](detailed or {}).items() if value is not None}
+
+
+def write_headline(stage: str, root: Path = Path(".")) -> dict[str, Any] | None:
+    """Write ``reports/metrics/<stage>.json`` under ``root`` from the stage's detailed file; None (nothing
+    written) for a stage without a headline or when its detailed file is missing."""
+    if stage not in DETAILED or not (root / DETAILED[stage]).exists():
+        return None
+    values = headline(stage, load_json(root / DETAILED[stage]))
+    save_json(root / headline_path(stage), values)
+    return values
+
+
+def read_headlines(root: Path = Path("."), stages: tuple[str, ...] = STAGES) -> dict[str, float]:
+    """Every headline value found under ``root`` (flat, one dict; a missing or unreadable file is skipped)."""
+    values: dict[str, float] = {}
+    for stage in stages:
+        path = root / headline_path(stage)
+        try:
+            values.update(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return values
+
+
+PIPELINE = ("download", *STAGES, "report")  # every harnessed stage, in the order DVC runs them
+
+
+def upstream_stages(stage: str) -> tuple[str, ...]:
+    """The headline stages that ran before ``stage`` or are ``stage``, in pipeline order (all of them for the
+    report; none for a stage outside the pipeline). Their files on disk are current when ``stage`` ends; the
+    files of later stages may still be an earlier run's."""
+    if stage not in PIPELINE:
+        return ()
+    return tuple(s for s in STAGES if PIPELINE.index(s) <= PIPELINE.index(stage))
+
+
+def warnings_summary(by_stage: dict[str, list[str]], width: int = 250) -> str:
+    """``'2 warnings: degenerate-selection (train_erm), ...'``, or ``'none'``."""
+    total = sum(len(messages) for messages in by_stage.values())
+    if not total:
+        return "none"
+    codes = [f"{warning_code(m)} ({stage})" for stage, messages in by_stage.items() for m in messages]
+    text = f"{total} warning{'s' if total > 1 else ''}: " + ", ".join(codes)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# --------------------------------------------------------------------------- warnings and selection
+
+
+def find_warnings(document: Any, depth: int = 4) -> list[str]:
+    """Every string of every ``"warnings"`` list in a JSON document (nested dicts included), in order, once each."""
+    found: list[str] = []
+
+    def visit(node: Any, level: int) -> None:
+        if not isinstance(node, dict) or level > depth:
+            return
+        for key, value in node.items():
+            if key == "warnings" and isinstance(value, list):
+                found.extend(str(item) for item in value if isinstance(item, str) and str(item) not in found)
+            elif isinstance(value, dict):
+                visit(value, level + 1)
+
+    visit(document, 0)
+    return found
+
+
+def warning_code(message: str) -> str:
+    """The code a warning starts with (``degenerate-selection: ...`` -> ``degenerate-selection``), else 'warning'."""
+    head, sep, _ = message.partition(":")
+    return head.strip() if sep and head.strip() and " " not in head.strip() else "warning"
+
+
+def stage_documents(read: Callable[[Path], Any | None]) -> dict[str, list[Any]]:
+    """Stage -> the parsed detailed files ``read`` returns (None for a missing file is skipped)."""
+    documents: dict[str, list[Any]] = {}
+    for stage in STAGES:
+        for path in (DETAILED[stage], *EXTRA_WARNING_FILES.get(stage, ())):
+            document = read(path)
+            if document is not None:
+                documents.setdefault(stage, []).append(document)
+    return documents
+
+
+def _read_local(root: Path) -> Callable[[Path], Any | None]:
+    def read(path: Path) -> Any | None:
+        try:
+            return json.loads((root / path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+    return read
+
+
+def collect_warnings(documents: dict[str, list[Any]]) -> dict[str, list[str]]:
+    """Stage -> its warnings (stages without any are left out)."""
+    out = {}
+    for stage, docs in documents.items():
+        messages: list[str] = []
+        for document in docs:
+            messages += [m for m in find_warnings(document) if m not in messages]
+        if messages:
+            out[stage] = messages
+    return out
+
+
+def collect_selection(documents: dict[str, list[Any]]) -> dict[str, dict[str, Any]]:
+    """Stage -> its ``selection`` block (rule, selected_epoch, degenerate, reason) where a file has one."""
+    out = {}
+    for stage, docs in documents.items():
+        for document in docs:
+            if isinstance(document, dict) and isinstance(document.get("selection"), dict):
+                out[stage] = document["selection"]
+                break
+    return out
+
+
+def local_warnings(root: Path = Path("."), stages: tuple[str, ...] = STAGES) -> dict[str, list[str]]:
+    """The warnings of ``stages`` in the detailed files under ``root``."""
+    documents = stage_documents(_read_local(root))
+    return {stage: messages for stage, messages in collect_warnings(documents).items() if stage in stages}
+
+
+def local_selection(root: Path = Path(".")) -> dict[str, dict[str, Any]]:
+    return collect_selection(stage_documents(_read_local(root)))

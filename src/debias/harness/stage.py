@@ -1,0 +1,228 @@
+"""The harness every pipeline entrypoint runs in: params, checks, threads, MLflow run, one-line errors.
+
+An entrypoint names its stage and the params it reads (exactly those dvc.yaml declares for
+it) and passes a body ``(params, run) -> None``. Before the body starts, the params are
+validated, ``DEBIAS_DEVICE`` is checked and every folder the stage writes into is probed for
+writability, so none of these fails after minutes of work. Failures a user can act on end the
+process with one line naming the cause and what to do, and a non-zero exit code, instead of a
+traceback (``DEBIAS_DEBUG=1`` re-raises):
+
+- a :class:`debias.core.errors.DebiasError` (bad params, data, files, tracking, memory, divergence), or
+  ``FileNotFoundError`` / ``ValueError`` from the stage's own checks: exit 2;
+- a disk that is full or read-only, a file-size limit, a permission refused (``OSError``): exit 2;
+- an out-of-memory error: exit 2 with the params to lower;
+- Ctrl-C: exit 130, the MLflow run ended KILLED (as SIGTERM does).
+Every message is cut to :data:`MESSAGE_LIMIT` characters: no value is ever echoed unbounded.
+Outputs are written atomically, so a stage run by hand (``python pipeline/<stage>.py``) that fails leaves the
+previous outputs intact; under DVC (``dvc repro``, ``dvc exp run``: ``$DVC_STAGE`` set) DVC has already removed
+the stage's outputs (``persist: true`` ones excepted) before running it, and the message says so and how to get
+them back (:func:`outputs_note`).
+Under ``torchrun`` every rank runs the body; only rank 0 opens the MLflow run and writes the run
+record (:func:`debias.harness.tracking.stage_run`), and the other ranks name themselves in error messages.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from debias.core.errors import DebiasError, ResourceError
+from debias.params import Params, as_dict, load_params
+from debias.core.paths import RUNS
+
+if TYPE_CHECKING:  # tracking (MLflow) is imported inside main(), after the params and the device are checked
+    from debias.harness.tracking import StageRun
+
+MESSAGE_LIMIT = 2000  # characters of an error message printed; the rest is cut with a note
+
+# The params each stage reads; dvc.yaml declares exactly these (tests/test_repo.py checks).
+STAGE_PARAMS: dict[str, list[str]] = {
+    "source": ["data"],  # pipeline/source.py: a fingerprint of external data files, not a harnessed stage
+    "download": ["seed", "data"],
+    "inject_bias": ["seed", "bias"],
+    "train_erm": ["seed", "model", "erm", "health"],
+    "infer_groups": ["seed", "groups"],
+    "train_contrastive": ["seed", "model", "stage2", "loss", "health"],
+    "linear_probe": ["seed", "probe"],
+    "evaluate": ["seed", "evaluate"],
+    "report": ["report"],  # plus params.yaml as a file dependency: the report shows every changed param
+}
+
+# OSError numbers a user fixes on the machine, with what to do.
+OS_ADVICE: dict[int, str] = {
+    errno.ENOSPC: "the disk is full: free space (or point TMPDIR / the repository elsewhere) and rerun",
+    errno.EDQUOT: "the disk quota is exhausted: free space and rerun",
+    errno.EFBIG: "a file-size limit (ulimit -f) stopped the write: raise it and rerun",
+    errno.EROFS: "the file system is read-only: make it writable or run from a writable copy",
+    errno.EACCES: "permission denied: make the folder writable for this user",
+    errno.EPERM: "operation not permitted: make the folder writable for this user",
+}
+
+
+def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``message`` cut to ``limit`` characters, saying how much was left out."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]} ... [{len(message) - limit:,} more characters cut]"
+
+
+def stage_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
+    """The paths dvc.yaml declares as the stage's outputs (outs, metrics, plots); [] without a dvc.yaml."""
+    if not dvc_yaml.exists():
+        return []
+    import yaml
+
+    entries = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {}).get(stage, {})
+    paths: list[Path] = []
+    for kind in ("outs", "metrics", "plots"):
+        for entry in entries.get(kind, []) or []:
+            paths.append(Path(next(iter(entry)) if isinstance(entry, dict) else entry))
+    return paths
+
+
+def outputs_note() -> str:
+    """What is true of the stage's previous outputs after it failed: under DVC (``$DVC_STAGE`` set, as DVC sets it
+    for every stage command) DVC removed them before the command ran, and ``dvc checkout <stage>`` restores the
+    ones dvc.lock records; run by hand, the atomic writes left them intact."""
+    addressing = os.environ.get("DVC_STAGE", "").strip()
+    if addressing:
+        return (f"DVC removed this stage's previous outputs before running it (persist: true ones excepted); "
+                f"`dvc checkout {addressing}` restores the ones dvc.lock records")
+    return "the previous outputs are intact"
+
+
+def check_writable(outputs: list[Path]) -> None:
+    """Create and delete a file in the folder of every output (made if missing): refuse a read-only or full
+    disk now, before any work, naming the folder. A real write, not ``os.access``, which ignores read-only
+    mounts and says yes to root."""
+    folders = sorted({(path if not path.suffix and not path.is_file() else path.parent) for path in outputs})
+    for folder in folders:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle, probe = tempfile.mkstemp(prefix=".write-probe.", suffix=".tmp", dir=folder)
+            os.close(handle)
+            os.unlink(probe)
+        except OSError as exc:
+            advice = OS_ADVICE.get(exc.errno or 0, "fix the folder's permissions or disk")
+            raise ResourceError(f"cannot write into {folder}/ ({exc.strerror}): {advice}; nothing was run and "
+                                f"{outputs_note()}") from None
+
+
+def publish(stage: str, run: StageRun) -> None:
+    """After a stage's body: its headline file ``reports/metrics/<stage>.json`` (:mod:`debias.core.headline`), logged
+    to its MLflow run with its warnings; on the pipeline's parent run, the headline metrics and warnings of this
+    stage and those before it (their files are current; later stages' files may be an earlier run's)."""
+    from debias.core.headline import local_warnings, read_headlines, upstream_stages, warnings_summary, write_headline
+
+    values = write_headline(stage)
+    if values:
+        run.log_metrics(values)
+    for path in stage_outputs(stage):  # small JSON/CSV outputs, for `debias compare --source mlflow`
+        if path.suffix in (".json", ".csv") and path.is_file() and path.parent != RUNS and path.stat().st_size < 5e6:
+            run.log_artifact(path, f"outputs/{path.parent.as_posix()}")
+    own = local_warnings(stages=(stage,))
+    if own:
+        run.set_tags({"debias.warnings": "\n".join(own[stage])[:5000]})
+    stages = upstream_stages(stage)
+    if not stages or not run.parent_id:
+        return
+    by_stage = local_warnings(stages=stages)
+    tags = {f"debias.warnings.{name}": "\n".join(messages)[:5000] for name, messages in by_stage.items()}
+    tags["debias.warnings"] = warnings_summary(by_stage)
+    metrics = read_headlines(stages=stages)
+    metrics["warnings"] = float(sum(len(messages) for messages in by_stage.values()))
+    run.log_parent(metrics, tags)
+
+
+def _fail(who: str, message: str, code: int = 2) -> None:
+    text = bounded(message)
+    if os.environ.get("DVC_STAGE", "").strip() and "DVC removed" not in text:  # under DVC: the outputs are gone
+        text += f"\n({outputs_note()})"
+    print(f"[{who}] error: {text}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
+    sys.exit(code)
+
+
+def end_stage_process(stage: str) -> None:
+    """End a stage process that finished its work, skipping the interpreter's own finalization.
+
+    Tearing down the modules of torch, MLflow, scikit-learn and pandas (garbage collection, module
+    dictionaries, destructors) took 1.0-1.7 CPU s after every stage on a 2-core machine, after the
+    outputs were already on disk. Only where this process is ``python pipeline/<stage>.py`` itself (not a
+    test or script running stages in-process), no non-daemon thread is still running, and ``DEBIAS_FAST_EXIT``
+    is not ``0`` (set it for profilers that write their results at exit): the ``atexit`` handlers run (the
+    logging shutdown, the process group's), standard streams are flushed, and the process exits 0 with
+    ``os._exit``. Every output is written atomically and closed before this point; MLflow's SQLite
+    transactions are committed as each call returns.
+    """
+    import threading
+
+    if os.environ.get("DEBIAS_FAST_EXIT", "1").strip() == "0":
+        return
+    # The script the interpreter was started with (sys.orig_argv: runpy and pytest rewrite sys.argv[0], not this)
+    # must be this stage's entrypoint: `python [-u ...] pipeline/<stage>.py`.
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    words = [word for word in getattr(sys, "orig_argv", [])[1:] if not word.startswith("-")]
+    if script is None or Path(script).name != f"{stage}.py" or not words or Path(words[0]).resolve() != Path(script).resolve():
+        return
+    if any(thread.is_alive() and not thread.daemon and thread is not threading.main_thread()
+           for thread in threading.enumerate()):
+        return
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
+def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noqa: F821 (StageRun: lazy import)
+    """Validate params, check device and outputs, open the stage's MLflow run and run ``body``."""
+    from debias.core import distributed
+    from debias.core.runtime import configure_threads, pick_device
+
+    params = None
+    who = ", ".join(filter(None, [stage, "" if distributed.is_main() else distributed.describe()]))
+    debug = bool(os.environ.get("DEBIAS_DEBUG"))
+    try:
+        params = load_params()
+        pick_device()  # a DEBIAS_DEVICE this machine lacks fails here, not after data loading
+        configure_threads()
+        if distributed.is_main():
+            check_writable(stage_outputs(stage))
+        from debias.harness.tracking import stage_run
+
+        with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run:
+            body(params, run)
+            if distributed.is_main():
+                publish(stage, run)
+        end_stage_process(stage)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"[{who}] interrupted (Ctrl-C); {outputs_note()}", file=sys.stderr)
+        sys.exit(130)
+    except (DebiasError, FileNotFoundError, ValueError) as exc:
+        if debug:
+            raise
+        _fail(who, str(exc))
+    except OSError as exc:  # disk full, read-only, size limit, permission: the machine, not the code
+        if debug or exc.errno not in OS_ADVICE:
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        _fail(who, f"{exc.strerror}{where}: {OS_ADVICE[exc.errno]}; {outputs_note()}")
+    except (MemoryError, RuntimeError) as exc:  # a real out-of-memory error: say what to lower
+        from debias.harness.memory import is_out_of_memory, out_of_memory_advice
+
+        if debug or not is_out_of_memory(exc):
+            raise
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        _fail(who, f"out of memory ({type(exc).__name__}: {first_line}); to reduce it, "
+                   f"{out_of_memory_advice(stage, params)}")

@@ -1,0 +1,129 @@
+"""``debias compare``: many experiments on one page, and a terminal table no wider than 160 characters.
+
+One row per experiment (the params that differ between the experiments compared, the headline test metrics
+of :mod:`debias.core.headline`, its warnings), then the same grouped by every differing param but the seed: mean
+± sample standard deviation over the seeds and their count, ranked by stage-2 worst-group accuracy, with a
+Welch t-test of each group against the best one ("is the difference real?"). The HTML page (self-contained:
+inline CSS, figures as data URIs; it opens from disk, offline) adds the per-group accuracy heatmaps and the
+validation curves of the runs compared, side by side, and every warning. Tables are pandas data frames;
+figures are matplotlib, as the report's.
+
+The experiments come from :mod:`debias.report.collect` (DVC's experiments and/or MLflow's pipeline runs); the
+selection and statistics are :mod:`debias.tools.compare.data`'s, the terminal table
+:mod:`debias.tools.compare.terminal`'s and the page :mod:`debias.tools.compare.page`'s; this module gathers,
+writes and logs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from pathlib import Path
+
+from debias.params import ReportParams
+from debias.report.collect import Experiment
+from debias.tools.compare.data import Comparison, build_comparison, comparable, rank_metric, select
+from debias.tools.compare.page import check_out, default_out, write_page
+from debias.tools.compare.terminal import MAX_WIDTH, describe_without_results, terminal_text, wrap
+
+MIN_WIDTH = 40  # ours: the narrowest --width accepted (a name column and one metric column)
+
+
+def log_to_mlflow(comparison: Comparison, written: dict[str, Path], root: Path) -> str:
+    """Log the page, tables and figures as one run of the MLflow experiment ``<experiment>-compare`` (its own
+    experiment, so the pipeline experiment keeps one row per pipeline run). Follows ``DEBIAS_TRACKING``:
+    ``off`` skips, ``optional`` warns on a failure, ``required`` raises it. Returns what happened, in words."""
+    import os
+
+    from debias.core.errors import TrackingError
+    from debias.harness.tracking import (DEFAULT_EXPERIMENT, KIND_TAG, check_reachable, ensure_experiment, tracking_mode,
+                                 tracking_uri)
+
+    mode = tracking_mode()
+    if mode == "off":
+        return "not logged to MLflow (DEBIAS_TRACKING=off)"
+    uri = tracking_uri(root)
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT) + "-compare"
+    try:
+        check_reachable(uri)
+        from mlflow.entities import Metric, Param
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        experiment_id = ensure_experiment(uri, name, root)
+        stamp = dt.datetime.now().isoformat(timespec="seconds")
+        run_id = client.create_run(experiment_id, tags={
+            "mlflow.runName": f"compare {stamp}", KIND_TAG: "compare", "debias.source": comparison.source,
+            "debias.filters": comparison.filters or "none",
+            "debias.experiments": ", ".join(e.name for e in comparison.experiments)[:5000]}).info.run_id
+        client.log_batch(run_id, params=[Param("experiments", str(len(comparison.experiments))),
+                                         Param("groups", str(len(comparison.groups))),
+                                         Param("varying_params", ", ".join(comparison.params)[:6000] or "none")])
+        rank = rank_metric(comparison.frame)
+        if rank is not None and comparison.ranked:
+            best = comparison.groups.iloc[0]
+            client.log_batch(run_id, metrics=[Metric(f"best_{rank}_mean", float(best[f"{rank}_mean"]),
+                                                     int(dt.datetime.now().timestamp() * 1000), 0)])
+        for key, path in written.items():
+            client.log_artifact(run_id, str(path), "compare/figures" if key.startswith("figure:") else "compare")
+        client.set_terminated(run_id, "FINISHED")
+    except Exception as exc:
+        message = f"the comparison was not logged to MLflow store {uri}: {type(exc).__name__}: {str(exc)[:300]}"
+        if mode == "required":
+            raise TrackingError(message + " (DEBIAS_TRACKING=optional logs nothing and goes on)") from None
+        return message
+    return f"logged to MLflow experiment '{name}' as run {run_id}"
+
+
+def workspace_report_params(root: Path) -> ReportParams:
+    """The ``report`` section of ``root``'s params.yaml (the intervals' level; the page states it), the schema's
+    defaults where the file is missing or does not validate."""
+    from debias.params import load_params
+
+    try:
+        return load_params(root / "params.yaml").report
+    except (OSError, ValueError):
+        return ReportParams()
+
+
+def compare(root: Path, source: str = "dvc", method: str | None = None, param_filters: Iterable[str] = (),
+            last: int | None = None, tags: dict[str, str] | None = None, out: Path | None = None,
+            mlflow: bool = True, max_width: int = MAX_WIDTH) -> tuple[Comparison, dict[str, Path], str]:
+    """Gather, select, tabulate, write the page (``out``, default ``reports/compare``) and log it; returns the
+    comparison, the files written and the terminal text."""
+    import os
+
+    from debias.report import collect
+    from debias.harness.tracking import DEFAULT_EXPERIMENT, tracking_uri
+
+    if last is not None and last < 1:
+        raise ValueError(f"--last {last}; allowed: a whole number >= 1 (the most recent experiments to compare)")
+    if max_width < MIN_WIDTH:
+        raise ValueError(f"--width {max_width}; allowed: {MIN_WIDTH} or more characters")
+    page = out or default_out(root)
+    check_out(page, own_folder=page.resolve() == default_out(root).resolve())  # before the slow gathering
+    gathered: list[Experiment] = []
+    if source in ("dvc", "both"):
+        gathered += collect.from_dvc(root)
+    if source in ("mlflow", "both"):
+        gathered += collect.from_mlflow(tracking_uri(root), os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT),
+                                        tags)
+    filters = "; ".join(filter(None, [f"--method {method}" if method else "",
+                                      *(f"--param {p}" for p in param_filters), f"--last {last}" if last else "",
+                                      *(f"--tag {k}={v}" for k, v in (tags or {}).items())]))
+    chosen = select(gathered, method, param_filters, last)
+    if not chosen:
+        with_results = [e.name for e in gathered if comparable(e)]
+        raise ValueError(f"no experiment to compare ({source}{'; ' + filters if filters else ''}): "
+                         + (f"those with results are {', '.join(with_results)}" if with_results else
+                            "none has results yet (run `dvc repro` or `dvc exp run`)"
+                            + (f"; {describe_without_results(gathered)}" if gathered else "")))
+    for experiment in chosen:
+        experiment.load_notes()
+    comparison = build_comparison(chosen, gathered, source, filters)
+    text = terminal_text(comparison, max_width)
+    written = write_page(comparison, page, own_folder=page.resolve() == default_out(root).resolve(),
+                         report=workspace_report_params(root))
+    logged = log_to_mlflow(comparison, written, root) if mlflow else "not logged to MLflow (--no-mlflow)"
+    text += "\n".join(wrap(f"page: {written['html']} (opens offline); {logged}", max_width)) + "\n"
+    return comparison, written, text

@@ -1,0 +1,209 @@
+"""``debias compare``'s terminal table: no line wider than ``--width`` (160 characters by default); the lowest-priority
+metric columns are dropped first, and the page shows them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from debias.core.headline import LABELS
+from debias.report.collect import Experiment
+from debias.tools.compare.data import METRICS, Comparison, fmt, fmt_mean_std, group_label, metric_present
+
+MAX_WIDTH = 160  # terminal table, characters
+LEGEND = ("test split; accuracies in %: avg = sample-weighted, unb = unbiased (mean over groups), wg = worst-group; "
+          "align = alignment loss (CNC Eq. 2-3); Î(A;Z) in nats; ! = warnings (listed in the page)")
+
+
+@dataclass
+class TextColumn:
+    """A terminal column: two header lines and its cells; text columns are left-aligned and may be shortened."""
+
+    group: str
+    label: str
+    cells: list[str]
+    numeric: bool = True
+    priority: int = 100  # dropped lowest first; text columns (name, params) are never dropped
+    key: str = ""
+
+    def width(self, limit: int | None = None) -> int:
+        natural = max([len(self.label), *map(len, self.cells)] or [1])
+        return natural if limit is None or self.numeric else min(natural, limit)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def _spans(columns: list[TextColumn]) -> list[tuple[int, int]]:
+    """``(first, last)`` column index of each run of columns under one group label."""
+    spans, i = [], 0
+    while i < len(columns):
+        j = i
+        while j + 1 < len(columns) and columns[i].group and columns[j + 1].group == columns[i].group:
+            j += 1
+        spans.append((i, j))
+        i = j + 1
+    return spans
+
+
+def render_columns(columns: list[TextColumn], text_limit: int | None = None, sep: str = "  ") -> list[str]:
+    """Two header lines (a group label centred over its run of columns, then each column's label), then the rows.
+    A run of columns is widened (its last column) where its group label is wider than the run."""
+    widths = [c.width(text_limit) for c in columns]
+    spans = _spans(columns)
+    for first, last in spans:
+        span = sum(widths[first : last + 1]) + len(sep) * (last - first)
+        widths[last] += max(0, len(columns[first].group) - span)
+    groups_line = []
+    for first, last in spans:
+        span = sum(widths[first : last + 1]) + len(sep) * (last - first)
+        group = columns[first].group
+        groups_line.append(group.ljust(span) if not columns[first].numeric else group.center(span))
+    labels_line = [c.label.rjust(w) if c.numeric else _cut(c.label, w).ljust(w) for c, w in zip(columns, widths)]
+    lines = [sep.join(groups_line).rstrip(), sep.join(labels_line).rstrip()]
+    for r in range(len(columns[0].cells) if columns else 0):
+        cells = [(c.cells[r].rjust(w) if c.numeric else _cut(c.cells[r], w).ljust(w)) for c, w in zip(columns, widths)]
+        lines.append(sep.join(cells).rstrip())
+    return lines
+
+
+def fit_columns(columns: list[TextColumn], max_width: int = MAX_WIDTH,
+                text_width: int = 24) -> tuple[list[str], list[TextColumn]]:
+    """Render within ``max_width``: shorten text columns (names, param values) to ``text_width`` characters, then
+    drop the lowest-priority metric columns, then shorten text columns down to 10 characters; lines are never
+    longer than ``max_width``. Returns the lines and the columns left out."""
+    kept = list(columns)
+    dropped: list[TextColumn] = []
+
+    def width(limit: int | None) -> int:
+        lines = render_columns(kept, limit)
+        return max(map(len, lines)) if lines else 0
+
+    limit: int | None = None
+    if width(None) > max_width:
+        limit = text_width
+    while width(limit) > max_width:
+        droppable = [c for c in kept if c.numeric and c.priority < 100]
+        if not droppable:
+            break
+        lowest = min(droppable, key=lambda c: c.priority)
+        kept.remove(lowest)
+        dropped.append(lowest)
+    while limit is not None and limit > 10 and width(limit) > max_width:
+        limit -= 1
+    return [line[:max_width] for line in render_columns(kept, limit)], dropped
+
+
+def split_constant(columns: list[TextColumn]) -> tuple[list[TextColumn], list[str]]:
+    """Metric columns with the same value in every row (two rows or more) leave the table for one line
+    (``'ERM avg 23.8'``), as ``dvc exp show --only-changed`` does."""
+    if not columns or len(columns[0].cells) < 2:
+        return columns, []
+    kept, same = [], []
+    for column in columns:
+        means = {cell.split("±")[0] for cell in column.cells}  # a grouped cell is mean±std; one seed: the mean
+        if column.key and len(means) == 1:
+            same.append(f"{LABELS.get(column.key, column.key)} {next(iter(means))}")
+        else:
+            kept.append(column)
+    return kept, same
+
+
+def _param_columns(frame: pd.DataFrame, params: list[str]) -> list[TextColumn]:
+    return [TextColumn("params" if i == 0 else "", key, [str(v) for v in frame[key]], numeric=False)
+            for i, key in enumerate(params)]
+
+
+def experiments_columns(frame: pd.DataFrame, params: list[str]) -> list[TextColumn]:
+    columns = [TextColumn("", "experiment", [str(v) for v in frame["experiment"]], numeric=False)]
+    columns += _param_columns(frame, params)
+    columns += [TextColumn(m.group, m.label, [fmt(v, m.percent) for v in frame[m.key]], priority=m.priority, key=m.key)
+                for m in METRICS if metric_present(frame, m.key)]
+    columns.append(TextColumn("", "!", [str(n) if n else "" for n in frame["warnings"]], priority=99))
+    return columns
+
+
+def groups_columns(groups: pd.DataFrame, group_params: list[str]) -> list[TextColumn]:
+    columns = _param_columns(groups, group_params) or [TextColumn("", "group", ["all"] * len(groups), numeric=False)]
+    columns.append(TextColumn("", "seeds", [str(n) for n in groups["seeds"]], priority=99))
+    columns += [TextColumn(m.group, m.label, [fmt_mean_std(a, b, m.percent) for a, b in
+                                              zip(groups[f"{m.key}_mean"], groups[f"{m.key}_std"])],
+                           priority=m.priority, key=m.key)
+                for m in METRICS if metric_present(groups, m.key, "_mean")]
+    columns.append(TextColumn("", "!", [str(n) if n else "" for n in groups["warnings"]], priority=99))
+    return columns
+
+
+def wrap(text: str, width: int = MAX_WIDTH) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width) or [""]
+
+
+def difference_lines(comparison: Comparison) -> list[str]:
+    """'Is the difference real?': the best group against the next ones on the rank metric."""
+    if not comparison.differences:
+        return []
+    rank = comparison.differences[0]["metric"]
+    best = comparison.groups.iloc[0]
+    lines = [f"best by {LABELS.get(rank, rank)}: {group_label(best, comparison.group_params)} "
+             f"({fmt_mean_std(best[f'{rank}_mean'], best[f'{rank}_std'], True, ' ± ')} %, {int(best['seeds'])} seed"
+             f"{'s' if best['seeds'] > 1 else ''})"]
+    for d in comparison.differences[:3]:
+        p = d["p"]
+        verdict = ("p not computed: fewer than 2 seeds in a group" if p is None else
+                   f"Welch t-test p = {p:.3f} ({d['n'][0]} vs {d['n'][1]} seeds): "
+                   + ("unlikely to be seed noise" if p < 0.05 else "within seed noise"))
+        lines.append(f"  vs {d['group']}: {d['difference']:+.1f} points; {verdict}")
+    return [line for text in lines for line in wrap(text)]
+
+
+def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
+    """The comparison as plain text, every line at most ``max_width`` characters."""
+    out: list[str] = []
+    n = len(comparison.experiments)
+    out += wrap(f"{n} experiment{'s' if n != 1 else ''} ({comparison.source}{'; ' + comparison.filters if comparison.filters else ''})"
+                f"; params that differ: {', '.join(comparison.params) or 'none'}", max_width)
+    out.append("")
+    columns, same = split_constant(experiments_columns(comparison.frame, comparison.params))
+    lines, dropped = fit_columns(columns, max_width)
+    out += lines
+    if comparison.group_params and len(comparison.groups) < len(comparison.frame):
+        out.append("")
+        out += wrap(f"grouped by {', '.join(comparison.group_params)} (every differing param but the seed): "
+                    "mean±std over seeds", max_width)
+        columns, _ = split_constant(groups_columns(comparison.groups, comparison.group_params))
+        group_lines, group_dropped = fit_columns(columns, max_width)
+        out += group_lines
+        dropped += [c for c in group_dropped if c.key not in {d.key for d in dropped}]
+        out += difference_lines(comparison)
+    out.append("")
+    for note in comparison.notes:
+        out += wrap(f"note: {note}", max_width)
+    if same:
+        out += wrap("the same in every experiment: " + ", ".join(same), max_width)
+    out += wrap(LEGEND, max_width)
+    if dropped:
+        out += wrap("not shown here for width (see the page): " + ", ".join(LABELS.get(c.key, c.key) for c in dropped),
+                    max_width)
+    if comparison.without_results:
+        out += wrap(f"not finished or without results: {describe_without_results(comparison.without_results)}",
+                    max_width)
+    return "\n".join(line[:max_width] for line in out) + "\n"
+
+
+def describe_without_results(experiments: list[Experiment]) -> str:
+    """Each run that is not compared: queued and running ones by status, the others each with the reason and the
+    command that gives it results."""
+    from debias.tools.compare.data import missing_reason
+
+    by_status: dict[str, list[str]] = {}
+    for e in experiments:
+        if e.status in ("queued", "running") and not e.reason:
+            by_status.setdefault(e.status, []).append(e.name)
+    listed = [f"{status}: {', '.join(names)}" for status, names in by_status.items()]
+    listed += [f"{e.name}: {missing_reason(e)}" for e in experiments if not (e.status in ("queued", "running")
+                                                                             and not e.reason)]
+    return "; ".join(listed)

@@ -1,0 +1,274 @@
+"""Each stage's code dependencies, derived from what its entrypoint imports, so dvc.yaml cannot drift.
+
+The rule: a stage depends on the code that computes its outputs and on nothing else.
+
+A stage's command (``python pipeline/<stage>.py`` or ``python -m debias.harness.launch pipeline/<stage>.py``)
+runs files that import modules of the ``debias`` package, which import others, at module level or
+inside functions. :func:`code_deps` walks those imports statically (``ast``: every ``import`` and
+``from ... import`` anywhere in a file, so lazy imports count) from the command's files and returns
+every file of the repository it reaches: the entrypoint, ``src/debias/**.py`` (each package's
+``__init__.py`` included, since importing a submodule runs it). Data dependencies (``data/``,
+``models/``, ``reports/``) are not code and stay as dvc.yaml states them. Two refinements:
+
+- **The harness** (:data:`HARNESS`: the launcher, the fork server, the stage runner, tracking, progress lines,
+  memory advice, and the tools no stage runs) starts, watches, records or advises on a stage but computes none
+  of its data, model or metric values: its files are never a stage's deps. The walk still follows a harness
+  module's own imports, since what it calls may compute output values (the stage runner writes the headline
+  metrics through :mod:`debias.core.headline` and sizes the thread pools through :mod:`debias.core.runtime`).
+  tests/test_forkserver.py holds the harness to this: the same output bytes with the fork server on and off.
+- **The params schema** (:mod:`debias.params`, one module per section): a stage depends on the modules of the
+  sections it reads (its ``params:`` in dvc.yaml, the modules of the section classes the code imports by name,
+  every section for a stage that depends on params.yaml whole) plus the shared ones (:data:`PARAMS_COMMON`),
+  not on every section: a change to ``loss``'s schema reruns the stages that read ``loss``.
+
+``debias deps`` prints the difference between dvc.yaml and the derived lists; ``debias deps --write``
+rewrites the code entries of every stage's ``deps`` (comments and everything else kept).
+"""
+
+from __future__ import annotations
+
+import ast
+import shlex
+from collections.abc import Iterable
+from pathlib import Path
+
+PACKAGE = "debias"
+SOURCE_ROOT = Path("src")
+CODE_PREFIXES = ("src/", "pipeline/")  # a dvc.yaml dep under these is code, derived here
+# Modules that import others by name at run time, which no import statement shows: reaching the key (relative to
+# src/debias) reaches every file its glob names. The stage-2 method registry imports every method's declaration
+# when the params schema is built; base.setup_method imports the training module the running method names.
+DISCOVERED = {"training/methods/registry.py": "training/methods/*/__init__.py",
+              "training/methods/base.py": "training/methods/*/train.py"}
+
+# Modules (and packages, with everything under them) that cannot change a byte of a stage's data, model or
+# metric outputs, each with the reason. Their run records (reports/runs/*.json: timings, hosts, run ids) differ
+# on every run anyway. Research code imports none of them to compute a value.
+HARNESS: dict[str, str] = {
+    "debias.harness": "the launcher, the fork server, the stage runner, tracking, progress lines and the memory "
+                      "check: they start, run, record or advise on a stage and pass no value into its outputs "
+                      "(tests/test_forkserver.py: the same output bytes with the fork server on and off); what the "
+                      "runner calls that computes outputs (headline metrics, thread pools) stays a dep through its "
+                      "imports",
+    "debias.tools": "the `debias` command, sweeps, services, presets, compare and this module: no stage imports them "
+                    "(DVC sees the params a preset writes, not the preset code)",
+}
+
+# Harness modules that call nothing computing an output either: the walk stops at them (the memory check reads
+# the methods' memory plans, which must not make every stage depend on every method's declaration).
+HARNESS_LEAVES = ("debias.harness.memory",)
+
+PARAMS = "debias.params"
+# The schema's modules every stage that loads params depends on: the package (re-exports), the Section base and
+# the root (the Params model with its checks across sections, and the loading every stage runs).
+PARAMS_COMMON = ("debias.params.base", "debias.params.root")
+
+
+def is_harness(module: str) -> bool:
+    """Whether ``module`` is, or lies under, a :data:`HARNESS` entry."""
+    return any(module == name or module.startswith(name + ".") for name in HARNESS)
+
+
+def is_params_section(module: str) -> bool:
+    """A section module of the params schema (``debias.params.loss``), not the package or its shared modules."""
+    return module.startswith(PARAMS + ".") and module not in PARAMS_COMMON
+
+
+def module_file(module: str, root: Path) -> Path | None:
+    """The file of a ``debias`` module (``debias/x.py`` or ``debias/x/__init__.py``) under ``root/src``, else None."""
+    if module != PACKAGE and not module.startswith(PACKAGE + "."):
+        return None
+    base = root / SOURCE_ROOT / Path(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module named by an import statement in ``path`` (``from a import b`` also tries ``a.b``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    package = path.parent
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import: resolve against the file's package
+                parts = list(package.parts)
+                anchor = parts[: len(parts) - (node.level - 1)]
+                if "src" not in anchor:
+                    continue
+                prefix = ".".join(anchor[anchor.index("src") + 1:])
+                base = f"{prefix}.{node.module}" if node.module else prefix
+            else:
+                base = node.module or ""
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _with_parents(module: str) -> list[str]:
+    """``debias.a.b`` -> ``debias``, ``debias.a``, ``debias.a.b``: importing a submodule runs its packages."""
+    parts = module.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``root/src/debias/a/b.py`` -> ``debias.a.b``; a package's ``__init__.py`` -> the package."""
+    parts = list(path.relative_to(root / SOURCE_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def params_exports(root: Path) -> dict[str, str]:
+    """The names :mod:`debias.params` re-exports, each mapped to the section module defining it (static)."""
+    init = module_file(PARAMS, root)
+    if init is None or init.name != "__init__.py":
+        return {}
+    exports: dict[str, str] = {}
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PARAMS + "."):
+            exports.update({alias.asname or alias.name: node.module for alias in node.names})
+    return exports
+
+
+def params_sections(root: Path) -> dict[str, str]:
+    """Each top-level params key mapped to the module of its section class (``loss`` -> ``debias.params.loss``),
+    read statically from the fields of ``Params`` in ``debias.params.root``; keys of plain values (``seed``)
+    belong to the root."""
+    path = module_file(PARAMS_COMMON[1], root)
+    if path is None:
+        return {}
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    origin = {alias.asname or alias.name: node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              and node.module for alias in node.names}  # ast.walk: TYPE_CHECKING imports name sections too
+    sections: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Params":
+            for field in node.body:
+                if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                        and isinstance(field.annotation, ast.Name) and field.annotation.id in origin):
+                    sections[field.target.id] = origin[field.annotation.id]
+    return sections
+
+
+def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = ()) -> set[Path]:
+    """Every repository file reached from ``entries`` through ``debias`` imports (the entries included), without
+    the :data:`HARNESS` files; of the params schema, the package, :data:`PARAMS_COMMON` and the section modules
+    named in ``sections`` or by the names the code imports from :mod:`debias.params` (with what they import)."""
+    exports = params_exports(root)
+    seen: set[Path] = set()
+    todo = [p for p in entries if p.is_file()]
+    todo += [f for name in sections if (f := module_file(name, root)) is not None]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        if path.name == "__init__.py" and path.parent == root / SOURCE_ROOT / Path(*PARAMS.split(".")):
+            todo += [f for name in PARAMS_COMMON if (f := module_file(name, root)) is not None]
+            continue  # the package only re-exports: which sections count is decided by name, not by its imports
+        own = module_name(path, root) if path.is_relative_to(root / SOURCE_ROOT) else ""
+        if own in HARNESS_LEAVES:
+            continue
+        for module in _imported_modules(path):
+            if module.startswith(PARAMS + ".") and module_file(module, root) is None:  # from debias.params import X
+                module = exports.get(module.rsplit(".", 1)[1], PARAMS)
+            # a harness module is walked for what it calls, not for its packages (debias.training for its memory advice)
+            for name in [module] if is_harness(module) else _with_parents(module):
+                if is_params_section(name) and own == PARAMS_COMMON[1]:
+                    continue  # the root composes every section; a stage depends on those it reads
+                found = module_file(name, root)
+                if found is not None and found not in seen:
+                    todo.append(found)
+        package = root / SOURCE_ROOT / PACKAGE
+        if package in path.parents and path.relative_to(package).as_posix() in DISCOVERED:
+            todo.extend(sorted(package.glob(DISCOVERED[path.relative_to(package).as_posix()])))
+    return {path for path in seen if not _harness_file(path, root)}
+
+
+def _harness_file(path: Path, root: Path) -> bool:
+    return path.is_relative_to(root / SOURCE_ROOT) and is_harness(module_name(path, root))
+
+
+def command_entries(cmd: str, root: Path) -> list[Path]:
+    """The files a stage command runs: ``python FILE`` and ``python -m MODULE FILE`` (a launcher and its script)."""
+    words = shlex.split(cmd.split("#", 1)[0])
+    entries: list[Path] = []
+    for i, word in enumerate(words):
+        if word == "-m" and i + 1 < len(words):
+            found = module_file(words[i + 1], root)
+            if found is not None:
+                entries.append(found)
+        elif word.endswith(".py"):
+            entries.append(root / word)
+    return entries
+
+
+def stage_sections(stage: dict, root: Path) -> list[str]:
+    """The params section modules a dvc.yaml stage reads: those of its ``params:`` keys, every section when it
+    depends on params.yaml whole (the report renders every param)."""
+    sections = params_sections(root)
+    keys = list(sections) if "params.yaml" in (stage.get("deps") or []) else [
+        str(key).split(".")[0] for key in stage.get("params") or [] if isinstance(key, str)]
+    return sorted({sections[key] for key in keys if key in sections})
+
+
+def code_deps(cmd: str, root: Path, sections: Iterable[str] = ()) -> list[str]:
+    """The code files (repository-relative, sorted) a stage command depends on, with the params ``sections``
+    (modules, :func:`stage_sections`) it reads."""
+    files = reachable_files(command_entries(cmd, root), root, sections)
+    return sorted(str(p.relative_to(root)) for p in files)
+
+
+def stage_code_deps(stage: dict, root: Path) -> list[str]:
+    """:func:`code_deps` of a dvc.yaml stage (its ``cmd``, ``params`` and ``deps``)."""
+    return code_deps(stage["cmd"], root, stage_sections(stage, root))
+
+
+def is_code(dep: str) -> bool:
+    return dep.startswith(CODE_PREFIXES)
+
+
+def stage_differences(dvc_yaml: Path) -> dict[str, tuple[list[str], list[str]]]:
+    """Per stage: (code deps dvc.yaml lacks, code deps dvc.yaml has that the imports do not reach)."""
+    import yaml
+
+    root = dvc_yaml.parent
+    stages = yaml.safe_load(dvc_yaml.read_text(encoding="utf-8"))["stages"]
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    for name, stage in stages.items():
+        declared = {d for d in stage.get("deps", []) or [] if is_code(d)}
+        derived = set(stage_code_deps(stage, root))
+        missing, extra = sorted(derived - declared), sorted(declared - derived)
+        if missing or extra:
+            out[name] = (missing, extra)
+    return out
+
+
+def write_deps(dvc_yaml: Path) -> list[str]:
+    """Rewrite each stage's code deps in dvc.yaml as derived (data deps and comments kept); the stages changed."""
+    from ruamel.yaml import YAML
+
+    root = dvc_yaml.parent
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    yaml.indent(mapping=2, sequence=4, offset=2)  # the file's own style
+    document = yaml.load(dvc_yaml.read_text(encoding="utf-8"))
+    changed = []
+    for name, stage in document["stages"].items():
+        deps = stage.get("deps")
+        derived = stage_code_deps(stage, root)
+        data = [d for d in (deps or []) if not is_code(d)]
+        if deps is None or [d for d in deps if is_code(d)] != derived:
+            changed.append(name)
+            new = derived + data
+            if deps is None:
+                stage.insert(1, "deps", new)
+            else:
+                deps.clear()
+                deps.extend(new)
+    with open(dvc_yaml, "w", encoding="utf-8") as handle:
+        yaml.dump(document, handle)
+    return changed

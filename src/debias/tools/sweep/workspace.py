@@ -1,0 +1,128 @@
+"""The repository side of a sweep: git and DVC commands, the stages' environment, ``sweeps/<name>/sweep.json``,
+clones at the sweep's commit, and phase 1 (shared upstream stages computed once) in a clone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from debias.tools.sweep.grid import SweepError, check_name, set_args
+
+SWEEPS = "sweeps"  # <repository>/sweeps/<name>/: sweep.json, logs/, clones/ (git-ignored)
+CLONES = "clones"  # sweeps/<name>/clones/<experiment>: the clone a SLURM task runs its experiment in
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str] | None = None, check: bool = True) -> str:
+    """``args`` run in ``cwd``; stdout (a failure with ``check`` raises, with its output)."""
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
+    return done.stdout
+
+
+def task_env(threads: int, tracking_uri: str | None, experiment: str | None, src: Path | None = None) -> dict[str, str]:
+    """The environment of every stage a sweep runs: machine settings only (never params), the tracking server,
+    and ``PYTHONPATH`` with ``src`` first so the stages run the commit being swept."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_TRACKING", "SLURM_JOB",
+                                                                     "SLURM_ARRAY", "SLURM_TASK", "SLURM_STEP"))}
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(DEBIAS_THREADS=str(threads), DEBIAS_TRACKING=env.get("DEBIAS_TRACKING", "required"),
+               MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true", OMP_WAIT_POLICY="PASSIVE",
+               DEBIAS_DEVICE=env.get("DEBIAS_DEVICE", "cpu"),
+               NUMBA_CACHE_DIR=env.get("NUMBA_CACHE_DIR", str(Path.home() / ".cache" / "debias" / "numba")),
+               GIT_AUTHOR_NAME=env.get("GIT_AUTHOR_NAME", "debias-sweep"),
+               GIT_AUTHOR_EMAIL=env.get("GIT_AUTHOR_EMAIL", "sweep@debias.invalid"),
+               GIT_COMMITTER_NAME=env.get("GIT_COMMITTER_NAME", "debias-sweep"),
+               GIT_COMMITTER_EMAIL=env.get("GIT_COMMITTER_EMAIL", "sweep@debias.invalid"))
+    if tracking_uri:
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
+    if experiment:
+        env["MLFLOW_EXPERIMENT_NAME"] = experiment
+    return env
+
+
+def sweep_dir(root: Path, name: str) -> Path:
+    """``<root>/sweeps/<name>``; a name that is not one safe path component is a SweepError (:func:`check_name`)."""
+    return root / SWEEPS / check_name(name)
+
+
+def save_state(root: Path, state: dict[str, Any]) -> Path:
+    path = sweep_dir(root, state["name"]) / "sweep.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state, indent=1, default=str))
+    tmp.replace(path)
+    return path
+
+
+def load_state(root: Path, name: str) -> dict[str, Any]:
+    path = sweep_dir(root, name) / "sweep.json"
+    if not path.is_file():
+        known = sorted(p.parent.name for p in (root / SWEEPS).glob("*/sweep.json"))
+        raise SweepError(f"no sweep named {name!r} in {root / SWEEPS}; known: {', '.join(known) or 'none'}")
+    return json.loads(path.read_text())
+
+
+def finished_experiments(root: Path, baseline: str) -> set[str]:
+    """Names of the DVC experiments of ``baseline`` (``refs/exps/<2>/<38>/<name>``: only successful runs make one)."""
+    refs = run(["git", "for-each-ref", "--format=%(refname)", f"refs/exps/{baseline[:2]}/{baseline[2:]}/"], root,
+               check=False)
+    return {line.rsplit("/", 1)[-1] for line in refs.splitlines() if line.strip()}
+
+
+def dirty_files(root: Path) -> list[str]:
+    """Tracked files with uncommitted changes (what a clone of HEAD would not see)."""
+    return [line[3:] for line in run(["git", "status", "--porcelain", "--untracked-files=no"], root).splitlines()
+            if line.strip()]
+
+
+def clone_at(root: Path, commit: str, target: Path) -> None:
+    """A fresh git clone of ``root`` at ``commit`` in ``target`` (a previous one there is removed)."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    run(["git", "clone", "-q", "--no-checkout", "--no-hardlinks", str(root), str(target)], target.parent)
+    run(["git", "checkout", "-q", commit], target)
+    for setting in (["core.analytics", "false"], ["core.check_update", "false"]):
+        run(["dvc", "config", "--local", *setting], target)
+
+
+def with_src(env: dict[str, str], clone: Path) -> dict[str, str]:
+    """``env`` with the clone's ``src`` first on ``PYTHONPATH``: the stages run the swept commit's code, not an
+    editable install's (whose tree may change while the sweep runs)."""
+    return {**env, "PYTHONPATH": os.pathsep.join([str(clone / "src"), *filter(None, [env.get("PYTHONPATH")])])}
+
+
+def compute_upstream(spec: dict[str, Any]) -> str:
+    """Phase 1 in a clone: params.yaml with the overrides (as ``dvc exp run -S`` writes them), ``dvc repro
+    STAGE``, then the run-cache shared (``cache_dir``: this clone uses that cache; ``remote``: pushed there)."""
+    from dvc.utils.hydra import apply_overrides
+
+    clone = Path(spec["clone"])
+    clone_at(Path(spec["root"]), spec["commit"], clone)
+    env = with_src(spec["env"], clone)
+    if spec.get("cache_dir"):
+        run(["dvc", "cache", "dir", "--local", spec["cache_dir"]], clone)
+    if spec.get("remote"):
+        run(["dvc", "remote", "add", "--local", "-f", "-d", "sweep", spec["remote"]], clone)
+        run(["dvc", "pull", "--run-cache", "--allow-missing"], clone, env, check=False)
+    apply_overrides(clone / "params.yaml", [a for a in set_args(spec["overrides"]) if a != "-S"])
+    pull = ["--pull"] if spec.get("remote") else []  # restore from the run-cache with outputs from the remote
+    out = run(["dvc", "repro", *pull, spec["stage"]], clone, env)
+    if spec.get("remote"):
+        print(out, flush=True)  # into the SLURM task's log
+    if spec.get("remote"):
+        run(["dvc", "push", "--run-cache"], clone, env)
+    shutil.rmtree(clone, ignore_errors=True)
+    return out[-2000:]
+
+
+def upstream_experiment(env: dict[str, str]) -> str:
+    """The MLflow experiment of phase 1's runs: ``<the sweep's experiment>-upstream``."""
+    from debias.harness.tracking import DEFAULT_EXPERIMENT
+
+    return f"{env.get('MLFLOW_EXPERIMENT_NAME') or DEFAULT_EXPERIMENT}-upstream"
