@@ -17,6 +17,7 @@ from debias.training.classifier import ClassifierTask, validator
 from debias.training.loop import build_optimizer, build_scheduler, finish, fit, resume_key
 from debias.training.memory import check_classifier_fits
 from debias.training.outputs import StageOutputs, note_resume, split_tensors, write_outputs
+from debias.training.selection import check_rule_for
 
 
 def train_erm(splits: dict[str, BiasedSplit], model_params: str | ModelParams, optim: OptimParams, seed: int,
@@ -29,6 +30,7 @@ def train_erm(splits: dict[str, BiasedSplit], model_params: str | ModelParams, o
     Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
     outputs and returns the accuracy reports, the other ranks return ``{}``.
     """
+    check_rule_for("erm.selection", optim.selection, inferred_groups=False)  # before any work
     device = distributed.init_from_env(pick_device())
     generator = seed_everything(seed)
     train = splits["train"]

@@ -107,7 +107,7 @@ def selection_warnings(result: FitResult) -> list[str]:
         won = result.selection["won_by_images"]
         return [health.warning("fragile-selection",
                                f"epoch {result.selected_epoch} was kept by {won} validation image{'s' if won != 1 else ''}"
-                               f" of its worst group: {result.selection['reason']}; a lead that small is noise at "
+                               f" of its {result.selection.get('unit', 'worst group')}: {result.selection['reason']}; a lead that small is noise at "
                                "this validation size, so the kept epoch is not shown to be better than the others")]
     return []
 
