@@ -156,3 +156,34 @@ def test_erm_refuses_the_rule_that_needs_inferred_groups() -> None:
 def test_the_schema_allows_exactly_the_registered_rules() -> None:
     assert set(typing.get_args(Selection)) == set(RULES)
     assert set(NEEDS_INFERRED_GROUPS) == {name for name, r in RULES.items() if r.needs_inferred_groups}
+
+
+def test_stage_2_selects_by_the_validation_splits_inferred_groups_and_refuses_without_them(tmp_path) -> None:
+    import json
+
+    from debias.tracking import StageRun
+    from debias.training.methods import train_stage2
+    from debias.training.outputs import StageOutputs
+    from tests.test_training import tiny_split
+
+    params = validate({"groups": {"method": "true"},
+                       "stage2": {"method": "erm", "epochs": 2, "batch_size": 32,
+                                  "selection": "best_worst_inferred_group"}})
+    train, val = tiny_split(64), tiny_split(32, seed=1)
+    outputs = StageOutputs(model=tmp_path / "stage2.pt", embeddings_dir=tmp_path / "stage2",
+                           metrics=tmp_path / "stage2_train.json", curves=tmp_path / "curves.csv",
+                           resume=tmp_path / "resume.pt")
+    splits = {"train": train, "val": val, "test": val}
+    with pytest.raises(ValueError, match="stage2.selection = best_worst_inferred_group: this stage has no inferred"):
+        train_stage2(params, splits, train.a.clone(), train.a != train.y, None, StageRun(None, None), outputs)
+    assert not outputs.metrics.exists()
+    train_stage2(params, splits, train.a.clone(), train.a != train.y, None, StageRun(None, None), outputs,
+                 inferred_group=train.g.clone(), val_inferred_group=val.g.clone())
+    block = json.loads(outputs.metrics.read_text())["selection"]
+    assert block["rule"] == "best_worst_inferred_group" and block["unit"] == "worst inferred group"
+    assert set(block["picks"]) == set(RULES)  # with true attributes every rule is replayed on the same run
+    header = outputs.curves.read_text().splitlines()[0].split(",")
+    assert {"val/worst_class", "val/worst_inferred_group", "val/worst_group"} <= set(header)
+    # the oracle's groups given as the inferred ones: both rules read the same numbers
+    rows = [dict(zip(header, map(float, line.split(",")))) for line in outputs.curves.read_text().splitlines()[1:]]
+    assert all(row["val/worst_inferred_group"] == row["val/worst_group"] for row in rows)
