@@ -153,6 +153,7 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
                      for k, v in fairness_scalars(report["fairness"]).items()})
     run.log_metrics({"selected_epoch": result.selected_epoch})
     run.log_metrics(selected_metrics(result))
+    run.log_metrics({f"selection.picks.{rule}": float(epoch) for rule, epoch in result.selection.get("picks", {}).items()})
     run.log_warnings(found)
     for path in (out.metrics, out.curves):
         run.log_artifact(path)
