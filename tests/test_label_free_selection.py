@@ -187,3 +187,18 @@ def test_stage_2_selects_by_the_validation_splits_inferred_groups_and_refuses_wi
     # the oracle's groups given as the inferred ones: both rules read the same numbers
     rows = [dict(zip(header, map(float, line.split(",")))) for line in outputs.curves.read_text().splitlines()[1:]]
     assert all(row["val/worst_inferred_group"] == row["val/worst_group"] for row in rows)
+
+
+def test_the_reports_selection_table_names_every_rules_epoch(tmp_path) -> None:
+    import json
+
+    from debias.report.sections.stage_warnings import picks_text, warnings_section
+
+    block = describe_selection(history(), 2, "best_worst_class")
+    (tmp_path / "reports/metrics").mkdir(parents=True)
+    (tmp_path / "reports/metrics/stage2_train.json").write_text(json.dumps({"selection": block, "warnings": []}))
+    section = warnings_section(tmp_path)
+    table = next(b for b in section.blocks if getattr(b, "headers", None) and "each rule's epoch" in b.headers)
+    assert table.rows[0][1] == "best_worst_class" and table.rows[0][2] == "2"
+    assert table.rows[0][-1] == "last 4, best_worst_group 1, best_worst_class 2, best_worst_inferred_group 3"
+    assert picks_text(None) == "n/a"
