@@ -52,14 +52,27 @@ def test_a_validation_point_takes_the_majority_group_of_its_nearest_same_class_t
                               torch.tensor([1, 0]), k=2).tolist() == [0]
 
 
-def test_cluster_transfer_gives_the_training_groups_labels() -> None:
+def test_one_cluster_per_class_transfers_the_label_its_neighbours_of_any_class_carry() -> None:
+    # the clusters span classes: a class-1 validation point among class-0 training points of bias label 0 gets label 0
+    train = split([0, 0, 0, 1, 1, 1])
+    inference = GroupInference(torch.tensor([0, 0, 0, 1, 1, 1]), torch.tensor([0, 0, 0, 3, 3, 3]),
+                               torch.zeros(6, dtype=torch.bool), y=train.y.clone())
+    train_z = torch.tensor([[0.0], [0.1], [0.2], [9.0], [9.1], [9.2]])
+    val = split([1, 1, 0])
+    out = infer_val_groups("cluster", val, torch.tensor([[0.05], [9.05], [9.1]]), torch.zeros(3, 2), train_z,
+                           inference, GroupsParams(method="cluster", cluster={"umap_neighbors": 3}))
+    assert out.inferred_label.tolist() == [0, 1, 1] and out.inferred_group.tolist() == [2, 3, 1]
+    assert out.minority.tolist() == [True, False, True]
+
+
+def test_clusters_within_classes_transfer_the_group_of_same_class_neighbours() -> None:
     train = split([0, 0, 0, 0])
     inference = GroupInference(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 0, 1, 1]),
                                torch.tensor([False, False, True, True]), y=train.y.clone())
     val = split([0, 0])
     out = infer_val_groups("cluster", val, torch.tensor([[0.0], [9.0]]), torch.zeros(2, 2),
                            torch.tensor([[0.0], [0.1], [9.0], [9.1]]), inference,
-                           GroupsParams(method="cluster", cluster={"umap_neighbors": 2}))
+                           GroupsParams(method="cluster", cluster={"umap_neighbors": 2, "per_class": 2}))
     assert out.inferred_group.tolist() == [0, 1] and out.inferred_label.tolist() == [0, 1]
     assert out.minority.tolist() == [False, True]
     with pytest.raises(ValueError, match="another split; rerun train_erm"):

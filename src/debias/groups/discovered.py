@@ -7,10 +7,15 @@ same fitted inference as the training split's, applied to the validation split's
 
 - ``pred`` / ``soft``: label = argmax of ERM's validation logits; group = y * C + label (the training rule itself);
 - ``true``: the validation split's true attribute (the oracle, as for training);
-- ``cluster``: each validation point takes the inferred group most frequent among its k nearest training points of
-  its own class in ERM's feature space z (k = ``groups.cluster.umap_neighbors``, the neighbourhood UMAP itself
-  builds on; ties: the lower group id). Ours: the clusters were fitted on a UMAP of the training points only, and a
-  nearest-neighbour vote is how a point outside that fit is placed among them without refitting.
+- ``cluster``: a vote of the k nearest training points in ERM's feature space z (k = ``groups.cluster.umap_neighbors``,
+  the neighbourhood UMAP itself builds on; ties: the lower id). With ``per_class = 1`` the clusters span all classes,
+  so the vote is over training points of every class and decides the inferred label (group = y * C + label); with
+  ``per_class = k > 1`` the clusters lie within a class, so the vote is over the point's own class and decides its
+  inferred group. Ours: the clusters were fitted on a UMAP of the training points only, and a nearest-neighbour vote
+  places a point outside that fit among them without refitting. Measured on one ERM run of the default params (1,078
+  training, 269 validation digits, 79 % of them bias-conflicting): the vote's label is the validation digit's true
+  colour for 95.5 % of them (k = 15), the clusters' own labels the training digit's for 99.3 %;
+  a vote within the own class instead found it for 45 % only (the training minorities are too small to win a vote).
 
 The summary (:func:`group_summary`) lists per (class, inferred group) of the training split its size, ERM's
 accuracy on it, the true attribute's share where the split has one, and a few example indices
@@ -96,10 +101,16 @@ def nearest_group_vote(val_z: torch.Tensor, val_y: torch.Tensor, train_z: torch.
 
 def transfer_cluster(val: BiasedSplit, val_z: torch.Tensor, val_logits: torch.Tensor, train_z: torch.Tensor,
                      train_inference: GroupInference, params: GroupsParams) -> GroupInference:
-    """Each validation point: the majority inferred group of its nearest same-class training points in z."""
+    """``per_class = 1`` (clusters over all points, matched to classes): label = the majority inferred label of the
+    nearest training points of any class in z, group = y * C + label. ``per_class = k > 1`` (clusters within each
+    class): the majority inferred group of the nearest training points of the point's own class."""
     assert train_inference.y is not None
-    group = nearest_group_vote(val_z, val.y, train_z, train_inference.y, train_inference.inferred_group,
-                               params.cluster.umap_neighbors)
+    k = params.cluster.umap_neighbors
+    if params.cluster.per_class == 1:
+        anywhere_val, anywhere_train = torch.zeros_like(val.y), torch.zeros_like(train_inference.y)
+        label = nearest_group_vote(val_z, anywhere_val, train_z, anywhere_train, train_inference.inferred_label, k)
+        return GroupInference(label, val.y * val.n_classes + label, label != val.y, y=val.y.clone())
+    group = nearest_group_vote(val_z, val.y, train_z, train_inference.y, train_inference.inferred_group, k)
     return _from_groups(val, group, train_inference)
 
 
