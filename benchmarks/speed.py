@@ -63,11 +63,11 @@ from throughput import fill_npz, subset, throughput_train  # noqa: E402
 from debias.data.store import BiasedSplit  # noqa: E402
 from debias.models import build_model  # noqa: E402
 from debias.params import Params, validate  # noqa: E402
-from debias.training.methods.cnc.sampling import CNCBatchSampler  # noqa: E402
 from debias.training.classifier import ClassifierTask  # noqa: E402
 from debias.training.loop import build_optimizer  # noqa: E402
 from debias.training.methods import Stage2Inputs, method_spec, setup_method  # noqa: E402
 from debias.training.methods import supcon as supcon_family  # noqa: E402
+from debias.training.methods.cnc.sampling import CNCBatchSampler  # noqa: E402
 from debias.training.methods.selfsup.train import projection_head  # noqa: E402
 
 DEFAULT_NPZ = REPO.parent / "shared" / "datasets" / "mnist10k.npz"

@@ -29,10 +29,10 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from quality import merge  # noqa: E402
 from throughput import subset, throughput_train  # noqa: E402
 
-from debias.params import validate  # noqa: E402
 from debias.core.runtime import seed_everything  # noqa: E402
-from debias.training.methods.cnc.sampling import CNCBatchSampler  # noqa: E402
+from debias.params import validate  # noqa: E402
 from debias.training.methods import Stage2Inputs, setup_method  # noqa: E402
+from debias.training.methods.cnc.sampling import CNCBatchSampler  # noqa: E402
 
 SETTINGS = {"none": {}, "bf16": {"speed": {"autocast": "bf16"}}, "channels_last": {"speed": {"channels_last": True}},
             "compile": {"speed": {"compile": True}},

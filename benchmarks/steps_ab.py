@@ -96,10 +96,10 @@ def build_tasks(spec: dict, npz: Path, device: Any) -> dict[str, tuple[Any, int]
     sys.path.insert(0, str(HERE))
     from throughput import fill_npz, subset, throughput_train
 
-    from debias.params import validate
     from debias.core.runtime import seed_everything
-    from debias.training.methods.cnc.sampling import CNCBatchSampler
+    from debias.params import validate
     from debias.training.methods import Stage2Inputs, setup_method
+    from debias.training.methods.cnc.sampling import CNCBatchSampler
 
     _, full = throughput_train(spec, npz)
     tasks = {}

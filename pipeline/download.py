@@ -3,9 +3,9 @@
 from debias.core import paths
 from debias.data.sources import SOURCE_PROTOCOLS, load_source
 from debias.data.store import save_raw_splits
-from debias.params import Params
 from debias.harness.stage import main
 from debias.harness.tracking import StageRun
+from debias.params import Params
 
 
 def run(params: Params, run: StageRun) -> None:

@@ -10,14 +10,14 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("NUMBA_CACHE_DIR", str(Path("~/.cache/debias/numba").expanduser()))
 
 from debias.core import paths  # noqa: E402
+from debias.core.io import save_json, save_torch  # noqa: E402
+from debias.core.runtime import pick_device, seed_everything  # noqa: E402
 from debias.data.store import load_splits  # noqa: E402
 from debias.evaluation.probe import flat_scalars, load_encoders  # noqa: E402
 from debias.evaluation.representation import evaluate_encoders  # noqa: E402
-from debias.core.io import save_json, save_torch  # noqa: E402
-from debias.params import Params  # noqa: E402
-from debias.core.runtime import pick_device, seed_everything  # noqa: E402
 from debias.harness.stage import main  # noqa: E402
 from debias.harness.tracking import StageRun  # noqa: E402
+from debias.params import Params  # noqa: E402
 
 REPRESENTATION_METRICS = paths.METRICS / "representation.json"
 

@@ -1,4 +1,6 @@
-"""Stage infer_groups: inferred bias labels of the training split (data/groups/train.parquet), UMAP coordinates, quality metrics."""
+"""Stage infer_groups: inferred bias labels of the training split (data/groups/train.parquet), UMAP coordinates, quality
+metrics; the validation split's groups by the same fitted inference (data/groups/val.parquet) and a summary of every
+inferred group (data/groups/summary.json: size, ERM's accuracy, attribute share, example images)."""
 
 import os
 
@@ -9,10 +11,12 @@ from debias.core import paths  # noqa: E402
 from debias.data.store import load_split  # noqa: E402
 from debias.groups import (GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN, groups_report, infer_groups,  # noqa: E402
                            report_scalars, save_embedding, save_groups)
+from debias.groups.discovered import (GROUPS_SUMMARY, GROUPS_VAL_TABLE, group_summary,  # noqa: E402
+                                      infer_val_groups, save_summary)
 from debias.core.io import save_json  # noqa: E402
-from debias.params import Params  # noqa: E402
 from debias.harness.stage import main  # noqa: E402
 from debias.harness.tracking import StageRun  # noqa: E402
+from debias.params import Params  # noqa: E402
 from debias.training.outputs import load_embeddings  # noqa: E402
 
 
@@ -22,6 +26,11 @@ def run(params: Params, run: StageRun) -> None:
     inference = infer_groups(params.groups.method, train, erm["z"], erm["logits"], params.groups, params.seed)
     report = groups_report(params.groups.method, inference, train)
     save_groups(GROUPS_TABLE, inference)
+    val = load_split(paths.BIASED / "val.pt")
+    erm_val = load_embeddings(paths.ERM_DIR, "val")
+    save_groups(GROUPS_VAL_TABLE, infer_val_groups(params.groups.method, val, erm_val["z"], erm_val["logits"], erm["z"],
+                                                   inference, params.groups))
+    save_summary(GROUPS_SUMMARY, group_summary(inference, train, erm["logits"], params.seed), params.groups.method)
     save_embedding(UMAP_TRAIN, inference)
     save_json(GROUPS_METRICS, report)
     save_json(paths.GROUPS_TIMINGS, inference.timings)  # seconds per step, kept out of the metrics file

@@ -1,13 +1,13 @@
 """Stage inject_bias: bias the splits with a protocol (data/biased/), summary and sample grid."""
 
 from debias.core import paths
+from debias.core.io import save_json
 from debias.data.bias import check_colourable, inject_bias, resolve_protocol, summarise
 from debias.data.store import load_raw_data, save_split
-from debias.core.io import save_json
-from debias.params import Params
-from debias.report.figures import feature_summary, sample_grid
 from debias.harness.stage import main
 from debias.harness.tracking import StageRun
+from debias.params import Params
+from debias.report.figures import feature_summary, sample_grid
 
 # The declared figure: images per group, or (feature vectors) each feature's mean per group.
 SAMPLE_FIGURES = {"image": sample_grid, "tabular": feature_summary}

@@ -4,13 +4,13 @@ Writes reports/metrics/probe.json (scalars) and reports/metrics/probe_groups.jso
 """
 
 from debias.core import paths
+from debias.core.io import save_json
+from debias.core.runtime import pick_device, seed_everything
 from debias.data.store import load_splits
 from debias.evaluation.probe import flat_scalars, load_encoders, probe_encoders, probe_splits, split_tables
-from debias.core.io import save_json
-from debias.params import Params
-from debias.core.runtime import pick_device, seed_everything
 from debias.harness.stage import main
 from debias.harness.tracking import StageRun
+from debias.params import Params
 
 PROBE_METRICS = paths.METRICS / "probe.json"
 PROBE_GROUPS = paths.METRICS / "probe_groups.json"

@@ -6,11 +6,11 @@ it is the same 0.9 MB of JavaScript for every run). The report is logged on the 
 import time
 from pathlib import Path
 
+from debias.harness.stage import main
+from debias.harness.tracking import StageRun
 from debias.params import Params
 from debias.report.build import REPORT_HTML, REPORT_MD, build_report
 from debias.report.plots_page import PLOTS_TEMPLATE, write_plots_template
-from debias.harness.stage import main
-from debias.harness.tracking import StageRun
 
 
 def run(params: Params, run: StageRun) -> None:

@@ -6,11 +6,11 @@ import json
 import sys
 from pathlib import Path
 
-from debias.data.sources.base import DataSourceError, external_files, source_digests
 from debias.core.fingerprint import file_digest, tree_digest
 from debias.core.io import save_json
-from debias.params import ParamsError, load_params
 from debias.core.paths import SOURCE_FINGERPRINT
+from debias.data.sources.base import DataSourceError, external_files, source_digests
+from debias.params import ParamsError, load_params
 
 
 def fingerprint() -> dict:

@@ -2,9 +2,9 @@
 
 from debias.core import paths
 from debias.data.store import load_splits
-from debias.params import Params
 from debias.harness.stage import main
 from debias.harness.tracking import StageRun
+from debias.params import Params
 from debias.training.erm import train_erm
 from debias.training.outputs import StageOutputs
 

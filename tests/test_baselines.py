@@ -9,16 +9,16 @@ import torch
 import torch.nn.functional as F
 
 from debias import losses
+from debias.core.runtime import seed_everything
 from debias.data.store import BiasedSplit
 from debias.groups import infer_groups, load_groups, save_groups
 from debias.params import validate
-from debias.core.runtime import seed_everything
 from debias.training.methods import Stage2Inputs, setup_method
 from debias.training.methods import views
-from debias.training.methods.selfsup import train as selfsup
 from debias.training.methods.base import group_balanced_batches
 from debias.training.methods.groupdro.train import compact_groups
 from debias.training.methods.lff.train import LossEMA
+from debias.training.methods.selfsup import train as selfsup
 from tests.test_training import tiny_split
 
 CPU = torch.device("cpu")

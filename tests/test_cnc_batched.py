@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from debias.params import validate
 from debias.core.runtime import seed_everything
+from debias.params import validate
 from debias.training.methods import Stage2Inputs, setup_method
 from tests.test_training import tiny_split
 

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from debias.core import headline
-from debias.tools.compare import data as compare_data, page as compare_page, terminal as compare_terminal
 from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment, parse_exp_show
+from debias.tools.compare import data as compare_data, page as compare_page, terminal as compare_terminal
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

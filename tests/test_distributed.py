@@ -24,13 +24,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from debias.core import distributed
-
 from debias import losses
+from debias.core import distributed
 from debias.data.store import BiasedSplit, save_split
+from debias.harness import memory
 from debias.harness.launch import exit_code_of_failure, nproc_from_env, single_process_command, torchrun_arguments
 from debias.models import build_model
-from debias.harness import memory
 from tests.conftest import REPO
 
 GLOBAL_BATCH = 13  # odd: the two shards differ in size (7 and 6)
@@ -170,11 +169,11 @@ from pathlib import Path
 import torch
 
 from debias.data.store import load_split
-from debias.params import validate
 from debias.harness.tracking import stage_run
+from debias.params import validate
 from debias.training.erm import train_erm
-from debias.training.outputs import StageOutputs
 from debias.training.methods import train_stage2
+from debias.training.outputs import StageOutputs
 
 
 def train_all(data: Path, folder: Path) -> None:

@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 
 from debias.groups import embedding
-
 from debias.harness import forkserver
 from debias.harness.forkserver import protocol
 from debias.harness.forkserver import server as server_module

@@ -18,8 +18,8 @@ from debias.groups import (GROUP_COLUMNS, METHODS, GroupInference, group_quality
 from debias.groups.inference import (cluster_points, exact_knn, label_within_class_clusters,
                                      match_clusters_to_classes, size_ranks, within_class_ranks)
 from debias.core.io import CorruptFileError, save_torch
-from debias.params import ClusterParams, GroupsParams, Params
 from debias.harness.tracking import StageRun
+from debias.params import ClusterParams, GroupsParams, Params
 from tests.conftest import REPO
 
 N_CLASSES = 5
@@ -308,9 +308,13 @@ def test_stage_writes_table_umap_file_and_metrics(tmp_path, monkeypatch) -> None
     save_split("data/biased/train.pt", make_split(y, a))
     logits = torch.nn.functional.one_hot(a, N_CLASSES).float()  # ERM predicts the colour
     save_torch("data/erm/embeddings_train.pt", {"z": torch.randn(len(y), 84), "logits": logits}, kind="embeddings")
+    save_split("data/biased/val.pt", make_split(y[:10], a[:10]))  # the validation split: labelled the same way
+    save_torch("data/erm/embeddings_val.pt", {"z": torch.randn(10, 84), "logits": logits[:10]}, kind="embeddings")
     stage.run(Params(), StageRun(None, None))
     table = load_groups("data/groups/train.parquet", y=y)
     assert torch.equal(table.inferred_label, a) and torch.equal(table.minority, a != y)
+    val = load_groups("data/groups/val.parquet", y=y[:10])
+    assert torch.equal(val.inferred_label, a[:10]) and torch.equal(val.inferred_group, y[:10] * N_CLASSES + a[:10])
     assert load_embedding("data/groups/umap_train.pt")["coords"].shape == (0, 2)
     import json
 
@@ -320,6 +324,10 @@ def test_stage_writes_table_umap_file_and_metrics(tmp_path, monkeypatch) -> None
     assert "timings" not in metrics  # wall-clock time would make the metrics file differ between identical runs
     assert "total_s" in json.loads((tmp_path / "reports/runs/infer_groups_timings.json").read_text())
     assert np.isclose(metrics["nmi"], 1.0)
+    summary = json.loads((tmp_path / "data/groups/summary.json").read_text())
+    assert summary["method"] == "pred" and sum(row["n"] for row in summary["groups"]) == len(y)
+    assert all(int(y[i]) == row["class"] and int(y[i] * N_CLASSES + a[i]) == row["group"]
+               for row in summary["groups"] for i in row["examples"])
 
 
 def test_weak_inferred_groups_are_named_in_a_warning() -> None:

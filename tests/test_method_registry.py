@@ -30,11 +30,11 @@ def walk_through_module() -> str:
 RUN = '''
 import json, sys
 import torch
+from debias.harness.memory import out_of_memory_advice
+from debias.harness.tracking import StageRun
+from debias.params import validate
 from debias.params.applicability import RunContext, applies
 from debias.params.sources import SOURCES
-from debias.params import validate
-from debias.harness.tracking import StageRun
-from debias.harness.memory import out_of_memory_advice
 from debias.training.methods import METHODS, train_stage2
 from debias.training.outputs import StageOutputs
 from tests.test_training import tiny_split

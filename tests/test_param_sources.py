@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from debias.params.sources import KINDS, SOURCES
 from debias.params import Params
+from debias.params.sources import KINDS, SOURCES
 
 HOW = ('add a line  "{key}": "paper: <paper, table / section> | code: <official code file> | ours: <the measured '
        'reason>",  to SOURCES in src/debias/params/sources.py')

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from debias.tools.cli import main as cli_main
 from debias.params import Params, ParamsError, load_params, params_hash, validate
+from debias.tools.cli import main as cli_main
 from tests.conftest import committed_text
 
 

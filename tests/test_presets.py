@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias.tools import presets
-from debias.tools.cli import main
 from debias.core.errors import ParamsError
 from debias.params import BACKGROUND_COLOURS, Params, validate
+from debias.tools import presets
+from debias.tools.cli import main
 from tests.conftest import committed_text
 
 BFFHQ_ROOT = {"data": {"imagefolder": {"root": "data/external/bffhq"}}}

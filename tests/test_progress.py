@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from debias.harness import progress
 from debias.data.store import save_split
+from debias.harness import progress
 from tests.conftest import REPO
 from tests.test_training import tiny_split
 

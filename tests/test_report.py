@@ -23,22 +23,22 @@ import yaml
 
 from debias.core import paths
 from debias.core.io import save_json, save_torch
-from debias.params.applicability import RunContext, applies, rule_for
 from debias.metrics import GroupAccuracy, wilson_interval
 from debias.params import Params, validate
+from debias.params.applicability import RunContext, applies, rule_for
 from debias.report import card, paper, params_table
 from debias.report.artifacts import FIGURE_FILES, PER_GROUP_CSV, protocol_colours
 from debias.report.build import REPORT_HTML, REPORT_MD, build_report
 from debias.report.document import Section, Table, Text, anchor, render_markdown
 from debias.report.inputs import (CURVE_INPUTS, JSON_INPUTS, ReportInputs, load_inputs, stage2_label, stage2_method,
                                   umap_test_path)
+from debias.report.figures import placeholder
 from debias.report.sections import SECTIONS
 from debias.report.sections.base import result_rows
 from debias.report.sections.curves import fairkl_activity_blocks
 from debias.report.sections.papers import paper_section
 from debias.report.sections.run_params import params_section
 from debias.report.sections.stage_warnings import warnings_section
-from debias.report.figures import placeholder
 from tests.conftest import REPO, committed_text
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from debias import losses
-from debias.params import ParamsError, validate
 from debias.core.runtime import seed_everything
+from debias.params import ParamsError, validate
 from debias.training.methods import METHODS, Stage2Inputs, setup_method
 from tests.test_training import tiny_split
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias.tools.sweep import grid, local, slurm, status, workspace
 from debias.tools.cli import main as cli
+from debias.tools.sweep import grid, local, slurm, status, workspace
 from tests.conftest import committed_text
 
 

@@ -18,16 +18,16 @@ import pytest
 import torch
 import yaml
 
-from debias.tools.cli import main as cli_main
+from debias.core.io import CorruptFileError, save_torch
 from debias.data.augment import feature_groups, random_shift, tabular_view, view
 from debias.data.bias import BiasProtocolError, inject_bias, resolve_protocol, summarise
 from debias.data.sources import DataSourceError, RawSplit, load_source, random_split, tabular
 from debias.data.sources.tabular import RemoteFile, clean_compas, read_compas
 from debias.data.store import BiasedSplit, load_raw_data, load_split, save_raw_splits, save_split
-from debias.core.io import CorruptFileError, save_torch
 from debias.metrics import fairness_report, fairness_scalars
 from debias.models import build_model, load_network, save_network
 from debias.params import BiasParams, DataParams, MLPParams, ModelParams, TabularParams
+from debias.tools.cli import main as cli_main
 from tests.conftest import SHARED_DATASETS, committed_text, tiny_grey_digits
 from tests.faults.conftest import make_workspace, run_entrypoint_in_process
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from debias.harness import tracking
 from debias.core.errors import TrackingError
 from debias.core.paths import repo_root
+from debias.harness import tracking
 from debias.harness.tracking import runs, stage_run, store, tracking_uri
 from tests.conftest import fresh_store
 
@@ -139,8 +139,8 @@ def test_a_logged_model_has_a_signature_an_input_example_and_loads_without_pickl
     import torch
     from mlflow.tracking import MlflowClient
 
-    from debias.models import build_model, save_network
     from debias.harness.tracking import MODEL_CODE, model_requirements
+    from debias.models import build_model, save_network
 
     (tmp_path / ".dvc").mkdir()
     fresh_store(mlflow_template, tmp_path)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from debias.core.runtime import seed_everything
 from debias.data.store import BiasedSplit
 from debias.models import build_model
-from debias.core.runtime import seed_everything
 from debias.training.classifier import ClassifierTask, evaluate, validator
 from debias.training.loop import build_optimizer, fit
 

@@ -20,8 +20,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from debias.data.sources.base import RawSplit
 from debias.core.errors import BiasProtocolError
+from debias.data.sources.base import RawSplit
 from tests.conftest import tiny_grey_digits
 from tests.faults.conftest import assert_clean_failure, make_workspace, run_entrypoint_in_process
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from debias.models import build_model
-from debias.params import validate
 from debias.harness import memory
 from debias.harness.memory import ResourceError
+from debias.models import build_model
+from debias.params import validate
 from tests.faults.conftest import (
     PYTHON,
     assert_clean_failure,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from debias.data.store import BiasedSplit, save_split
 from debias.core.io import load_torch
+from debias.data.store import BiasedSplit, save_split
 from debias.models import load_network
 from tests.faults.conftest import (
     PYTHON,
@@ -39,8 +39,8 @@ import debias.training.erm as erm_mod
 import debias.training.methods.run as methods_mod
 import debias.training.methods.base as methods_base  # fresh_model() builds every stage-2 network
 from debias.data.store import load_split
-from debias.params import validate
 from debias.harness.tracking import StageRun
+from debias.params import validate
 from debias.training.outputs import StageOutputs
 
 # driver.py DATA [--kill-marker FILE] WORK [WORK ...]; each WORK holds params.json and kind (erm | stage2)
@@ -247,8 +247,8 @@ def test_killed_mid_epoch_resumes_to_the_uninterrupted_result(name: str, runs, d
 def test_a_torn_resume_state_starts_over_with_a_warning(data_dir: Path, tmp_path: Path) -> None:
     """A resume state cut short (e.g. a disk full) is not worth failing for: training starts over."""
     from debias.data.store import load_splits
-    from debias.params import validate
     from debias.harness.tracking import StageRun
+    from debias.params import validate
     from debias.training.erm import train_erm
     from debias.training.outputs import StageOutputs
 

@@ -34,10 +34,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from debias.core.errors import BiasProtocolError
 from debias.data import corruptions
 from debias.data.raw import RawSplits
 from debias.data.store import BiasedSplit
-from debias.core.errors import BiasProtocolError
 from debias.params import BackgroundParams, BiasParams, ForegroundParams
 
 SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}

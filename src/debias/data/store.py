@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from debias.data.raw import RAW_LAYOUTS, SPLITS, RawSplit, RawSplits, raw_modality
 from debias.core.io import CorruptFileError, load_torch, save_torch
+from debias.data.raw import RAW_LAYOUTS, SPLITS, RawSplit, RawSplits, raw_modality
 
 SPLIT_KEYS = ("x", "y", "a", "g", "aligned", "n_classes", "n_attrs")
 # What ``x`` of a biased split may be, per modality (the checks quote these).

@@ -32,10 +32,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from debias.harness import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import predict_labels, select_c, split_report, stratified_halves
 from debias.evaluation.variants import register_probe
+from debias.harness import progress
 from debias.params import ProbeParams
 
 

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 import torch
 from sklearn.pipeline import Pipeline
 
-from debias.harness import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import fit_logistic, predict_labels, select_c, split_report, stratified_halves
 from debias.evaluation.variants import register_probe
+from debias.harness import progress
 from debias.params import ProbeParams
 
 

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from sklearn.pipeline import Pipeline
 
-from debias.harness import progress
 from debias.data.store import BiasedSplit
+from debias.harness import progress
 from debias.evaluation import dfr, logistic, postprocess  # noqa: F401  (each registers its variants)
 from debias.evaluation.linear import split_report
 from debias.evaluation.variants import postprocessing, probe_variant

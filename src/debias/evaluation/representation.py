@@ -30,10 +30,10 @@ from debias.groups.embedding import umap_fit
 import torch.nn.functional as F
 from scipy.special import xlogy
 
-from debias.harness import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import fit_logistic, predict_proba, stratified_halves
 from debias.evaluation.probe import FEATURE_BATCH, FrozenEncoder, encode
+from debias.harness import progress
 from debias.metrics import PAIR_KINDS
 from debias.params import EvaluateParams, UMAPParams
 

@@ -41,12 +41,11 @@ import pandas as pd
 import torch
 
 from debias.core import health
-
-from debias.harness import progress
 from debias.data.store import BiasedSplit
+from debias.harness import progress
 from debias.groups.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
-from debias.groups.matching import group_quality, hungarian_map
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_torch
+from debias.groups.matching import group_quality, hungarian_map
 from debias.params import GroupsParams
 from debias.core.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
 

@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from debias.core.errors import ResourceError
 from debias.core import distributed
+from debias.core.errors import ResourceError
 
 BACKWARD_MARGIN = 1.75  # activations x this: gradients of activations and allocator slack during backward
 USABLE_FRACTION = 0.9  # of the free memory, the rest for the interpreter, data loading and fragmentation

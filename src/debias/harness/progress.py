@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from debias.core import distributed
 
 # The per-epoch metrics an epoch line shows, in this order, with their short names: the training loss and
-# accuracy, then the three validation accuracies selection reads (loop.selection_score).
+# accuracy, then the three validation accuracies the default selection reads (selection.selection_score).
 EPOCH_FIELDS = (("train/loss", "loss"), ("train/acc", "train acc"), ("val/avg", "val avg"),
                 ("val/unbiased", "unbiased"), ("val/worst_group", "worst-group"))
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from debias.core.errors import DebiasError, ResourceError
-from debias.params import Params, as_dict, load_params
 from debias.core.paths import RUNS
+from debias.params import Params, as_dict, load_params
 
 if TYPE_CHECKING:  # tracking (MLflow) is imported inside main(), after the params and the device are checked
     from debias.harness.tracking import StageRun

@@ -30,14 +30,14 @@ from debias.params.bias import (  # noqa: F401
 from debias.params.model import (  # noqa: F401
     ACTIVATION_ENCODERS, FeatureActivation, HEAD_INPUTS, HeadInput, MLPParams, ModelParams, PRETRAINABLE
 )
-from debias.params.optim import OptimParams  # noqa: F401
-from debias.params.groups import ClusterParams, GroupsParams, SoftParams  # noqa: F401
-from debias.params.stage2 import HeadParams, SpeedParams, STAGE2_SHARED_FIELDS, TabularViewParams  # noqa: F401
-from debias.params.loss import EpsSupConParams, FairKLParams, LossParams  # noqa: F401
-from debias.params.probe import _positive_distinct, DFRParams, ProbeParams  # noqa: F401
 from debias.params.evaluate import EvaluateParams, UMAPParams  # noqa: F401
-from debias.params.report import ReportParams  # noqa: F401
+from debias.params.groups import ClusterParams, GroupsParams, SoftParams  # noqa: F401
 from debias.params.health import HealthParams  # noqa: F401
+from debias.params.loss import EpsSupConParams, FairKLParams, LossParams  # noqa: F401
+from debias.params.optim import OptimParams  # noqa: F401
+from debias.params.probe import _positive_distinct, DFRParams, ProbeParams  # noqa: F401
+from debias.params.report import ReportParams  # noqa: F401
+from debias.params.stage2 import HeadParams, SpeedParams, STAGE2_SHARED_FIELDS, TabularViewParams  # noqa: F401
 from debias.params.root import (  # noqa: F401
     _allowed_range, _describe, _field_at, _valid_keys, as_dict, EXPECTED_KIND, flatten, load_params, MIN_IMAGE_SIZE,
     Params, params_hash, PHOTO_SOURCES, read_yaml, section, STROKE_PROTOCOLS, TABULAR_SOURCES, UNATTRIBUTED_SOURCES,

@@ -6,7 +6,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -19,7 +19,7 @@ from debias.params.groups import GroupsParams
 from debias.params.health import HealthParams
 from debias.params.loss import LossParams
 from debias.params.model import ModelParams
-from debias.params.optim import OptimParams
+from debias.params.optim import NEEDS_INFERRED_GROUPS, OptimParams, Selection
 from debias.params.probe import ProbeParams
 from debias.params.report import ReportParams
 
@@ -72,6 +72,16 @@ class Params(Section):
         if smallest and source not in TABULAR_SOURCES and self.data.image_size < smallest:
             raise ValueError(f"model.name = {self.model.name} needs data.image_size >= {smallest} (its two 5x5 "
                              f"convolutions and pools), got {self.data.image_size}")
+        return self
+
+    @model_validator(mode="after")
+    def _erm_selects_without_inferred_groups(self) -> "Params":
+        """ERM trains before its groups exist (infer_groups infers them from ERM's model): refuse a rule needing them."""
+        if self.erm.selection in NEEDS_INFERRED_GROUPS:
+            allowed = [name for name in get_args(Selection) if name not in NEEDS_INFERRED_GROUPS]
+            raise ValueError(f"erm.selection = {self.erm.selection}: ERM has no inferred groups to select by (it trains "
+                             "before infer_groups, which infers the groups from ERM's model); allowed: "
+                             f"{', '.join(allowed)} (stage2.selection may use {self.erm.selection})")
         return self
 
 

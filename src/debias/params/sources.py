@@ -125,7 +125,9 @@ SOURCES: dict[str, str] = {
     "erm.epochs": "paper: CNC App. D.2.2: E = 5 (schema default 5); params.yaml 10 (ours: see erm.lr)",
     "erm.lr_milestones": "paper: CNC App. D.2.2 (constant learning rate)",
     "erm.lr_gamma": "paper: FairKL App. B.2.1: x0.1 at each milestone (default 0.1; no milestone by default)",
-    "erm.selection": "paper: CNC App. D.2.2 trains a fixed few epochs (last)",
+    "erm.selection": "paper: CNC App. D.2.2 trains a fixed few epochs (last); the label-free choice "
+                     "best_worst_class: SubpopBench (Yang et al., ICML 2023, Change is Hard: its model-selection "
+                     "study takes worst-class validation accuracy when attributes are unknown)",
     "erm.eval_batch_size": "ours: 1024 images per evaluation batch (default 1024; memory only, no effect on results)",
     "erm.augment_shift": "code: CNC's code trains on random crops (schema default 0: off); params.yaml 2 (ours: a "
                          "random shift of up to 2 px; not measured against 0)",
@@ -157,7 +159,10 @@ SOURCES: dict[str, str] = {
     "stage2.lr_milestones": "ours: none at params.yaml's 30 epochs (FairKL App. B.2.1's 26 and 53 of 80 in the "
                             "fairkl-bmnist presets)",
     "stage2.lr_gamma": "paper: FairKL App. B.2.1: x0.1 (default 0.1)",
-    "stage2.selection": "paper: CNC App. D.2.4: early stopping on validation worst-group accuracy",
+    "stage2.selection": "paper: CNC App. D.2.4: early stopping on validation worst-group accuracy; the label-free "
+                        "choices: best_worst_class after SubpopBench (Yang et al., ICML 2023, Change is Hard: worst-class "
+                        "validation accuracy when attributes are unknown), best_worst_inferred_group ours (the "
+                        "worst-group rule on the validation groups inferred as the training split's)",
     "stage2.eval_batch_size": "ours: 1024 images per evaluation batch (default 1024; memory only, no effect on "
                               "results)",
     "stage2.augment_shift": "code: FairKL debiasing/main_infonce.py: no augmentation on Biased-MNIST (default 0); "

@@ -20,6 +20,7 @@ FIGURE_FILES: dict[str, Path] = {
     "umap": FIGURES_DIR / "umap_test.png",
     "curves": FIGURES_DIR / "training_curves.png",
     "groups_umap": FIGURES_DIR / "group_inference_umap.png",
+    "discovered": FIGURES_DIR / "discovered_groups.png",
 }
 PER_GROUP_CSV: dict[str, Path] = {"erm": paths.PLOTS / "per_group_erm.csv", "stage2": paths.PLOTS / "per_group_stage2.csv"}
 PER_GROUP_COLUMNS = ("group", "class", "attribute", "n", "accuracy", "low", "high")
@@ -105,7 +106,34 @@ def draw_figures(inputs: ReportInputs, root: Path, labels: dict[str, str], dpi: 
     else:
         figures.placeholder(root / FIGURE_FILES["groups_umap"], f"no UMAP of training features: {inputs.train_umap_note}", dpi)
     drawn["groups_umap"] = train is not None
+    drawn["discovered"] = draw_discovered(inputs, root, dpi)
     return drawn
+
+
+def draw_discovered(inputs: ReportInputs, root: Path, dpi: int) -> bool:
+    """The montage of the discovered groups (:mod:`debias.report.montage`) from infer_groups' summary and the
+    training images; a placeholder saying why where either is missing or the data are not images."""
+    from debias.report.montage import draw_discovered_groups
+
+    path = root / FIGURE_FILES["discovered"]
+    summary = inputs.get("groups_summary")
+    images = root / paths.BIASED / "train.pt"
+    why = None
+    if not summary or not summary.get("groups"):
+        why = f"no inferred groups ({paths.GROUPS_SUMMARY} not found)"
+    elif not images.exists():
+        why = f"no training images ({paths.BIASED / 'train.pt'} not found)"
+    if why is None:
+        from debias.data.store import load_split
+
+        x = load_split(images).x
+        if x.ndim != 4:
+            why = "the data are feature vectors, not images"
+        else:
+            draw_discovered_groups(x, summary["groups"], path, dpi)
+            return True
+    figures.placeholder(path, why, dpi)
+    return False
 
 
 def write_per_group_csvs(inputs: ReportInputs, root: Path, confidence: float) -> list[Path]:

@@ -24,6 +24,7 @@ JSON_INPUTS: dict[str, Path] = {
     "probe": paths.METRICS / "probe.json",
     "representation": paths.METRICS / "representation.json",
     "groups": paths.GROUPS_METRICS,
+    "groups_summary": paths.GROUPS_SUMMARY,
 }
 CURVE_INPUTS: dict[str, Path] = {"erm": paths.PLOTS / "erm_curves.csv", "stage2": paths.PLOTS / "stage2_curves.csv"}
 MODELS = ("erm", "stage2")

@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from debias.params.applicability import RunContext, applies
 from debias.params import Params, as_dict, flatten, validate
+from debias.params.applicability import RunContext, applies
 
 PARAMS_FILE = "params.yaml"
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")

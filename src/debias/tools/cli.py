@@ -67,8 +67,8 @@ def plots_template(path: str | None) -> int:
 
 
 def deps(write: bool) -> int:
-    from debias.tools.deps import stage_differences, write_deps
     from debias.core.paths import repo_root
+    from debias.tools.deps import stage_differences, write_deps
 
     dvc_yaml = repo_root() / "dvc.yaml"
     if write:

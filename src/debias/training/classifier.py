@@ -21,6 +21,7 @@ from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.metrics import accuracy_report, scalars
 from debias.training.loop import GeneratorTask, StepMetrics, cut_batches, gather_rows, on_device, to_device
+from debias.training.selection import label_free_scalars
 
 
 @torch.no_grad()
@@ -60,9 +61,19 @@ def validation_scalars(report: dict) -> dict[str, float]:
     return {**scalars(report, "val/"), "val/worst_group_n": float(worst_group_n(report))}
 
 
-def validator(model: nn.Module, split: BiasedSplit, batch_size: int, device: torch.device):
-    """A ``fit`` validation callback: :func:`validation_scalars` of ``model`` on ``split``."""
-    return lambda: validation_scalars(evaluate(model, split, batch_size, device))
+def validator(model: nn.Module, split: BiasedSplit, batch_size: int, device: torch.device,
+              inferred_group: torch.Tensor | None = None):
+    """A ``fit`` validation callback: :func:`validation_scalars` of ``model`` on ``split`` and the label-free numbers
+    (:func:`debias.training.selection.label_free_scalars`: per class, and per inferred group where ``split``'s
+    ``inferred_group`` [N] is given)."""
+
+    def check() -> dict[str, float]:
+        _, logits = predict(model, split.x, batch_size, device)
+        pred = logits.argmax(1)
+        report = accuracy_report(pred, split.y, split.a, split.aligned, split.n_classes, split.n_attrs)
+        return {**validation_scalars(report), **label_free_scalars(pred, split.y, inferred_group)}
+
+    return check
 
 
 class ClassifierTask(GeneratorTask):

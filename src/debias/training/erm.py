@@ -8,15 +8,16 @@ The task is :class:`debias.training.classifier.ClassifierTask` (every index once
 from __future__ import annotations
 
 from debias.core import distributed
+from debias.core.runtime import pick_device, seed_everything
 from debias.data.store import BiasedSplit
+from debias.harness.memory import check_classifier_fits
+from debias.harness.tracking import StageRun
 from debias.models import build_model
 from debias.params import HealthParams, ModelParams, OptimParams
-from debias.core.runtime import pick_device, seed_everything
-from debias.harness.tracking import StageRun
 from debias.training.classifier import ClassifierTask, validator
 from debias.training.loop import build_optimizer, build_scheduler, finish, fit, resume_key
-from debias.harness.memory import check_classifier_fits
 from debias.training.outputs import StageOutputs, note_resume, split_tensors, write_outputs
+from debias.training.selection import check_rule_for
 
 
 def train_erm(splits: dict[str, BiasedSplit], model_params: str | ModelParams, optim: OptimParams, seed: int,
@@ -29,6 +30,7 @@ def train_erm(splits: dict[str, BiasedSplit], model_params: str | ModelParams, o
     Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
     outputs and returns the accuracy reports, the other ranks return ``{}``.
     """
+    check_rule_for("erm.selection", optim.selection, inferred_groups=False)  # before any work
     device = distributed.init_from_env(pick_device())
     generator = seed_everything(seed)
     train = splits["train"]

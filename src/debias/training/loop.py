@@ -2,9 +2,9 @@
 
 A :class:`Task` knows how to run one training epoch and holds the state that must survive
 an interruption (modules, its sampler/generator). :func:`fit` runs epochs, validates after
-each, keeps the selected weights (``last``, or ``best_worst_group``: best validation worst-group
-accuracy, ties broken by validation unbiased accuracy, then average accuracy, then the earlier
-epoch; :func:`selection_score`) and describes the choice (:func:`describe_selection`: the rule,
+each, keeps the selected weights (the rule of :mod:`debias.training.selection`: ``last``,
+``best_worst_group``, or a label-free ``best_worst_class`` / ``best_worst_inferred_group``;
+:func:`selection_score`) and describes the choice (:func:`describe_selection`: the rule,
 the epoch, whether it was degenerate and why), and, after every epoch, atomically saves a resume state: modules,
 optimizer, scheduler, RNG states, the task's sampler state, history and the best weights.
 Rerunning after a kill continues from the last completed epoch and ends with the same
@@ -27,7 +27,6 @@ rank 0's weights are broadcast after validation, so the selected weights are the
 from __future__ import annotations
 
 import copy
-import math
 import random
 import time
 import warnings
@@ -41,12 +40,13 @@ import torch
 from torch import nn
 
 from debias.core import distributed
-
-from debias.harness import progress
 from debias.core.errors import TrainingDiverged
-from debias.data.store import BiasedSplit
 from debias.core.fingerprint import code_version, digest, tensor_digest
 from debias.core.io import CorruptFileError, load_torch, save_torch
+from debias.data.store import BiasedSplit
+from debias.harness import progress
+from debias.training.selection import (FRAGILE_IMAGES, RULES, SELECTION_RULES, describe_selection,  # noqa: F401
+                                       selection_margin, selection_score, won_by_images)  # (re-exported)
 
 
 class Task(Protocol):
@@ -276,96 +276,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 def _module_states(task: Task) -> dict[str, dict[str, torch.Tensor]]:
     return {name: copy.deepcopy(module.state_dict()) for name, module in task.modules().items()}
-
-
-SELECTION_RULES = {
-    "last": "the last epoch",
-    "best_worst_group": "best validation worst-group accuracy; ties broken by validation unbiased accuracy, then "
-                        "average accuracy, then the earlier epoch",
-}
-
-
-def selection_score(metrics: dict[str, float], selection: str) -> tuple[float, ...]:
-    """Higher is better (compared as a tuple): ``best_worst_group`` is (worst-group, unbiased, average) validation
-    accuracy, so an epoch only wins a worst-group tie (e.g. 0 at every epoch) by being better on unbiased accuracy,
-    then on average accuracy; ``last`` is the epoch index."""
-    if selection == "best_worst_group":
-        return (float(metrics["val/worst_group"]), float(metrics.get("val/unbiased", 0.0)),
-                float(metrics.get("val/avg", 0.0)))
-    if selection == "last":
-        return (float(metrics["epoch"]),)
-    raise ValueError(f"selection = '{selection}'; allowed: {', '.join(SELECTION_RULES)}")
-
-
-# A kept epoch that beats every other epoch's validation worst-group accuracy by at most this many images of its own
-# worst group is flagged (``fragile-selection``): one or two images of a group of 6-18 decide it (ours: a Wilson
-# interval of such a group spans 30-60 points, so a one- or two-image lead is well inside it).
-FRAGILE_IMAGES = 2
-
-
-def won_by_images(kept_accuracy: float, kept_n: int, runner_up_accuracy: float) -> int:
-    """How many images of the kept epoch's worst group (``kept_n`` images, ``kept_accuracy`` of them right) it must
-    lose before its accuracy is no better than ``runner_up_accuracy``: ``correct - floor(runner_up * n)`` (0: tied
-    or behind)."""
-    correct = round(kept_accuracy * kept_n)
-    return max(0, correct - math.floor(runner_up_accuracy * kept_n + 1e-9))
-
-
-def selection_margin(history: list[dict[str, float]], chosen: dict[str, float]) -> dict[str, Any]:
-    """The kept epoch's lead on validation worst-group accuracy over the best other epoch: ``runner_up_epoch``,
-    ``runner_up_worst_group`` and ``won_by_images`` (None where the history has one epoch or does not record the
-    worst group's size ``val/worst_group_n``)."""
-    others = [row for row in history if int(row["epoch"]) != int(chosen["epoch"])]
-    margin: dict[str, Any] = {"runner_up_epoch": None, "runner_up_worst_group": None, "won_by_images": None}
-    if not others:
-        return margin
-    runner = max(others, key=lambda row: (float(row["val/worst_group"]), -int(row["epoch"])))
-    margin.update(runner_up_epoch=int(runner["epoch"]), runner_up_worst_group=float(runner["val/worst_group"]))
-    if chosen.get("val/worst_group_n"):
-        margin["won_by_images"] = won_by_images(float(chosen["val/worst_group"]), int(chosen["val/worst_group_n"]),
-                                                float(runner["val/worst_group"]))
-    return margin
-
-
-def describe_selection(history: list[dict[str, float]], selected_epoch: int, selection: str) -> dict[str, Any]:
-    """``{"rule", "selected_epoch", "degenerate", "fragile", "reason"}`` (``best_worst_group`` adds
-    :func:`selection_margin`'s keys): the selection block of a training stage's metrics.
-
-    Degenerate (``best_worst_group`` only): validation worst-group accuracy was 0 at every epoch (the rule had
-    nothing to choose by and the tie-breaks chose), or the first of several epochs was kept (no later epoch beat
-    the untrained-most model; often the same failure). Fragile: not degenerate, and the kept epoch beat every other
-    epoch's validation worst-group accuracy by 1 to :data:`FRAGILE_IMAGES` images of its worst group."""
-    block: dict[str, Any] = {"rule": selection, "selected_epoch": selected_epoch, "degenerate": False,
-                             "fragile": False, "reason": ""}
-    if selection != "best_worst_group" or not history:
-        block["reason"] = SELECTION_RULES.get(selection, selection)
-        return block
-    chosen = next(row for row in history if int(row["epoch"]) == selected_epoch)
-    margin = selection_margin(history, chosen)
-    block.update(margin)
-    worst = [float(row["val/worst_group"]) for row in history]
-    tied = [int(row["epoch"]) for row in history if float(row["val/worst_group"]) == float(chosen["val/worst_group"])]
-    scores = (f"validation worst-group {chosen['val/worst_group']:.3f}, unbiased {chosen.get('val/unbiased', 0):.3f}, "
-              f"average {chosen.get('val/avg', 0):.3f}")
-    if max(worst) == 0:
-        block.update(degenerate=True, reason=f"validation worst-group accuracy was 0 at every epoch ({len(history)}); "
-                                             f"epoch {selected_epoch} kept by validation unbiased accuracy ({scores})")
-    elif selected_epoch == int(history[0]["epoch"]) and len(history) > 1:
-        block.update(degenerate=True, reason=f"the first epoch was kept: no later epoch of {len(history)} beat its "
-                                             f"{scores}")
-    elif len(tied) > 1:
-        block["reason"] = (f"epochs {tied} tie on validation worst-group accuracy; epoch {selected_epoch} kept by "
-                           f"the tie-breaks ({scores})")
-    else:
-        block["reason"] = f"best validation worst-group accuracy ({scores})"
-        won = margin["won_by_images"]
-        if won is not None:
-            n = int(chosen["val/worst_group_n"])
-            block["reason"] += (f"; it won by {won} image{'s' if won != 1 else ''} of its worst group "
-                                f"({round(float(chosen['val/worst_group']) * n)} of {n} right) over epoch "
-                                f"{margin['runner_up_epoch']}'s {margin['runner_up_worst_group']:.3f}")
-            block["fragile"] = 1 <= won <= FRAGILE_IMAGES
-    return block
 
 
 def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Callable[[], dict[str, float]],

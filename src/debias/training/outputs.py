@@ -10,13 +10,13 @@ import torch
 from torch import nn
 
 from debias.core import health
-from debias.data.store import BiasedSplit
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
+from debias.core.paths import embeddings_path
+from debias.data.store import BiasedSplit
+from debias.harness.tracking import StageRun
 from debias.metrics import accuracy_report, fairness_report, fairness_scalars, scalars
 from debias.models import Network, save_network
 from debias.params import HealthParams
-from debias.core.paths import embeddings_path
-from debias.harness.tracking import StageRun
 from debias.training.classifier import predict
 from debias.training.loop import FitResult
 
@@ -107,7 +107,7 @@ def selection_warnings(result: FitResult) -> list[str]:
         won = result.selection["won_by_images"]
         return [health.warning("fragile-selection",
                                f"epoch {result.selected_epoch} was kept by {won} validation image{'s' if won != 1 else ''}"
-                               f" of its worst group: {result.selection['reason']}; a lead that small is noise at "
+                               f" of its {result.selection.get('unit', 'worst group')}: {result.selection['reason']}; a lead that small is noise at "
                                "this validation size, so the kept epoch is not shown to be better than the others")]
     return []
 
@@ -153,6 +153,7 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
                      for k, v in fairness_scalars(report["fairness"]).items()})
     run.log_metrics({"selected_epoch": result.selected_epoch})
     run.log_metrics(selected_metrics(result))
+    run.log_metrics({f"selection.picks.{rule}": float(epoch) for rule, epoch in result.selection.get("picks", {}).items()})
     run.log_warnings(found)
     for path in (out.metrics, out.curves):
         run.log_artifact(path)

@@ -23,10 +23,10 @@ from pathlib import Path
 import numpy as np
 
 import debias.data.sources  # noqa: F401  (registers every source: SOURCE_PROTOCOLS)
+from debias.core.paths import resolve_data_path
 from debias.data.bias import unassigned_labels
 from debias.data.sources.base import SOURCE_PROTOCOLS, DataSourceError, check_varies
 from debias.params import Params
-from debias.core.paths import resolve_data_path
 
 # Classes of each source whose class count does not depend on its files (the foreground protocol: its own).
 FIXED_CLASSES = {"digits": 10, "mnist": 10, "fashion_mnist": 10, "cifar10": 10, "adult": 2, "compas": 2,

@@ -42,8 +42,8 @@ from debias.data.sources.base import (SPLITS, DataSourceError, RawSplit, RawSpli
                                       check_varies, register_source, stratified_split)
 from debias.core.fingerprint import digest, file_digest, files_digest
 from debias.core.lazy import lazy_callable, lazy_module
-from debias.params import CelebAParams, DataParams, ImageFit, ImageFolderParams, WaterbirdsParams
 from debias.core.paths import resolve_data_path
+from debias.params import CelebAParams, DataParams, ImageFit, ImageFolderParams, WaterbirdsParams
 
 SHOWN = 5  # offending files or values named in an error message; the count says how many more
 pd = lazy_module("pandas")  # imported when a table is read, not by every stage that imports the source registry

@@ -42,8 +42,8 @@ import numpy as np
 
 from debias.data.sources.base import (DataSourceError, RawSplit, RawSplits, register_source, resize_images,
                                       split_by_index)
-from debias.params import DataParams
 from debias.core.paths import resolve_data_path
+from debias.params import DataParams
 
 @register_source("digits")
 def digits_source(params: DataParams, raw_dir: Path, seed: int) -> RawSplits:

@@ -59,12 +59,12 @@ from pathlib import Path
 
 import numpy as np
 
-from debias.data.sources.base import DataSourceError, RawSplit, RawSplits, random_split, register_source
 from debias.core.fingerprint import digest, file_digest
 from debias.core.io import atomic_path
 from debias.core.lazy import lazy_module
-from debias.params import DataParams, TabularParams
 from debias.core.paths import resolve_data_path
+from debias.data.sources.base import DataSourceError, RawSplit, RawSplits, random_split, register_source
+from debias.params import DataParams, TabularParams
 
 pd = lazy_module("pandas")  # imported when a table is read, not by every stage that imports the source registry
 

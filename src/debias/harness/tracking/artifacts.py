@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from debias.core.errors import TrackingError
-from debias.params import flatten
 from debias.harness.tracking.store import _quiet_mlflow, _tracking_uri_set, sqlite_path
+from debias.params import flatten
 
 MODEL_CODE = Path(__file__).parent / "mlflow_model.py"  # the logged models' code (MLflow "model from code")
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from debias.core.errors import TrackingError
-from debias.harness.forkserver import LAUNCHER_VARIABLE
 from debias.core.io import save_json
-from debias.params import flatten, params_hash
 from debias.core.paths import repo_root
+from debias.harness.forkserver import LAUNCHER_VARIABLE
 from debias.harness.tracking.artifacts import StageRun
+from debias.params import flatten, params_hash
 from debias.harness.tracking.store import (DEFAULT_EXPERIMENT, _store_lock, check_reachable, ensure_experiment, git_commit,
                                    tracking_mode, tracking_uri)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from debias.params.applicability import RunContext
 from debias.params import Params
+from debias.params.applicability import RunContext
 from debias.report import params_table
 from debias.report.document import Block, Heading, Section, Table, Text, show
 from debias.report.inputs import ReportInputs

@@ -28,10 +28,17 @@ def warnings_section(root: Path) -> Section:
         blocks.append(Text("None: no stage reported a warning."))
     if selection:
         rows = [[stage, str(s.get("rule", "")), str(s.get("selected_epoch", "")),
-                 "yes" if s.get("degenerate") else "no", str(s.get("reason") or "")] for stage, s in selection.items()]
-        blocks.append(Table(["stage", "selection rule", "selected epoch", "degenerate", "reason"], rows,
-                            caption="How each training stage chose the epoch it kept (validation split).", numeric=False))
+                 "yes" if s.get("degenerate") else "no", str(s.get("reason") or ""), picks_text(s.get("picks"))]
+                for stage, s in selection.items()]
+        blocks.append(Table(["stage", "selection rule", "selected epoch", "degenerate", "reason", "each rule's epoch"],
+                            rows, caption="How each training stage chose the epoch it kept (validation split), and "
+                                          "the epoch every rule its numbers allow would have kept.", numeric=False))
     return Section(TITLE, blocks)
+
+
+def picks_text(picks: dict[str, int] | None) -> str:
+    """``'last 4, best_worst_group 1, best_worst_class 2'`` from a selection block's ``picks`` ('n/a' without)."""
+    return ", ".join(f"{rule} {epoch}" for rule, epoch in picks.items()) if picks else "n/a"
 
 
 def section(context: ReportContext) -> Section:

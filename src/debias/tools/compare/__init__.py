@@ -93,8 +93,8 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
     comparison, the files written and the terminal text."""
     import os
 
-    from debias.report import collect
     from debias.harness.tracking import DEFAULT_EXPERIMENT, tracking_uri
+    from debias.report import collect
 
     if last is not None and last < 1:
         raise ValueError(f"--last {last}; allowed: a whole number >= 1 (the most recent experiments to compare)")

@@ -22,10 +22,10 @@ from debias.report import card, figures
 from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment
 from debias.tools.compare.data import (METRICS, Comparison, fmt, fmt_mean_std, group_label, metric_present,
                                       rank_metric)
-from debias.tools.compare.terminal import LEGEND, describe_without_results, difference_lines, terminal_text
 from debias.report.document import Block, Figure, Section, Table, Text, render_html, render_markdown
 from debias.report.sections.base import worst_cell
 from debias.report.sections.headline import card_blocks
+from debias.tools.compare.terminal import LEGEND, describe_without_results, difference_lines, terminal_text
 
 MAX_FIGURE_RUNS = 8  # runs drawn in the per-group and curve figures
 # The page holds wide tables: a wider column, and cells that do not wrap ("85.4 ± 3.6" stays on one line).

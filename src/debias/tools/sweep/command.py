@@ -126,8 +126,8 @@ def resume(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
 
 def main(args: argparse.Namespace) -> int:
     from debias.core.errors import DebiasError
-    from debias.params import ParamsError
     from debias.core.paths import repo_root
+    from debias.params import ParamsError
 
     root = Path(args.repo).resolve() if args.repo else repo_root()
     try:

@@ -17,7 +17,6 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from debias.core import distributed
-
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params, SpeedParams

@@ -50,10 +50,11 @@ def fit_head(model: Network, train: BiasedSplit, batch_size: int, device: torch.
 
 
 def head_validator(model: Network, splits: dict[str, BiasedSplit], head_trained: bool, batch_size: int,
-                   device: torch.device, head: HeadParams) -> Callable[[], dict[str, float]]:
-    """Validation scalars; without a jointly trained head the head is fitted first (:func:`fit_head`, ``head``:
-    ``stage2.head``)."""
-    check = validator(model, splits["val"], batch_size, device)
+                   device: torch.device, head: HeadParams,
+                   val_inferred_group: torch.Tensor | None = None) -> Callable[[], dict[str, float]]:
+    """Validation scalars (per inferred group too, given ``val_inferred_group``); without a jointly trained head the
+    head is fitted first (:func:`fit_head`, ``head``: ``stage2.head``)."""
+    check = validator(model, splits["val"], batch_size, device, val_inferred_group)
     if head_trained:
         return check
 

@@ -17,41 +17,49 @@ from collections.abc import Callable
 import torch
 
 from debias.core import distributed
-from debias.params.applicability import RunContext, weak_warnings
-from debias.data.store import BiasedSplit
 from debias.core.io import save_json
+from debias.core.runtime import pick_device, seed_everything
+from debias.data.store import BiasedSplit
+from debias.harness.memory import check_stage2_fits
+from debias.harness.tracking import StageRun
 from debias.models import Network
 from debias.params import HeadParams, Params
-from debias.core.runtime import pick_device, seed_everything
-from debias.harness.tracking import StageRun
-from debias.training.outputs import StageOutputs, note_resume, split_tensors, write_outputs
+from debias.params.applicability import RunContext, weak_warnings
 from debias.training.loop import finish, fit, resume_key
-from debias.harness.memory import check_stage2_fits
 from debias.training.methods.base import Stage2Inputs, setup_method
 from debias.training.methods.head import head_validator
 from debias.training.methods.registry import method_spec
+from debias.training.outputs import StageOutputs, note_resume, split_tensors, write_outputs
+from debias.training.selection import check_rule_for
 
 __all__ = ["stage2_validator", "train_stage2"]
 
 
 def stage2_validator(model: Network, splits: dict[str, BiasedSplit], method: str, batch_size: int,
-                     device: torch.device, head: HeadParams | None = None) -> Callable[[], dict[str, float]]:
-    """Validation scalars; methods without a jointly trained head get it fitted first (:func:`fit_head` with
-    ``stage2.head``'s weight decay and iterations)."""
-    return head_validator(model, splits, method_spec(method).head_trained, batch_size, device, head or HeadParams())
+                     device: torch.device, head: HeadParams | None = None,
+                     val_inferred_group: torch.Tensor | None = None) -> Callable[[], dict[str, float]]:
+    """Validation scalars (per inferred group too, given the validation split's ``val_inferred_group``); methods
+    without a jointly trained head get it fitted first (:func:`fit_head` with ``stage2.head``'s weight decay and
+    iterations)."""
+    return head_validator(model, splits, method_spec(method).head_trained, batch_size, device, head or HeadParams(),
+                          val_inferred_group)
 
 
 def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch.Tensor, minority: torch.Tensor,
                  erm_state: dict[str, torch.Tensor] | None, run: StageRun, out: StageOutputs,
-                 inferred_group: torch.Tensor | None = None, bias_scores: torch.Tensor | None = None) -> dict[str, dict]:
+                 inferred_group: torch.Tensor | None = None, bias_scores: torch.Tensor | None = None,
+                 val_inferred_group: torch.Tensor | None = None) -> dict[str, dict]:
     """Train ``stage2.method``, keep the selected epoch (best validation worst-group by default), write outputs.
 
-    ``inferred_group`` and ``bias_scores`` are the groups table's other columns (:class:`Stage2Inputs`).
+    ``inferred_group`` and ``bias_scores`` are the groups table's other columns (:class:`Stage2Inputs`);
+    ``val_inferred_group`` the validation split's inferred groups (``stage2.selection =
+    best_worst_inferred_group`` selects by them, and every epoch records its accuracy on them).
 
     Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
     outputs and returns the accuracy reports, the other ranks return ``{}``.
     """
     s2 = params.stage2
+    check_rule_for("stage2.selection", s2.selection, inferred_groups=val_inferred_group is not None)
     spec = method_spec(s2.method)
     device = distributed.init_from_env(pick_device())
     generator = seed_everything(params.seed)
@@ -71,7 +79,8 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
         temperature_key, temperature = spec.temperature(params)
         advice += f" or raise {temperature_key} (now {temperature:g})"
     result = fit(setup.task, setup.optimizer, s2.epochs,
-                 stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device, s2.head),
+                 stage2_validator(setup.model, splits, s2.method, s2.eval_batch_size, device, s2.head,
+                                  val_inferred_group),
                  selection=s2.selection, scheduler=setup.scheduler, state_path=out.resume, state_key=key,
                  on_epoch=lambda epoch, metrics: run.log_metrics(metrics, step=epoch), label="train_contrastive",
                  divergence_advice=advice)

@@ -12,15 +12,14 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from debias.core import distributed, health
-
 from debias import losses
+from debias.core import distributed, health
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.methods.cnc.sampling import CNCBatchSampler
 from debias.training.loop import GeneratorTask
+from debias.training.methods.cnc.sampling import CNCBatchSampler
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, fresh_model, gather_rows, normalise,
                                           on_device, stage2_optimiser, to_device)
 

@@ -11,8 +11,8 @@ from debias.params import MIN_TEMPERATURE, Section
 from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
-    from debias.params import Params
     from debias.harness.memory import StepPlan
+    from debias.params import Params
 
 
 class DCLParams(Section):

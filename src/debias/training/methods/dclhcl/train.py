@@ -19,9 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from debias.core import distributed
-
 from debias import losses
+from debias.core import distributed
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
@@ -29,8 +28,8 @@ from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, class_prior, epoch_steps, fresh_model,
                                           gather_rows, normalise, on_device, shuffled_batches,
                                           stage2_optimiser, to_device)
-from debias.training.methods.selfsup.train import projection_head, wcl_image_view
 from debias.training.methods.dclhcl import DCL, HCL
+from debias.training.methods.selfsup.train import projection_head, wcl_image_view
 from debias.training.methods.views import Views
 
 

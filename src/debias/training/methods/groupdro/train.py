@@ -23,9 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from debias.core import distributed
-
 from debias import losses
+from debias.core import distributed
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network

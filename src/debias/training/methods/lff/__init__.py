@@ -10,8 +10,8 @@ from debias.params import Section
 from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
-    from debias.params import Params
     from debias.harness.memory import StepPlan
+    from debias.params import Params
 
 
 class LfFParams(Section):

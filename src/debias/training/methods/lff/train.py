@@ -25,9 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from debias.core import distributed
-
 from debias import losses
+from debias.core import distributed
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network

@@ -17,15 +17,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from debias.core import distributed
-
 from debias import losses
+from debias.core import distributed
 from debias.data.augment import simclr_view
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.methods.selfsup import WCLParams
 from debias.training.loop import GeneratorTask
+from debias.training.methods.selfsup import WCLParams
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, class_prior, epoch_steps, fresh_model,
                                           gather_rows, normalise, on_device, shuffled_batches,
                                           stage2_optimiser, to_device)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
-    from debias.params import Params
     from debias.harness.memory import StepPlan
+    from debias.params import Params
 
 SUPCON, EPS_SUPCON, EPS_SUPINFONCE = "supcon", "eps_supcon", "eps_supinfonce"
 METHODS = {SUPCON: "SupCon", EPS_SUPCON: "ε-SupCon", EPS_SUPINFONCE: "ε-SupInfoNCE"}  # name -> display name

@@ -30,9 +30,8 @@ from typing import Any
 
 import torch
 
-from debias.core import distributed, health
-
 from debias import losses
+from debias.core import distributed, health
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
