@@ -31,7 +31,6 @@ from debias.params.model import (  # noqa: F401
     ACTIVATION_ENCODERS, FeatureActivation, HEAD_INPUTS, HeadInput, MLPParams, ModelParams, PRETRAINABLE
 )
 from debias.params.optim import OptimParams  # noqa: F401
-from debias.params.groups import ClusterParams, GroupsParams, SoftParams  # noqa: F401
 from debias.params.stage2 import HeadParams, SpeedParams, STAGE2_SHARED_FIELDS, TabularViewParams  # noqa: F401
 from debias.params.loss import EpsSupConParams, FairKLParams, LossParams  # noqa: F401
 from debias.params.probe import _positive_distinct, DFRParams, ProbeParams  # noqa: F401
@@ -44,9 +43,15 @@ from debias.params.root import (  # noqa: F401
     validate
 )
 
-# The stage-2 methods' declarations (debias.training.methods.registry) may import anything above, a method kept
-# in one module its training code too: Stage2Params is built from them last, and the schema completed with it.
-from debias.params import root as _root, stage2 as _stage2  # noqa: E402
+# The methods' declarations (stage 2: debias.training.methods.registry, group inference: debias.groups.registry)
+# may import anything above, a method kept in one module its training code too: Stage2Params and GroupsParams are
+# built from them last (the stage-2 discovery first: it imports the DEBIAS_METHODS modules, which may register
+# methods of any kind), and the schema completed with them.
+from debias.params import groups as _groups, root as _root, stage2 as _stage2  # noqa: E402
 
 Stage2Params = _root.Stage2Params = _stage2.Stage2Params = _stage2.stage2_model()
+GroupsParams = _root.GroupsParams = _groups.GroupsParams = _groups.groups_model()
 Params.model_rebuild()
+
+from debias.groups.methods.cluster import ClusterParams  # noqa: E402, F401  (the methods' sections, by their old name)
+from debias.groups.methods.soft import SoftParams  # noqa: E402, F401

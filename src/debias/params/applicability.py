@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from debias.groups.registry import group_method, group_sections
 from debias.params import PATH_SOURCES, PRETRAINABLE, TABULAR_SOURCES, Params
 from debias.training.methods.registry import method_sections, method_spec
 
@@ -52,6 +53,11 @@ def _section_owner(section: str) -> Rule:
     return lambda c: method_spec(c.params.stage2.method).section == section
 
 
+def _group_section_owner(section: str) -> Rule:
+    """``groups.<section>.*`` applies when the running group-inference method declares that section as its own."""
+    return lambda c: group_method(c.params.groups.method).section == section
+
+
 def _method_reads(prefix: str) -> Rule:
     """A shared section applies when the running method declares it reads it (``MethodSpec.reads``)."""
     return lambda c: prefix in method_spec(c.params.stage2.method).reads
@@ -74,8 +80,7 @@ RULES: dict[str, Rule] = {
     "bias.corruption.": _protocol("corruption"),
     "model.pretrained": lambda c: c.params.model.name in PRETRAINABLE,
     "model.mlp.": lambda c: c.params.model.name == "mlp" or c.params.data.source in TABULAR_SOURCES,
-    "groups.cluster.": lambda c: c.params.groups.method == "cluster",
-    "groups.soft.": lambda c: c.params.groups.method == "soft",
+    **{f"groups.{section}.": _group_section_owner(section) for section in group_sections()},
     **{f"stage2.{section}.": _section_owner(section) for section in method_sections()},
     "stage2.head.": _head_fitted,
     "stage2.tabular_view.": lambda c: (_method_reads("stage2.tabular_view.")(c)

@@ -15,7 +15,6 @@ from debias.params.base import Section, show
 from debias.params.bias import BiasParams
 from debias.params.data import DataParams
 from debias.params.evaluate import EvaluateParams
-from debias.params.groups import GroupsParams
 from debias.params.health import HealthParams
 from debias.params.loss import LossParams
 from debias.params.model import ModelParams
@@ -23,7 +22,8 @@ from debias.params.optim import OptimParams
 from debias.params.probe import ProbeParams
 from debias.params.report import ReportParams
 
-if TYPE_CHECKING:  # built from the registered stage-2 methods once the package is loaded (debias.params sets it here)
+if TYPE_CHECKING:  # built from the registered methods once the package is loaded (debias.params sets them here)
+    from debias.params.groups import GroupsParams
     from debias.params.stage2 import Stage2Params
 
 # Source / protocol combinations that make no sense (Params._protocol_fits_source).
@@ -40,7 +40,7 @@ class Params(Section):
     bias: BiasParams = Field(default_factory=BiasParams)
     model: ModelParams = Field(default_factory=ModelParams)
     erm: OptimParams = Field(default_factory=OptimParams)
-    groups: GroupsParams = Field(default_factory=GroupsParams)
+    groups: GroupsParams = Field(default_factory=lambda: GroupsParams())
     stage2: Stage2Params = Field(default_factory=lambda: Stage2Params(
         optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=1e-4, epochs=3, selection="best_worst_group"))
     loss: LossParams = Field(default_factory=LossParams)

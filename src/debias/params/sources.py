@@ -1,7 +1,8 @@
 """Where every parameter's default comes from: one line per leaf of the params schema (src/debias/params/).
 
-A stage-2 method's own section (``stage2.cnc``, ...) carries its sources in the method's declaration
-(``register_method(..., sources=...)``, src/debias/training/methods/); :data:`SOURCES` adds them below.
+A method's own section carries its sources in the method's declaration: a stage-2 method's (``stage2.cnc``, ...:
+``register_method(..., sources=...)``, src/debias/training/methods/), a group-inference method's (``groups.cluster``,
+...: ``register_group_method``, src/debias/groups/methods/); :data:`SOURCES` adds them below.
 
 Each source starts with its kind: ``paper:`` (a paper's table or section), ``code:`` (an official code file) or
 ``ours:`` (this project's choice, with the measured reason or, for a setting that cannot change a result, why).
@@ -132,16 +133,6 @@ SOURCES: dict[str, str] = {
     # ----------------------------------------------------------------------------------------------- groups
     "groups.method": "paper: CNC App. D.2.3 (schema default pred; clusters chosen for all datasets in D.2.4); "
                      "params.yaml cluster (ours: the tool's card, README)",
-    "groups.cluster.algorithm": "paper: CNC App. D.2.3 (UMAP then K-means or GMM; K-means)",
-    "groups.cluster.umap_components": "paper: CNC App. D.2.3: 2 UMAP components (default 2)",
-    "groups.cluster.umap_neighbors": "code: umap-learn's own n_neighbors (default 15; CNC / GEORGE use umap-learn's)",
-    "groups.cluster.umap_min_dist": "code: umap-learn's own min_dist (default 0.1)",
-    "groups.cluster.per_class": "paper: CNC App. D.2.3: C clusters for C classes (default 1: one per class)",
-    "groups.cluster.n_init": "code: scikit-learn KMeans' n_init before 1.4 (default 10)",
-    "groups.soft.temperature": "ours: the bias-capturing ERM model's own softmax (default 1; not tuned). The soft "
-                               "scores and their product p_i . p_j as pair weights are ours, after FairKL App. B.2.4, "
-                               "which weights pairs by the similarity of a bias-capturing model's (BagNet18) features "
-                               "instead",
     # ----------------------------------------------------------------------------------------------- stage 2
     "stage2.optimizer": "paper: CNC App. D.2.4 (schema default sgd); params.yaml adam (FairKL App. B.2.1, the default "
                         "method's paper)",
@@ -259,9 +250,10 @@ SOURCES: dict[str, str] = {
 
 
 def _method_sources() -> dict[str, str]:
+    from debias.groups.registry import group_sources
     from debias.training.methods.registry import method_sources
 
-    return method_sources()
+    return {**group_sources(), **method_sources()}
 
 
 SOURCES.update(_method_sources())

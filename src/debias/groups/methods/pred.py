@@ -1,0 +1,14 @@
+"""``pred`` (CNC Sec. 4): label = argmax of the ERM logits; minority = label != y; group = y * C + label."""
+
+from __future__ import annotations
+
+from debias.groups.registry import GroupInference, register_group_method
+
+
+def infer_pred(train, z, logits, params, seed: int) -> GroupInference:
+    """label = argmax logits; minority = label != y; group = y * C + label."""
+    label = logits.argmax(1).long()
+    return GroupInference(label, train.y * train.n_classes + label, label != train.y)
+
+
+register_group_method("pred", infer_pred, display="ERM predictions", schema_default=True)
