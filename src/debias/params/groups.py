@@ -30,7 +30,7 @@ def groups_model() -> type[GroupsBase]:
 
     methods = import_declarations()
     names = schema_order(methods)
-    sections = {spec.section: (spec.params, Field(default_factory=spec.params))
-                for spec in methods.values() if spec.section is not None}
+    sections = {spec.section: (spec.params, Field(default_factory=spec.params, json_schema_extra={"owner": spec.name}))
+                for spec in methods.values() if spec.section is not None}  # owner: read by debias.params.applicability
     return create_model("GroupsParams", __base__=GroupsBase, __module__=__name__,
                         method=(Literal[names], names[0]), **sections)  # type: ignore[valid-type]

@@ -19,11 +19,11 @@ from debias.params.health import HealthParams
 from debias.params.loss import LossParams
 from debias.params.model import ModelParams
 from debias.params.optim import OptimParams
-from debias.params.probe import ProbeParams
 from debias.params.report import ReportParams
 
 if TYPE_CHECKING:  # built from the registered methods once the package is loaded (debias.params sets them here)
     from debias.params.groups import GroupsParams
+    from debias.params.probe import ProbeParams
     from debias.params.stage2 import Stage2Params
 
 # Source / protocol combinations that make no sense (Params._protocol_fits_source).
@@ -44,7 +44,7 @@ class Params(Section):
     stage2: Stage2Params = Field(default_factory=lambda: Stage2Params(
         optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=1e-4, epochs=3, selection="best_worst_group"))
     loss: LossParams = Field(default_factory=LossParams)
-    probe: ProbeParams = Field(default_factory=ProbeParams)
+    probe: ProbeParams = Field(default_factory=lambda: ProbeParams())
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
     report: ReportParams = Field(default_factory=ReportParams)
     health: HealthParams = Field(default_factory=HealthParams)

@@ -2,7 +2,8 @@
 
 A method's own section carries its sources in the method's declaration: a stage-2 method's (``stage2.cnc``, ...:
 ``register_method(..., sources=...)``, src/debias/training/methods/), a group-inference method's (``groups.cluster``,
-...: ``register_group_method``, src/debias/groups/methods/); :data:`SOURCES` adds them below.
+...: ``register_group_method``, src/debias/groups/methods/), a probe variant's (``probe.dfr``: ``register_probe``,
+src/debias/evaluation/probes/); :data:`SOURCES` adds them below.
 
 Each source starts with its kind: ``paper:`` (a paper's table or section), ``code:`` (an official code file) or
 ``ours:`` (this project's choice, with the measured reason or, for a setting that cannot change a result, why).
@@ -211,9 +212,6 @@ SOURCES: dict[str, str] = {
     "probe.standardize": "ours: standardised features (default true; scikit-learn's advice for L2-regularised "
                          "logistic regression)",
     "probe.method": "paper: WCL Sec. 6.1: linear probing (logistic)",
-    "probe.dfr.c_grid": "code: DFR dfr_evaluate_spurious.py C_OPTIONS",
-    "probe.dfr.penalty": "code: DFR dfr_evaluate_spurious.py: L1 (liblinear)",
-    "probe.dfr.retrains": "code: DFR dfr_evaluate_spurious.py: 20 balanced subsets, weights averaged (default 20)",
     "probe.postprocess": "paper: WCL Table 3's Eq. Odds row (Hardt et al. 2016) is opt-in (none)",
     # ----------------------------------------------------------------------------------------------- evaluate
     "evaluate.splits": "ours: test (reported) and val (what selection saw)",
@@ -250,10 +248,11 @@ SOURCES: dict[str, str] = {
 
 
 def _method_sources() -> dict[str, str]:
+    from debias.evaluation.variants import probe_sources
     from debias.groups.registry import group_sources
     from debias.training.methods.registry import method_sources
 
-    return {**group_sources(), **method_sources()}
+    return {**group_sources(), **method_sources(), **probe_sources()}
 
 
 SOURCES.update(_method_sources())

@@ -37,12 +37,15 @@ SOURCE_ROOT = Path("src")
 CODE_PREFIXES = ("src/", "pipeline/")  # a dvc.yaml dep under these is code, derived here
 # Modules that import others by name at run time, which no import statement shows: reaching the key (relative to
 # src/debias) reaches every file its glob names. The stage-2 method registry imports every method's declaration
-# when the params schema is built, as the group-inference registry does its methods' modules; base.setup_method
-# imports the training module the running method names. (A package whose ``__init__`` maps names to submodules in
-# a ``_LAZY`` dict, imported on first use, is followed by :func:`lazy_exports`.)
+# when the params schema is built, as the group-inference registry does its methods' modules and the probe
+# registry its variants' declarations; base.setup_method imports the training module the running method names,
+# the probe the fit module of the running variant. (A package whose ``__init__`` maps names to submodules in a
+# ``_LAZY`` dict, imported on first use, is followed by :func:`lazy_exports`.)
 DISCOVERED = {"training/methods/registry.py": "training/methods/*/__init__.py",
               "training/methods/base.py": "training/methods/*/train.py",
-              "groups/registry.py": "groups/methods/*.py"}
+              "groups/registry.py": "groups/methods/*.py",
+              "evaluation/variants.py": "evaluation/probes/*/__init__.py",
+              "evaluation/probe.py": "evaluation/probes/*/fit.py"}
 
 # Modules (and packages, with everything under them) that cannot change a byte of a stage's data, model or
 # metric outputs, each with the reason. Their run records (reports/runs/*.json: timings, hosts, run ids) differ

@@ -170,7 +170,8 @@ def register_module(module: str) -> None:
         importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(f"{ENV_VAR} names '{module}', which cannot be imported ({exc}); allowed: a module on "
-                          "PYTHONPATH that registers stage-2 methods (docs/extending.md)") from exc
+                          "PYTHONPATH that registers stage-2 methods, group-inference methods or probe variants "
+                          "(docs/extending.md)") from exc
 
 
 def method_spec(name: str) -> MethodSpec:
