@@ -157,3 +157,130 @@ def test_no_chain_of_group_method_names_outside_their_modules() -> None:
                                                                 *(REPO / "pipeline").glob("*.py")]
                  if path.parent != methods for line in _compares_a_name_with(path, set(GROUP_METHODS), "method")]
     assert not offenders, offenders
+
+
+PROBE_MODULE = '''
+import torch
+from pydantic import Field
+
+from debias.evaluation.variants import register_probe
+from debias.params import Section
+
+
+class NearestParams(Section):
+    shrink: float = Field(0.0, ge=0, le=1)
+
+
+class NearestMean:
+    """Class of the nearest class mean (means shrunk towards their average by ``shrink``)."""
+
+    def __init__(self, means):
+        self.means = means
+
+    def predict(self, x):
+        return torch.cdist(x.double(), self.means).argmin(1)
+
+
+def nearest_fit(features, splits, params, seed):
+    train = splits["val"]
+    means = torch.stack([features["val"][train.y == c].double().mean(0) for c in range(train.n_classes)])
+    means = (1 - params.nearest.shrink) * means + params.nearest.shrink * means.mean(0)
+    model = NearestMean(means)
+    test = model.predict(features["test"])
+    report = {"test_accuracy": float((test == splits["test"].y).double().mean()), "test_predictions": test.tolist()}
+    return report, model, torch.arange(len(train))
+
+
+register_probe("nearest", lambda params: ("val", "test"), fit=nearest_fit, display="nearest class mean",
+               section="nearest", params=NearestParams, sources={"shrink": "ours: a test's rule (default 0)"},
+               reads=("probe.standardize",))
+'''
+
+PROBE_RUN = '''
+import json
+import torch
+from debias.data.store import BiasedSplit
+from debias.evaluation.probe import probe_report, probe_splits
+from debias.evaluation.variants import PROBES
+from debias.params import validate
+from debias.params.applicability import RunContext, applies
+from debias.params.sources import SOURCES
+
+def split(y):
+    return BiasedSplit(torch.zeros(len(y), 3, 1, 1, dtype=torch.uint8), y, y.clone(), torch.ones(len(y), dtype=torch.bool), 2, 2)
+
+val, test = split(torch.tensor([0, 0, 1, 1])), split(torch.tensor([0, 1, 1]))
+features = {"val": torch.tensor([[0.0, 0.0], [0.0, 2.0], [10.0, 0.0], [10.0, 2.0]]),
+            "test": torch.tensor([[1.0, 1.0], [9.0, 1.0], [4.0, 1.0]])}
+params = validate({"probe": {"method": "nearest", "nearest": {"shrink": 0.5}}})
+report = probe_report(features, {"val": val, "test": test}, params.probe, 0)
+logistic = validate({})
+print(json.dumps({
+    "registered": sorted(PROBES), "report": report, "splits": list(probe_splits(params.probe)),
+    "default_shrink": logistic.probe.nearest.shrink, "source": SOURCES.get("probe.nearest.shrink"),
+    "applies": [applies(key, RunContext(p)) for p in (params, logistic)
+                for key in ("probe.nearest.shrink", "probe.standardize", "probe.train_split", "probe.dfr.c_grid")],
+}))
+'''
+
+
+def test_a_probe_variant_from_a_temporary_module_probes(tmp_path) -> None:
+    facts = _run(tmp_path, "nearest_probe", PROBE_MODULE, PROBE_RUN)
+    assert facts["registered"] == ["dfr", "logistic", "nearest"]
+    # shrink 0.5: class means (0, 1) and (10, 1) move to (2.5, 1) and (7.5, 1); 4 is nearer the first
+    assert facts["report"] == {"test_accuracy": 2 / 3, "test_predictions": [0, 1, 0]}
+    assert facts["splits"] == ["val", "test"]
+    assert facts["default_shrink"] == 0.0 and facts["source"] == "ours: a test's rule (default 0)"
+    assert facts["applies"] == [True, True, False, False,  # its section and what it reads; not train_split, DFR's
+                                False, True, True, False]  # under logistic: not its section
+
+
+def test_a_probe_variant_outside_the_registry_is_refused(tmp_path) -> None:
+    code = "from debias.params import validate; validate({'probe': {'method': 'nearest'}})"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env=_env(tmp_path), timeout=120)
+    assert done.returncode != 0 and "probe.method = 'nearest' is not allowed; allowed: 'logistic' or 'dfr'" in done.stderr
+
+
+def test_a_probe_declaration_must_name_the_source_of_every_default() -> None:
+    from debias.evaluation.probes.dfr import DFRParams
+    from debias.evaluation.variants import PROBES, register_probe
+
+    with pytest.raises(ValueError, match=r"no source for probe\.dfr2\.c_grid \(and 2 more\)"):
+        register_probe("dfr2", lambda p: ("val",), fit="x:y", section="dfr2", params=DFRParams, sources={})
+    with pytest.raises(ValueError, match=r"probe\.dfr is already dfr's"):
+        register_probe("dfr2", lambda p: ("val",), fit="x:y", section="dfr", params=DFRParams, sources={})
+    assert "dfr2" not in PROBES
+
+
+def test_every_shipped_probe_variant_is_declared_in_its_own_package() -> None:
+    from debias.evaluation.variants import POSTPROCESSINGS, PROBES
+
+    package = REPO / "src" / "debias" / "evaluation" / "probes"
+    assert {path.parent.name for path in package.glob("*/__init__.py")} == set(PROBES) | set(POSTPROCESSINGS)
+    for name, variant in [*PROBES.items(), *POSTPROCESSINGS.items()]:
+        target = variant.fit if name in PROBES else variant.report
+        assert variant.display and target.startswith(f"debias.evaluation.probes.{name}.fit:")
+        assert (package / name / "fit.py").is_file()
+    assert validate({"probe": {"method": "dfr"}}).probe.dfr.retrains == 20
+
+
+def test_a_probe_variants_name_is_quoted_in_at_most_two_modules() -> None:
+    from debias.evaluation.variants import PROBES
+
+    modules = _modules_quoting(set(PROBES))
+    spread = {name: sorted(where) for name, where in modules.items() if len(where) > 2}
+    assert not spread, spread
+    assert modules["dfr"] >= {"src/debias/evaluation/probes/dfr/__init__.py"}
+
+
+def test_no_chain_of_probe_variant_names_outside_their_packages() -> None:
+    from debias.evaluation.variants import POSTPROCESSINGS, PROBES
+
+    probes = REPO / "src" / "debias" / "evaluation" / "probes"
+    offenders = [f"{path.relative_to(REPO)}:{line}" for path in [*(REPO / "src").rglob("*.py"),
+                                                                *(REPO / "pipeline").glob("*.py")]
+                 if probes not in path.parents
+                 for attribute in ("method", "postprocess")
+                 for line in _compares_a_name_with(path, set(PROBES) | set(POSTPROCESSINGS), attribute)]
+    assert not offenders, offenders
