@@ -17,28 +17,12 @@ from debias.groups.registry import METHODS as GROUP_METHODS, GroupMethodSpec, re
 from debias.params import validate
 from tests.conftest import REPO
 
-GROUP_MODULE = '''
-from pydantic import Field
 
-from debias.groups.registry import GroupInference, register_group_method
-from debias.params import Section
+def doc_block(marker: str) -> str:
+    """The python block after ``<!-- marker -->`` in docs/extending.md (the page's example is what the test runs)."""
+    text = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
+    return text.split(f"<!-- {marker} -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
 
-
-class ParityParams(Section):
-    modulus: int = Field(2, ge=2, le=10)
-
-
-def infer_parity(train, z, logits, params, seed):
-    """label = (index mod modulus): a rule nobody would use, easy to check."""
-    import torch
-
-    label = torch.arange(len(train)) % params.parity.modulus
-    return GroupInference(label, train.y * params.parity.modulus + label, label != train.y)
-
-
-register_group_method("parity", infer_parity, display="index parity", section="parity", params=ParityParams,
-                      sources={"modulus": "ours: a test's rule (default 2)"})
-'''
 
 GROUP_RUN = '''
 import json
@@ -82,13 +66,13 @@ def _run(tmp_path: Path, module: str, text: str, run: str) -> dict:
 
 
 def test_a_group_method_from_a_temporary_module_infers_groups(tmp_path) -> None:
-    facts = _run(tmp_path, "parity_groups", GROUP_MODULE, GROUP_RUN)
+    facts = _run(tmp_path, "parity_groups", doc_block("parity_groups.py"), GROUP_RUN)
     assert facts["registered"] == ["cluster", "parity", "pred", "soft", "true"]
     assert facts["label"] == [0, 1, 2, 0, 1, 2, 0]  # index mod 3, the module's own rule
     assert facts["group"] == [0, 4, 8, 0, 4, 8, 0] and facts["y"] == [0, 1, 2, 0, 1, 2, 0]
     assert facts["method"] == "parity" and facts["minority"] == 0
     assert facts["default_modulus"] == 2  # groups.parity is a section of the schema, with its default
-    assert facts["source"] == "ours: a test's rule (default 2)"
+    assert facts["source"] == "ours: a rule to show the shape (default 2)"
     assert facts["applies"] == [True, False, False]  # its own section, not under pred; cluster's not under it
 
 
