@@ -43,8 +43,8 @@ print(json.dumps({
     "registered": sorted(METHODS), "label": result.inferred_label.tolist(), "group": result.inferred_group.tolist(),
     "y": result.y.tolist(), "method": report["method"], "minority": report["n_inferred_minority"],
     "default_modulus": pred.groups.parity.modulus, "source": SOURCES.get("groups.parity.modulus"),
-    "applies": [applies("groups.parity.modulus", RunContext(params)), applies("groups.parity.modulus", RunContext(pred)),
-                applies("groups.cluster.n_init", RunContext(params))],
+    "applies": [applies("groups.parity.modulus", RunContext(params)),
+                applies("groups.parity.modulus", RunContext(pred)), applies("groups.cluster.n_init", RunContext(params))],
 }))
 '''
 
@@ -191,7 +191,8 @@ from debias.params.applicability import RunContext, applies
 from debias.params.sources import SOURCES
 
 def split(y):
-    return BiasedSplit(torch.zeros(len(y), 3, 1, 1, dtype=torch.uint8), y, y.clone(), torch.ones(len(y), dtype=torch.bool), 2, 2)
+    x = torch.zeros(len(y), 3, 1, 1, dtype=torch.uint8)
+    return BiasedSplit(x, y, y.clone(), torch.ones(len(y), dtype=torch.bool), 2, 2)
 
 val, test = split(torch.tensor([0, 0, 1, 1])), split(torch.tensor([0, 1, 1]))
 features = {"val": torch.tensor([[0.0, 0.0], [0.0, 2.0], [10.0, 0.0], [10.0, 2.0]]),
@@ -223,7 +224,8 @@ def test_a_probe_variant_outside_the_registry_is_refused(tmp_path) -> None:
     code = "from debias.params import validate; validate({'probe': {'method': 'nearest'}})"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env=_env(tmp_path), timeout=120)
-    assert done.returncode != 0 and "probe.method = 'nearest' is not allowed; allowed: 'logistic' or 'dfr'" in done.stderr
+    assert done.returncode != 0
+    assert "probe.method = 'nearest' is not allowed; allowed: 'logistic' or 'dfr'" in done.stderr
 
 
 def test_a_probe_declaration_must_name_the_source_of_every_default() -> None:

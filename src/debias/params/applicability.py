@@ -71,8 +71,8 @@ def _declared_rules() -> dict[str, Rule]:
     """The rules the schema carries from the declarations of the sections built from a registry (``groups``,
     ``probe``; :mod:`debias.params.groups`, :mod:`debias.params.probe`): a section field marked with its ``owner``
     applies under that variant; where the ``method`` field lists the ``shared`` params and what each variant
-    ``reads``, a shared param applies under the variants that read it. Read from the schema, not from the registries, so a stage that
-    asks about other params does not depend on every variant's declaration."""
+    ``reads``, a shared param applies under the variants that read it. Read from the schema, not from the
+    registries, so a stage that asks about other params does not depend on every variant's declaration."""
     rules: dict[str, Rule] = {}
     for top, info in Params.model_fields.items():
         model = info.annotation

@@ -1,7 +1,8 @@
 """DFR, Deep Feature Reweighting (Kirichenko, Izmailov, Wilson 2022, "Last Layer Re-Training is Sufficient for
 Robustness to Spurious Correlations"): a linear classifier on the frozen encoder's features, retrained on
 group-balanced held-out data (declared in :mod:`debias.evaluation.probes.dfr`) in the linear_probe stage; the
-variant is DFR^Val_Tr as the authors' ``dfr_evaluate_spurious.py`` runs it (``balance_dfr_val`` and ``notrain_dfr_val`` on):
+variant is DFR^Val_Tr as the authors' ``dfr_evaluate_spurious.py`` runs it (``balance_dfr_val`` and
+``notrain_dfr_val`` on):
 
 1. tuning: the validation split is cut into two halves (here: seeded and stratified by group,
    :func:`debias.evaluation.linear.stratified_halves`; the code: a random half); on a group-balanced subset
