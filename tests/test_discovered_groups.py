@@ -8,7 +8,8 @@ import torch
 
 from debias.data.store import BiasedSplit
 from debias.groups import GroupInference
-from debias.groups.discovered import (group_summary, infer_val_groups, nearest_group_vote, pick_examples)
+from debias.groups.clustering import nearest_group_vote
+from debias.groups.discovered import group_summary, infer_val_groups, pick_examples
 from debias.params import GroupsParams
 
 

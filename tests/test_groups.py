@@ -144,7 +144,7 @@ def test_true_is_the_bias_attribute() -> None:
 def test_infer_groups_rejects_bad_inputs() -> None:
     y = torch.arange(3)
     train = make_split(y, y)
-    with pytest.raises(ValueError, match="allowed: pred, cluster, true"):
+    with pytest.raises(ValueError, match="allowed: pred, cluster, soft, true"):
         infer_groups("kmeans", train, torch.zeros(3, 2), torch.zeros(3, 3), GroupsParams(), 0)
     with pytest.raises(ValueError, match="rerun train_erm"):
         infer_groups("pred", train, torch.zeros(4, 2), torch.zeros(4, 3), GroupsParams(), 0)

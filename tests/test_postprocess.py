@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from debias.data.store import BiasedSplit
-from debias.evaluation.dfr import balanced_subset
+from debias.evaluation.probes.dfr.fit import balanced_subset
+from debias.evaluation.probes.equalized_odds.fit import (equalized_odds_fit, equalized_odds_predict,
+                                                          equalized_odds_report)
 from debias.evaluation.linear import fit_logistic
-from debias.evaluation.postprocess import equalized_odds_fit, equalized_odds_predict, equalized_odds_report
 from debias.evaluation.probe import probe_report, split_tables
 from debias.metrics import fairness_report
 from debias.params import ProbeParams, validate

@@ -167,8 +167,8 @@ def test_load_encoders_and_head_rule(tmp_path: Path) -> None:
 
 
 def test_probe_variants_come_from_registries_matching_the_params() -> None:
-    """probe.method and probe.postprocess name registered variants (logistic.py, dfr.py, postprocess.py register
-    themselves); the splits a variant reads are its own; an unknown name is refused naming the param."""
+    """probe.method and probe.postprocess name registered variants (each subpackage of evaluation/probes/ declares
+    itself); the splits a variant reads are its own; an unknown name is refused naming the param."""
     from typing import get_args
 
     from debias.evaluation.probe import probe_splits

@@ -53,7 +53,7 @@ def test_registry_groups_and_tracking_import_no_pandas_sklearn_or_mlflow() -> No
     heavy = "('pandas', 'sklearn', 'scipy', 'mlflow', 'matplotlib', 'umap')"
     code = ("import sys, debias.data.sources, debias.harness.tracking, debias.harness.stage; "
             f"print(sorted(m for m in {heavy} if m in sys.modules)); "
-            "import debias.groups; "  # reads and writes parquet tables: pandas, but no matching libraries
+            "import debias.groups.inference; "  # reads and writes parquet tables: pandas, but no matching libraries
             f"print(sorted(m for m in {heavy} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

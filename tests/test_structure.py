@@ -112,13 +112,13 @@ def chain(seen: dict[str, str], start: str, target: str) -> str:
 def test_the_import_walk_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
     """The walk itself: a lazy import inside a function counts, ``from pkg import sub`` names the submodule."""
     probe = MODULES["debias.evaluation.probe"]
-    assert {"debias.evaluation.dfr", "debias.evaluation.linear", "debias.training.classifier"} <= GRAPH[module_name(probe)]
+    assert {"debias.evaluation.linear", "debias.training.classifier"} <= GRAPH[module_name(probe)]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
     lazy = tmp_path / "lazy.py"
-    lazy.write_text("import torch\n\n\ndef f():\n    from ..evaluation import dfr\n    import debias.core.io.x\n"
+    lazy.write_text("import torch\n\n\ndef f():\n    from ..evaluation import linear\n    import debias.core.io.x\n"
                     "    from debias.metrics import scalars\n")
-    assert imports_of(lazy, "debias.training.lazy") == {"debias.evaluation.dfr", "debias.core.io", "debias.metrics"}
+    assert imports_of(lazy, "debias.training.lazy") == {"debias.evaluation.linear", "debias.core.io", "debias.metrics"}
 
 
 def test_no_import_cycle_in_src_debias() -> None:

@@ -15,11 +15,11 @@ with cross-entropy also reports that head (``head``: accuracy of its own logits)
 ``fairness`` block to every accuracy report (:func:`debias.metrics.fairness_report`: equalized-odds and
 demographic-parity differences; per-group TPR/FPR go to the tables file).
 
-``probe.method`` picks the variant from a registry (:mod:`debias.evaluation.variants`): ``logistic`` the probe
-above (:mod:`debias.evaluation.logistic`), ``dfr`` DFR's last-layer retraining on group-balanced validation data
-(:mod:`debias.evaluation.dfr`); ``probe.postprocess: equalized_odds`` adds Hardt et al.'s post-processing of
-the chosen probe (:mod:`debias.evaluation.postprocess`) under ``probe.equalized_odds``. The shared
-linear-classifier helpers are :mod:`debias.evaluation.linear`'s.
+``probe.method`` picks the variant from a registry (:mod:`debias.evaluation.variants`; each variant is a
+subpackage of :mod:`debias.evaluation.probes`): the logistic probe above, DFR's last-layer retraining on
+group-balanced validation data; ``probe.postprocess`` adds a registered post-processing of the chosen probe
+(Hardt et al.'s equalized odds) under the probe report's key of the same name. The shared linear-classifier
+helpers are :mod:`debias.evaluation.linear`'s.
 """
 
 from __future__ import annotations
@@ -34,10 +34,9 @@ import torch
 from sklearn.pipeline import Pipeline
 
 from debias.data.store import BiasedSplit
-from debias.harness import progress
-from debias.evaluation import dfr, logistic, postprocess  # noqa: F401  (each registers its variants)
 from debias.evaluation.linear import split_report
 from debias.evaluation.variants import postprocessing, probe_variant
+from debias.harness import progress
 from debias.models import Network, load_network
 from debias.params import ProbeParams
 from debias.training.classifier import predict
@@ -104,8 +103,8 @@ def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bias
 
     ``features[name]`` are the frozen encoder outputs of ``splits[name]`` (``train`` needed only when it
     is the probe's training split). Returns ``{c, train_split, n_fit, n_select, val_scores, val, test}``
-    where ``val``/``test`` are full accuracy reports (per-group tables included). ``probe.method: dfr``:
-    :func:`debias.evaluation.dfr.dfr_probe`'s report.
+    where ``val``/``test`` are full accuracy reports (per-group tables included); another ``probe.method``
+    variant's report (DFR: :func:`debias.evaluation.probes.dfr.fit.dfr_probe`).
     """
     return fit_probe(features, splits, params, seed)[0]
 
@@ -114,7 +113,7 @@ def fit_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedS
               seed: int) -> tuple[dict, Pipeline, torch.Tensor]:
     """:func:`probe_report`'s report, the chosen classifier and the validation indices that chose it (the
     ``probe.method`` variant's fit)."""
-    return probe_variant(params.method).fit(features, splits, params, seed)
+    return probe_variant(params.method).fit_fn()(features, splits, params, seed)
 
 
 def check_postprocess(params: ProbeParams, splits: Mapping[str, BiasedSplit]) -> None:
@@ -147,7 +146,7 @@ def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], par
     report, chosen, select_index = fit_probe(features, splits, params, seed)
     post = postprocessing(params.postprocess)
     if post is not None:
-        report[params.postprocess] = post.report(chosen, features, splits, select_index, seed)
+        report[params.postprocess] = post.report_fn()(chosen, features, splits, select_index, seed)
     result: dict[str, Any] = {"trained": True, "method": encoder.method, "probe": report}
     if head_is_trained(encoder):
         result["head"] = {name: split_report(splits[name], encoded[name][1].argmax(1)) for name in ("test", "val")}

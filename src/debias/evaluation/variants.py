@@ -1,71 +1,131 @@
-"""The registries of the linear probe's variants (``probe.method``) and of its post-processings (``probe.postprocess``).
+"""The registries of the linear probe's variants (``probe.method``) and of its post-processings (``probe.postprocess``):
+every fact the rest of the code needs about one, declared by it.
 
-A variant module registers itself (:func:`register_probe`, :func:`register_postprocess`) and is imported once by
-:mod:`debias.evaluation.probe`, as the stage-2 methods are by :mod:`debias.training.methods`.
+A variant is one subpackage of :mod:`debias.evaluation.probes` whose ``__init__.py`` (pydantic, the params and
+this module only: the params schema imports it) calls :func:`register_probe` or :func:`register_postprocess`,
+and whose ``fit.py`` holds the code the declaration names by ``"module:function"`` (imported when it runs).
+:func:`import_declarations` imports every such subpackage; a module named in ``DEBIAS_METHODS`` may register
+variants too. The ``probe`` params section is built from the registries (:mod:`debias.params.probe`):
+``probe.method`` and ``probe.postprocess`` allow exactly the registered names, each variant's own params section
+becomes ``probe.<section>``, and a shared probe param applies to the variants that declare they read it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from sklearn.pipeline import Pipeline
+from debias.core.declarations import check_sources, import_declarations as _import_packages
 
-from debias.data.store import BiasedSplit
-from debias.params import ProbeParams
-
-ProbeFit = Callable[[Mapping[str, torch.Tensor], Mapping[str, BiasedSplit], ProbeParams, int],
-                    tuple[dict, Pipeline, torch.Tensor]]
-PostprocessReport = Callable[[Any, Mapping[str, torch.Tensor], Mapping[str, BiasedSplit], torch.Tensor, int], dict]
+PACKAGE = "debias.evaluation.probes"
 NO_POSTPROCESS = "none"  # the probe.postprocess value that adds nothing
+
+# fit(features, splits, probe params, seed) -> (report, chosen classifier, selection indices into val)
+ProbeFit = Callable[..., tuple[dict, Any, Any]]
+# report(classifier, features, splits, selection indices, seed) -> dict
+PostprocessReport = Callable[..., dict]
+
+
+def _imported(target: Callable[..., Any] | str) -> Callable[..., Any]:
+    if callable(target):
+        return target
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
 class ProbeVariant:
-    """A ``probe.method``: ``fit(features, splits, params, seed) -> (report, chosen classifier, selection indices
-    into val)`` and the biased splits it reads for given params."""
+    """A ``probe.method``: ``fit`` (or ``"module:function"``) and ``splits(params)``, the biased splits it reads.
+    ``reads``: the shared ``probe.*`` params it reads (the others do not apply to it). ``section`` / ``params`` /
+    ``sources``: its own params section ``probe.<section>`` and the source of each of its leaf keys.
+    ``schema_default``: the ``probe.method`` of a params.yaml that names none (exactly one variant)."""
 
-    fit: ProbeFit
-    splits: Callable[[ProbeParams], tuple[str, ...]]
+    name: str
+    fit: ProbeFit | str
+    splits: Callable[[Any], tuple[str, ...]]
+    display: str = ""
+    reads: tuple[str, ...] = ()
+    schema_default: bool = False
+    section: str | None = None
+    params: Any = None
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def fit_fn(self) -> ProbeFit:
+        return _imported(self.fit)
 
 
 @dataclass(frozen=True)
 class Postprocessing:
     """A ``probe.postprocess``: ``report(classifier, features, splits, selection indices, seed) -> dict`` (kept
-    under the probe report's key of the same name); ``binary``: it needs a binary task."""
+    under the probe report's key of the same name), or ``"module:function"``; ``binary``: it needs a binary task."""
 
-    report: PostprocessReport
+    name: str
+    report: PostprocessReport | str
     binary: bool
+    display: str = ""
+
+    def report_fn(self) -> PostprocessReport:
+        return _imported(self.report)
 
 
 PROBES: dict[str, ProbeVariant] = {}
 POSTPROCESSINGS: dict[str, Postprocessing] = {}
 
 
-def register_probe(name: str, splits: Callable[[ProbeParams], tuple[str, ...]]) -> Callable[[ProbeFit], ProbeFit]:
-    """Decorator: register ``fit`` as the probe variant ``name`` reading ``splits(params)``."""
-    def add(fit: ProbeFit) -> ProbeFit:
+def register_probe(name: str, splits: Callable[[Any], tuple[str, ...]], fit: ProbeFit | str | None = None,
+                   **facts: Any) -> Any:
+    """Register the probe variant ``name`` reading ``splits(params)`` (``facts``: the other :class:`ProbeVariant`
+    fields) and return it; without ``fit``, a decorator registering the function it decorates."""
+    def add(function: ProbeFit | str) -> Any:
         if name in PROBES:
             raise ValueError(f"probe.method {name!r} is registered twice")
-        PROBES[name] = ProbeVariant(fit, splits)
-        return fit
-    return add
+        variant = ProbeVariant(name, function, splits, **facts)
+        if (variant.section is None) != (variant.params is None):
+            raise ValueError(f"probe variant {name!r}: give both section and params, or neither")
+        if variant.section is not None:
+            owners = [other.name for other in PROBES.values() if other.section == variant.section]
+            if owners:
+                raise ValueError(f"probe variant {name!r}: params section probe.{variant.section} is already "
+                                 f"{owners[0]}'s")
+            check_sources(f"probe variant {name!r}", f"probe.{variant.section}", variant.params, variant.sources)
+        PROBES[name] = variant
+        return function if fit is None else variant
+    return add if fit is None else add(fit)
 
 
-def register_postprocess(name: str, binary: bool) -> Callable[[PostprocessReport], PostprocessReport]:
-    """Decorator: register ``report`` as the post-processing ``name``."""
-    def add(report: PostprocessReport) -> PostprocessReport:
+def register_postprocess(name: str, binary: bool, report: PostprocessReport | str | None = None,
+                         display: str = "") -> Any:
+    """Register the post-processing ``name`` and return it; without ``report``, a decorator registering the
+    function it decorates."""
+    def add(function: PostprocessReport | str) -> Any:
         if name in POSTPROCESSINGS or name == NO_POSTPROCESS:
             raise ValueError(f"probe.postprocess {name!r} is registered twice")
-        POSTPROCESSINGS[name] = Postprocessing(report, binary)
-        return report
-    return add
+        POSTPROCESSINGS[name] = Postprocessing(name, function, binary, display)
+        return function if report is None else POSTPROCESSINGS[name]
+    return add if report is None else add(report)
+
+
+_discovered = False
+
+
+def import_declarations() -> None:
+    """Import every subpackage of :data:`PACKAGE` once (called by :mod:`debias.params` while it builds the
+    schema, after the ``DEBIAS_METHODS`` modules)."""
+    global _discovered
+    if not _discovered:
+        _discovered = True
+        _import_packages(PACKAGE, packages=True)
+
+
+def _discover() -> None:
+    importlib.import_module("debias.params")  # building the schema imports every declaration
 
 
 def probe_variant(name: str) -> ProbeVariant:
     """The registered variant ``name``; a ValueError naming ``probe.method`` and the registered ones otherwise."""
+    _discover()
     if name not in PROBES:
         raise ValueError(f"probe.method = {name!r} is not registered; allowed: {', '.join(sorted(PROBES))}")
     return PROBES[name]
@@ -74,9 +134,21 @@ def probe_variant(name: str) -> ProbeVariant:
 def postprocessing(name: str) -> Postprocessing | None:
     """The registered post-processing ``name`` (None for ``none``); a ValueError naming ``probe.postprocess``
     and the registered ones otherwise."""
+    _discover()
     if name == NO_POSTPROCESS:
         return None
     if name not in POSTPROCESSINGS:
         raise ValueError(f"probe.postprocess = {name!r} is not registered; allowed: "
                          f"{', '.join([NO_POSTPROCESS, *sorted(POSTPROCESSINGS)])}")
     return POSTPROCESSINGS[name]
+
+
+def probe_sections() -> dict[str, ProbeVariant]:
+    """``section -> variant`` of every variant with its own ``probe.<section>`` params."""
+    _discover()
+    return {v.section: v for v in PROBES.values() if v.section is not None}
+
+
+def probe_sources() -> dict[str, str]:
+    """The source line of every leaf of every variant's params section, by its dotted key."""
+    return {f"probe.{v.section}.{key}": line for v in probe_sections().values() for key, line in v.sources.items()}

@@ -1,39 +1,18 @@
-"""Inferred bias labels and groups of the training split, one method per ``groups.method``.
+"""Inferred bias labels and groups of the training split: :func:`infer_groups` runs the ``groups.method``, the
+stored table and its quality report.
 
-Methods live in :data:`METHODS` (name -> function); every one returns a :class:`GroupInference`:
-
-- ``pred``    (CNC Sec. 4) label = argmax of the ERM logits; minority = label != y;
-              group = y * C + label.
-- ``cluster`` (CNC App. D.2.3) UMAP of the ERM embeddings z (seeded), then KMeans or GMM:
-    * ``per_class = 1``: C clusters over all points, matched one-to-one to the classes by the
-      Hungarian algorithm on the cluster x class table (maximum agreement with y);
-      label = matched class; minority = label != y; group = y * C + label.
-    * ``per_class = k > 1`` (GEORGE-style): k clusters within each class's points (on the one
-      UMAP of all points), numbered by size: rank 0 = the class's largest cluster = the inferred
-      majority, label = own class c. A smaller cluster (rank r > 0) gets the label
-      ``argmax_{c' != c} mean_{n in cluster} softmax(logits_n)[c']`` - the class ERM mistakes its
-      points for most, i.e. the bias value they share with that class's majority, which keeps
-      labels comparable across classes (CNC's sampler pairs "same label, other class").
-      minority = label != y (= rank > 0); group = y * k + rank.
-- ``true``    (oracle) label = the true bias attribute a; minority = ~aligned; group = y * A + a.
-- ``soft``    (FairKL paper App. B.2.4) soft bias scores from a bias-capturing model instead of hard labels:
-              the ERM model (trained on the biased data, it captures the bias) gives every point the
-              scores ``softmax(logits / groups.soft.temperature)`` over the C bias labels of ``pred`` (a
-              class's colour is the bias label ERM maps it to); FairKL then weights a pair's membership of
-              the same-bias sets by ``p_i . p_j`` instead of ``1[b_i = b_j]``. label, group and minority as
-              ``pred`` (the scores' argmax), for the methods that need hard labels.
-
-The table's optional columns ``bias_score_0 .. bias_score_{K-1}`` hold soft bias scores (``soft`` only).
-UMAP is imported through :func:`import_umap`, which turns on numba's on-disk cache so a fresh
-process reuses compiled code. Results are stored as a parquet table (:func:`save_groups`,
-:func:`load_groups`) plus the UMAP coordinates (:func:`save_embedding`) for the report's figures.
+Each method is one module of :mod:`debias.groups.methods` that declares itself in the registry
+(:mod:`debias.groups.registry`: :data:`METHODS`, name -> :class:`~debias.groups.registry.GroupMethodSpec`) and
+states its rule in its docstring; every one returns a :class:`GroupInference`. The table's optional columns
+``bias_score_0 .. bias_score_{K-1}`` hold soft bias scores (the methods that give them). UMAP is imported through
+:func:`import_umap`, which turns on numba's on-disk cache so a fresh process reuses compiled code. Results are
+stored as a parquet table (:func:`save_groups`, :func:`load_groups`) plus the UMAP coordinates
+(:func:`save_embedding`) for the report's figures.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -42,162 +21,30 @@ import torch
 
 from debias.core import health
 from debias.data.store import BiasedSplit
-from debias.harness import progress
+from debias.groups.clustering import (  # noqa: F401  (re-exported)
+    CLUSTERERS, cluster_points, infer_cluster, label_within_class_clusters, match_clusters_to_classes, size_ranks,
+    within_class_ranks
+)
 from debias.groups.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
+from debias.groups.matching import group_quality, hungarian_map  # noqa: F401  (re-exported)
+from debias.groups.registry import METHODS, GroupInference, group_method  # noqa: F401  (re-exported)
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_torch
-from debias.groups.matching import group_quality, hungarian_map
 from debias.params import GroupsParams
 from debias.core.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
 
 GROUP_COLUMNS = ("index", "y", "inferred_label", "inferred_group", "minority")
 
 
-
-@dataclass
-class GroupInference:
-    """Inferred bias label, group and minority flag per training point (row n = split index n)."""
-
-    inferred_label: torch.Tensor  # int64 [N] bias label, comparable across classes
-    inferred_group: torch.Tensor  # int64 [N] (class, label or within-class cluster), see the module docstring
-    minority: torch.Tensor  # bool [N] inferred bias-conflicting
-    embedding2d: torch.Tensor | None = None  # float [N, umap_components] UMAP coordinates (cluster only)
-    timings: dict[str, float] = field(default_factory=dict)  # seconds per step
-    y: torch.Tensor | None = None  # int64 [N] class, filled by infer_groups and load_groups
-    bias_scores: torch.Tensor | None = None  # float32 [N, K] soft bias scores, rows sum to 1 (soft only)
-
-    def __len__(self) -> int:
-        return int(self.inferred_label.numel())
-
-
-# ---------------------------------------------------------------- clustering
-
-def _kmeans(points: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:
-    from sklearn.cluster import KMeans
-
-    return KMeans(n_clusters=k, n_init=n_init, random_state=seed).fit_predict(points)
-
-
-def _gmm(points: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:
-    from sklearn.mixture import GaussianMixture
-
-    return GaussianMixture(n_components=k, n_init=n_init, random_state=seed).fit(points).predict(points)
-
-
-ClusterFn = Callable[[np.ndarray, int, int, int], np.ndarray]
-CLUSTERERS: dict[str, ClusterFn] = {"kmeans": _kmeans, "gmm": _gmm}
-
-
-def cluster_points(points: torch.Tensor, k: int, algorithm: str, n_init: int, seed: int) -> torch.Tensor:
-    """Cluster ids in ``0 .. k-1`` (int64 [N]) from ``CLUSTERERS[algorithm]``, seeded."""
-    if algorithm not in CLUSTERERS:
-        raise ValueError(f"clustering algorithm '{algorithm}' unknown; allowed: {', '.join(CLUSTERERS)}")
-    ids = CLUSTERERS[algorithm](points.detach().cpu().double().numpy(), k, n_init, seed)
-    return torch.as_tensor(ids, dtype=torch.long)
-
-
-def match_clusters_to_classes(cluster: torch.Tensor, y: torch.Tensor, n_classes: int) -> torch.Tensor:
-    """label_n = m(cluster_n), m the one-to-one cluster -> class map maximising #{n : m(cluster_n) = y_n}."""
-    return hungarian_map(cluster, y, n_classes, n_classes)[cluster]
-
-
-def size_ranks(cluster: torch.Tensor, k: int) -> torch.Tensor:
-    """Rank of each cluster id ``0 .. k-1`` by size, largest first (ties: lower id first): int64 [k]."""
-    order = torch.argsort(-torch.bincount(cluster, minlength=k), stable=True)
-    ranks = torch.empty(k, dtype=torch.long)
-    ranks[order] = torch.arange(k)
-    return ranks
-
-
-def within_class_ranks(points: torch.Tensor, y: torch.Tensor, n_classes: int, k: int, algorithm: str,
-                       n_init: int, seed: int) -> torch.Tensor:
-    """Each class's points in min(k, n_c) clusters; per point the size rank of its cluster (0 = largest): int64 [N]."""
-    rank = torch.zeros(len(y), dtype=torch.long)
-    for label in range(n_classes):
-        members = torch.nonzero(y == label).flatten()
-        k_class = min(k, len(members))
-        if k_class <= 1:
-            continue
-        cluster = cluster_points(points[members], k_class, algorithm, n_init, seed)
-        rank[members] = size_ranks(cluster, k_class)[cluster]
-    return rank
-
-
-def label_within_class_clusters(rank: torch.Tensor, y: torch.Tensor, logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Rank 0 -> own class y; rank r > 0 -> argmax_{c != y} of the mean ERM softmax over cluster (y, r): int64 [N]."""
-    n_classes = logits.shape[1]
-    group = y * k + rank
-    sums = torch.zeros(n_classes * k, n_classes, dtype=torch.float64).index_add_(0, group, logits.double().softmax(1))
-    own = torch.arange(n_classes * k) // k
-    sums[torch.arange(n_classes * k), own] = -torch.inf  # the argmax of the mean equals that of the sum
-    foreign = sums.argmax(1) if n_classes > 1 else own
-    per_group = torch.where(torch.arange(n_classes * k) % k == 0, own, foreign)
-    return per_group[group]
-
-
 # ---------------------------------------------------------------- methods
 
-def _timed(timings: dict[str, float], key: str, start: float) -> float:
-    now = time.perf_counter()
-    timings[key] = round(now - start, 4)
-    return now
-
-
-def infer_pred(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams, seed: int) -> GroupInference:
-    """label = argmax logits; minority = label != y; group = y * C + label."""
-    label = logits.argmax(1).long()
-    return GroupInference(label, train.y * train.n_classes + label, label != train.y)
-
-
-def infer_true(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams, seed: int) -> GroupInference:
-    """label = a (oracle); minority = ~aligned; group = y * A + a."""
-    return GroupInference(train.a.clone(), train.g.clone(), ~train.aligned.bool())
-
-
-def infer_cluster(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams, seed: int) -> GroupInference:
-    """UMAP of z, then C clusters matched to classes (per_class 1) or k clusters per class (per_class k)."""
-    cluster_params = params.cluster
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    import_umap()
-    start = _timed(timings, "umap_import_s", start)
-    if len(z) < 3:
-        raise ValueError(f"groups.method=cluster needs at least 3 training points for UMAP, found {len(z)}")
-    with progress.step("infer_groups", f"UMAP of {len(z)} training points"):
-        embedding = umap_fit(z, cluster_params.umap_components, cluster_params.umap_neighbors,
-                             cluster_params.umap_min_dist, seed)
-    start = _timed(timings, "umap_fit_s", start)
-    k = cluster_params.per_class
-    if k == 1:
-        cluster = cluster_points(embedding, train.n_classes, cluster_params.algorithm, cluster_params.n_init, seed)
-        label = match_clusters_to_classes(cluster, train.y, train.n_classes)
-        group = train.y * train.n_classes + label
-    else:
-        rank = within_class_ranks(embedding, train.y, train.n_classes, k, cluster_params.algorithm,
-                                  cluster_params.n_init, seed)
-        label = label_within_class_clusters(rank, train.y, logits, k)
-        group = train.y * k + rank
-    _timed(timings, "cluster_s", start)
-    return GroupInference(label, group, label != train.y, embedding, timings)
-
-
-def infer_soft(train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams, seed: int) -> GroupInference:
-    """Soft bias scores softmax(logits / T) of the bias-capturing ERM model; hard label, group, minority as pred."""
-    scores = torch.softmax(logits.double() / params.soft.temperature, dim=1).float()
-    hard = infer_pred(train, z, logits, params, seed)
-    hard.bias_scores = scores
-    return hard
-
-
-InferenceFn = Callable[[BiasedSplit, torch.Tensor, torch.Tensor, GroupsParams, int], GroupInference]
-METHODS: dict[str, InferenceFn] = {"pred": infer_pred, "cluster": infer_cluster, "true": infer_true, "soft": infer_soft}
 SCORE_PREFIX = "bias_score_"
 
 
 def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams,
                  seed: int) -> GroupInference:
-    """Run ``METHODS[method]`` on the training split with its ERM embeddings ``z`` [N,D] and ``logits`` [N,C]."""
-    if method not in METHODS:
-        raise ValueError(f"groups.method = '{method}' unknown; allowed: {', '.join(METHODS)}")
+    """Run the registered method ``method`` (:func:`debias.groups.registry.group_method`) on the training split with
+    its ERM embeddings ``z`` [N,D] and ``logits`` [N,C]."""
+    spec = group_method(method)
     n = len(train)
     if len(z) != n or len(logits) != n:
         raise ValueError(f"ERM embeddings hold {len(z)} rows and logits {len(logits)}, the training split {n}: "
@@ -205,7 +52,7 @@ def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch
     if logits.ndim != 2 or logits.shape[1] != train.n_classes:
         raise ValueError(f"ERM logits have shape {tuple(logits.shape)}, expected [N, {train.n_classes}]; rerun train_erm")
     start = time.perf_counter()
-    result = METHODS[method](train, z.detach().cpu(), logits.detach().cpu().float(), params, seed)
+    result = spec.infer_fn()(train, z.detach().cpu(), logits.detach().cpu().float(), params, seed)
     result.timings["total_s"] = round(time.perf_counter() - start, 4)
     result.y = train.y.clone()
     return result
@@ -231,7 +78,7 @@ WEAK_GROUPS = 0.5
 def group_warnings(method: str, quality: dict) -> list[str]:
     """A ``weak-groups`` warning when the inferred minority misses most bias-conflicting points or is mostly others
     (measured against the true attribute, which only this check and the metrics read)."""
-    if method == "true":
+    if group_method(method).needs_attribute:  # labels read from the true attribute are exact
         return []
     recall, precision = quality.get("minority_recall"), quality.get("minority_precision")
     weak = [f"{name} {value:.2f}" for name, value in (("recall", recall), ("precision", precision))

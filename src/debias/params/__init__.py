@@ -31,11 +31,10 @@ from debias.params.model import (  # noqa: F401
     ACTIVATION_ENCODERS, FeatureActivation, HEAD_INPUTS, HeadInput, MLPParams, ModelParams, PRETRAINABLE
 )
 from debias.params.evaluate import EvaluateParams, UMAPParams  # noqa: F401
-from debias.params.groups import ClusterParams, GroupsParams, SoftParams  # noqa: F401
 from debias.params.health import HealthParams  # noqa: F401
 from debias.params.loss import EpsSupConParams, FairKLParams, LossParams  # noqa: F401
 from debias.params.optim import OptimParams  # noqa: F401
-from debias.params.probe import _positive_distinct, DFRParams, ProbeParams  # noqa: F401
+from debias.params.probe import _positive_distinct, ProbeBase  # noqa: F401
 from debias.params.report import ReportParams  # noqa: F401
 from debias.params.stage2 import HeadParams, SpeedParams, STAGE2_SHARED_FIELDS, TabularViewParams  # noqa: F401
 from debias.params.root import (  # noqa: F401
@@ -44,9 +43,19 @@ from debias.params.root import (  # noqa: F401
     validate
 )
 
-# The stage-2 methods' declarations (debias.training.methods.registry) may import anything above, a method kept
-# in one module its training code too: Stage2Params is built from them last, and the schema completed with it.
-from debias.params import root as _root, stage2 as _stage2  # noqa: E402
+# The declarations (stage-2 methods: debias.training.methods.registry, group-inference methods:
+# debias.groups.registry, probe variants: debias.evaluation.variants) may import anything above, a method kept in
+# one module its training code too: Stage2Params, GroupsParams and ProbeParams are built from them last (the
+# stage-2 discovery first: it imports the DEBIAS_METHODS modules, which may register anything), and the schema
+# completed with them.
+from debias.params import groups as _groups, probe as _probe, root as _root, stage2 as _stage2  # noqa: E402
 
 Stage2Params = _root.Stage2Params = _stage2.Stage2Params = _stage2.stage2_model()
+GroupsParams = _root.GroupsParams = _groups.GroupsParams = _groups.groups_model()
+ProbeParams = _root.ProbeParams = _probe.ProbeParams = _probe.probe_model()
 Params.model_rebuild()
+
+# the declared sections, by the names they had in this package
+from debias.evaluation.probes.dfr import DFRParams  # noqa: E402, F401
+from debias.groups.methods.cluster import ClusterParams  # noqa: E402, F401
+from debias.groups.methods.soft import SoftParams  # noqa: E402, F401

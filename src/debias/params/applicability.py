@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pydantic import BaseModel
+
 from debias.params import PATH_SOURCES, PRETRAINABLE, TABULAR_SOURCES, Params
 from debias.training.methods.registry import method_sections, method_spec
 
@@ -52,6 +54,40 @@ def _section_owner(section: str) -> Rule:
     return lambda c: method_spec(c.params.stage2.method).section == section
 
 
+def _owned_by(top: str, owner: str) -> Rule:
+    """A declared section of ``<top>`` applies when ``<top>.method`` is the variant that declared it."""
+    return lambda c: getattr(c.params, top).method == owner
+
+
+def _read_by_variant(top: str, key: str) -> Rule:
+    """A shared param of ``<top>`` applies when the running variant declares it reads it."""
+    def rule(c: RunContext) -> bool:
+        section = getattr(c.params, top)
+        return key in type(section).model_fields["method"].json_schema_extra["reads"].get(section.method, ())
+    return rule
+
+
+def _declared_rules() -> dict[str, Rule]:
+    """The rules the schema carries from the declarations of the sections built from a registry (``groups``,
+    ``probe``; :mod:`debias.params.groups`, :mod:`debias.params.probe`): a section field marked with its ``owner``
+    applies under that variant; where the ``method`` field lists the ``shared`` params and what each variant
+    ``reads``, a shared param applies under the variants that read it. Read from the schema, not from the
+    registries, so a stage that asks about other params does not depend on every variant's declaration."""
+    rules: dict[str, Rule] = {}
+    for top, info in Params.model_fields.items():
+        model = info.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or "method" not in model.model_fields:
+            continue
+        shared = (model.model_fields["method"].json_schema_extra or {}).get("shared", ())
+        for name, field in model.model_fields.items():
+            owner = (field.json_schema_extra or {}).get("owner")
+            if owner is not None:
+                rules[f"{top}.{name}."] = _owned_by(top, owner)
+            elif f"{top}.{name}" in shared:
+                rules[f"{top}.{name}"] = _read_by_variant(top, f"{top}.{name}")
+    return rules
+
+
 def _method_reads(prefix: str) -> Rule:
     """A shared section applies when the running method declares it reads it (``MethodSpec.reads``)."""
     return lambda c: prefix in method_spec(c.params.stage2.method).reads
@@ -74,15 +110,12 @@ RULES: dict[str, Rule] = {
     "bias.corruption.": _protocol("corruption"),
     "model.pretrained": lambda c: c.params.model.name in PRETRAINABLE,
     "model.mlp.": lambda c: c.params.model.name == "mlp" or c.params.data.source in TABULAR_SOURCES,
-    "groups.cluster.": lambda c: c.params.groups.method == "cluster",
-    "groups.soft.": lambda c: c.params.groups.method == "soft",
+    **_declared_rules(),  # groups.<section>., probe.<section>., probe.train_split, ...
     **{f"stage2.{section}.": _section_owner(section) for section in method_sections()},
     "stage2.head.": _head_fitted,
     "stage2.tabular_view.": lambda c: (_method_reads("stage2.tabular_view.")(c)
                                        and c.params.data.source in TABULAR_SOURCES),
     "loss.": _method_reads("loss."),
-    "probe.dfr.": lambda c: c.params.probe.method == "dfr",
-    "probe.train_split": lambda c: c.params.probe.method != "dfr",
 }
 
 

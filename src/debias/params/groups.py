@@ -1,4 +1,6 @@
-"""The ``groups`` section: how stage 1's groups are inferred."""
+"""The ``groups`` section: how stage 1's groups are inferred, built from the group-inference methods' declarations
+(:mod:`debias.groups.registry`): ``groups.method`` allows exactly the registered names (the one declared the schema
+default first) and each method's own params section becomes ``groups.<section>``."""
 
 from __future__ import annotations
 
@@ -9,31 +11,26 @@ from pydantic import Field, field_validator
 from debias.params.base import Section
 
 
-class ClusterParams(Section):
-    """CNC App. D.2.3: UMAP of ERM features, then KMeans/GMM, clusters matched to classes."""
+class GroupsBase(Section):
+    """What every group-inference method shares: its name, whatever YAML made of the word."""
 
-    algorithm: Literal["kmeans", "gmm"] = "kmeans"
-    umap_components: int = Field(2, ge=1, le=64)
-    umap_neighbors: int = Field(15, ge=2, le=1000)
-    umap_min_dist: float = Field(0.1, ge=0, le=1)
-    per_class: int = Field(1, ge=1, le=100, description="1: one cluster per class (CNC); k > 1: k clusters within each class (GEORGE-style)")
-    n_init: int = Field(10, ge=1, le=100)
-
-
-class SoftParams(Section):
-    """Soft bias scores (FairKL paper App. B.2.4): softmax of the bias-capturing (ERM) model's logits / temperature."""
-
-    temperature: float = Field(1.0, gt=0, le=1000, description="softmax temperature of the ERM logits (1: its softmax; "
-                                                               "higher: softer scores)")
-
-
-class GroupsParams(Section):
-    method: Literal["pred", "cluster", "true", "soft"] = "pred"
-    cluster: ClusterParams = Field(default_factory=ClusterParams)
-    soft: SoftParams = Field(default_factory=SoftParams)
-
-    @field_validator("method", mode="before")
+    @field_validator("method", mode="before", check_fields=False)
     @classmethod
-    def _yaml_true_is_the_oracle(cls, value: Any) -> Any:
-        """YAML (and ``dvc exp run -S groups.method=true``) reads the word true as a boolean."""
-        return "true" if value is True else value
+    def _yaml_booleans_are_names(cls, value: Any) -> Any:
+        """YAML (and ``dvc exp run -S groups.method=true``) reads the words true and false as booleans; a method's
+        name is a string."""
+        return str(value).lower() if isinstance(value, bool) else value
+
+
+def groups_model() -> type[GroupsBase]:
+    """GroupsParams: ``method`` allowing exactly the registered methods, then each method's own section."""
+    from pydantic import create_model
+
+    from debias.groups.registry import import_declarations, schema_order
+
+    methods = import_declarations()
+    names = schema_order(methods)
+    sections = {spec.section: (spec.params, Field(default_factory=spec.params, json_schema_extra={"owner": spec.name}))
+                for spec in methods.values() if spec.section is not None}  # owner: read by debias.params.applicability
+    return create_model("GroupsParams", __base__=GroupsBase, __module__=__name__,
+                        method=(Literal[names], names[0]), **sections)  # type: ignore[valid-type]

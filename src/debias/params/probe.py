@@ -1,4 +1,6 @@
-"""The ``probe`` section: the linear probe and its variants (DFR, post-processing)."""
+"""The ``probe`` section: the linear probe and its variants, built from the variants' declarations
+(:mod:`debias.evaluation.variants`): ``probe.method`` and ``probe.postprocess`` allow exactly the registered names,
+each variant's own params section becomes ``probe.<section>``."""
 
 from __future__ import annotations
 
@@ -17,36 +19,52 @@ def _positive_distinct(values: list[float]) -> list[float]:
     return values
 
 
-class DFRParams(Section):
-    """DFR (Kirichenko, Izmailov, Wilson 2022), DFR^Val_Tr as its released code (dfr_evaluate_spurious.py) runs it:
-    L1 logistic regression (liblinear) on group-balanced subsets of the validation split."""
+class ProbeBase(Section):
+    """The params the variants share (each applies to the variants that declare they read it)."""
 
-    c_grid: list[float] = Field(default_factory=lambda: [1.0, 0.7, 0.3, 0.1, 0.07, 0.03, 0.01], min_length=1,
-                                description="inverse strengths tried (DFR's C_OPTIONS); the best worst-group of the other half wins")
-    penalty: Literal["l1", "l2"] = Field("l1", description="DFR: l1")
-    retrains: int = Field(20, ge=1, le=1000, description="balanced subsets of the whole validation split whose "
-                                                         "weights are averaged (DFR: 20)")
-
-    @field_validator("c_grid")
-    @classmethod
-    def _positive(cls, values: list[float]) -> list[float]:
-        return _positive_distinct(values)
-
-
-class ProbeParams(Section):
     train_split: Literal["train", "val"] = "train"
     c_grid: list[float] = Field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0], min_length=1,
                                 description="inverse L2 strengths tried; the best validation worst-group wins")
     max_iter: int = Field(1000, ge=10, le=100000)
     standardize: bool = True
-    method: Literal["logistic", "dfr"] = Field("logistic", description="logistic: the probe above; dfr: last-layer "
-                                               "retraining on group-balanced validation data (train_split ignored)")
-    dfr: DFRParams = Field(default_factory=DFRParams)
-    postprocess: Literal["none", "equalized_odds"] = Field(
-        "none", description="equalized_odds: Hardt et al.'s post-processing of the probe (fairlearn ThresholdOptimizer, "
-                            "fitted on the probe's selection data), binary tasks; reported beside the probe")
 
     @field_validator("c_grid")
     @classmethod
     def _positive(cls, values: list[float]) -> list[float]:
         return _positive_distinct(values)
+
+
+def probe_model() -> type[ProbeBase]:
+    """ProbeParams: the shared fields, ``method`` allowing exactly the registered variants (the one declared the
+    schema default first), each variant's own section, then ``postprocess`` (``none`` or a registered one). The
+    fields carry what :mod:`debias.params.applicability` reads: each section its ``owner``, ``method`` the
+    ``shared`` params and those each variant ``reads``."""
+    from pydantic import create_model
+
+    from debias.evaluation.variants import NO_POSTPROCESS, POSTPROCESSINGS, PROBES, import_declarations
+
+    import_declarations()
+    defaults = [name for name, variant in PROBES.items() if variant.schema_default]
+    if len(defaults) != 1:
+        raise RuntimeError(f"exactly one probe variant must be the schema default; registered: {sorted(PROBES)}, "
+                           f"defaults: {defaults}")
+    names = (defaults[0], *(name for name in PROBES if name != defaults[0]))
+    for variant in PROBES.values():
+        if variant.section in (*ProbeBase.model_fields, "method", "postprocess"):
+            raise RuntimeError(f"probe variant '{variant.name}': probe.{variant.section} is a shared field; "
+                               "allowed: another section name")
+    sections = {v.section: (v.params, Field(default_factory=v.params, json_schema_extra={"owner": v.name}))
+                for v in sorted(PROBES.values(), key=lambda v: v.name != defaults[0]) if v.section is not None}
+    variants = "; ".join(f"{v.name}: {v.display or v.name} (reads {', '.join(v.reads) or 'no shared param'})"
+                         for v in (PROBES[name] for name in names))
+    posts = "; ".join(f"{p.name}: {p.display or p.name}{' (binary tasks)' if p.binary else ''}"
+                      for p in POSTPROCESSINGS.values())
+    return create_model(
+        "ProbeParams", __base__=ProbeBase, __module__=__name__,
+        method=(Literal[names], Field(names[0], description=variants,  # type: ignore[valid-type]
+                                      json_schema_extra={"shared": [f"probe.{key}" for key in ProbeBase.model_fields],
+                                                         "reads": {v.name: list(v.reads) for v in PROBES.values()}})),
+        **sections,
+        postprocess=(Literal[(NO_POSTPROCESS, *POSTPROCESSINGS)],  # type: ignore[valid-type]
+                     Field(NO_POSTPROCESS, description=f"{NO_POSTPROCESS}: the probe alone; {posts}; reported "
+                                                       "beside the probe")))

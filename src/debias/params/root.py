@@ -15,15 +15,15 @@ from debias.params.base import Section, show
 from debias.params.bias import BiasParams
 from debias.params.data import DataParams
 from debias.params.evaluate import EvaluateParams
-from debias.params.groups import GroupsParams
 from debias.params.health import HealthParams
 from debias.params.loss import LossParams
 from debias.params.model import ModelParams
 from debias.params.optim import NEEDS_INFERRED_GROUPS, OptimParams, Selection
-from debias.params.probe import ProbeParams
 from debias.params.report import ReportParams
 
-if TYPE_CHECKING:  # built from the registered stage-2 methods once the package is loaded (debias.params sets it here)
+if TYPE_CHECKING:  # built from the registered methods once the package is loaded (debias.params sets them here)
+    from debias.params.groups import GroupsParams
+    from debias.params.probe import ProbeParams
     from debias.params.stage2 import Stage2Params
 
 # Source / protocol combinations that make no sense (Params._protocol_fits_source).
@@ -40,11 +40,11 @@ class Params(Section):
     bias: BiasParams = Field(default_factory=BiasParams)
     model: ModelParams = Field(default_factory=ModelParams)
     erm: OptimParams = Field(default_factory=OptimParams)
-    groups: GroupsParams = Field(default_factory=GroupsParams)
+    groups: GroupsParams = Field(default_factory=lambda: GroupsParams())
     stage2: Stage2Params = Field(default_factory=lambda: Stage2Params(
         optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=1e-4, epochs=3, selection="best_worst_group"))
     loss: LossParams = Field(default_factory=LossParams)
-    probe: ProbeParams = Field(default_factory=ProbeParams)
+    probe: ProbeParams = Field(default_factory=lambda: ProbeParams())
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
     report: ReportParams = Field(default_factory=ReportParams)
     health: HealthParams = Field(default_factory=HealthParams)
@@ -55,6 +55,16 @@ class Params(Section):
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError("seed must be a whole number")
         return value
+
+    @model_validator(mode="after")
+    def _erm_selects_without_inferred_groups(self) -> "Params":
+        """ERM trains before its groups exist (infer_groups infers them from ERM's model): refuse a rule needing them."""
+        if self.erm.selection in NEEDS_INFERRED_GROUPS:
+            allowed = [name for name in get_args(Selection) if name not in NEEDS_INFERRED_GROUPS]
+            raise ValueError(f"erm.selection = {self.erm.selection}: ERM has no inferred groups to select by (it trains "
+                             "before infer_groups, which infers the groups from ERM's model); allowed: "
+                             f"{', '.join(allowed)} (stage2.selection may use {self.erm.selection})")
+        return self
 
     @model_validator(mode="after")
     def _protocol_fits_source(self) -> "Params":
@@ -72,16 +82,6 @@ class Params(Section):
         if smallest and source not in TABULAR_SOURCES and self.data.image_size < smallest:
             raise ValueError(f"model.name = {self.model.name} needs data.image_size >= {smallest} (its two 5x5 "
                              f"convolutions and pools), got {self.data.image_size}")
-        return self
-
-    @model_validator(mode="after")
-    def _erm_selects_without_inferred_groups(self) -> "Params":
-        """ERM trains before its groups exist (infer_groups infers them from ERM's model): refuse a rule needing them."""
-        if self.erm.selection in NEEDS_INFERRED_GROUPS:
-            allowed = [name for name in get_args(Selection) if name not in NEEDS_INFERRED_GROUPS]
-            raise ValueError(f"erm.selection = {self.erm.selection}: ERM has no inferred groups to select by (it trains "
-                             "before infer_groups, which infers the groups from ERM's model); allowed: "
-                             f"{', '.join(allowed)} (stage2.selection may use {self.erm.selection})")
         return self
 
 

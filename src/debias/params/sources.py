@@ -1,7 +1,9 @@
 """Where every parameter's default comes from: one line per leaf of the params schema (src/debias/params/).
 
-A stage-2 method's own section (``stage2.cnc``, ...) carries its sources in the method's declaration
-(``register_method(..., sources=...)``, src/debias/training/methods/); :data:`SOURCES` adds them below.
+A method's own section carries its sources in the method's declaration: a stage-2 method's (``stage2.cnc``, ...:
+``register_method(..., sources=...)``, src/debias/training/methods/), a group-inference method's (``groups.cluster``,
+...: ``register_group_method``, src/debias/groups/methods/), a probe variant's (``probe.dfr``: ``register_probe``,
+src/debias/evaluation/probes/); :data:`SOURCES` adds them below.
 
 Each source starts with its kind: ``paper:`` (a paper's table or section), ``code:`` (an official code file) or
 ``ours:`` (this project's choice, with the measured reason or, for a setting that cannot change a result, why).
@@ -134,16 +136,6 @@ SOURCES: dict[str, str] = {
     # ----------------------------------------------------------------------------------------------- groups
     "groups.method": "paper: CNC App. D.2.3 (schema default pred; clusters chosen for all datasets in D.2.4); "
                      "params.yaml cluster (ours: the tool's card, README)",
-    "groups.cluster.algorithm": "paper: CNC App. D.2.3 (UMAP then K-means or GMM; K-means)",
-    "groups.cluster.umap_components": "paper: CNC App. D.2.3: 2 UMAP components (default 2)",
-    "groups.cluster.umap_neighbors": "code: umap-learn's own n_neighbors (default 15; CNC / GEORGE use umap-learn's)",
-    "groups.cluster.umap_min_dist": "code: umap-learn's own min_dist (default 0.1)",
-    "groups.cluster.per_class": "paper: CNC App. D.2.3: C clusters for C classes (default 1: one per class)",
-    "groups.cluster.n_init": "code: scikit-learn KMeans' n_init before 1.4 (default 10)",
-    "groups.soft.temperature": "ours: the bias-capturing ERM model's own softmax (default 1; not tuned). The soft "
-                               "scores and their product p_i . p_j as pair weights are ours, after FairKL App. B.2.4, "
-                               "which weights pairs by the similarity of a bias-capturing model's (BagNet18) features "
-                               "instead",
     # ----------------------------------------------------------------------------------------------- stage 2
     "stage2.optimizer": "paper: CNC App. D.2.4 (schema default sgd); params.yaml adam (FairKL App. B.2.1, the default "
                         "method's paper)",
@@ -225,9 +217,6 @@ SOURCES: dict[str, str] = {
     "probe.standardize": "ours: standardised features (default true; scikit-learn's advice for L2-regularised "
                          "logistic regression)",
     "probe.method": "paper: WCL Sec. 6.1: linear probing (logistic)",
-    "probe.dfr.c_grid": "code: DFR dfr_evaluate_spurious.py C_OPTIONS",
-    "probe.dfr.penalty": "code: DFR dfr_evaluate_spurious.py: L1 (liblinear)",
-    "probe.dfr.retrains": "code: DFR dfr_evaluate_spurious.py: 20 balanced subsets, weights averaged (default 20)",
     "probe.postprocess": "paper: WCL Table 3's Eq. Odds row (Hardt et al. 2016) is opt-in (none)",
     # ----------------------------------------------------------------------------------------------- evaluate
     "evaluate.splits": "ours: test (reported) and val (what selection saw)",
@@ -264,9 +253,11 @@ SOURCES: dict[str, str] = {
 
 
 def _method_sources() -> dict[str, str]:
+    from debias.evaluation.variants import probe_sources
+    from debias.groups.registry import group_sources
     from debias.training.methods.registry import method_sources
 
-    return method_sources()
+    return {**group_sources(), **method_sources(), **probe_sources()}
 
 
 SOURCES.update(_method_sources())

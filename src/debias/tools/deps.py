@@ -37,9 +37,15 @@ SOURCE_ROOT = Path("src")
 CODE_PREFIXES = ("src/", "pipeline/")  # a dvc.yaml dep under these is code, derived here
 # Modules that import others by name at run time, which no import statement shows: reaching the key (relative to
 # src/debias) reaches every file its glob names. The stage-2 method registry imports every method's declaration
-# when the params schema is built; base.setup_method imports the training module the running method names.
+# when the params schema is built, as the group-inference registry does its methods' modules and the probe
+# registry its variants' declarations; base.setup_method imports the training module the running method names,
+# the probe the fit module of the running variant. (A package whose ``__init__`` maps names to submodules in a
+# ``_LAZY`` dict, imported on first use, is followed by :func:`lazy_exports`.)
 DISCOVERED = {"training/methods/registry.py": "training/methods/*/__init__.py",
-              "training/methods/base.py": "training/methods/*/train.py"}
+              "training/methods/base.py": "training/methods/*/train.py",
+              "groups/registry.py": "groups/methods/*.py",
+              "evaluation/variants.py": "evaluation/probes/*/__init__.py",
+              "evaluation/probe.py": "evaluation/probes/*/fit.py"}
 
 # Modules (and packages, with everything under them) that cannot change a byte of a stage's data, model or
 # metric outputs, each with the reason. Their run records (reports/runs/*.json: timings, hosts, run ids) differ
@@ -152,6 +158,32 @@ def params_sections(root: Path) -> dict[str, str]:
     return sections
 
 
+def lazy_exports(package: str, root: Path) -> dict[str, str]:
+    """The names a package imports from its submodules on first use: its ``__init__``'s module-level ``_LAZY``
+    dict literal (``{"infer_groups": "inference", ...}``, possibly extended by ``_LAZY.update``/comprehensions over
+    literal names), each mapped to the submodule's full name; empty for a module or a package without one."""
+    init = module_file(package, root)
+    if init is None or init.name != "__init__.py":
+        return {}
+    found: dict[str, str] = {}
+    for node in ast.parse(init.read_text(encoding="utf-8")).body:
+        value = None
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_LAZY" for t in node.targets):
+            value = node.value
+        elif (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+              and getattr(node.value.func, "attr", None) == "update"
+              and getattr(node.value.func.value, "id", None) == "_LAZY" and node.value.args):
+            value = node.value.args[0]
+        if isinstance(value, ast.Dict):
+            found.update({k.value: v.value for k, v in zip(value.keys, value.values)
+                          if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)})
+        elif isinstance(value, ast.DictComp) and isinstance(value.value, ast.Constant):
+            names = value.generators[0].iter
+            if isinstance(names, (ast.Tuple, ast.List)):
+                found.update({n.value: value.value.value for n in names.elts if isinstance(n, ast.Constant)})
+    return {name: f"{package}.{sub}" for name, sub in found.items()}
+
+
 def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = ()) -> set[Path]:
     """Every repository file reached from ``entries`` through ``debias`` imports (the entries included), without
     the :data:`HARNESS` files; of the params schema, the package, :data:`PARAMS_COMMON` and the section modules
@@ -174,6 +206,9 @@ def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = (
         for module in _imported_modules(path):
             if module.startswith(PARAMS + ".") and module_file(module, root) is None:  # from debias.params import X
                 module = exports.get(module.rsplit(".", 1)[1], PARAMS)
+            elif module_file(module, root) is None and "." in module:  # from a package a name it imports lazily
+                package, name = module.rsplit(".", 1)
+                module = lazy_exports(package, root).get(name, module)
             # a harness module is walked for what it calls, not for its packages (debias.training for its memory advice)
             for name in [module] if is_harness(module) else _with_parents(module):
                 if is_params_section(name) and own == PARAMS_COMMON[1]:

@@ -11,8 +11,9 @@ returns one line per source check that ran (e.g. how many images an image folder
   (sha256) unless ``data.tabular.verify_sha256`` is false;
 - the ``foreground`` protocol: ``bias.foreground.class_digits`` puts every label of the data in a class, where the
   labels are known cheaply (the digit sources' 0-9, an npz's ``y``; :func:`check_class_digits`);
-- ``probe.postprocess: equalized_odds`` needs a binary task: refused when the class count is known to be
-  otherwise (:func:`class_count`); where only the data tells, the linear_probe stage refuses it before any fit.
+- a ``probe.postprocess`` registered as binary-only (equalized odds) needs a binary task: refused when the class
+  count is known to be otherwise (:func:`class_count`); where only the data tells, the linear_probe stage refuses it
+  before any fit.
 """
 
 from __future__ import annotations
@@ -109,15 +110,19 @@ SOURCE_CHECKS: dict[str, Callable[[Params], str]] = {"imagefolder": check_imagef
 
 
 def check_postprocess(params: Params) -> str | None:
-    """``probe.postprocess: equalized_odds`` on a task known not to be binary is refused."""
-    if params.probe.postprocess != "equalized_odds":
+    """A ``probe.postprocess`` registered as binary-only on a task known not to be binary is refused."""
+    from debias.evaluation.variants import postprocessing
+
+    name = params.probe.postprocess
+    post = postprocessing(name)
+    if post is None or not post.binary:
         return None
     classes = class_count(params)
     if classes is not None and classes != 2:
-        raise DataSourceError(f"probe.postprocess = equalized_odds needs a binary task; data.source = "
+        raise DataSourceError(f"probe.postprocess = {name} needs a binary task; data.source = "
                               f"{params.data.source} (bias.protocol = {params.bias.protocol}) has {classes} classes; "
                               "allowed here: probe.postprocess = none")
-    return None if classes is None else "probe.postprocess = equalized_odds: a binary task"
+    return None if classes is None else f"probe.postprocess = {name}: a binary task"
 
 
 # The labels of the digit sources, known without reading them.

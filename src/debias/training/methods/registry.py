@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import importlib
 import os
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-# This module imports nothing of debias (the params schema and the memory check import it): ``Params`` below is
+from debias.core.declarations import check_sources, import_declarations as import_packages
+
+# This module imports nothing else of debias (the params schema and the memory check import it): ``Params`` below is
 # debias.params.Params, ``Section`` debias.params.Section, ``StepPlan`` debias.harness.memory.StepPlan.
 Params = Section = StepPlan = Any
 
@@ -100,30 +101,9 @@ def register_method(name: str, setup: Callable[[Any], Any] | str, **facts: Any) 
         if owners:
             raise ValueError(f"stage-2 method '{name}': params section stage2.{spec.section} is already "
                              f"{owners[0]}'s")
-        leaves = set(_leaf_keys(spec.params))
-        missing, stale = sorted(leaves - set(spec.sources)), sorted(set(spec.sources) - leaves)
-        if missing:
-            raise ValueError(f"stage-2 method '{name}': no source for stage2.{spec.section}.{missing[0]}"
-                             f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}; every default "
-                             "names its source (paper:, code: or ours: with the reason)")
-        if stale:
-            raise ValueError(f"stage-2 method '{name}': a source for stage2.{spec.section}.{stale[0]}, which "
-                             f"{spec.params.__name__} does not have")
+        check_sources(f"stage-2 method '{name}'", f"stage2.{spec.section}", spec.params, spec.sources)
     METHODS[name] = spec
     return spec
-
-
-def _leaf_keys(model: Any, prefix: str = "") -> list[str]:
-    from pydantic import BaseModel
-
-    keys: list[str] = []
-    for key, info in model.model_fields.items():
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            keys.extend(_leaf_keys(annotation, f"{prefix}{key}."))
-        else:
-            keys.append(prefix + key)
-    return keys
 
 
 _discovered = False
@@ -143,10 +123,7 @@ def import_declarations() -> dict[str, MethodSpec]:
     if _discovered:
         return METHODS
     _discovered = True
-    package = importlib.import_module(PACKAGE)
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        if info.ispkg:
-            importlib.import_module(f"{PACKAGE}.{info.name}")
+    import_packages(PACKAGE, packages=True)
     for module in filter(None, (part.strip() for part in os.environ.get(ENV_VAR, "").split(","))):
         register_module(module)
     from importlib.metadata import entry_points
@@ -170,7 +147,8 @@ def register_module(module: str) -> None:
         importlib.import_module(module)
     except ImportError as exc:
         raise ImportError(f"{ENV_VAR} names '{module}', which cannot be imported ({exc}); allowed: a module on "
-                          "PYTHONPATH that registers stage-2 methods (docs/extending.md)") from exc
+                          "PYTHONPATH that registers stage-2 methods, group-inference methods or probe variants "
+                          "(docs/extending.md)") from exc
 
 
 def method_spec(name: str) -> MethodSpec:

@@ -1,5 +1,6 @@
 """Equalized-odds post-processing (Hardt, Price, Srebro 2016, "Equality of Opportunity in Supervised Learning"; the
-WCL paper's "Eq. Odds" row of Table 3) of a fitted probe, for binary tasks: ``probe.postprocess: equalized_odds``.
+WCL paper's "Eq. Odds" row of Table 3) of a fitted probe, for binary tasks (declared in
+:mod:`debias.evaluation.probes.equalized_odds`).
 
 fairlearn's :class:`fairlearn.postprocessing.ThresholdOptimizer` (``constraints='equalized_odds'``, objective
 accuracy, ``prefit=True`` on the probe's ``predict_proba``) chooses, per value of the sensitive attribute ``a``, a
@@ -19,7 +20,6 @@ import torch
 
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import split_report
-from debias.evaluation.variants import register_postprocess
 
 
 def equalized_odds_fit(model: Any, x: torch.Tensor, y: torch.Tensor, a: torch.Tensor) -> Any:
@@ -38,7 +38,6 @@ def equalized_odds_predict(optimiser: Any, x: torch.Tensor, a: torch.Tensor, see
     return torch.from_numpy(np.asarray(pred, dtype=np.int64))
 
 
-@register_postprocess("equalized_odds", binary=True)
 def equalized_odds_report(model: Any, features: dict[str, torch.Tensor], splits: dict[str, BiasedSplit],
                           select_index: torch.Tensor, seed: int) -> dict:
     """``{constraint, fit_split, n_fit, test}`` (``test``: the post-processed accuracy report with its fairness block),

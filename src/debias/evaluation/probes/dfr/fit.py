@@ -1,7 +1,8 @@
 """DFR, Deep Feature Reweighting (Kirichenko, Izmailov, Wilson 2022, "Last Layer Re-Training is Sufficient for
 Robustness to Spurious Correlations"): a linear classifier on the frozen encoder's features, retrained on
-group-balanced held-out data. ``probe.method: dfr`` in the linear_probe stage; the variant is DFR^Val_Tr as the
-authors' ``dfr_evaluate_spurious.py`` runs it (``balance_dfr_val`` and ``notrain_dfr_val`` on):
+group-balanced held-out data (declared in :mod:`debias.evaluation.probes.dfr`) in the linear_probe stage; the
+variant is DFR^Val_Tr as the authors' ``dfr_evaluate_spurious.py`` runs it (``balance_dfr_val`` and
+``notrain_dfr_val`` on):
 
 1. tuning: the validation split is cut into two halves (here: seeded and stratified by group,
    :func:`debias.evaluation.linear.stratified_halves`; the code: a random half); on a group-balanced subset
@@ -34,7 +35,6 @@ from sklearn.preprocessing import StandardScaler
 
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import predict_labels, select_c, split_report, stratified_halves
-from debias.evaluation.variants import register_probe
 from debias.harness import progress
 from debias.params import ProbeParams
 
@@ -75,12 +75,6 @@ def averaged(heads: list[LogisticRegression], scaler: StandardScaler | None) -> 
     return make_pipeline(*([scaler] if scaler is not None else []), head)
 
 
-def val_splits(params: ProbeParams) -> tuple[str, ...]:
-    """The biased splits DFR reads: it fits and selects on validation only, whatever ``probe.train_split``."""
-    return ("val", "test")
-
-
-@register_probe("dfr", val_splits)
 def dfr_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
               seed: int) -> tuple[dict, Pipeline, torch.Tensor]:
     """Tune ``C`` on validation halves, refit on balanced subsets of all of validation; ``(report, classifier,

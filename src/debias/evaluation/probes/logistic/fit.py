@@ -1,6 +1,6 @@
-"""The logistic probe (``probe.method: logistic``): multinomial logistic regression per ``C`` of ``probe.c_grid``
-on ``probe.train_split`` (or the first stratified half of validation), ``C`` chosen on validation (see
-:mod:`debias.evaluation.probe`)."""
+"""The logistic probe's fit (declared in :mod:`debias.evaluation.probes.logistic`): multinomial logistic regression
+per ``C`` of ``probe.c_grid`` on ``probe.train_split`` (or the first stratified half of validation), ``C`` chosen on
+validation (see :mod:`debias.evaluation.probe`)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,10 @@ from sklearn.pipeline import Pipeline
 
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import fit_logistic, predict_labels, select_c, split_report, stratified_halves
-from debias.evaluation.variants import register_probe
 from debias.harness import progress
 from debias.params import ProbeParams
 
 
-def train_splits(params: ProbeParams) -> tuple[str, ...]:
-    """The biased splits the logistic probe reads (``train`` only when it fits there)."""
-    return ("train", "val", "test") if params.train_split == "train" else ("val", "test")
-
-
-@register_probe("logistic", train_splits)
 def logistic_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
                    seed: int) -> tuple[dict, Pipeline, torch.Tensor]:
     """The logistic probe's report, the chosen classifier and the validation indices that chose it."""
