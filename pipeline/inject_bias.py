@@ -3,6 +3,7 @@
 from debias import paths
 from debias.data.bias import check_colourable, inject_bias, resolve_protocol, summarise
 from debias.data.store import load_raw_data, save_split
+from debias.errors import NEEDS_BIAS_LABELS
 from debias.io import save_json
 from debias.params import Params
 from debias.report.figures import feature_summary, sample_grid
@@ -29,9 +30,11 @@ def run(params: Params, run: StageRun) -> None:
     run.log_artifact(paths.SAMPLE_GRID, "figures")
     train = summary["splits"]["train"]
     requested = "" if protocol == params.bias.protocol else f" (bias.protocol = {params.bias.protocol})"
-    print(f"[inject_bias] {protocol}{requested} on {raw.source or 'unrecorded source'} ({summary['modality']}): "
-          f"train correlation {train['realised_correlation']:.4f}, "
-          f"{train['n_conflicting']} bias-conflicting of {train['n']}, {train['empty_groups']} empty groups")
+    found = (f"train correlation {train['realised_correlation']:.4f}, {train['n_conflicting']} bias-conflicting of "
+             f"{train['n']}, {train['empty_groups']} empty groups") if biased["train"].has_attribute else (
+        f"{train['n']} training images without bias labels: groups are inferred, numbers of the true attribute "
+        f"say '{NEEDS_BIAS_LABELS}'")
+    print(f"[inject_bias] {protocol}{requested} on {raw.source or 'unrecorded source'} ({summary['modality']}): {found}")
 
 
 if __name__ == "__main__":
