@@ -42,6 +42,7 @@ import torch
 
 from debias import health, progress
 from debias.data.store import BiasedSplit
+from debias.errors import NEEDS_BIAS_LABELS
 from debias.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
 from debias.groups.matching import group_quality, hungarian_map
 from debias.io import CorruptFileError, atomic_path, load_torch, save_torch
@@ -212,10 +213,41 @@ def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch
 
 # ---------------------------------------------------------------- reporting
 
-def groups_report(method: str, inference: GroupInference, train: BiasedSplit) -> dict:
-    """The metrics file: method, :func:`group_quality` vs the true attribute and the ``warnings`` of
-    :func:`group_warnings` (no wall-clock time: a metrics file must be identical across identical runs; timings go to
-    their own file)."""
+# What group_quality measures against the true attribute; without bias labels each reads NEEDS_BIAS_LABELS.
+QUALITY_KEYS = ("matched_accuracy", "nmi", "ari", "minority_recall", "minority_precision", "n_true_conflicting",
+                "n_found_conflicting", "true_conflicting_per_class")
+
+
+def label_free_quality(inference: GroupInference, train: BiasedSplit, erm_pred: torch.Tensor | None) -> dict:
+    """What the inferred groups show without the true attribute: their sizes, the inferred minority per class, and
+    (with ``erm_pred``, ERM's training predictions) ERM's accuracy per (class, inferred label) cell with its n
+    (``inferred_groups``: rows of :func:`~debias.metrics.inferred_group_accuracies` without the interval, which
+    the report adds at ``report.confidence``). Every key of :data:`QUALITY_KEYS` reads NEEDS_BIAS_LABELS."""
+    y, minority = train.y.cpu(), inference.minority.cpu().bool()
+    found = {"n": len(y), "n_inferred_minority": int(minority.sum()),
+             "inferred_minority_per_class": torch.bincount(y[minority], minlength=train.n_classes).tolist(),
+             **dict.fromkeys(QUALITY_KEYS, NEEDS_BIAS_LABELS)}
+    label = inference.inferred_label.cpu().long()
+    pred = erm_pred.cpu().long() if erm_pred is not None else None
+    cells = sorted(set(zip(y.tolist(), label.tolist())))
+    rows = []
+    for cls, group in cells:
+        members = (y == cls) & (label == group)
+        row = {"y": cls, "group": group, "n": int(members.sum())}
+        if pred is not None:
+            row["correct"] = int((pred[members] == cls).sum())
+            row["erm_accuracy"] = row["correct"] / row["n"]
+        rows.append(row)
+    found["inferred_groups"] = rows
+    return found
+
+
+def groups_report(method: str, inference: GroupInference, train: BiasedSplit, erm_pred: torch.Tensor | None = None) -> dict:
+    """The metrics file: method, :func:`group_quality` vs the true attribute (without bias labels:
+    :func:`label_free_quality`) and the ``warnings`` of :func:`group_warnings` (no wall-clock time: a metrics file
+    must be identical across identical runs; timings go to their own file)."""
+    if not train.has_attribute:
+        return {"method": method, **label_free_quality(inference, train, erm_pred), "warnings": []}
     quality = group_quality(inference.inferred_label, inference.minority, train.a, train.aligned, train.y, train.n_classes)
     if inference.bias_scores is not None:  # soft: how peaked the scores are (1: hard labels)
         quality["bias_score_mean_max"] = float(inference.bias_scores.max(1).values.mean())
@@ -244,7 +276,8 @@ def group_warnings(method: str, quality: dict) -> list[str]:
 
 def report_scalars(report: dict, timings: dict[str, float] | None = None) -> dict[str, float]:
     """The report's numbers for MLflow: scalars as they are, timings as ``time/<step>``; lists and None dropped."""
-    values = {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values: dict = {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values.update({k: v for k, v in report.items() if v == NEEDS_BIAS_LABELS})  # named by the run's tag, not dropped
     values.update({f"time/{k}": float(v) for k, v in (timings or {}).items()})
     return values
 

@@ -6,11 +6,11 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from debias.errors import ParamsError
+from debias.errors import NEEDS_BIAS_LABELS, ParamsError
 from debias.params.base import Section, show
 from debias.params.bias import BiasParams
 from debias.params.data import DataParams
@@ -68,11 +68,56 @@ class Params(Section):
         if source in UNATTRIBUTED_SOURCES and protocol == "given":
             raise ValueError(f"bias.protocol = given needs a bias attribute that data.source = {source} does not have; "
                              "allowed: bias.protocol = auto or corruption (Corrupted CIFAR-10)")
+        if source == "imagefolder" and self.data.imagefolder.attribute_column is None and protocol == "given":
+            raise ValueError("bias.protocol = given needs a bias attribute, and data.imagefolder.attribute_column is null; "
+                             "allowed: bias.protocol = auto or none (data without bias labels)")
         smallest = MIN_IMAGE_SIZE.get(self.model.name)
         if smallest and source not in TABULAR_SOURCES and self.data.image_size < smallest:
             raise ValueError(f"model.name = {self.model.name} needs data.image_size >= {smallest} (its two 5x5 "
                              f"convolutions and pools), got {self.data.image_size}")
         return self
+
+
+    @property
+    def bias_labels(self) -> bool:
+        """Whether the data carries the true bias attribute: not under ``bias.protocol: none``, nor for an image
+        folder without attribute column (``auto`` resolves to ``none`` there)."""
+        return not (self.bias.protocol == "none" or (self.data.source == "imagefolder"
+                                                     and self.data.imagefolder.attribute_column is None))
+
+    @model_validator(mode="after")
+    def _needs_bias_labels(self) -> "Params":
+        """Without bias labels, refuse up front every choice that reads the true attribute (naming the param)."""
+        if self.bias_labels:
+            return self
+        why = ("data.imagefolder.attribute_column is null" if self.data.source == "imagefolder"
+               and self.data.imagefolder.attribute_column is None else "bias.protocol = none")
+        for key, value, allowed in needs_bias_labels_choices(self):
+            raise ValueError(f"{key} = {value} {NEEDS_BIAS_LABELS}, and the data has none ({why}); allowed without "
+                             f"them: {allowed}")
+        return self
+
+
+def _other_choices(model: type[BaseModel], field: str, refused: str) -> str:
+    """The Literal choices of ``model.field`` but ``refused``, for an error message."""
+    return ", ".join(str(v) for v in get_args(model.model_fields[field].annotation) if v != refused)
+
+
+def needs_bias_labels_choices(params: Params) -> list[tuple[str, str, str]]:
+    """``(param, value, allowed)`` for each chosen value that reads the true bias attribute: the oracle groups,
+    selection by validation worst-group accuracy, DFR's group-balanced validation halves, the equalized-odds
+    post-processing. (Stage-2 methods read groups from the groups table, so ``groups.method`` covers them.)"""
+    found = []
+    if params.groups.method == "true":
+        found.append(("groups.method", "true", _other_choices(GroupsParams, "method", "true")))
+    for key, optim in (("erm.selection", params.erm), ("stage2.selection", params.stage2)):
+        if optim.selection == "best_worst_group":
+            found.append((key, "best_worst_group", _other_choices(type(optim), "selection", "best_worst_group")))
+    if params.probe.method == "dfr":
+        found.append(("probe.method", "dfr", _other_choices(ProbeParams, "method", "dfr")))
+    if params.probe.postprocess == "equalized_odds":
+        found.append(("probe.postprocess", "equalized_odds", _other_choices(ProbeParams, "postprocess", "equalized_odds")))
+    return found
 
 
 # --------------------------------------------------------------------------- loading

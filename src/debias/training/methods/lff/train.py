@@ -31,6 +31,7 @@ from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
 from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, gather_rows, on_device,
+from debias.errors import NEEDS_BIAS_LABELS
                                           stage2_optimiser, to_device)
 
 
@@ -127,7 +128,11 @@ def lff_method(inputs: Stage2Inputs) -> Stage2Setup:
     def report(history: list[dict[str, float]]) -> dict[str, Any]:  # history: unused
         weights = losses.lff_weights(task.ema_biased.normalised(torch.arange(len(task.train))),
                                      task.ema_debiased.normalised(torch.arange(len(task.train))))
-        weights, conflicting = weights.cpu(), ~inputs.splits["train"].aligned.bool()
+        train = inputs.splits["train"]
+        if train.aligned is None:  # no bias labels: the weights of aligned / conflicting images cannot be told apart
+            return {"lff_q": inputs.params.stage2.lff.q, "lff_mean_weight_aligned": NEEDS_BIAS_LABELS,
+                    "lff_mean_weight_conflicting": NEEDS_BIAS_LABELS}
+        weights, conflicting = weights.cpu(), ~train.aligned.bool()
         return {"lff_q": inputs.params.stage2.lff.q,
                 "lff_mean_weight_aligned": float(weights[~conflicting].mean()) if bool((~conflicting).any()) else None,
                 "lff_mean_weight_conflicting": float(weights[conflicting].mean()) if bool(conflicting.any()) else None}
