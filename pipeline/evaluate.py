@@ -14,6 +14,7 @@ from debias.data.store import load_splits  # noqa: E402
 from debias.evaluation.probe import flat_scalars, load_encoders  # noqa: E402
 from debias.evaluation.representation import evaluate_encoders  # noqa: E402
 from debias.io import save_json, save_torch  # noqa: E402
+from debias.metrics import shown  # noqa: E402
 from debias.params import Params  # noqa: E402
 from debias.runtime import pick_device, seed_everything  # noqa: E402
 from debias.stage import main  # noqa: E402
@@ -45,9 +46,8 @@ def run(params: Params, run: StageRun) -> None:
             continue
         for split in params.evaluate.splits:
             r = result[split]
-            loss = "n/a" if r["alignment_loss"] is None else f"{r['alignment_loss']:.3f}"
-            print(f"[evaluate] {name} {split}: alignment {loss}, I(Y;Z) {r['mi_y']:.3f} / H(Y) {r['h_y']:.3f}, "
-                  f"I(A;Z) {r['mi_a']:.3f} / H(A) {r['h_a']:.3f} nats")
+            print(f"[evaluate] {name} {split}: alignment {shown(r['alignment_loss'])}, I(Y;Z) {r['mi_y']:.3f} / H(Y) "
+                  f"{r['h_y']:.3f}, I(A;Z) {shown(r['mi_a'])} / H(A) {shown(r['h_a'])} nats")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from debias import paths
 from debias.data.store import load_splits
 from debias.evaluation.probe import flat_scalars, load_encoders, probe_encoders, probe_splits, split_tables
 from debias.io import save_json
+from debias.metrics import shown
 from debias.params import Params
 from debias.runtime import pick_device, seed_everything
 from debias.stage import main
@@ -33,7 +34,8 @@ def run(params: Params, run: StageRun) -> None:
             continue
         test = result["probe"]["test"]
         print(f"[linear_probe] {name} ({result['method']}): C = {result['probe']['c']:g}; test avg {test['avg']:.3f}, "
-              f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}" + fairness_note(test))
+              f"worst-group {shown(test['worst_group'])}, unbiased {shown(test['unbiased'])}, worst-class "
+              f"{test['worst_class']:.3f}" + fairness_note(test))
         post = result["probe"].get("equalized_odds", {})
         if post.get("test"):
             print(f"[linear_probe] {name} + equalized-odds post-processing: test avg {post['test']['avg']:.3f}"
@@ -45,7 +47,7 @@ def fairness_note(report: dict) -> str:
     if not fairness:
         return ""
     value = fairness.get("equalized_odds_difference")
-    return f", equalized-odds difference {value:.3f}" if value is not None else f" ({fairness.get('reason')})"
+    return f", equalized-odds difference {shown(value)}" if value is not None else f" ({fairness.get('reason')})"
 
 
 if __name__ == "__main__":

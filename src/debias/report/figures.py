@@ -214,6 +214,11 @@ def umap_grid(columns: list[tuple[str, dict[str, torch.Tensor]]], path: str | Pa
         coords = payload["coords"][index].float()
         for row, (key, name) in enumerate((("y", "y"), ("a", "a"))):
             ax = axes[row, col]
+            if key not in payload:  # no bias labels: say so where the attribute's colours would be
+                ax.text(0.5, 0.5, f"bias attribute a:\n{NEEDS_BIAS_LABELS}", ha="center", va="center", fontsize=9,
+                        transform=ax.transAxes)
+                _bare(ax)
+                continue
             _scatter_by(ax, coords, payload[key][index].long(), name, legend=col == len(columns) - 1,
                         colours=rgb_colours(attribute_colours) if key == "a" else None)
             _bare(ax)
