@@ -82,7 +82,8 @@ def headline_section(comparison: Comparison, worst: dict[str, dict[str, GroupAcc
     mine = [w for w in found if w[0].split("/")[0] in names]
     chosen = [worst[e.name].get("stage2") or worst[e.name].get("erm") for e in members]
     smallest = min((g for g in chosen if g is not None), key=lambda g: g.n, default=None)
-    number = {key: (None if f"{key}_mean" not in best or pd.isna(best[f"{key}_mean"]) else float(best[f"{key}_mean"]))
+    number = {key: (None if f"{key}_mean" not in best else best[f"{key}_mean"] if isinstance(best[f"{key}_mean"], str)
+                    else None if pd.isna(best[f"{key}_mean"]) else float(best[f"{key}_mean"]))  # str: needs bias labels
               for key in ("erm_worst", "s2_worst")}
     facts = card.Facts(mine, number["erm_worst"], number["s2_worst"], smallest, min_n, confidence, seeds)
     standing = (f"ranked first of {c.ranked} groups by {rank_label}" if c.ranked > 1 else

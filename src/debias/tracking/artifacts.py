@@ -162,7 +162,11 @@ class StageRun:
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
-        items = [Metric(k, float(v), stamp, 0) for k, v in (metrics or {}).items() if v is not None]
+        items = [Metric(k, float(v), stamp, 0) for k, v in (metrics or {}).items()
+                 if v is not None and v != NEEDS_BIAS_LABELS]
+        needs = sorted(k for k, v in (metrics or {}).items() if v == NEEDS_BIAS_LABELS)
+        if needs:  # data without bias labels: the parent names the keys it has no number for
+            tags = {**(tags or {}), "debias.needs_bias_labels": f"{', '.join(needs)}: {NEEDS_BIAS_LABELS}"[:5000]}
         if items:
             self._call("logging the parent's metrics", self.client.log_batch, self.parent_id, metrics=items)
         for key, value in (tags or {}).items():
