@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from debias import headline, paths
+from debias.errors import NEEDS_BIAS_LABELS
 from debias.params import flatten
 from debias.report.columns import METRIC_KEYS
 from debias.report.stale import is_within, rerun_command, stale_outputs, stale_stages
@@ -72,10 +73,13 @@ class Experiment:
         text = self.reader(path) if self.reader else None
         if not text:
             return None
+        rows = list(csv.DictReader(io.StringIO(text)))
+        unlabelled = {key for row in rows for key, value in row.items() if value == NEEDS_BIAS_LABELS}  # no curve
         columns: dict[str, list[float]] = {}
-        for row in csv.DictReader(io.StringIO(text)):
+        for row in rows:
             for key, value in row.items():
-                columns.setdefault(key, []).append(float(value) if value not in ("", None) else float("nan"))
+                if key not in unlabelled:
+                    columns.setdefault(key, []).append(float(value) if value not in ("", None) else float("nan"))
         return columns
 
     def load_notes(self) -> None:
