@@ -52,6 +52,7 @@ def test_accuracy_report_with_attribute_adds_worst_class_beside_worst_group() ->
     pred = torch.tensor([0, 1, 1, 1])
     report = accuracy_report(pred, y, a, a == y, n_classes=2, n_attrs=2)
     assert report["worst_group"] == 0.0 and report["worst_class"] == 0.5 and report["per_class"] == [0.5, 1.0]
+    assert "worst_class" not in scalars(report)  # with bias labels the scalars are unchanged
 
 
 def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
@@ -106,6 +107,32 @@ def test_an_image_folder_without_attribute_column_reads_without_a(tmp_path: Path
     assert resolve_protocol("auto", splits, "imagefolder", "given") == "none"
     biased = inject_bias(splits, BiasParams(), 0, source="imagefolder", source_protocol="given")
     assert biased["train"].a is None and biased["train"].n_attrs == 0 and len(biased["train"]) == 16
+
+
+def test_an_npz_without_a_under_protocol_none_keeps_no_attribute_and_given_is_refused() -> None:
+    """An npz without ``a`` is coloured by ``auto`` (its digits' protocol); ``none`` keeps it without bias labels,
+    ``given`` says which protocol to name instead."""
+    from debias.data.bias import inject_bias
+    from debias.data.raw import RawSplit
+    from debias.errors import BiasProtocolError
+    from debias.params import BiasParams
+
+    rng = np.random.default_rng(0)
+    splits = {name: RawSplit(rng.integers(0, 255, (6, 8, 8), dtype=np.uint8), np.array([0, 1, 2, 0, 1, 2]))
+              for name in ("train", "val", "test")}
+    biased = inject_bias(splits, BiasParams(protocol="none"), 0, source="npz", source_protocol="foreground")
+    assert biased["test"].a is None and biased["test"].n_classes == 3 and biased["test"].x.shape == (6, 3, 8, 8)
+    with pytest.raises(BiasProtocolError, match="bias.protocol = none for data without bias labels"):
+        inject_bias(splits, BiasParams(protocol="given"), 0, source="npz", source_protocol="foreground")
+
+
+def test_compare_reads_the_keys_an_mlflow_run_tags_as_needing_bias_labels() -> None:
+    from debias.report.collect import kept_value, rejected_values, tagged_needs_bias_labels
+
+    tags = {"debias.needs_bias_labels": f"erm_worst, s2_unbiased, train.val.x: {NEEDS_BIAS_LABELS}"}
+    assert tagged_needs_bias_labels(tags) == {"erm_worst": NEEDS_BIAS_LABELS, "s2_unbiased": NEEDS_BIAS_LABELS}
+    assert kept_value(NEEDS_BIAS_LABELS) and not kept_value("text")
+    assert rejected_values({"erm_worst": NEEDS_BIAS_LABELS, "s2_avg": float("nan")}) == {"s2_avg": "NaN"}
 
 
 @pytest.mark.parametrize("key, value, allowed", [

@@ -110,7 +110,9 @@ def accuracy_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor | None,
     }
 
 
-SCALAR_KEYS = ("avg", "unbiased", "worst_group", "aligned", "conflicting", "worst_class")
+SCALAR_KEYS = ("avg", "unbiased", "worst_group", "aligned", "conflicting")
+# Without bias labels worst-class accuracy joins the scalars (with them it stays in the report, per_class beside it).
+LABEL_FREE_SCALAR_KEYS = ("worst_class",)
 
 
 def needs_bias_labels(value: object) -> bool:
@@ -126,7 +128,8 @@ def shown(value: float | str | None, spec: str = ".3f") -> str:
 def scalars(report: dict, prefix: str = "") -> dict[str, float | str]:
     """The scalar accuracies of a report (None dropped; :data:`NEEDS_BIAS_LABELS` kept, so the logger names
     it), keys prefixed for logging."""
-    return {f"{prefix}{key}": report[key] for key in SCALAR_KEYS if report.get(key) is not None}
+    keys = SCALAR_KEYS + (LABEL_FREE_SCALAR_KEYS if needs_bias_labels(report.get("worst_group")) else ())
+    return {f"{prefix}{key}": report[key] for key in keys if report.get(key) is not None}
 
 
 # --------------------------------------------------------------------------- fairness (binary tasks)
