@@ -355,10 +355,11 @@ def run_curves(curves: dict[str, dict[str, dict[str, list[float]]]], path: str |
     for ax, (title, by_run) in zip(axes[0], panels):
         for run, columns in by_run.items():
             epochs = columns.get("epoch", [])
-            if "val/worst_group" in columns:
+            worst = "val/worst_group" in columns  # absent without bias labels: the dashed line carries the label
+            if worst:
                 ax.plot(epochs, columns["val/worst_group"], "-", marker=".", color=colours[run], label=run)
             if "val/avg" in columns:
-                ax.plot(epochs, columns["val/avg"], "--", color=colours[run])
+                ax.plot(epochs, columns["val/avg"], "--", color=colours[run], label=None if worst else run)
         ax.set_title(f"{title}: validation accuracy (solid: worst-group, dashed: average)", fontsize=9)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("epoch", fontsize=8)
