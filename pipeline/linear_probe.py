@@ -34,8 +34,8 @@ def run(params: Params, run: StageRun) -> None:
             continue
         test = result["probe"]["test"]
         print(f"[linear_probe] {name} ({result['method']}): C = {result['probe']['c']:g}; test avg {test['avg']:.3f}, "
-              f"worst-group {shown(test['worst_group'])}, unbiased {shown(test['unbiased'])}, worst-class "
-              f"{test['worst_class']:.3f}" + fairness_note(test))
+              f"worst-group {shown(test['worst_group'])}, unbiased {shown(test['unbiased'])}"
+              + (f", worst-class {test['worst_class']:.3f}" if "worst_class" in test else "") + fairness_note(test))
         post = result["probe"].get("equalized_odds", {})
         if post.get("test"):
             print(f"[linear_probe] {name} + equalized-odds post-processing: test avg {post['test']['avg']:.3f}"

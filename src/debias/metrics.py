@@ -75,13 +75,13 @@ def class_accuracies(pred: torch.Tensor, y: torch.Tensor, n_classes: int) -> dic
 
 def accuracy_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor | None, aligned: torch.Tensor | None,
                     n_classes: int, n_attrs: int) -> dict:
-    """Average, unbiased, worst-group, aligned and conflicting accuracy plus the per-group table, and the
-    per-class accuracies (:func:`class_accuracies`). ``a`` None (no bias labels): each key of
-    :data:`ATTRIBUTE_KEYS` reads :data:`NEEDS_BIAS_LABELS`."""
+    """Average, unbiased, worst-group, aligned and conflicting accuracy plus the per-group table. ``a`` None (no
+    bias labels): each key of :data:`ATTRIBUTE_KEYS` reads :data:`NEEDS_BIAS_LABELS`, and the per-class accuracies
+    (:func:`class_accuracies`: ``per_class``, ``class_counts``, ``worst_class``) stand beside them."""
     if y.numel() == 0:
         raise ValueError("accuracy_report: the split holds no samples")
-    classes = class_accuracies(pred, y, n_classes)
     if a is None or aligned is None:
+        classes = class_accuracies(pred, y, n_classes)
         correct = (pred.detach().cpu() == y.detach().cpu()).double()
         return {"avg": float(correct.mean()), "n": int(y.numel()), "bias_labels": False, **classes,
                 **dict.fromkeys(ATTRIBUTE_KEYS, NEEDS_BIAS_LABELS)}
@@ -106,12 +106,11 @@ def accuracy_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor | None,
         "per_group": [[None if math.isnan(v) else float(v) for v in row] for row in table.tolist()],
         "group_counts": counts.reshape(n_classes, n_attrs).long().tolist(),
         "empty_groups": [[int(i // n_attrs), int(i % n_attrs)] for i in torch.nonzero(~present).flatten().tolist()],
-        **classes,
     }
 
 
 SCALAR_KEYS = ("avg", "unbiased", "worst_group", "aligned", "conflicting")
-# Without bias labels worst-class accuracy joins the scalars (with them it stays in the report, per_class beside it).
+# Without bias labels worst-class accuracy joins the scalars.
 LABEL_FREE_SCALAR_KEYS = ("worst_class",)
 
 

@@ -41,7 +41,8 @@ def logistic_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bi
         report = split_report(val, predict_labels(model, select_x), select_index, fairness=False)
         models.append(model)
         scores.append({"c": float(c), "worst_group": report["worst_group"], "avg": report["avg"],
-                       "unbiased": report["unbiased"], "worst_class": report["worst_class"]})
+                       "unbiased": report["unbiased"], **({"worst_class": report["worst_class"]}
+                                                          if "worst_class" in report else {})})
     best = select_c(scores)
     chosen = models[best]
     return {

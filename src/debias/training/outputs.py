@@ -82,7 +82,8 @@ def metrics_entry(report: dict) -> dict:
 
 def groups_entry(report: dict) -> dict:
     """A split's entry of a ``*_groups.json`` file: per-group accuracies and counts (+ per-group fairness rates)."""
-    entry = {k: report[k] for k in ("per_group", "group_counts", "empty_groups", "per_class", "class_counts")}
+    entry = {k: report[k] for k in ("per_group", "group_counts", "empty_groups", "per_class", "class_counts")
+             if k in report}  # per_class, class_counts: without bias labels
     if report.get("fairness") is not None:
         entry["fairness"] = {k: report["fairness"][k] for k in ("per_group", "notes")}
     return entry
@@ -160,8 +161,8 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     run.log_model(model.cpu(), checkpoint=out.model, input_example=splits["train"].x[:2])  # an MLflow logged model
     test = reports["test"]
     print(f"[{label}] selected epoch {result.selected_epoch} ({result.selection.get('reason', '')}); test avg "
-          f"{test['avg']:.3f}, worst-group {shown(test['worst_group'])}, unbiased {shown(test['unbiased'])}, "
-          f"worst-class {test['worst_class']:.3f}")
+          f"{test['avg']:.3f}, worst-group {shown(test['worst_group'])}, unbiased {shown(test['unbiased'])}"
+          + (f", worst-class {test['worst_class']:.3f}" if "worst_class" in test else ""))
     for message in found:
         print(f"[{label}] WARNING {message}", flush=True)
     return reports
