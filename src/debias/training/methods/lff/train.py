@@ -28,10 +28,10 @@ from torch import nn
 from debias import distributed, losses
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
+from debias.errors import NEEDS_BIAS_LABELS
 from debias.models import Network
 from debias.params import Params
 from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, gather_rows, on_device,
-from debias.errors import NEEDS_BIAS_LABELS
                                           stage2_optimiser, to_device)
 
 
