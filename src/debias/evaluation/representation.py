@@ -32,11 +32,11 @@ from scipy.special import xlogy
 
 from debias import progress
 from debias.data.store import BiasedSplit
+from debias.errors import NEEDS_BIAS_LABELS
 from debias.evaluation.linear import fit_logistic, predict_proba, stratified_halves
 from debias.evaluation.probe import FEATURE_BATCH, FrozenEncoder, encode
 from debias.metrics import PAIR_KINDS
 from debias.params import EvaluateParams, UMAPParams
-from debias.errors import NEEDS_BIAS_LABELS
 
 DISTANCE_KINDS = PAIR_KINDS  # the kinds FairKL matches (debias.losses.FAIRKL_SETS is the same tuple)
 UMAP_SPLITS = ("test",)
