@@ -73,6 +73,22 @@ def test_accuracy_per_inferred_group_has_its_n_and_a_wilson_interval() -> None:
         assert row["accuracy"] == row["correct"] / row["n"]
         low, high = _wilson(row["correct"], row["n"], 1.959963984540054)
         assert row["low"] == pytest.approx(low, abs=1e-9) and row["high"] == pytest.approx(high, abs=1e-9)
+    assert all("low" not in row for row in inferred_group_accuracies(pred, y, inferred, confidence=None))
+
+
+def test_the_groups_report_without_attribute_gives_sizes_and_erm_accuracy_per_inferred_group() -> None:
+    from debias.data.store import BiasedSplit
+    from debias.groups.inference import GroupInference, groups_report
+
+    y = torch.tensor([0, 0, 0, 1, 1, 1])
+    label = torch.tensor([0, 0, 1, 1, 1, 0])
+    train = BiasedSplit(torch.zeros(6, 3, 4, 4, dtype=torch.uint8), y, None, None, 2, 0)
+    inference = GroupInference(label, y * 2 + label, label != y)
+    report = groups_report("pred", inference, train, erm_pred=torch.tensor([0, 1, 1, 1, 1, 1]))
+    assert report["n_inferred_minority"] == 2 and report["inferred_minority_per_class"] == [1, 1]
+    assert [(r["y"], r["group"], r["n"], r["correct"]) for r in report["inferred_groups"]] == [
+        (0, 0, 2, 1), (0, 1, 1, 0), (1, 0, 1, 1), (1, 1, 2, 2)]
+    assert report["minority_recall"] == report["matched_accuracy"] == NEEDS_BIAS_LABELS
 
 
 # --------------------------------------------------------------------------- data and params

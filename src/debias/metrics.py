@@ -231,18 +231,21 @@ def group_accuracies(per_group: list[list[float | None]], counts: list[list[int]
 
 
 def inferred_group_accuracies(pred: torch.Tensor, y: torch.Tensor, inferred: torch.Tensor,
-                              confidence: float) -> list[dict]:
-    """Accuracy of each non-empty (class y, inferred group) cell with its n and Wilson interval at ``confidence``:
-    ``{"y", "group", "n", "correct", "accuracy", "low", "high"}`` in (y, group) order. Needs no bias attribute:
-    the groups are the inferred ones (``data/groups/train.parquet``'s ``inferred_label``)."""
+                              confidence: float | None) -> list[dict]:
+    """Accuracy of each non-empty (class y, inferred group) cell with its n: ``{"y", "group", "n", "correct",
+    "accuracy"}`` in (y, group) order, plus its Wilson interval ``low``, ``high`` at ``confidence`` (None: left to
+    the reader, e.g. the report at ``report.confidence``). Needs no bias attribute: the groups are the inferred
+    ones (``data/groups/train.parquet``'s ``inferred_label``)."""
     pred, y, inferred = (t.detach().cpu().long() for t in (pred, y, inferred))
     correct = pred == y
     rows = []
     for label, group in sorted(set(zip(y.tolist(), inferred.tolist()))):
         members = (y == label) & (inferred == group)
         n, k = int(members.sum()), int(correct[members].sum())
-        low, high = wilson_interval(k, n, confidence)
-        rows.append({"y": label, "group": group, "n": n, "correct": k, "accuracy": k / n, "low": low, "high": high})
+        row = {"y": label, "group": group, "n": n, "correct": k, "accuracy": k / n}
+        if confidence is not None:
+            row["low"], row["high"] = wilson_interval(k, n, confidence)
+        rows.append(row)
     return rows
 
 

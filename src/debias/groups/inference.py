@@ -46,6 +46,7 @@ from debias.errors import NEEDS_BIAS_LABELS
 from debias.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
 from debias.groups.matching import group_quality, hungarian_map
 from debias.io import CorruptFileError, atomic_path, load_torch, save_torch
+from debias.metrics import inferred_group_accuracies
 from debias.params import GroupsParams
 from debias.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
 
@@ -220,26 +221,17 @@ QUALITY_KEYS = ("matched_accuracy", "nmi", "ari", "minority_recall", "minority_p
 
 def label_free_quality(inference: GroupInference, train: BiasedSplit, erm_pred: torch.Tensor | None) -> dict:
     """What the inferred groups show without the true attribute: their sizes, the inferred minority per class, and
-    (with ``erm_pred``, ERM's training predictions) ERM's accuracy per (class, inferred label) cell with its n
-    (``inferred_groups``: rows of :func:`~debias.metrics.inferred_group_accuracies` without the interval, which
-    the report adds at ``report.confidence``). Every key of :data:`QUALITY_KEYS` reads NEEDS_BIAS_LABELS."""
+    ``inferred_groups``: per (class, inferred label) cell its n and, with ``erm_pred`` (ERM's training predictions),
+    ERM's ``correct`` count and ``accuracy`` there (:func:`~debias.metrics.inferred_group_accuracies`; the report
+    adds the Wilson interval at ``report.confidence``). Every key of :data:`QUALITY_KEYS` reads NEEDS_BIAS_LABELS."""
     y, minority = train.y.cpu(), inference.minority.cpu().bool()
-    found = {"n": len(y), "n_inferred_minority": int(minority.sum()),
-             "inferred_minority_per_class": torch.bincount(y[minority], minlength=train.n_classes).tolist(),
-             **dict.fromkeys(QUALITY_KEYS, NEEDS_BIAS_LABELS)}
     label = inference.inferred_label.cpu().long()
-    pred = erm_pred.cpu().long() if erm_pred is not None else None
-    cells = sorted(set(zip(y.tolist(), label.tolist())))
-    rows = []
-    for cls, group in cells:
-        members = (y == cls) & (label == group)
-        row = {"y": cls, "group": group, "n": int(members.sum())}
-        if pred is not None:
-            row["correct"] = int((pred[members] == cls).sum())
-            row["erm_accuracy"] = row["correct"] / row["n"]
-        rows.append(row)
-    found["inferred_groups"] = rows
-    return found
+    rows = inferred_group_accuracies(erm_pred if erm_pred is not None else y, y, label, None)
+    if erm_pred is None:  # sizes only
+        rows = [{"y": row["y"], "group": row["group"], "n": row["n"]} for row in rows]
+    return {"n": len(y), "n_inferred_minority": int(minority.sum()),
+            "inferred_minority_per_class": torch.bincount(y[minority], minlength=train.n_classes).tolist(),
+            **dict.fromkeys(QUALITY_KEYS, NEEDS_BIAS_LABELS), "inferred_groups": rows}
 
 
 def groups_report(method: str, inference: GroupInference, train: BiasedSplit, erm_pred: torch.Tensor | None = None) -> dict:
