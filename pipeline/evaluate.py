@@ -11,12 +11,14 @@ os.environ.setdefault("NUMBA_CACHE_DIR", str(Path("~/.cache/debias/numba").expan
 
 from debias.core import paths  # noqa: E402
 from debias.core.io import save_json, save_torch  # noqa: E402
+from debias.core.io import save_json, save_torch  # noqa: E402
 from debias.core.runtime import pick_device, seed_everything  # noqa: E402
 from debias.data.store import load_splits  # noqa: E402
 from debias.evaluation.probe import flat_scalars, load_encoders  # noqa: E402
 from debias.evaluation.representation import evaluate_encoders  # noqa: E402
 from debias.harness.stage import main  # noqa: E402
 from debias.harness.tracking import StageRun  # noqa: E402
+from debias.metrics import shown  # noqa: E402
 from debias.params import Params  # noqa: E402
 
 REPRESENTATION_METRICS = paths.METRICS / "representation.json"
@@ -45,9 +47,8 @@ def run(params: Params, run: StageRun) -> None:
             continue
         for split in params.evaluate.splits:
             r = result[split]
-            loss = "n/a" if r["alignment_loss"] is None else f"{r['alignment_loss']:.3f}"
-            print(f"[evaluate] {name} {split}: alignment {loss}, I(Y;Z) {r['mi_y']:.3f} / H(Y) {r['h_y']:.3f}, "
-                  f"I(A;Z) {r['mi_a']:.3f} / H(A) {r['h_a']:.3f} nats")
+            print(f"[evaluate] {name} {split}: alignment {shown(r['alignment_loss'])}, I(Y;Z) {r['mi_y']:.3f} / H(Y) "
+                  f"{r['h_y']:.3f}, I(A;Z) {shown(r['mi_a'])} / H(A) {shown(r['h_a'])} nats")
 
 
 if __name__ == "__main__":

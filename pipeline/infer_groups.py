@@ -24,7 +24,7 @@ def run(params: Params, run: StageRun) -> None:
     train = load_split(paths.BIASED / "train.pt")
     erm = load_embeddings(paths.ERM_DIR, "train")
     inference = infer_groups(params.groups.method, train, erm["z"], erm["logits"], params.groups, params.seed)
-    report = groups_report(params.groups.method, inference, train)
+    report = groups_report(params.groups.method, inference, train, erm["logits"].argmax(1))
     save_groups(GROUPS_TABLE, inference)
     val = load_split(paths.BIASED / "val.pt")
     erm_val = load_embeddings(paths.ERM_DIR, "val")
@@ -44,9 +44,10 @@ def run(params: Params, run: StageRun) -> None:
         print(f"[infer_groups] WARNING {message}", flush=True)
 
 
-def rounded(value: float | None) -> str:
-    """Three decimals; 'n/a' where the value is undefined (e.g. no inferred minority point: no precision)."""
-    return "n/a" if value is None else f"{value:.3f}"
+def rounded(value: float | str | None) -> str:
+    """Three decimals; 'n/a' where the value is undefined (e.g. no inferred minority point: no precision); the
+    'needs bias labels' marker as itself."""
+    return "n/a" if value is None else value if isinstance(value, str) else f"{value:.3f}"
 
 
 if __name__ == "__main__":

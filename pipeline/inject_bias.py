@@ -1,6 +1,8 @@
 """Stage inject_bias: bias the splits with a protocol (data/biased/), summary and sample grid."""
 
 from debias.core import paths
+from debias.core.errors import NEEDS_BIAS_LABELS
+from debias.core.io import save_json
 from debias.core.io import save_json
 from debias.data.bias import check_colourable, inject_bias, resolve_protocol, summarise
 from debias.data.store import load_raw_data, save_split
@@ -29,9 +31,11 @@ def run(params: Params, run: StageRun) -> None:
     run.log_artifact(paths.SAMPLE_GRID, "figures")
     train = summary["splits"]["train"]
     requested = "" if protocol == params.bias.protocol else f" (bias.protocol = {params.bias.protocol})"
-    print(f"[inject_bias] {protocol}{requested} on {raw.source or 'unrecorded source'} ({summary['modality']}): "
-          f"train correlation {train['realised_correlation']:.4f}, "
-          f"{train['n_conflicting']} bias-conflicting of {train['n']}, {train['empty_groups']} empty groups")
+    found = (f"train correlation {train['realised_correlation']:.4f}, {train['n_conflicting']} bias-conflicting of "
+             f"{train['n']}, {train['empty_groups']} empty groups") if biased["train"].has_attribute else (
+        f"{train['n']} training images without bias labels: groups are inferred, numbers of the true attribute "
+        f"say '{NEEDS_BIAS_LABELS}'")
+    print(f"[inject_bias] {protocol}{requested} on {raw.source or 'unrecorded source'} ({summary['modality']}): {found}")
 
 
 if __name__ == "__main__":

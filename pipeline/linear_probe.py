@@ -5,11 +5,13 @@ Writes reports/metrics/probe.json (scalars) and reports/metrics/probe_groups.jso
 
 from debias.core import paths
 from debias.core.io import save_json
+from debias.core.io import save_json
 from debias.core.runtime import pick_device, seed_everything
 from debias.data.store import load_splits
 from debias.evaluation.probe import flat_scalars, load_encoders, probe_encoders, probe_splits, split_tables
 from debias.harness.stage import main
 from debias.harness.tracking import StageRun
+from debias.metrics import shown
 from debias.params import Params
 
 PROBE_METRICS = paths.METRICS / "probe.json"
@@ -33,7 +35,8 @@ def run(params: Params, run: StageRun) -> None:
             continue
         test = result["probe"]["test"]
         print(f"[linear_probe] {name} ({result['method']}): C = {result['probe']['c']:g}; test avg {test['avg']:.3f}, "
-              f"worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}" + fairness_note(test))
+              f"worst-group {shown(test['worst_group'])}, unbiased {shown(test['unbiased'])}"
+              + (f", worst-class {test['worst_class']:.3f}" if "worst_class" in test else "") + fairness_note(test))
         post = result["probe"].get("equalized_odds", {})
         if post.get("test"):
             print(f"[linear_probe] {name} + equalized-odds post-processing: test avg {post['test']['avg']:.3f}"
@@ -45,7 +48,7 @@ def fairness_note(report: dict) -> str:
     if not fairness:
         return ""
     value = fairness.get("equalized_odds_difference")
-    return f", equalized-odds difference {value:.3f}" if value is not None else f" ({fairness.get('reason')})"
+    return f", equalized-odds difference {shown(value)}" if value is not None else f" ({fairness.get('reason')})"
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@ fairlearn counts the TPR of a group without positives (FPR: without negatives) a
 names such groups. Multiclass tasks, and splits holding fewer than two values of ``a`` (a difference over one
 group would read 0, "perfectly fair"), get every value None and a ``reason``.
 
+Without bias labels (``a`` None, ``bias.protocol: none``) :func:`accuracy_report` computes what needs no attribute,
+``avg``, ``per_class`` with ``class_counts`` and ``worst_class`` (min over classes present), and writes
+:data:`~debias.core.errors.NEEDS_BIAS_LABELS` in place of every key of :data:`ATTRIBUTE_KEYS` (never 0, NaN or a
+dropped key); :func:`inferred_group_accuracies` gives the accuracy of each inferred group with its n and interval.
+
 Uncertainty, :func:`group_accuracies`: each group's accuracy k/n with its Wilson score interval (scipy's
 ``binomtest(...).proportion_ci(method='wilson')``) at the report's confidence level.
 """
@@ -33,6 +38,8 @@ import math
 from dataclasses import dataclass
 
 import torch
+
+from debias.core.errors import NEEDS_BIAS_LABELS
 
 # The four kinds of pairs (i, j) of a batch or split by class y and bias attribute/label b, in this order everywhere:
 # FairKL's pair sets (debias.losses) and the representation's distance statistics (debias.evaluation).
@@ -52,12 +59,33 @@ def group_accuracy(pred: torch.Tensor, y: torch.Tensor, g: torch.Tensor, n_group
     return hits, counts
 
 
-def accuracy_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor, aligned: torch.Tensor,
+# The keys of an accuracy report that need the true attribute: without bias labels each reads NEEDS_BIAS_LABELS.
+ATTRIBUTE_KEYS = ("unbiased", "worst_group", "aligned", "conflicting", "per_group", "group_counts", "empty_groups")
+
+
+def class_accuracies(pred: torch.Tensor, y: torch.Tensor, n_classes: int) -> dict:
+    """``per_class`` accuracy (None for a class with no sample), ``class_counts`` and ``worst_class`` (the
+    minimum over the classes present): what needs no bias attribute."""
+    pred, y = pred.detach().cpu(), y.detach().cpu()
+    hits, counts = group_accuracy(pred, y, y, n_classes)
+    per_class = [None if n == 0 else float(h / n) for h, n in zip(hits.tolist(), counts.tolist())]
+    present = [value for value in per_class if value is not None]
+    return {"per_class": per_class, "class_counts": counts.long().tolist(), "worst_class": min(present)}
+
+
+def accuracy_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor | None, aligned: torch.Tensor | None,
                     n_classes: int, n_attrs: int) -> dict:
-    """Average, unbiased, worst-group, aligned and conflicting accuracy plus the per-group table."""
-    pred, y, a, aligned = (t.detach().cpu() for t in (pred, y, a, aligned))
+    """Average, unbiased, worst-group, aligned and conflicting accuracy plus the per-group table. ``a`` None (no
+    bias labels): each key of :data:`ATTRIBUTE_KEYS` reads :data:`NEEDS_BIAS_LABELS`, and the per-class accuracies
+    (:func:`class_accuracies`: ``per_class``, ``class_counts``, ``worst_class``) stand beside them."""
     if y.numel() == 0:
         raise ValueError("accuracy_report: the split holds no samples")
+    if a is None or aligned is None:
+        classes = class_accuracies(pred, y, n_classes)
+        correct = (pred.detach().cpu() == y.detach().cpu()).double()
+        return {"avg": float(correct.mean()), "n": int(y.numel()), "bias_labels": False, **classes,
+                **dict.fromkeys(ATTRIBUTE_KEYS, NEEDS_BIAS_LABELS)}
+    pred, y, a, aligned = (t.detach().cpu() for t in (pred, y, a, aligned))
     g = y * n_attrs + a
     hits, counts = group_accuracy(pred, y, g, n_classes * n_attrs)
     present = counts > 0
@@ -82,11 +110,25 @@ def accuracy_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor, aligne
 
 
 SCALAR_KEYS = ("avg", "unbiased", "worst_group", "aligned", "conflicting")
+# Without bias labels worst-class accuracy joins the scalars.
+LABEL_FREE_SCALAR_KEYS = ("worst_class",)
 
 
-def scalars(report: dict, prefix: str = "") -> dict[str, float]:
-    """The scalar accuracies of a report (None dropped), keys prefixed for logging."""
-    return {f"{prefix}{key}": report[key] for key in SCALAR_KEYS if report.get(key) is not None}
+def needs_bias_labels(value: object) -> bool:
+    """Whether ``value`` is the :data:`NEEDS_BIAS_LABELS` marker of a number the data cannot give."""
+    return isinstance(value, str) and value == NEEDS_BIAS_LABELS
+
+
+def shown(value: float | str | None, spec: str = ".3f") -> str:
+    """A number for a message, formatted by ``spec``; :data:`NEEDS_BIAS_LABELS` as itself, None as 'n/a'."""
+    return "n/a" if value is None else value if isinstance(value, str) else format(value, spec)
+
+
+def scalars(report: dict, prefix: str = "") -> dict[str, float | str]:
+    """The scalar accuracies of a report (None dropped; :data:`NEEDS_BIAS_LABELS` kept, so the logger names
+    it), keys prefixed for logging."""
+    keys = SCALAR_KEYS + (LABEL_FREE_SCALAR_KEYS if needs_bias_labels(report.get("worst_group")) else ())
+    return {f"{prefix}{key}": report[key] for key in keys if report.get(key) is not None}
 
 
 # --------------------------------------------------------------------------- fairness (binary tasks)
@@ -95,10 +137,14 @@ FAIRNESS_KEYS = ("equalized_odds_difference", "equalized_odds_mean", "demographi
                  "accuracy_difference")
 
 
-def fairness_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_classes: int) -> dict:
+def fairness_report(pred: torch.Tensor, y: torch.Tensor, a: torch.Tensor | None, n_classes: int) -> dict:
     """Equalized-odds and demographic-parity differences and per-group rates (fairlearn) for a binary task.
 
-    ``n_classes`` other than 2: every value None, with the ``reason``."""
+    ``n_classes`` other than 2: every value None, with the ``reason``. ``a`` None (no bias labels): every value
+    :data:`NEEDS_BIAS_LABELS`, with the reason."""
+    if a is None:
+        return {**dict.fromkeys(FAIRNESS_KEYS, NEEDS_BIAS_LABELS), "per_group": NEEDS_BIAS_LABELS, "notes": [],
+                "reason": f"fairness metrics compare the values of the sensitive attribute a: {NEEDS_BIAS_LABELS}"}
     if n_classes != 2:
         return {**dict.fromkeys(FAIRNESS_KEYS), "per_group": None, "notes": [],
                 "reason": f"fairness metrics need a binary task (positive label 1); this one has {n_classes} classes"}
@@ -182,6 +228,25 @@ def group_accuracies(per_group: list[list[float | None]], counts: list[list[int]
             low, high = wilson_interval(round(float(value) * int(n)), int(n), confidence)
             found.append(GroupAccuracy(y, a, float(value), int(n), low, high))
     return found
+
+
+def inferred_group_accuracies(pred: torch.Tensor, y: torch.Tensor, inferred: torch.Tensor,
+                              confidence: float | None) -> list[dict]:
+    """Accuracy of each non-empty (class y, inferred group) cell with its n: ``{"y", "group", "n", "correct",
+    "accuracy"}`` in (y, group) order, plus its Wilson interval ``low``, ``high`` at ``confidence`` (None: left to
+    the reader, e.g. the report at ``report.confidence``). Needs no bias attribute: the groups are the inferred
+    ones (``data/groups/train.parquet``'s ``inferred_label``)."""
+    pred, y, inferred = (t.detach().cpu().long() for t in (pred, y, inferred))
+    correct = pred == y
+    rows = []
+    for label, group in sorted(set(zip(y.tolist(), inferred.tolist()))):
+        members = (y == label) & (inferred == group)
+        n, k = int(members.sum()), int(correct[members].sum())
+        row = {"y": label, "group": group, "n": n, "correct": k, "accuracy": k / n}
+        if confidence is not None:
+            row["low"], row["high"] = wilson_interval(k, n, confidence)
+        rows.append(row)
+    return rows
 
 
 def worst_group_of(groups: list[GroupAccuracy]) -> GroupAccuracy | None:

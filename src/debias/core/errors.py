@@ -45,3 +45,12 @@ class TrainingDiverged(DebiasError, RuntimeError):
 
 class StaleInputError(DebiasError, RuntimeError):
     """An input was written for other data or settings than the stage now reads."""
+
+
+# The one wording of every number that needs the true bias attribute when the data has none (metrics, report,
+# compare, MLflow tags): shown in place of the number, never a 0, a NaN or a dropped column.
+NEEDS_BIAS_LABELS = "needs bias labels"
+
+
+class NeedsBiasLabels(DebiasError, ValueError):
+    """A stage, method or number needs the true bias attribute, and the data has none (no attribute column)."""

@@ -21,6 +21,9 @@ Binary tasks (a ``fairness`` block in the detailed file) add, on the test split,
 model's validation accuracy, by which a grid of stage-2 runs is chosen) and, with ``probe.postprocess``, the
 post-processed ERM probe's ``probe_erm_eo_avg``, ``probe_erm_eo_worst``, ``probe_erm_eo_eod``, ``probe_erm_eo_dpd``.
 
+Data without bias labels: a key whose number needs them holds the text ``needs bias labels`` (never 0 or a dropped
+key), and the accuracies add ``<prefix>_worst_class`` (worst-class accuracy, e.g. ``erm_worst_class``).
+
 Values are rounded to :data:`DIGITS` decimals (a test split of 10,000 images moves an accuracy by 1e-4);
 a value the detailed file lacks (a stage 2 that did not train) is left out, never written as 0.
 Every reader tolerates files without ``warnings`` or ``selection``: older outputs have neither.
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from debias.core import paths
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.io import load_json, save_json
 
 DIGITS = 4
@@ -69,6 +73,8 @@ LABELS: dict[str, str] = {
     "mi_a_erm": "ERM Î(A;Z)", "mi_a_s2": "stage-2 Î(A;Z)",
     "erm_eod": "ERM EOd", "erm_dpd": "ERM DP difference", "s2_eod": "stage-2 EOd", "s2_dpd": "stage-2 DP difference",
     "s2_val_avg": "stage-2 val avg",
+    "erm_worst_class": "ERM worst-class", "s2_worst_class": "stage-2 worst-class",
+    "probe_erm_worst_class": "ERM probe worst-class", "probe_s2_worst_class": "stage-2 probe worst-class",
     "probe_erm_eo_avg": "ERM probe + EO post-processing avg", "probe_erm_eo_worst": "ERM probe + EO worst-group",
     "probe_erm_eo_eod": "ERM probe + EO EOd", "probe_erm_eo_dpd": "ERM probe + EO DP difference",
 }
@@ -83,7 +89,9 @@ def headline_path(stage: str) -> Path:
     return paths.METRICS / f"{stage}.json"
 
 
-def _number(value: Any) -> float | int | None:
+def _number(value: Any) -> float | int | str | None:
+    if value == NEEDS_BIAS_LABELS:  # data without bias labels: the key says so, never dropped
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return value if isinstance(value, int) else round(float(value), DIGITS)
@@ -92,6 +100,8 @@ def _number(value: Any) -> float | int | None:
 def _accuracies(prefix: str, split: dict | None) -> dict[str, float]:
     split = split or {}
     out = {f"{prefix}_{short}": _number(split.get(key)) for short, key in ACCURACIES.items()}
+    if split.get("worst_group") == NEEDS_BIAS_LABELS:  # without bias labels worst-class stands beside them
+        out[f"{prefix}_worst_class"] = _number(split.get("worst_class"))
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -17,8 +17,11 @@
                 shuffled images takes the class's corruption and the rest is divided equally over the
                 other types (rounded cumulative milestones); corruptions from
                 :mod:`debias.data.corruptions` at ``severity``, seeded per split and type.
+``none``        the data has no bias labels (an image folder without an attribute column, an npz without
+                ``a``): ``a`` None, groups only inferred; every number that needs the attribute says so.
 ``auto``        (the default) resolved per dataset by :func:`resolve_protocol`: ``given`` when the
-                raw data carries its own attribute ``a`` (adult, compas, an npz with ``a``), else the
+                raw data carries its own attribute ``a`` (adult, compas, an npz with ``a``), ``none`` when a
+                source of real attributes (``given``) has none (no attribute column), else the
                 protocol the source registered (``register_source(protocol=...)``: ``foreground`` for the
                 digit sources, ``corruption`` for cifar10). The raw splits file records its source and
                 that protocol, so inject_bias resolves ``auto`` from its own inputs (its params are ``seed``
@@ -35,12 +38,15 @@ import numpy as np
 import torch
 
 from debias.core.errors import BiasProtocolError
+from debias.core.errors import BiasProtocolError, NEEDS_BIAS_LABELS
 from debias.data import corruptions
 from debias.data.raw import RawSplits
 from debias.data.store import BiasedSplit
 from debias.params import BackgroundParams, BiasParams, ForegroundParams
 
 SPLIT_SEED_OFFSET = {"train": 0, "val": 1, "test": 2}
+# The summary's numbers that need the attribute; without bias labels each reads NEEDS_BIAS_LABELS.
+ATTRIBUTE_SUMMARY_KEYS = ("n_attrs", "realised_correlation", "n_aligned", "n_conflicting", "empty_groups", "group_counts")
 
 
 ProtocolFn = Callable[[RawSplits, BiasParams, int], dict[str, BiasedSplit]]
@@ -66,6 +72,8 @@ def resolve_protocol(requested: str, splits: RawSplits, source: str | None, sour
         return requested
     if all(split.a is not None for split in splits.values()):
         return "given"
+    if source_protocol == "given":  # a source of real attributes that has none here (no attribute column)
+        return "none"
     if source_protocol is not None:
         return source_protocol
     recorded = "no source" if source is None else f"the source {source!r} but not its protocol"
@@ -205,7 +213,8 @@ def given(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSpl
     if any(split.a is None for split in splits.values()):
         raise BiasProtocolError(
             "bias.protocol = given needs a bias attribute from the source: an npz with an array 'a' "
-            "(data.source = npz), or data.source = adult / compas; otherwise use bias.protocol = foreground or background"
+            "(data.source = npz), or data.source = adult / compas; otherwise use bias.protocol = foreground or background, "
+            "or bias.protocol = none for data without bias labels (groups inferred only)"
         )
     n_classes = int(max(split.y.max() for split in splits.values())) + 1
     n_attrs = int(max(split.a.max() for split in splits.values())) + 1  # type: ignore[union-attr]
@@ -232,6 +241,21 @@ def given(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSpl
         out[name] = BiasedSplit(channels_first(raw.x), torch.from_numpy(raw.y), torch.from_numpy(a),
                                 torch.from_numpy(a == majority[raw.y]), n_classes, n_attrs, raw.feature_names)
     return out
+
+
+@register_protocol("none", modalities=("image",))  # adult / compas define their attribute: they always carry it
+def no_attribute(splits: RawSplits, bias: BiasParams, seed: int) -> dict[str, BiasedSplit]:
+    """Data without bias labels: ``a`` and ``aligned`` None, ``n_attrs`` 0; groups can only be inferred."""
+    if any(split.a is not None for split in splits.values()):
+        raise BiasProtocolError("bias.protocol = none, but the raw splits carry a bias attribute a; allowed: none for "
+                                "data without one (e.g. data.imagefolder.attribute_column: null), else given or auto")
+    n_classes = int(max(split.y.max() for split in splits.values())) + 1
+    n_images = sum(len(split) for split in splits.values())
+    if n_classes > n_images:
+        raise BiasProtocolError(f"bias.protocol = none: y holds the value {n_classes - 1} for {n_images} images; allowed: "
+                                "indices 0, 1, ..., K-1 with every value used (relabel y to consecutive integers)")
+    return {name: BiasedSplit(channels_first(raw.x), torch.from_numpy(raw.y), None, None, n_classes, 0, raw.feature_names)
+            for name, raw in splits.items()}
 
 
 # --------------------------------------------------------------------------- colourability
@@ -397,15 +421,21 @@ def summarise(splits: dict[str, BiasedSplit], bias: BiasParams, protocol: str | 
     summary: dict = {"protocol": protocol, "requested_protocol": bias.protocol, "modality": train.modality,
                      "sample_shape": list(train.x.shape[1:]), "splits": {}}
     for name, split in splits.items():
+        if not split.has_attribute:
+            summary["splits"][name] = {"n_uncolourable": (uncolourable or {}).get(name, 0), "n": len(split),
+                                       "n_classes": split.n_classes, "bias_labels": False,
+                                       "class_counts": split.class_counts().tolist(),
+                                       **{key: NEEDS_BIAS_LABELS for key in ATTRIBUTE_SUMMARY_KEYS}}
+            continue
         counts = split.group_counts()
         summary["splits"][name] = {
             "n_uncolourable": (uncolourable or {}).get(name, 0),
             "n": len(split),
             "n_classes": split.n_classes,
             "n_attrs": split.n_attrs,
-            "realised_correlation": float(split.aligned.float().mean()),
-            "n_aligned": int(split.aligned.sum()),
-            "n_conflicting": int((~split.aligned).sum()),
+            "realised_correlation": float(split.aligned.float().mean()),  # type: ignore[union-attr]
+            "n_aligned": int(split.aligned.sum()),  # type: ignore[union-attr]
+            "n_conflicting": int((~split.aligned).sum()),  # type: ignore[operator]
             "empty_groups": int((counts == 0).sum()),
             "group_counts": counts.tolist(),
         }

@@ -55,9 +55,10 @@ def check_empty_folder(root: Path, force: bool) -> None:
 
 
 def write_shapes_folder(root: str | Path, n_train: int = 400, n_eval: int = 100, rho: float = 0.95, size: int = 32,
-                        seed: int = 0, force: bool = False) -> Path:
+                        seed: int = 0, force: bool = False, attribute: bool = True) -> Path:
     """Write the PNGs under ``root/images/`` and ``root/metadata.csv`` into a new or empty ``root`` (any folder with
-    ``force``); return the table's path."""
+    ``force``); return the table's path. ``attribute`` False leaves the ``place`` column out of the table (data
+    without bias labels: read with ``data.imagefolder.attribute_column: null``); the images are the same."""
     import pandas as pd
     from PIL import Image
 
@@ -79,5 +80,6 @@ def write_shapes_folder(root: str | Path, n_train: int = 400, n_eval: int = 100,
                 Image.fromarray(draw(label, place, size, rng)).save(root / name)
                 rows.append({"img_filename": name, "y": label, "place": place, "split": SPLIT_CODES[split]})
     table = root / "metadata.csv"
-    pd.DataFrame(rows).to_csv(table, index=False)
+    frame = pd.DataFrame(rows)
+    (frame if attribute else frame.drop(columns="place")).to_csv(table, index=False)
     return table

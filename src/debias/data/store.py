@@ -7,7 +7,8 @@ The modality lives in the data: ``x`` is either images or feature vectors, one c
   through it, so inject_bias needs no source module).
 - biased splits (``data/biased/{split}.pt``): ``x`` uint8 ``[N,3,H,W]`` (``image``) or float32 ``[N,F]``
   (``tabular``), class ``y``, bias attribute ``a``, group ``g = y * n_attrs + a`` and ``aligned``
-  (``a`` equals the attribute correlated with ``y``), optional feature names.
+  (``a`` equals the attribute correlated with ``y``), optional feature names. Without bias labels
+  (``bias.protocol: none``) ``a``, ``g`` and ``aligned`` are stored as None and ``n_attrs`` is 0.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from debias.core.errors import NEEDS_BIAS_LABELS, NeedsBiasLabels
+from debias.core.io import CorruptFileError, load_torch, save_torch
 from debias.core.io import CorruptFileError, load_torch, save_torch
 from debias.data.raw import RAW_LAYOUTS, SPLITS, RawSplit, RawSplits, raw_modality
 
@@ -49,20 +52,36 @@ def check_x(x: torch.Tensor | np.ndarray, n: int, where: str | Path, layouts: di
 
 @dataclass
 class BiasedSplit:
-    """One split of a biased dataset, held in memory as tensors."""
+    """One split of a biased dataset, held in memory as tensors.
+
+    Data without bias labels (``bias.protocol: none``) has ``a`` and ``aligned`` None and ``n_attrs`` 0: there is
+    no attribute, and :attr:`g`, :meth:`group_counts` raise :class:`~debias.core.errors.NeedsBiasLabels` rather than
+    stand in a fake one (an all-zero attribute would make worst-group accuracy the average's twin, silently)."""
 
     x: torch.Tensor  # uint8 [N, 3, H, W] images or float32 [N, F] features
     y: torch.Tensor  # int64 [N] class
-    a: torch.Tensor  # int64 [N] bias attribute
-    aligned: torch.Tensor  # bool [N]
+    a: torch.Tensor | None  # int64 [N] bias attribute; None: the data has no bias labels
+    aligned: torch.Tensor | None  # bool [N]; None without bias labels
     n_classes: int
-    n_attrs: int
+    n_attrs: int  # 0 without bias labels
     feature_names: tuple[str, ...] | None = None  # tabular: one name per feature column
 
     @property
+    def has_attribute(self) -> bool:
+        """Whether the split carries the true bias attribute ``a``."""
+        return self.a is not None
+
+    def attribute(self, what: str) -> torch.Tensor:
+        """``a``, or a NeedsBiasLabels error saying that ``what`` needs it."""
+        if self.a is None:
+            raise NeedsBiasLabels(f"{what} {NEEDS_BIAS_LABELS}: the data has no bias attribute (bias.protocol = none, "
+                                  "e.g. data.imagefolder.attribute_column: null)")
+        return self.a
+
+    @property
     def g(self) -> torch.Tensor:
-        """Group index ``y * n_attrs + a``."""
-        return self.y * self.n_attrs + self.a
+        """Group index ``y * n_attrs + a`` (NeedsBiasLabels without an attribute)."""
+        return self.y * self.n_attrs + self.attribute("the true group g = y * n_attrs + a")
 
     @property
     def n_groups(self) -> int:
@@ -83,8 +102,13 @@ class BiasedSplit:
         """Counts per (class, attribute): int64 ``[n_classes, n_attrs]``."""
         return torch.bincount(self.g, minlength=self.n_groups).reshape(self.n_classes, self.n_attrs)
 
+    def class_counts(self) -> torch.Tensor:
+        """Counts per class: int64 ``[n_classes]`` (with or without an attribute)."""
+        return torch.bincount(self.y, minlength=self.n_classes)
+
     def subset(self, index: torch.Tensor) -> "BiasedSplit":
-        return BiasedSplit(self.x[index], self.y[index], self.a[index], self.aligned[index], self.n_classes, self.n_attrs,
+        return BiasedSplit(self.x[index], self.y[index], None if self.a is None else self.a[index],
+                           None if self.aligned is None else self.aligned[index], self.n_classes, self.n_attrs,
                            self.feature_names)
 
 
@@ -108,7 +132,7 @@ def save_split(path: str | Path, split: BiasedSplit) -> None:
     check_x(split.x, len(split), path, BIASED_LAYOUTS)
     _names_or_none(split.feature_names, _n_features(split.x), path)
     payload = {
-        "x": split.x, "y": split.y, "a": split.a, "g": split.g, "aligned": split.aligned,
+        "x": split.x, "y": split.y, "a": split.a, "g": split.g if split.has_attribute else None, "aligned": split.aligned,
         "n_classes": split.n_classes, "n_attrs": split.n_attrs,
     }
     if split.feature_names is not None:
@@ -125,7 +149,11 @@ def load_split(path: str | Path) -> BiasedSplit:
     )
     n = len(split)
     check_x(split.x, n, path, BIASED_LAYOUTS)
-    if not torch.equal(payload["g"], split.g):
+    if (split.a is None) != (payload["g"] is None) or (split.a is None) != (split.aligned is None) or (
+            split.a is None and split.n_attrs != 0):
+        raise CorruptFileError(f"{path}: a, g and aligned must all be present or all be absent (no bias labels, "
+                               "n_attrs 0); rerun inject_bias")
+    if split.a is not None and not torch.equal(payload["g"], split.g):
         raise CorruptFileError(f"{path}: stored groups disagree with y * n_attrs + a; rerun inject_bias")
     if n == 0:
         raise CorruptFileError(f"{path} holds an empty split; rerun inject_bias with more data")

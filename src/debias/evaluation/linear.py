@@ -61,8 +61,8 @@ def split_report(split: BiasedSplit, pred: torch.Tensor, index: torch.Tensor | N
     """:func:`accuracy_report` of ``pred`` on ``split`` (or on its rows ``index``, ``pred`` given for those rows),
     plus (``fairness`` and a binary task) the ``fairness`` block."""
     y, a, aligned = split.y, split.a, split.aligned
-    if index is not None:
-        y, a, aligned = y[index], a[index], aligned[index]
+    if index is not None:  # a and aligned are None without bias labels
+        y, a, aligned = y[index], None if a is None else a[index], None if aligned is None else aligned[index]
     report = accuracy_report(pred, y, a, aligned, split.n_classes, split.n_attrs)
     if fairness and split.n_classes == 2:  # binary tasks: equalized odds and friends beside the accuracies
         fairness = fairness_report(pred, y, a, split.n_classes)
@@ -70,6 +70,9 @@ def split_report(split: BiasedSplit, pred: torch.Tensor, index: torch.Tensor | N
     return report
 
 
-def select_c(scores: list[dict[str, float]]) -> int:
-    """Index of the best entry: highest ``worst_group``, then highest ``avg``, then the earliest."""
-    return max(range(len(scores)), key=lambda i: (scores[i]["worst_group"], scores[i]["avg"], -i))
+def select_c(scores: list[dict[str, float | str]]) -> int:
+    """Index of the best entry: highest ``worst_group``, then highest ``avg``, then the earliest. Without bias labels
+    (``worst_group`` is the needs-bias-labels marker) highest ``worst_class`` instead: the label-free rule
+    SubpopBench (Yang et al., ICML 2023) finds usable when attributes are unknown."""
+    key = "worst_class" if any(isinstance(row["worst_group"], str) for row in scores) else "worst_group"
+    return max(range(len(scores)), key=lambda i: (scores[i][key], scores[i]["avg"], -i))

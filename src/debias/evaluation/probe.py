@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from sklearn.pipeline import Pipeline
 
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import split_report
 from debias.evaluation.variants import postprocessing, probe_variant
@@ -42,7 +43,7 @@ from debias.params import ProbeParams
 from debias.training.classifier import predict
 
 # Keys of an accuracy report that hold per-group tables (moved out of the scalar metrics file).
-TABLE_KEYS = ("per_group", "group_counts", "empty_groups", "notes")
+TABLE_KEYS = ("per_group", "group_counts", "empty_groups", "notes", "per_class", "class_counts")
 FEATURE_BATCH = 1024
 
 
@@ -185,8 +186,9 @@ def split_tables(results: Any, table_keys: tuple[str, ...] = TABLE_KEYS) -> tupl
     return scalars_part, tables_part
 
 
-def flat_scalars(results: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """Finite numeric leaves of nested dicts as ``{'a.b.c': value}`` (lists, strings, bools and None dropped)."""
+def flat_scalars(results: Mapping[str, Any], prefix: str = "") -> dict[str, float | str]:
+    """Finite numeric leaves of nested dicts as ``{'a.b.c': value}`` (lists, strings, bools and None dropped), and
+    the needs-bias-labels markers (the run logger names them in a tag)."""
     flat: dict[str, float] = {}
     for key, value in results.items():
         dotted = f"{prefix}{key}"
@@ -194,4 +196,6 @@ def flat_scalars(results: Mapping[str, Any], prefix: str = "") -> dict[str, floa
             flat.update(flat_scalars(value, dotted + "."))
         elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             flat[dotted] = float(value)
+        elif value == NEEDS_BIAS_LABELS:
+            flat[dotted] = value
     return flat

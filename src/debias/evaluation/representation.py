@@ -30,6 +30,7 @@ from debias.groups.embedding import umap_fit
 import torch.nn.functional as F
 from scipy.special import xlogy
 
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import fit_logistic, predict_proba, stratified_halves
 from debias.evaluation.probe import FEATURE_BATCH, FrozenEncoder, encode
@@ -205,13 +206,22 @@ def pair_subset(groups: torch.Tensor, max_points: int | None, seed: int) -> torc
     return order[rank < keep[groups[order]]].sort().values
 
 
-def representation_metrics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, n_classes: int, n_attrs: int,
+# The representation metrics that read the bias attribute; without bias labels each reads NEEDS_BIAS_LABELS.
+ATTRIBUTE_METRICS = ("alignment_loss", "alignment_per_class", "alignment_worst_pair", "alignment_skipped_classes",
+                     "mi_a", "h_a", "distances")
+
+
+def representation_metrics(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor | None, n_classes: int, n_attrs: int,
                            params: EvaluateParams, seed: int) -> dict[str, Any]:
     """Alignment loss, Î(Y;Z), Î(A;Z) (with the label entropies H(Y), H(A)) and distance statistics of one split.
 
     The pairwise metrics (alignment loss, distance statistics) use :func:`pair_subset` of the split when it has
-    more than ``params.max_pair_points`` rows (``pair_points`` then says how many); Î uses every row.
+    more than ``params.max_pair_points`` rows (``pair_points`` then says how many); Î uses every row. ``a`` None
+    (no bias labels): Î(Y;Z) and H(Y) only, each of :data:`ATTRIBUTE_METRICS` reads NEEDS_BIAS_LABELS.
     """
+    if a is None:
+        return {"mi_y": mutual_information(z, y, seed, params.mi_max_iter, params.mi_c), "h_y": label_entropy(y),
+                "n": int(y.numel()), **dict.fromkeys(ATTRIBUTE_METRICS, NEEDS_BIAS_LABELS)}
     subset = pair_subset(y.long() * n_attrs + a.long(), params.max_pair_points, seed)
     zp, yp, ap = (z, y, a) if subset is None else (z[subset], y[subset], a[subset])
     metrics = alignment_loss(zp, yp, ap, n_classes, n_attrs, params.block_size, params.normalize_alignment)
@@ -236,14 +246,18 @@ def umap_2d(features: np.ndarray, params: UMAPParams, seed: int) -> np.ndarray:
     return umap_fit(torch.as_tensor(features), 2, params.neighbors, params.min_dist, seed).numpy()
 
 
-def umap_embedding(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor, params: UMAPParams, seed: int,
+def umap_embedding(z: torch.Tensor, y: torch.Tensor, a: torch.Tensor | None, params: UMAPParams, seed: int,
                    embedder: Embedder = umap_2d) -> dict[str, torch.Tensor]:
-    """2-D embedding of a seeded subset of up to ``params.max_points`` rows: ``{coords [n,2], index [n], y, a}``."""
+    """2-D embedding of a seeded subset of up to ``params.max_points`` rows: ``{coords [n,2], index [n], y, a}``
+    (no ``a`` without bias labels)."""
     generator = torch.Generator().manual_seed(seed)
     index = torch.randperm(len(z), generator=generator)[: params.max_points].sort().values
     coords = embedder(z[index].double().numpy(), params, seed)
-    return {"coords": torch.as_tensor(np.asarray(coords), dtype=torch.float32), "index": index,
-            "y": y[index].clone(), "a": a[index].clone()}
+    payload = {"coords": torch.as_tensor(np.asarray(coords), dtype=torch.float32), "index": index,
+               "y": y[index].clone()}
+    if a is not None:
+        payload["a"] = a[index].clone()
+    return payload
 
 
 # --------------------------------------------------------------------------- stage level

@@ -40,7 +40,8 @@ class ProbeVariant:
     """A ``probe.method``: ``fit`` (or ``"module:function"``) and ``splits(params)``, the biased splits it reads.
     ``reads``: the shared ``probe.*`` params it reads (the others do not apply to it). ``section`` / ``params`` /
     ``sources``: its own params section ``probe.<section>`` and the source of each of its leaf keys.
-    ``schema_default``: the ``probe.method`` of a params.yaml that names none (exactly one variant)."""
+    ``schema_default``: the ``probe.method`` of a params.yaml that names none (exactly one variant).
+    ``needs_attribute``: it reads the true bias attribute (refused for data without bias labels)."""
 
     name: str
     fit: ProbeFit | str
@@ -48,6 +49,7 @@ class ProbeVariant:
     display: str = ""
     reads: tuple[str, ...] = ()
     schema_default: bool = False
+    needs_attribute: bool = False
     section: str | None = None
     params: Any = None
     sources: dict[str, str] = field(default_factory=dict)
@@ -59,12 +61,14 @@ class ProbeVariant:
 @dataclass(frozen=True)
 class Postprocessing:
     """A ``probe.postprocess``: ``report(classifier, features, splits, selection indices, seed) -> dict`` (kept
-    under the probe report's key of the same name), or ``"module:function"``; ``binary``: it needs a binary task."""
+    under the probe report's key of the same name), or ``"module:function"``; ``binary``: it needs a binary task;
+    ``needs_attribute``: it reads the true bias attribute (refused for data without bias labels)."""
 
     name: str
     report: PostprocessReport | str
     binary: bool
     display: str = ""
+    needs_attribute: bool = False
 
     def report_fn(self) -> PostprocessReport:
         return _imported(self.report)
@@ -96,13 +100,13 @@ def register_probe(name: str, splits: Callable[[Any], tuple[str, ...]], fit: Pro
 
 
 def register_postprocess(name: str, binary: bool, report: PostprocessReport | str | None = None,
-                         display: str = "") -> Any:
+                         display: str = "", needs_attribute: bool = False) -> Any:
     """Register the post-processing ``name`` and return it; without ``report``, a decorator registering the
     function it decorates."""
     def add(function: PostprocessReport | str) -> Any:
         if name in POSTPROCESSINGS or name == NO_POSTPROCESS:
             raise ValueError(f"probe.postprocess {name!r} is registered twice")
-        POSTPROCESSINGS[name] = Postprocessing(name, function, binary, display)
+        POSTPROCESSINGS[name] = Postprocessing(name, function, binary, display, needs_attribute)
         return function if report is None else POSTPROCESSINGS[name]
     return add if report is None else add(report)
 

@@ -28,7 +28,9 @@ from debias.groups.clustering import (  # noqa: F401  (re-exported)
 from debias.groups.embedding import exact_knn, import_umap, umap_fit  # noqa: F401  (re-exported)
 from debias.groups.matching import group_quality, hungarian_map  # noqa: F401  (re-exported)
 from debias.groups.registry import METHODS, GroupInference, group_method  # noqa: F401  (re-exported)
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_torch
+from debias.metrics import inferred_group_accuracies
 from debias.params import GroupsParams
 from debias.core.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
 
@@ -60,10 +62,32 @@ def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch
 
 # ---------------------------------------------------------------- reporting
 
-def groups_report(method: str, inference: GroupInference, train: BiasedSplit) -> dict:
-    """The metrics file: method, :func:`group_quality` vs the true attribute and the ``warnings`` of
-    :func:`group_warnings` (no wall-clock time: a metrics file must be identical across identical runs; timings go to
-    their own file)."""
+# What group_quality measures against the true attribute; without bias labels each reads NEEDS_BIAS_LABELS.
+QUALITY_KEYS = ("matched_accuracy", "nmi", "ari", "minority_recall", "minority_precision", "n_true_conflicting",
+                "n_found_conflicting", "true_conflicting_per_class")
+
+
+def label_free_quality(inference: GroupInference, train: BiasedSplit, erm_pred: torch.Tensor | None) -> dict:
+    """What the inferred groups show without the true attribute: their sizes, the inferred minority per class, and
+    ``inferred_groups``: per (class, inferred label) cell its n and, with ``erm_pred`` (ERM's training predictions),
+    ERM's ``correct`` count and ``accuracy`` there (:func:`~debias.metrics.inferred_group_accuracies`; the report
+    adds the Wilson interval at ``report.confidence``). Every key of :data:`QUALITY_KEYS` reads NEEDS_BIAS_LABELS."""
+    y, minority = train.y.cpu(), inference.minority.cpu().bool()
+    label = inference.inferred_label.cpu().long()
+    rows = inferred_group_accuracies(erm_pred if erm_pred is not None else y, y, label, None)
+    if erm_pred is None:  # sizes only
+        rows = [{"y": row["y"], "group": row["group"], "n": row["n"]} for row in rows]
+    return {"n": len(y), "n_inferred_minority": int(minority.sum()),
+            "inferred_minority_per_class": torch.bincount(y[minority], minlength=train.n_classes).tolist(),
+            **dict.fromkeys(QUALITY_KEYS, NEEDS_BIAS_LABELS), "inferred_groups": rows}
+
+
+def groups_report(method: str, inference: GroupInference, train: BiasedSplit, erm_pred: torch.Tensor | None = None) -> dict:
+    """The metrics file: method, :func:`group_quality` vs the true attribute (without bias labels:
+    :func:`label_free_quality`) and the ``warnings`` of :func:`group_warnings` (no wall-clock time: a metrics file
+    must be identical across identical runs; timings go to their own file)."""
+    if not train.has_attribute:
+        return {"method": method, **label_free_quality(inference, train, erm_pred), "warnings": []}
     quality = group_quality(inference.inferred_label, inference.minority, train.a, train.aligned, train.y, train.n_classes)
     if inference.bias_scores is not None:  # soft: how peaked the scores are (1: hard labels)
         quality["bias_score_mean_max"] = float(inference.bias_scores.max(1).values.mean())
@@ -92,7 +116,8 @@ def group_warnings(method: str, quality: dict) -> list[str]:
 
 def report_scalars(report: dict, timings: dict[str, float] | None = None) -> dict[str, float]:
     """The report's numbers for MLflow: scalars as they are, timings as ``time/<step>``; lists and None dropped."""
-    values = {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values: dict = {k: float(v) for k, v in report.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    values.update({k: v for k, v in report.items() if v == NEEDS_BIAS_LABELS})  # named by the run's tag, not dropped
     values.update({f"time/{k}": float(v) for k, v in (timings or {}).items()})
     return values
 

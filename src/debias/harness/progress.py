@@ -65,7 +65,8 @@ def epoch_line(label: str, epoch: int, epochs: int, metrics: dict[str, float], s
     """``'[train_erm] epoch 2 (3/20): loss 0.4123, train acc 0.812, val avg 0.790, unbiased 0.741, worst-group 0.600
     (12 s; ETA 3 min 41 s)'``: the epoch index as the metrics and the selection name it (from 0), then how many
     of ``epochs`` are done; fields absent from ``metrics`` are left out."""
-    shown = [f"{name} {metrics[key]:.4f}" if key == "train/loss" else f"{name} {metrics[key]:.3f}"
+    shown = [f"{name} {metrics[key]}" if isinstance(metrics[key], str)  # e.g. "worst-group needs bias labels"
+             else f"{name} {metrics[key]:.4f}" if key == "train/loss" else f"{name} {metrics[key]:.3f}"
              for key, name in EPOCH_FIELDS if metrics.get(key) is not None]
     timing = duration(seconds) + ("" if eta is None else f"; ETA {duration(eta)}")
     return f"[{label}] epoch {epoch} ({epoch + 1}/{epochs}): {', '.join(shown)} ({timing})"

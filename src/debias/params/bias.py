@@ -91,10 +91,11 @@ class CorruptionParams(Section):
 
 
 class BiasParams(Section):
-    protocol: Literal["auto", "foreground", "background", "given", "corruption"] = Field(
+    protocol: Literal["auto", "foreground", "background", "given", "corruption", "none"] = Field(
         "auto", description="auto: given where the raw data carries its own attribute a (adult, compas, imagefolder, "
-                            "waterbirds, celeba, an npz with a), else the source's registered protocol (foreground for "
-                            "the digit sources, corruption for cifar10)")
+                            "waterbirds, celeba, an npz with a), none where such a source has no attribute (an "
+                            "imagefolder without attribute column), else the source's registered protocol (foreground "
+                            "for the digit sources, corruption for cifar10); none: the data has no bias labels")
     max_uncolourable: float = Field(0.01, ge=0, le=1, description="largest fraction of a split's images on which the "
                                     "colour may not show (no stroke pixel >= threshold / no background); above it "
                                     "inject_bias refuses")

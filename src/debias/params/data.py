@@ -40,7 +40,9 @@ class ImageFolderParams(Section):
     metadata: str = Field("metadata.csv", description="the table, relative to root or absolute; .csv or .parquet")
     path_column: str = Field("img_filename", min_length=1)
     label_column: str = Field("y", min_length=1)
-    attribute_column: str = Field("place", min_length=1)
+    attribute_column: str | None = Field(
+        "place", min_length=1, description="the bias attribute's column; null: the data has no bias labels (groups are "
+        "inferred, and every number that needs the true attribute says so)")
     split_column: str | None = Field("split", description="null: seeded stratified split (data.val_fraction / data.test_fraction)")
     split_values: dict[SplitName, int | str] = Field(
         default_factory=lambda: {"train": 0, "val": 1, "test": 2}, description="the split column's value for each split")
@@ -58,11 +60,14 @@ class ImageFolderParams(Section):
                 f"data.imagefolder.split_values names {sorted(self.split_values)}; allowed: exactly train, val and test")
         if len(set(map(str, self.split_values.values()))) != len(self.split_values):
             raise ValueError(f"data.imagefolder.split_values {self.split_values} gives two splits the same value")
+        if self.attribute_column is None and self.attribute_values is not None:
+            raise ValueError("data.imagefolder.attribute_values is set but data.imagefolder.attribute_column is null; "
+                             "allowed: attribute_values with an attribute column, or neither")
         for name in ("label_values", "attribute_values"):
             values = getattr(self, name)
             if values is not None and (len(values) < 2 or len(set(map(str, values))) != len(values)):
                 raise ValueError(f"data.imagefolder.{name} = {values}; allowed: at least two distinct values")
-        columns = [self.path_column, self.label_column, self.attribute_column] + ([self.split_column] if self.split_column else [])
+        columns = [self.path_column, self.label_column] + [c for c in (self.attribute_column, self.split_column) if c]
         if len(set(columns)) != len(columns):
             raise ValueError(f"data.imagefolder columns {columns} name one column twice; allowed: distinct columns")
         return self

@@ -33,4 +33,6 @@ def groups_model() -> type[GroupsBase]:
     sections = {spec.section: (spec.params, Field(default_factory=spec.params, json_schema_extra={"owner": spec.name}))
                 for spec in methods.values() if spec.section is not None}  # owner: read by debias.params.applicability
     return create_model("GroupsParams", __base__=GroupsBase, __module__=__name__,
-                        method=(Literal[names], names[0]), **sections)  # type: ignore[valid-type]
+                        method=(Literal[names], Field(names[0], json_schema_extra={  # type: ignore[valid-type]
+                            "needs_attribute": [name for name in names if methods[name].needs_attribute]})),
+                        **sections)

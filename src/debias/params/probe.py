@@ -63,8 +63,12 @@ def probe_model() -> type[ProbeBase]:
         "ProbeParams", __base__=ProbeBase, __module__=__name__,
         method=(Literal[names], Field(names[0], description=variants,  # type: ignore[valid-type]
                                       json_schema_extra={"shared": [f"probe.{key}" for key in ProbeBase.model_fields],
-                                                         "reads": {v.name: list(v.reads) for v in PROBES.values()}})),
+                                                         "reads": {v.name: list(v.reads) for v in PROBES.values()},
+                                                         "needs_attribute": [v.name for v in PROBES.values()
+                                                                             if v.needs_attribute]})),
         **sections,
         postprocess=(Literal[(NO_POSTPROCESS, *POSTPROCESSINGS)],  # type: ignore[valid-type]
                      Field(NO_POSTPROCESS, description=f"{NO_POSTPROCESS}: the probe alone; {posts}; reported "
-                                                       "beside the probe")))
+                                                       "beside the probe",
+                           json_schema_extra={"needs_attribute": [p.name for p in POSTPROCESSINGS.values()
+                                                                  if p.needs_attribute]})))

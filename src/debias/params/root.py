@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from debias.core.errors import ParamsError
+from debias.core.errors import NEEDS_BIAS_LABELS, ParamsError
 from debias.params.base import Section, show
 from debias.params.bias import BiasParams
 from debias.params.data import DataParams
@@ -18,7 +18,7 @@ from debias.params.evaluate import EvaluateParams
 from debias.params.health import HealthParams
 from debias.params.loss import LossParams
 from debias.params.model import ModelParams
-from debias.params.optim import NEEDS_INFERRED_GROUPS, OptimParams, Selection
+from debias.params.optim import NEEDS_INFERRED_GROUPS, NEEDS_TRUE_GROUPS, OptimParams, Selection
 from debias.params.report import ReportParams
 
 if TYPE_CHECKING:  # built from the registered methods once the package is loaded (debias.params sets them here)
@@ -78,11 +78,61 @@ class Params(Section):
         if source in UNATTRIBUTED_SOURCES and protocol == "given":
             raise ValueError(f"bias.protocol = given needs a bias attribute that data.source = {source} does not have; "
                              "allowed: bias.protocol = auto or corruption (Corrupted CIFAR-10)")
+        if source == "imagefolder" and self.data.imagefolder.attribute_column is None and protocol == "given":
+            raise ValueError("bias.protocol = given needs a bias attribute, and data.imagefolder.attribute_column is null; "
+                             "allowed: bias.protocol = auto or none (data without bias labels)")
         smallest = MIN_IMAGE_SIZE.get(self.model.name)
         if smallest and source not in TABULAR_SOURCES and self.data.image_size < smallest:
             raise ValueError(f"model.name = {self.model.name} needs data.image_size >= {smallest} (its two 5x5 "
                              f"convolutions and pools), got {self.data.image_size}")
         return self
+
+
+    @property
+    def bias_labels(self) -> bool:
+        """Whether the data carries the true bias attribute: not under ``bias.protocol: none``, nor for an image
+        folder without attribute column (``auto`` resolves to ``none`` there)."""
+        return not (self.bias.protocol == "none" or (self.data.source == "imagefolder"
+                                                     and self.data.imagefolder.attribute_column is None))
+
+    @model_validator(mode="after")
+    def _needs_bias_labels(self) -> "Params":
+        """Without bias labels, refuse up front every choice that reads the true attribute (naming the param)."""
+        if self.bias_labels:
+            return self
+        why = ("data.imagefolder.attribute_column is null" if self.data.source == "imagefolder"
+               and self.data.imagefolder.attribute_column is None else "bias.protocol = none")
+        for key, value, allowed in needs_bias_labels_choices(self):
+            raise ValueError(f"{key} = {value} {NEEDS_BIAS_LABELS}, and the data has none ({why}); allowed without "
+                             f"them: {allowed}")
+        return self
+
+
+def _needs_attribute(section: BaseModel, name: str) -> tuple[list[str], list[str]]:
+    """(values of ``section.name`` that read the true bias attribute, the others), as the registries declared them
+    when the schema was built (the field's ``needs_attribute`` marker)."""
+    field = type(section).model_fields[name]
+    refused = list((field.json_schema_extra or {}).get("needs_attribute", []))  # type: ignore[union-attr]
+    return refused, [str(v) for v in get_args(field.annotation) if v not in refused]
+
+
+def needs_bias_labels_choices(params: Params) -> list[tuple[str, str, str]]:
+    """``(param, value, allowed)`` for each chosen value that reads the true bias attribute: what the group-method
+    and probe registries declare ``needs_attribute`` (the oracle groups, DFR's group-balanced halves, the
+    equalized-odds post-processing) and :data:`~debias.params.optim.NEEDS_TRUE_GROUPS` (selection by true groups).
+    Stage-2 methods read groups from the groups table, so ``groups.method`` covers them."""
+    found = []
+    for key, section, name in (("groups.method", params.groups, "method"), ("probe.method", params.probe, "method"),
+                               ("probe.postprocess", params.probe, "postprocess")):
+        refused, allowed = _needs_attribute(section, name)
+        if getattr(section, name) in refused:
+            found.append((key, getattr(section, name), ", ".join(allowed)))
+    for key, optim, excluded in (("erm.selection", params.erm, NEEDS_TRUE_GROUPS + NEEDS_INFERRED_GROUPS),
+                                 ("stage2.selection", params.stage2, NEEDS_TRUE_GROUPS)):
+        if optim.selection in NEEDS_TRUE_GROUPS:
+            allowed = [name for name in get_args(Selection) if name not in excluded]
+            found.append((key, optim.selection, ", ".join(allowed)))
+    return found
 
 
 # --------------------------------------------------------------------------- loading

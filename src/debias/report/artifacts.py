@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from debias.core import paths
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.io import atomic_path
-from debias.metrics import group_accuracies
+from debias.metrics import group_accuracies, wilson_interval
 from debias.params import Params
 from debias.report import figures
 from debias.report.inputs import MODELS, ReportInputs
@@ -51,6 +52,19 @@ def per_group_rows(table: list[list[float | None]], counts: list[list[int]] | No
     return rows
 
 
+def per_class_rows(per_class: list[float | None], counts: list[int], confidence: float) -> list[dict[str, Any]]:
+    """The per-group CSV's rows for data without bias labels: one per non-empty class, its attribute cell saying
+    that it needs bias labels (the group of a class and an attribute cannot be formed)."""
+    rows = []
+    for label, (value, n) in enumerate(zip(per_class, counts)):
+        if value is None or not n:
+            continue
+        low, high = wilson_interval(round(value * n), n, confidence)
+        rows.append({"group": f"y={label}", "class": label, "attribute": NEEDS_BIAS_LABELS, "n": n,
+                     "accuracy": round(float(value), 6), "low": round(low, 6), "high": round(high, 6)})
+    return rows
+
+
 def write_csv(path: Path, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
     """Write ``rows`` as CSV with a header (header only for no rows), atomically."""
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as handle:
@@ -78,11 +92,15 @@ def draw_figures(inputs: ReportInputs, root: Path, labels: dict[str, str], dpi: 
     panels = [(labels[model], inputs.get(name)["test"]["per_group"], inputs.get(name)["test"].get("group_counts"))
               for model, name in (("erm", "erm_groups"), ("stage2", "stage2_groups"))
               if inputs.get(name) and "test" in inputs.get(name)]
-    if panels:
+    unlabelled = any(isinstance(table, str) for _, table, _ in panels)  # data without bias labels
+    if unlabelled:
+        figures.placeholder(root / FIGURE_FILES["per_group"], f"accuracy per (class y, bias attribute a): "
+                                                               f"{NEEDS_BIAS_LABELS}", dpi)
+    elif panels:
         figures.per_group_heatmaps(panels, root / FIGURE_FILES["per_group"], aligned_attributes(inputs.get("summary")), dpi)
     else:
         figures.placeholder(root / FIGURE_FILES["per_group"], "no per-group accuracy (erm_groups.json missing)", dpi)
-    drawn["per_group"] = bool(panels)
+    drawn["per_group"] = bool(panels) and not unlabelled
 
     columns = [(labels[m], inputs.umaps[m]) for m in MODELS if m in inputs.umaps and inputs.umaps[m]["coords"].shape[0]]
     if columns:
@@ -141,7 +159,10 @@ def write_per_group_csvs(inputs: ReportInputs, root: Path, confidence: float) ->
     written = []
     for model, name in (("erm", "erm_groups"), ("stage2", "stage2_groups")):
         test = (inputs.get(name) or {}).get("test") or {}
-        rows = per_group_rows(test["per_group"], test.get("group_counts"), confidence) if test.get("per_group") else []
+        if isinstance(test.get("per_group"), str) and test.get("per_class"):  # no bias labels: per class
+            rows = per_class_rows(test["per_class"], test["class_counts"], confidence)
+        else:
+            rows = per_group_rows(test["per_group"], test.get("group_counts"), confidence) if test.get("per_group") else []
         write_csv(root / PER_GROUP_CSV[model], rows, PER_GROUP_COLUMNS)
         written.append(root / PER_GROUP_CSV[model])
     return written

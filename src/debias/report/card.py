@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import warning_code
 from debias.metrics import GroupAccuracy, group_accuracies, wilson_interval, worst_group_of
 
@@ -23,7 +24,10 @@ QUALITY_SEEDS = 3  # the project's rule: a quality claim rests on >= 3 seeds
 
 
 def pct(value: float | None, digits: int = 1) -> str:
-    """An accuracy in [0, 1] as a percentage with ``digits`` decimals, 'n/a' for None/NaN."""
+    """An accuracy in [0, 1] as a percentage with ``digits`` decimals, 'n/a' for None/NaN; the needs-bias-labels
+    marker as itself (data without bias labels)."""
+    if isinstance(value, str):
+        return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{100 * value:.{digits}f}"
@@ -67,6 +71,12 @@ class ModelSummary:
     avg_interval: tuple[float, float] | None
     worst_group: GroupAccuracy | None
     groups: tuple[GroupAccuracy, ...] = ()
+    worst_class: float | None = None  # needs no bias labels
+
+    @property
+    def bias_labels(self) -> bool:
+        """False when the run's data has no bias labels (its worst-group accuracy is the needs-bias-labels marker)."""
+        return not isinstance(self.worst, str)
 
 
 def model_summary(label: str, accuracy: dict[str, Any] | None, table: dict[str, Any] | None,
@@ -74,13 +84,14 @@ def model_summary(label: str, accuracy: dict[str, Any] | None, table: dict[str, 
     """From a stage's test accuracies (``erm.json``'s ``test``) and per-group table (``erm_groups.json``'s
     ``test``); either may be None (the stage did not run)."""
     accuracy, table = accuracy or {}, table or {}
-    n = accuracy.get("n") or sum(map(sum, table.get("group_counts") or [])) or None  # the metrics file keeps no n
+    counts = table.get("group_counts") if isinstance(table.get("group_counts"), list) else [table.get("class_counts") or []]
+    n = accuracy.get("n") or sum(map(sum, counts or [])) or None  # the metrics file keeps no n
     avg = accuracy.get("avg")
     avg_interval = wilson_interval(round(avg * n), n, confidence) if avg is not None and n else None
     groups = (tuple(group_accuracies(table["per_group"], table["group_counts"], confidence))
-              if table.get("per_group") and table.get("group_counts") else ())
+              if isinstance(table.get("per_group"), list) and table.get("group_counts") else ())  # a str: no labels
     return ModelSummary(label, avg, accuracy.get("unbiased"), accuracy.get("worst_group"), n, avg_interval,
-                        worst_group_of(list(groups)), groups)
+                        worst_group_of(list(groups)), groups, accuracy.get("worst_class"))
 
 
 def card_table(models: list[ModelSummary], min_n: int, confidence: float) -> tuple[list[str], list[list[str]]]:
@@ -95,6 +106,12 @@ def card_table(models: list[ModelSummary], min_n: int, confidence: float) -> tup
         g = m.worst_group
         return "n/a" if g is None else f"{g.n}" + (f" (fewer than {min_n}: read with care)" if small(g, min_n) else "")
 
+    if not all(m.bias_labels for m in models):  # data without bias labels: say which rows need them, once each
+        return ["test split", *(m.label for m in models)], [
+            [f"average % [{level} interval]", *(avg(m) for m in models)],
+            ["worst-class %", *(pct(m.worst_class) for m in models)],
+            *([name, *(NEEDS_BIAS_LABELS for _ in models)] for name in (
+                "unbiased % (mean over groups)", "worst-group %", "worst group (class y, attribute a)"))]
     rows = [
         [f"average % [{level} interval]", *(avg(m) for m in models)],
         ["unbiased % (mean over groups)", *(pct(m.unbiased) for m in models)],
@@ -150,6 +167,14 @@ def _warning_first(f: Facts) -> str | None:
     return f"Read the warning `{warning_code(message)}` of {where} first{more}: [Warnings]({WARNINGS_LINK})."
 
 
+def _no_bias_labels(f: Facts) -> str | None:
+    if not isinstance(f.erm_worst, str) and not isinstance(f.s2_worst, str):
+        return None
+    return ("This data has no bias labels, so worst-group accuracy cannot be measured: compare worst-class accuracy "
+            "and the accuracy per inferred group (Per-group accuracy), and add an attribute column to a sample of the "
+            "data to measure the groups you suspect.")
+
+
 def _no_stage2(f: Facts) -> str | None:
     if f.s2_worst is not None:
         return None
@@ -192,7 +217,7 @@ def _settled(f: Facts) -> str | None:
 
 # Tried in order; the first that returns a line is the card's "next" line.
 NEXT_STEPS: tuple[Callable[[Facts], str | None], ...] = (
-    _warning_first, _no_stage2, _small_worst_group, _stage2_not_better, _too_few_seeds, _settled,
+    _warning_first, _no_bias_labels, _no_stage2, _small_worst_group, _stage2_not_better, _too_few_seeds, _settled,
 )
 
 

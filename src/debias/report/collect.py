@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from debias.core import headline, paths
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.params import flatten
 from debias.report.columns import METRIC_KEYS
 from debias.report.stale import is_within, rerun_command, stale_outputs, stale_stages
@@ -72,10 +73,13 @@ class Experiment:
         text = self.reader(path) if self.reader else None
         if not text:
             return None
+        rows = list(csv.DictReader(io.StringIO(text)))
+        unlabelled = {key for row in rows for key, value in row.items() if value == NEEDS_BIAS_LABELS}  # no curve
         columns: dict[str, list[float]] = {}
-        for row in csv.DictReader(io.StringIO(text)):
+        for row in rows:
             for key, value in row.items():
-                columns.setdefault(key, []).append(float(value) if value not in ("", None) else float("nan"))
+                if key not in unlabelled:
+                    columns.setdefault(key, []).append(float(value) if value not in ("", None) else float("nan"))
         return columns
 
     def load_notes(self) -> None:
@@ -126,13 +130,27 @@ def _metric_stages(data: dict[str, Any]) -> dict[str, str]:
             if path in HEADLINE_FILES and isinstance(entry, dict) for key in (entry.get("data") or {})}
 
 
-def _headline_metrics(data: dict[str, Any]) -> dict[str, float]:
-    return {k: v for k, v in _headline_values(data).items() if is_number(v)}
+def kept_value(value: Any) -> bool:
+    """A headline value compare keeps: a number, or the needs-bias-labels marker (shown as it is, never averaged)."""
+    return is_number(value) or value == NEEDS_BIAS_LABELS
+
+
+def _headline_metrics(data: dict[str, Any]) -> dict[str, float | str]:
+    return {k: v for k, v in _headline_values(data).items() if kept_value(v)}
 
 
 def rejected_values(values: dict[str, Any]) -> dict[str, str]:
-    """Headline values that are not numbers (NaN, text, ...), shown: left out of every mean, with a note."""
-    return {k: ("NaN" if isinstance(v, float) else repr(v)[:40]) for k, v in values.items() if not is_number(v)}
+    """Headline values that are not numbers (NaN, text, ...), shown: left out of every mean, with a note (the
+    needs-bias-labels marker is no rejected value: compare shows it in its column)."""
+    return {k: ("NaN" if isinstance(v, float) else repr(v)[:40]) for k, v in values.items() if not kept_value(v)}
+
+
+def tagged_needs_bias_labels(tags: dict[str, str]) -> dict[str, str]:
+    """The headline keys a run's ``debias.needs_bias_labels`` tag names (``key, key: needs bias labels``), each
+    with the marker: MLflow holds no number for them."""
+    text = tags.get("debias.needs_bias_labels", "")
+    keys = text.removesuffix(f": {NEEDS_BIAS_LABELS}").split(", ") if text else []
+    return {key: NEEDS_BIAS_LABELS for key in keys if key in headline.LABELS}
 
 
 def _params(data: dict[str, Any]) -> dict[str, Any]:
@@ -321,8 +339,9 @@ def from_mlflow(uri: str, experiment_name: str, tags: dict[str, str] | None = No
                     if key.startswith("debias.warnings.")}
         status = {"FINISHED": "done", "RUNNING": "running", "FAILED": "failed", "KILLED": "failed"}.get(
             run.info.status, run.info.status.lower())
-        values = {k: v for k, v in run.data.metrics.items() if k in headline.LABELS}
-        metrics = {k: v for k, v in values.items() if is_number(v)}
+        values = {**{k: v for k, v in run.data.metrics.items() if k in headline.LABELS},
+                  **tagged_needs_bias_labels(run_tags)}
+        metrics = {k: v for k, v in values.items() if kept_value(v)}
         experiment = Experiment(name, "mlflow", dict(run.data.params), metrics, status if metrics else "no results",
                                 None, _iso(run.info.start_time), warnings, {}, run.info.run_id,
                                 rejected=rejected_values(values))

@@ -30,6 +30,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("probe_s2_worst", "S2 probe", "wg", priority=8),
     Metric("align_erm", "align", "ERM", percent=False, priority=3), Metric("align_s2", "align", "S2", percent=False, priority=7),
     Metric("mi_a_erm", "Î(A;Z)", "ERM", percent=False, priority=3), Metric("mi_a_s2", "Î(A;Z)", "S2", percent=False, priority=7),
+    # written only for data without bias labels (beside the worst-group columns that say they need them)
+    Metric("erm_worst_class", "ERM", "wc", priority=6), Metric("s2_worst_class", "stage 2", "wc", priority=10),
 )
 METRIC_KEYS = tuple(m.key for m in METRICS)
 

@@ -78,7 +78,9 @@ def anchor(title: str) -> str:
 
 
 def num(value: float | None, digits: int = 3) -> str:
-    """A float with ``digits`` decimals, 'n/a' for None/NaN."""
+    """A float with ``digits`` decimals, 'n/a' for None/NaN; the needs-bias-labels marker as itself."""
+    if isinstance(value, str):
+        return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
     return f"{value:.{digits}f}"

@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from debias.core.errors import NEEDS_BIAS_LABELS  # noqa: E402
 from debias.core.io import atomic_path  # noqa: E402
 
 if TYPE_CHECKING:
@@ -32,28 +33,32 @@ def save_figure(fig: "plt.Figure", path: str | Path, dpi: int = 110) -> None:
 
 
 def sample_grid(split: BiasedSplit, path: str | Path, per_group: int = 3, seed: int = 0) -> None:
-    """Rows = classes, column blocks = bias attributes, ``per_group`` random images per cell (blank if empty)."""
+    """Rows = classes, column blocks = bias attributes, ``per_group`` random images per cell (blank if empty).
+    Without bias labels: one block of ``2 * per_group`` images per class, titled as needing them."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    rows, cols = split.n_classes, split.n_attrs * per_group
+    labelled = split.has_attribute
+    blocks, per_block = (split.n_attrs, per_group) if labelled else (1, 2 * per_group)
+    rows, cols = split.n_classes, blocks * per_block
     fig, axes = plt.subplots(rows, cols, figsize=(0.55 * cols + 1, 0.55 * rows + 0.6), squeeze=False)
     for ax in axes.flat:
         ax.set_xticks([])
         ax.set_yticks([])
         for spine in ax.spines.values():
             spine.set_visible(False)
-    g = split.g
+    g = split.g if labelled else split.y  # without an attribute: a block per class
     for label in range(split.n_classes):
-        for attr in range(split.n_attrs):
-            members = torch.nonzero(g == label * split.n_attrs + attr).flatten()
-            chosen = members[torch.randperm(len(members), generator=generator)[:per_group]]
+        for attr in range(blocks):
+            members = torch.nonzero(g == (label * split.n_attrs + attr if labelled else label)).flatten()
+            chosen = members[torch.randperm(len(members), generator=generator)[:per_block]]
             for k, index in enumerate(chosen.tolist()):
-                axes[label, attr * per_group + k].imshow(split.x[index].permute(1, 2, 0).numpy())
+                axes[label, attr * per_block + k].imshow(split.x[index].permute(1, 2, 0).numpy())
         axes[label, 0].set_ylabel(f"y={label}", rotation=0, labelpad=14, fontsize=8)
-    for attr in range(split.n_attrs):
-        axes[0, attr * per_group].set_title(f"a={attr}", fontsize=8, loc="left")
-    fig.suptitle("samples per (class y, bias attribute a)", fontsize=9)
+    for attr in range(blocks):
+        axes[0, attr * per_block].set_title(f"a={attr}" if labelled else f"a: {NEEDS_BIAS_LABELS}", fontsize=8, loc="left")
+    fig.suptitle("samples per (class y, bias attribute a)" if labelled else "samples per class y (no bias attribute)",
+                 fontsize=9)
     save_figure(fig, path)
 
 
@@ -209,6 +214,11 @@ def umap_grid(columns: list[tuple[str, dict[str, torch.Tensor]]], path: str | Pa
         coords = payload["coords"][index].float()
         for row, (key, name) in enumerate((("y", "y"), ("a", "a"))):
             ax = axes[row, col]
+            if key not in payload:  # no bias labels: say so where the attribute's colours would be
+                ax.text(0.5, 0.5, f"bias attribute a:\n{NEEDS_BIAS_LABELS}", ha="center", va="center", fontsize=9,
+                        transform=ax.transAxes)
+                _bare(ax)
+                continue
             _scatter_by(ax, coords, payload[key][index].long(), name, legend=col == len(columns) - 1,
                         colours=rgb_colours(attribute_colours) if key == "a" else None)
             _bare(ax)
@@ -345,10 +355,11 @@ def run_curves(curves: dict[str, dict[str, dict[str, list[float]]]], path: str |
     for ax, (title, by_run) in zip(axes[0], panels):
         for run, columns in by_run.items():
             epochs = columns.get("epoch", [])
-            if "val/worst_group" in columns:
+            worst = "val/worst_group" in columns  # absent without bias labels: the dashed line carries the label
+            if worst:
                 ax.plot(epochs, columns["val/worst_group"], "-", marker=".", color=colours[run], label=run)
             if "val/avg" in columns:
-                ax.plot(epochs, columns["val/avg"], "--", color=colours[run])
+                ax.plot(epochs, columns["val/avg"], "--", color=colours[run], label=None if worst else run)
         ax.set_title(f"{title}: validation accuracy (solid: worst-group, dashed: average)", fontsize=9)
         ax.set_ylim(-0.02, 1.02)
         ax.set_xlabel("epoch", fontsize=8)

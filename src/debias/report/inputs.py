@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from debias.core import paths
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.io import load_json, load_torch
 from debias.params import Params
 from debias.report.document import Text
@@ -55,13 +56,16 @@ class ReportInputs:
 
 
 def read_curves(path: Path) -> dict[str, list[float]]:
-    """A per-epoch CSV (header row, numbers) as ``{column: values}``; blank cells become NaN."""
+    """A per-epoch CSV (header row, numbers) as ``{column: values}``; blank cells become NaN. A column that reads
+    ``needs bias labels`` (data without bias labels) holds no curve and is left out: the figure draws none for it."""
     with open(path, newline="") as handle:
         rows = list(csv.DictReader(handle))
     columns: dict[str, list[float]] = {}
+    unlabelled = {key for row in rows for key, value in row.items() if value == NEEDS_BIAS_LABELS}
     for row in rows:
         for key, value in row.items():
-            columns.setdefault(key, []).append(float(value) if value not in ("", None) else math.nan)
+            if key not in unlabelled:
+                columns.setdefault(key, []).append(float(value) if value not in ("", None) else math.nan)
     return columns
 
 
@@ -113,7 +117,7 @@ def load_inputs(root: Path) -> ReportInputs:
     for model in MODELS:
         rel = umap_test_path(model)
         if (root / rel).exists():
-            umaps[model] = load_torch(root / rel, "umap", ("coords", "y", "a"))
+            umaps[model] = load_torch(root / rel, "umap", ("coords", "y"))  # "a" absent without bias labels
         else:
             missing.append(rel)
     train_umap, train_umap_note = read_train_umap(root)

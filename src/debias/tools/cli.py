@@ -115,11 +115,14 @@ def example_folder(args: argparse.Namespace) -> int:
     from debias.data.examples import write_shapes_folder
 
     try:
-        table = write_shapes_folder(args.root, args.n_train, args.n_eval, args.rho, args.size, args.seed, args.force)
+        table = write_shapes_folder(args.root, args.n_train, args.n_eval, args.rho, args.size, args.seed, args.force,
+                                    attribute=not args.no_attribute)
     except ValueError as exc:
         print(f"debias example-folder: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {table} and its images; run: dvc exp run -S data.source=imagefolder -S data.imagefolder.root={args.root}")
+    extra = " -S data.imagefolder.attribute_column=null" if args.no_attribute else ""
+    print(f"wrote {table} and its images; run: dvc exp run -S data.source=imagefolder -S data.imagefolder.root={args.root}"
+          f"{extra}")
     return 0
 
 
@@ -238,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes.add_argument("--rho", type=float, default=0.95, help="share of training images on their class's background")
     shapes.add_argument("--size", type=int, default=32, help="image side in pixels")
     shapes.add_argument("--seed", type=int, default=0)
+    shapes.add_argument("--no-attribute", action="store_true", help="leave the bias attribute column (place) out of "
+                        "metadata.csv: data without bias labels (data.imagefolder.attribute_column: null)")
     shapes.add_argument("--force", action="store_true", help="write into a folder that is not empty (its metadata.csv "
                                                              "and images/ files of the same names are replaced)")
     pre = commands.add_parser("preset", help="list, show or apply the papers' presets (versioned params sets)",

@@ -17,9 +17,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from debias.core import distributed
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
-from debias.metrics import accuracy_report, scalars
+from debias.metrics import accuracy_report, needs_bias_labels, scalars
 from debias.training.loop import GeneratorTask, StepMetrics, cut_batches, gather_rows, on_device, to_device
 from debias.training.selection import label_free_scalars
 
@@ -48,17 +49,21 @@ def evaluate(model: nn.Module, split: BiasedSplit, batch_size: int, device: torc
     return accuracy_report(logits.argmax(1), split.y, split.a, split.aligned, split.n_classes, split.n_attrs)
 
 
-def worst_group_n(report: dict) -> int:
-    """The number of images of the report's worst group (of the smallest, where several groups tie on it)."""
+def worst_group_n(report: dict) -> int | str:
+    """The number of images of the report's worst group (of the smallest, where several groups tie on it);
+    :data:`~debias.core.errors.NEEDS_BIAS_LABELS` for a report of data without bias labels."""
+    if needs_bias_labels(report["worst_group"]):
+        return NEEDS_BIAS_LABELS
     sizes = [n for accuracies, counts in zip(report["per_group"], report["group_counts"])
              for accuracy, n in zip(accuracies, counts) if accuracy is not None and accuracy == report["worst_group"]]
     return int(min(sizes))
 
 
-def validation_scalars(report: dict) -> dict[str, float]:
+def validation_scalars(report: dict) -> dict[str, float | str]:
     """The scalar accuracies prefixed ``val/``, and ``val/worst_group_n`` (the worst group's size, which tells by how
     many images an epoch's worst-group accuracy differs from another's: the selection's margin)."""
-    return {**scalars(report, "val/"), "val/worst_group_n": float(worst_group_n(report))}
+    n = worst_group_n(report)
+    return {**scalars(report, "val/"), "val/worst_group_n": n if isinstance(n, str) else float(n)}
 
 
 def validator(model: nn.Module, split: BiasedSplit, batch_size: int, device: torch.device,

@@ -69,7 +69,7 @@ def fits_on_device(split: BiasedSplit, device: torch.device) -> bool:
     """Whether ``split``'s tensors take at most ``RESIDENT_FRACTION`` of ``device``'s memory (CUDA; elsewhere: yes)."""
     if device.type != "cuda":
         return True
-    size = sum(t.numel() * t.element_size() for t in (split.x, split.y, split.a, split.aligned))
+    size = sum(t.numel() * t.element_size() for t in (split.x, split.y, split.a, split.aligned) if t is not None)
     return size <= RESIDENT_FRACTION * torch.cuda.get_device_properties(device).total_memory
 
 
@@ -79,8 +79,9 @@ def on_device(split: BiasedSplit, device: torch.device) -> BiasedSplit:
     there instead of copying it from the host. Tasks gather on ``split.x.device`` and move the batch to theirs."""
     if split.x.device == device or not fits_on_device(split, device):
         return split
-    return BiasedSplit(split.x.to(device), split.y.to(device), split.a.to(device), split.aligned.to(device),
-                       split.n_classes, split.n_attrs, split.feature_names)
+    a, aligned = (None if t is None else t.to(device) for t in (split.a, split.aligned))  # None: no bias labels
+    return BiasedSplit(split.x.to(device), split.y.to(device), a, aligned, split.n_classes, split.n_attrs,
+                       split.feature_names)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

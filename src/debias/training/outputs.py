@@ -11,10 +11,11 @@ from torch import nn
 
 from debias.core import health
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
+from debias.core.io import atomic_path, CorruptFileError, load_torch, save_json, save_torch
 from debias.core.paths import embeddings_path
 from debias.data.store import BiasedSplit
 from debias.harness.tracking import StageRun
-from debias.metrics import accuracy_report, fairness_report, fairness_scalars, scalars
+from debias.metrics import accuracy_report, fairness_report, fairness_scalars, scalars, shown
 from debias.models import Network, save_network
 from debias.params import HealthParams
 from debias.training.classifier import predict
@@ -36,7 +37,8 @@ class StageOutputs:
 def write_curves(path: Path, history: list[dict[str, float]]) -> None:
     """Per-epoch history as CSV (DVC plots and the report read it)."""
     keys = sorted({key for row in history for key in row}, key=lambda k: (k != "epoch", k))
-    lines = [",".join(keys)] + [",".join("" if row.get(k) is None else f"{row[k]:.6g}" for k in keys) for row in history]
+    lines = [",".join(keys)] + [",".join("" if row.get(k) is None else row[k] if isinstance(row[k], str)  # needs bias labels
+                                         else f"{row[k]:.6g}" for k in keys) for row in history]
     with atomic_path(path) as tmp:
         tmp.write_text("\n".join(lines) + "\n")
 
@@ -81,7 +83,8 @@ def metrics_entry(report: dict) -> dict:
 
 def groups_entry(report: dict) -> dict:
     """A split's entry of a ``*_groups.json`` file: per-group accuracies and counts (+ per-group fairness rates)."""
-    entry = {k: report[k] for k in ("per_group", "group_counts", "empty_groups")}
+    entry = {k: report[k] for k in ("per_group", "group_counts", "empty_groups", "per_class", "class_counts")
+             if k in report}  # per_class, class_counts: without bias labels
     if report.get("fairness") is not None:
         entry["fairness"] = {k: report["fairness"][k] for k in ("per_group", "notes")}
     return entry
@@ -160,7 +163,8 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     run.log_model(model.cpu(), checkpoint=out.model, input_example=splits["train"].x[:2])  # an MLflow logged model
     test = reports["test"]
     print(f"[{label}] selected epoch {result.selected_epoch} ({result.selection.get('reason', '')}); test avg "
-          f"{test['avg']:.3f}, worst-group {test['worst_group']:.3f}, unbiased {test['unbiased']:.3f}")
+          f"{test['avg']:.3f}, worst-group {shown(test['worst_group'])}, unbiased {shown(test['unbiased'])}"
+          + (f", worst-class {test['worst_class']:.3f}" if "worst_class" in test else ""))
     for message in found:
         print(f"[{label}] WARNING {message}", flush=True)
     return reports
@@ -169,7 +173,7 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
 def split_tensors(splits: dict[str, BiasedSplit], names: tuple[str, ...] = ("train", "val")) -> dict[str, torch.Tensor]:
     """The tensors training reads from ``splits`` (images, classes, attributes), named ``split.field``."""
     return {f"{name}.{field}": getattr(splits[name], field) for name in names if name in splits
-            for field in ("x", "y", "a")}
+            for field in ("x", "y", "a") if getattr(splits[name], field) is not None}  # a: None without bias labels
 
 
 def note_resume(run: StageRun, result: FitResult) -> None:

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from debias.metrics import group_accuracy
+
 
 @dataclass(frozen=True)
 class SelectionRule:
@@ -82,6 +84,11 @@ def check_rule_for(stage: str, selection: str, inferred_groups: bool) -> None:
                          f"infer_groups, which infers the groups from ERM's model); allowed: {', '.join(allowed)}")
 
 
+def _number(value: Any) -> bool:
+    """A validation number (not the "needs bias labels" marker a run without bias labels records instead)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def selection_score(metrics: dict[str, float], selection: str) -> tuple[float, ...]:
     """Higher is better (compared as a tuple): the rule's validation number, then its tie-breaks (0 where absent), so
     an epoch only wins a tie (e.g. 0 at every epoch) by being better on the tie-breaks; ``last`` is the epoch index.
@@ -89,11 +96,12 @@ def selection_score(metrics: dict[str, float], selection: str) -> tuple[float, .
     chosen = rule(selection)
     if chosen.key is None:
         return (float(metrics["epoch"]),)
-    if chosen.key not in metrics:
+    if not _number(metrics.get(chosen.key)):
         raise ValueError(f"selection = {selection} reads the validation number {chosen.key}, which this stage's "
                          f"validation does not compute; allowed here: "
-                         f"{', '.join(n for n, r in RULES.items() if r.key is None or r.key in metrics)}")
-    return (float(metrics[chosen.key]), *(float(metrics.get(key, 0.0)) for key in chosen.tie_breaks))
+                         f"{', '.join(n for n, r in RULES.items() if r.key is None or _number(metrics.get(r.key)))}")
+    ties = (metrics.get(key, 0.0) for key in chosen.tie_breaks)
+    return (float(metrics[chosen.key]), *(float(value) if _number(value) else 0.0 for value in ties))
 
 
 def picks_by_rule(history: list[dict[str, float]]) -> dict[str, int]:
@@ -101,7 +109,7 @@ def picks_by_rule(history: list[dict[str, float]]) -> dict[str, int]:
     whose validation number every epoch has (cheap: the numbers are already computed)."""
     picks: dict[str, int] = {}
     for name, r in RULES.items():
-        if not history or (r.key is not None and any(r.key not in row for row in history)):
+        if not history or (r.key is not None and not all(_number(row.get(r.key)) for row in history)):
             continue
         best = max(history, key=lambda row: (selection_score(row, name), -int(row["epoch"])))
         picks[name] = int(best["epoch"])
@@ -194,10 +202,7 @@ def _worst_and_mean(pred: torch.Tensor, y: torch.Tensor, group: torch.Tensor, pr
     """``{prefix}worst``-style numbers over the groups present: worst accuracy, mean accuracy, the worst one's size
     (of the smallest, where several tie on it)."""
     group = group.detach().cpu().long()
-    correct = (pred.detach().cpu() == y.detach().cpu()).double()
-    size = int(group.max()) + 1
-    hits = torch.zeros(size, dtype=torch.float64).index_add_(0, group, correct)
-    counts = torch.bincount(group, minlength=size).double()
+    hits, counts = group_accuracy(pred.detach().cpu(), y.detach().cpu(), group, int(group.max()) + 1)
     present = counts > 0
     accuracy = hits[present] / counts[present]
     worst = float(accuracy.min())

@@ -53,15 +53,16 @@ TABLE_READERS = {".csv": lazy_callable("pandas", "read_csv"), ".parquet": lazy_c
 
 @dataclass
 class ImageTable:
-    """Image files with int64 class ``y`` and attribute ``a``, and the rows of each split (None: not given)."""
+    """Image files with int64 class ``y`` and attribute ``a`` (None: no attribute column, the data has no bias
+    labels), and the rows of each split (None: not given)."""
 
     paths: list[Path]
     y: np.ndarray
-    a: np.ndarray
+    a: np.ndarray | None
     split: dict[str, np.ndarray] | None
     y_column: str  # the column names and the name of each code, for messages
     y_names: list[str]
-    a_column: str
+    a_column: str | None
     a_names: list[str]
 
 
@@ -173,21 +174,24 @@ def table_from_metadata(spec: ImageFolderParams, root: Path) -> ImageTable:
     """Read and check ``spec``'s metadata table: columns, labels, attributes, splits and that every file exists."""
     path = table_path(spec, root)
     table = read_table(path)
-    columns = {"data.imagefolder.path_column": spec.path_column, "data.imagefolder.label_column": spec.label_column,
-               "data.imagefolder.attribute_column": spec.attribute_column}
+    columns = {"data.imagefolder.path_column": spec.path_column, "data.imagefolder.label_column": spec.label_column}
+    if spec.attribute_column is not None:
+        columns["data.imagefolder.attribute_column"] = spec.attribute_column
     if spec.split_column is not None:
         columns["data.imagefolder.split_column"] = spec.split_column
     require_columns(table, columns, path)
     if len(table) == 0:
         raise DataSourceError(f"metadata table {path} has no rows")
     y, y_names = encode_values(table[spec.label_column], spec.label_values, "data.imagefolder.label_values", "y", path)
-    a, a_names = encode_values(table[spec.attribute_column], spec.attribute_values, "data.imagefolder.attribute_values", "a", path)
+    a, a_names = (None, []) if spec.attribute_column is None else encode_values(
+        table[spec.attribute_column], spec.attribute_values, "data.imagefolder.attribute_values", "a", path)
     split = split_rows(table[spec.split_column], spec.split_values, path) if spec.split_column is not None else None
     paths = [root / str(name) for name in table[spec.path_column]]
     check_unique(paths, spec.path_column, path)
     rows = f"the {len(table)} rows of metadata table {path}"
     check_varies(y, "y", f"column '{spec.label_column}' (data.imagefolder.label_column)", rows)  # before decoding
-    check_varies(a, "a", f"column '{spec.attribute_column}' (data.imagefolder.attribute_column)", rows)
+    if a is not None:
+        check_varies(a, "a", f"column '{spec.attribute_column}' (data.imagefolder.attribute_column)", rows)
     return ImageTable(paths, y, a, split, spec.label_column, y_names, spec.attribute_column, a_names)
 
 
@@ -285,12 +289,14 @@ def decode_splits(table: ImageTable, fit: ImageFit, crop_fraction: float, params
         if len(index[name]) == 0:
             raise DataSourceError(f"split '{name}' is empty for data.source = '{params.source}'")
     check_coverage(index, table.y, table.y_column, table.y_names)
-    check_coverage(index, table.a, table.a_column, table.a_names)
+    if table.a is not None:
+        check_coverage(index, table.a, str(table.a_column), table.a_names)
     check_files_exist([table.paths[i] for rows in index.values() for i in rows])
     check_memory(sum(len(rows) for rows in index.values()), params.image_size, params)
     return {
         name: RawSplit(decode_images([table.paths[i] for i in rows], params.image_size, fit, crop_fraction,
-                                     f"{params.source} {name}"), table.y[rows], table.a[rows])
+                                     f"{params.source} {name}"), table.y[rows],
+                             None if table.a is None else table.a[rows])
         for name, rows in index.items()
     }
 

@@ -8,7 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from debias.core.errors import TrackingError
+from debias.core.errors import NEEDS_BIAS_LABELS, TrackingError
 from debias.harness.tracking.store import _quiet_mlflow, _tracking_uri_set, sqlite_path
 from debias.params import flatten
 
@@ -84,13 +84,21 @@ class StageRun:
         for start in range(0, len(items), 100):
             self._call("logging params", self.client.log_batch, self.run_id, params=items[start : start + 100])
 
-    def log_metrics(self, values: dict[str, float | None], step: int | None = None) -> None:
+    def log_metrics(self, values: dict[str, float | str | None], step: int | None = None) -> None:
+        """Log numbers (None skipped); a value that is :data:`~debias.core.errors.NEEDS_BIAS_LABELS` (data without bias
+        labels) is logged as no number but named in the tag ``debias.needs_bias_labels`` (``key, key: needs bias
+        labels``), so the run says which of its keys cannot be computed instead of lacking them silently."""
         if not self.active:
             return
         from mlflow.entities import Metric
 
+        needs = sorted(k.replace("/", ".") for k, v in values.items() if v == NEEDS_BIAS_LABELS)
+        if needs:
+            self.needs_bias_labels = sorted(set(getattr(self, "needs_bias_labels", [])) | set(needs))
+            self.set_tags({"debias.needs_bias_labels": f"{', '.join(self.needs_bias_labels)}: {NEEDS_BIAS_LABELS}"[:5000]})
         stamp = int(time.time() * 1000)
-        items = [Metric(k.replace("/", "."), float(v), stamp, step or 0) for k, v in values.items() if v is not None]
+        items = [Metric(k.replace("/", "."), float(v), stamp, step or 0) for k, v in values.items()
+                 if v is not None and v != NEEDS_BIAS_LABELS]
         for start in range(0, len(items), 500):
             self._call("logging metrics", self.client.log_batch, self.run_id, metrics=items[start : start + 500])
 
@@ -154,7 +162,11 @@ class StageRun:
         from mlflow.entities import Metric
 
         stamp = int(time.time() * 1000)
-        items = [Metric(k, float(v), stamp, 0) for k, v in (metrics or {}).items() if v is not None]
+        items = [Metric(k, float(v), stamp, 0) for k, v in (metrics or {}).items()
+                 if v is not None and v != NEEDS_BIAS_LABELS]
+        needs = sorted(k for k, v in (metrics or {}).items() if v == NEEDS_BIAS_LABELS)
+        if needs:  # data without bias labels: the parent names the keys it has no number for
+            tags = {**(tags or {}), "debias.needs_bias_labels": f"{', '.join(needs)}: {NEEDS_BIAS_LABELS}"[:5000]}
         if items:
             self._call("logging the parent's metrics", self.client.log_batch, self.parent_id, metrics=items)
         for key, value in (tags or {}).items():

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.metrics import GroupAccuracy
 from debias.params import Params
 from debias.report import card
@@ -62,7 +63,8 @@ def result_cells(row: ResultRow, worst: GroupAccuracy | None = None, min_n: int 
     """The formatted cells of a results row (n/a where a value is missing); ``worst``: its worst test group."""
     accuracy = row.accuracy or {}
     representation = row.representation or {}
-    return [row.label, *(pct(accuracy.get(k)) for k in ACCURACY_KEYS[:3]), worst_cell(worst, min_n),
+    worst_text = NEEDS_BIAS_LABELS if isinstance(accuracy.get("worst_group"), str) else worst_cell(worst, min_n)
+    return [row.label, *(pct(accuracy.get(k)) for k in ACCURACY_KEYS[:3]), worst_text,
             *(pct(accuracy.get(k)) for k in ACCURACY_KEYS[3:]), num(representation.get("alignment_loss")),
             num(representation.get("mi_y")), num(representation.get("mi_a"))]
 

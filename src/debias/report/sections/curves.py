@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.report.artifacts import FIGURE_FILES
 from debias.report.card import pct
 from debias.report.document import Block, Figure, Section, Table, Text
@@ -15,8 +16,11 @@ def curves_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str
     """Training curves of ERM and stage 2."""
     blocks: list[Block] = []
     if drawn["curves"]:
-        blocks.append(Figure(FIGURE_FILES["curves"], "Training loss and validation worst-group (solid) and average "
-                             "(dashed) accuracy per epoch; the dotted line marks the epoch each model kept."))
+        unlabelled = any("val/avg" in columns and "val/worst_group" not in columns for columns in inputs.curves.values())
+        worst = (f"validation worst-group accuracy ({NEEDS_BIAS_LABELS}: not drawn) and average (dashed)" if unlabelled
+                 else "validation worst-group (solid) and average (dashed)")
+        blocks.append(Figure(FIGURE_FILES["curves"], f"Training loss and {worst} accuracy per epoch; the dotted line "
+                                                     "marks the epoch each model kept."))
     for model, rel in CURVE_INPUTS.items():
         if model not in inputs.curves:
             blocks.append(missing_note(rel, f"the {labels[model]} curves are not drawn"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from debias.core import paths
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.params import Params
 from debias.report.document import Block, Columns, Figure, Heading, Section, Table, Text, num
 from debias.report.inputs import ReportInputs, missing_note
@@ -13,12 +14,24 @@ from debias.report.sections.base import ReportContext
 TITLE = "Dataset"
 
 
+def label_free_blocks(summary: dict, params: Params) -> list[Block]:
+    """Data without bias labels: split sizes and images per class; the attribute's counts say they need them."""
+    return [Text(f"Source `{params.data.source}`, bias protocol `{summary['protocol']}`: the data has no bias labels "
+                 "(no attribute column); groups are inferred from the ERM model (groups.method = "
+                 f"{params.groups.method})."),
+            Table(["split", "images", "classes", "images per class", "bias-aligned / conflicting, group counts"],
+                  [[name, str(s["n"]), str(s["n_classes"]), " / ".join(map(str, s["class_counts"])), NEEDS_BIAS_LABELS]
+                   for name, s in summary["splits"].items()])]
+
+
 def dataset_section(inputs: ReportInputs, params: Params, root: Path) -> Section:
     """Split sizes and correlations, group counts per split and the sample grid."""
     summary = inputs.get("summary")
     blocks: list[Block] = []
     if summary is None:
         blocks.append(missing_note(paths.BIAS_SUMMARY, "the group counts are not shown"))
+    elif any(s.get("bias_labels") is False for s in summary["splits"].values()):
+        blocks.extend(label_free_blocks(summary, params))
     else:
         target = summary.get("target_correlation", {})
         blocks.append(Text(f"Source `{params.data.source}`, bias protocol `{summary['protocol']}`. Realised correlation "
@@ -39,7 +52,8 @@ def dataset_section(inputs: ReportInputs, params: Params, root: Path) -> Section
         blocks.append(Figure(paths.SAMPLE_GRID, (
             "Training features: each feature's mean per (class y, bias attribute a), standardised; the features whose "
             "group means differ most." if tabular else
-            "Training images per (class y, bias attribute a); blank where a group is empty.")))
+            "Training images per (class y, bias attribute a); blank where a group is empty." if params.bias_labels else
+            "Training images per class y (no bias attribute to sort them by).")))
     else:
         blocks.append(missing_note(paths.SAMPLE_GRID, "the sample grid is not shown"))
     return Section(TITLE, blocks)

@@ -33,9 +33,10 @@ def groups_section(inputs: ReportInputs, drawn: dict[str, bool], confidence: flo
                                     "after the best one-to-one matching); minority = inferred bias-conflicting."))
         inferred, true = groups.get("inferred_minority_per_class"), groups.get("true_conflicting_per_class")
         if inferred and true:
-            blocks.append(Table(["class", *(str(c) for c in range(len(true)))],
+            true_row = [true] * len(inferred) if isinstance(true, str) else [str(v) for v in true]  # str: no labels
+            blocks.append(Table(["class", *(str(c) for c in range(len(inferred)))],
                                 [["inferred minority", *(str(v) for v in inferred)],
-                                 ["true bias-conflicting", *(str(v) for v in true)]], caption="Per class"))
+                                 ["true bias-conflicting", *true_row]], caption="Per class"))
     if drawn["groups_umap"]:
         blocks.append(Figure(FIGURE_FILES["groups_umap"], "UMAP of the ERM training features used for group inference."))
     else:

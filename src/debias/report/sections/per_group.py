@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from debias.metrics import GroupAccuracy
+from debias.core.errors import NEEDS_BIAS_LABELS
+from debias.metrics import GroupAccuracy, wilson_interval
 from debias.params import Params
 from debias.report import card
 from debias.report.artifacts import FIGURE_FILES, PER_GROUP_CSV
-from debias.report.document import Block, Figure, Section, Table
+from debias.report.document import Block, Figure, Section, Table, Text
 from debias.report.inputs import JSON_INPUTS, MODELS, ReportInputs, missing_note
 from debias.report.sections.base import ReportContext
 
@@ -27,9 +28,60 @@ def interval_rows(summaries: dict[str, card.ModelSummary], min_n: int) -> list[l
              *(cell(by_model[m].get((g.y, g.a))) for m in MODELS)] for g in cells]
 
 
+def class_rows(inputs: ReportInputs, confidence: float) -> list[list[str]]:
+    """One row per class: its test images n and each model's test accuracy with its Wilson interval."""
+    tables = {m: ((inputs.get(f"{m}_groups") or {}).get("test") or {}) for m in MODELS}
+    known = next((t for t in tables.values() if t.get("class_counts")), None)
+    if known is None:
+        return []
+
+    def cell(table: dict, label: int) -> str:
+        value, n = (table.get("per_class") or [None] * (label + 1))[label], (table.get("class_counts") or [0] * (label + 1))[label]
+        if value is None or not n:
+            return "n/a"
+        return f"{card.pct(value)} {card.interval_text(*wilson_interval(round(value * n), n, confidence))}"
+
+    return [[str(label), str(n), *(cell(tables[m], label) for m in MODELS)] for label, n in enumerate(known["class_counts"])]
+
+
+def inferred_group_rows(groups: dict | None, confidence: float) -> list[list[str]]:
+    """One row per (class, inferred group) of the training split: its size n and ERM's accuracy with its interval."""
+    rows = []
+    for row in (groups or {}).get("inferred_groups") or []:
+        accuracy = "n/a"
+        if row.get("correct") is not None:
+            low, high = wilson_interval(row["correct"], row["n"], confidence)
+            accuracy = f"{card.pct(row['correct'] / row['n'])} {card.interval_text(low, high)}"
+        rows.append([str(row["y"]), str(row["group"]), str(row["n"]), accuracy])
+    return rows
+
+
+def label_free_blocks(inputs: ReportInputs, labels: dict[str, str], params: Params) -> list[Block]:
+    """What replaces the per-group tables when the data has no bias labels: a line saying so, the per-class test
+    accuracies and ERM's training accuracy per inferred group, each with n and its Wilson interval."""
+    level = f"{100 * params.report.confidence:g} %"
+    blocks: list[Block] = [Text(
+        f"Accuracy per group (class y, bias attribute a) {NEEDS_BIAS_LABELS}: this data has none. Shown instead: "
+        "accuracy per class, and per group the pipeline inferred (groups.method = "
+        f"{params.groups.method}).")]
+    rows = class_rows(inputs, params.report.confidence)
+    if rows:
+        blocks.append(Table(["y", "test images n", *(f"{labels[m]} % [{level}]" for m in MODELS)], rows, caption=(
+            f"Test accuracy per class with its {level} Wilson interval; the lowest is the worst-class accuracy.")))
+    rows = inferred_group_rows(inputs.get("groups"), params.report.confidence)
+    if rows:
+        blocks.append(Table(["y", "inferred group", "training images n", f"{labels['erm']} % [{level}]"], rows, caption=(
+            f"The inferred groups of the training split: their sizes and ERM's training accuracy on each with its "
+            f"{level} Wilson interval (a low one is a group ERM's shortcut fails).")))
+    return blocks
+
+
 def per_group_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[str, bool],
                       summaries: dict[str, card.ModelSummary], params: Params) -> Section:
-    """The per-group accuracy heatmaps of ERM and stage 2, and every group's accuracy with its interval and n."""
+    """The per-group accuracy heatmaps of ERM and stage 2, and every group's accuracy with its interval and n
+    (without bias labels: :func:`label_free_blocks`)."""
+    if not all(summary.bias_labels for summary in summaries.values()):
+        return Section(TITLE, label_free_blocks(inputs, labels, params))
     blocks: list[Block] = []
     if drawn["per_group"]:
         blocks.append(Figure(FIGURE_FILES["per_group"], (

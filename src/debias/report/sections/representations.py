@@ -26,10 +26,12 @@ def representation_section(inputs: ReportInputs, labels: dict[str, str], drawn: 
         if not test:
             continue
         distances = test.get("distances") or {}
+        kinds = ("pos_aligned", "pos_conflicting", "neg_aligned", "neg_conflicting")
+        mi_a = (num(test.get("mi_a")) if isinstance(test.get("mi_a"), str)  # no bias labels: said once, not twice
+                else f"{num(test.get('mi_a'))} / {num(test.get('h_a'))}")
         rows.append([labels[model], num(test.get("alignment_loss")), f"{num(test.get('mi_y'))} / {num(test.get('h_y'))}",
-                     f"{num(test.get('mi_a'))} / {num(test.get('h_a'))}",
-                     *(num((distances.get(kind) or {}).get("mean")) for kind in
-                       ("pos_aligned", "pos_conflicting", "neg_aligned", "neg_conflicting"))])
+                     mi_a, *(distances if isinstance(distances, str) else num((distances.get(kind) or {}).get("mean"))
+                             for kind in kinds)])
     if rows:
         blocks.append(Table(["encoder", "alignment loss", "Î(Y;Z) / H(Y)", "Î(A;Z) / H(A)", "same y, same a",
                              "same y, other a", "other y, same a", "other y, other a"], rows, caption=(

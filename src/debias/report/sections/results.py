@@ -24,7 +24,11 @@ def results_section(rows: list[ResultRow], inputs: ReportInputs, summaries: dict
     min_n = params.report.min_group_n
     cells = [result_cells(r, summaries[r.model].worst_group if not r.label.endswith("probe") else None, min_n)
              for r in rows]
-    blocks: list[Block] = [Table(list(RESULT_HEADERS), cells, caption=(
+    headers = list(RESULT_HEADERS)
+    if not all(summary.bias_labels for summary in summaries.values()):  # no bias labels: worst-class beside them
+        headers.append("worst-class %")
+        cells = [row_cells + [pct((r.accuracy or {}).get("worst_class"))] for r, row_cells in zip(rows, cells)]
+    blocks: list[Block] = [Table(headers, cells, caption=(
         "Test split. Accuracies in percent: average (sample-weighted), unbiased (mean over groups), worst-group (min "
         f"over non-empty groups; its group, test images n and {100 * params.report.confidence:g} % Wilson interval), "
         "bias-aligned and bias-conflicting. Alignment loss (CNC Eq. 2–3) and mutual information "
@@ -55,7 +59,8 @@ def fairness_blocks(rows: list[ResultRow], inputs: ReportInputs) -> list[Block]:
             continue
         per_group = (((inputs.get(f"{row.model}_groups") or {}).get("test") or {}).get("fairness") or {}).get(
             "per_group") if not row.label.endswith("probe") else None
-        rates = " · ".join(f"a={a}: {pct(g.get('tpr'))} / {pct(g.get('fpr'))}" for a, g in (per_group or {}).items())
+        per_group = per_group if isinstance(per_group, dict) else {}  # a str: needs bias labels (the reason says so)
+        rates = " · ".join(f"a={a}: {pct(g.get('tpr'))} / {pct(g.get('fpr'))}" for a, g in per_group.items())
         table.append(_fairness_cells(row.label, row.accuracy, rates or fairness.get("reason") or "–"))
         post = (((trained_entry(inputs.get("probe"), row.model) or {}).get("probe") or {}).get("equalized_odds")
                 or {}).get("test") if row.label.endswith("probe") else None

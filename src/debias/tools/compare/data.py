@@ -10,6 +10,7 @@ from typing import Any
 
 import pandas as pd
 
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import LABELS
 from debias.report.collect import Experiment
 from debias.report.columns import METRIC_KEYS, METRICS, Metric, param_text  # noqa: F401  (compare's columns)
@@ -139,23 +140,37 @@ def experiments_frame(experiments: list[Experiment], params: list[str]) -> pd.Da
     return pd.DataFrame(rows, columns=["experiment", *params, *METRIC_KEYS, "warnings"])
 
 
+def numeric(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with each metric column as numbers: the needs-bias-labels marker (data without bias labels) is
+    NaN here, for means, ranks and tests; the tables show the marker from the frame itself."""
+    return frame.assign(**{k: pd.to_numeric(frame[k], errors="coerce") for k in METRIC_KEYS if k in frame})
+
+
 def groups_frame(frame: pd.DataFrame, group_params: list[str]) -> pd.DataFrame:
     """Rows grouped by ``group_params`` (every varying param but the seed): per metric the mean and the sample
     standard deviation (NaN for one seed), ``seeds`` (how many experiments), the experiments' names and the
-    warnings summed; ranked by :data:`RANK_METRIC` (best first)."""
+    warnings summed; ranked by :data:`RANK_METRIC` (best first). A metric every experiment of a group lacks for
+    want of bias labels has the marker as its mean."""
     keys = group_params or ["_all"]
     data = frame.assign(_all="all") if not group_params else frame
-    grouped = data.groupby(keys, sort=False, dropna=False)
+    grouped = numeric(data).groupby(keys, sort=False, dropna=False)
     metrics = [k for k in METRIC_KEYS if k in frame]
     out = grouped[metrics].agg(["mean", "std"])
     out.columns = [f"{metric}_{stat}" for metric, stat in out.columns]
+    unlabelled = data.groupby(keys, sort=False, dropna=False)[metrics].agg(
+        lambda values: bool(len(values)) and all(v == NEEDS_BIAS_LABELS for v in values))
+    for metric in metrics:
+        marked = unlabelled[metric].astype(bool)
+        if marked.any():
+            out[f"{metric}_mean"] = out[f"{metric}_mean"].astype(object).where(~marked, NEEDS_BIAS_LABELS)
     out["seeds"] = grouped.size()
     out["experiments"] = grouped["experiment"].agg(lambda names: ", ".join(names))
     out["warnings"] = grouped["warnings"].sum()
     out = out.reset_index()
     rank = rank_metric(frame)
     if rank is not None:
-        out = out.sort_values(f"{rank}_mean", ascending=False, na_position="last", kind="stable").reset_index(drop=True)
+        out = out.sort_values(f"{rank}_mean", ascending=False, na_position="last", kind="stable",
+                              key=lambda column: pd.to_numeric(column, errors="coerce")).reset_index(drop=True)
     return out.drop(columns=["_all"], errors="ignore")
 
 
@@ -165,6 +180,7 @@ RANK_ORDER = (RANK_METRIC, "s2_unbiased", "s2_avg", "erm_worst", "erm_unbiased",
 def rank_metric(frame: pd.DataFrame) -> str | None:
     """The metric groups are ranked by: stage-2 worst-group accuracy, unless it is the same everywhere (e.g. 0
     in every experiment) or missing; then stage-2 unbiased, average, then ERM's."""
+    frame = numeric(frame)
     present = [key for key in RANK_ORDER if key in frame and frame[key].notna().any()]
     varying = [key for key in present if frame[key].nunique(dropna=True) > 1]
     return (varying or present or [None])[0]
@@ -192,7 +208,7 @@ def ranked_count(frame: pd.DataFrame, groups: pd.DataFrame) -> int:
     """How many groups (the first ones: :func:`groups_frame` puts the others last) have a value of the rank metric;
     only those are ranked, headlined and tested."""
     rank = rank_metric(frame)
-    return 0 if rank is None else int(groups[f"{rank}_mean"].notna().sum())
+    return 0 if rank is None else int(pd.to_numeric(groups[f"{rank}_mean"], errors="coerce").notna().sum())
 
 
 def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[str]) -> list[dict[str, Any]]:
@@ -202,6 +218,7 @@ def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[st
     groups = groups.iloc[:ranked_count(frame, groups)]
     if rank is None or len(groups) < 2:
         return []
+    frame = numeric(frame)
 
     def members(row: pd.Series) -> list[float]:
         mask = pd.Series(True, index=frame.index)
@@ -224,13 +241,17 @@ def group_label(row: pd.Series | dict, group_params: list[str]) -> str:
     return ", ".join(f"{key}={row[key]}" for key in group_params) or "all experiments"
 
 
-def fmt(value: float, percent: bool, digits: int | None = None) -> str:
+def fmt(value: float | str, percent: bool, digits: int | None = None) -> str:
+    if isinstance(value, str):  # the needs-bias-labels marker
+        return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return f"{100 * value:.{1 if digits is None else digits}f}" if percent else f"{value:.{3 if digits is None else digits}f}"
 
 
-def fmt_mean_std(mean: float, std: float, percent: bool, sep: str = "±") -> str:
+def fmt_mean_std(mean: float | str, std: float, percent: bool, sep: str = "±") -> str:
+    if isinstance(mean, str):  # the needs-bias-labels marker
+        return mean
     if mean is None or math.isnan(mean):
         return "–"
     text = fmt(mean, percent)

@@ -14,13 +14,14 @@ from typing import Any
 import pandas as pd
 
 from debias.core import paths
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import LABELS, warning_code
 from debias.core.io import atomic_path
 from debias.metrics import GroupAccuracy
 from debias.params import ReportParams
 from debias.report import card, figures
 from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment
-from debias.tools.compare.data import (METRICS, Comparison, fmt, fmt_mean_std, group_label, metric_present,
+from debias.tools.compare.data import (METRICS, Comparison, fmt, fmt_mean_std, group_label, metric_present, numeric,
                                       rank_metric)
 from debias.report.document import Block, Figure, Section, Table, Text, render_html, render_markdown
 from debias.report.sections.base import worst_cell
@@ -82,7 +83,8 @@ def headline_section(comparison: Comparison, worst: dict[str, dict[str, GroupAcc
     mine = [w for w in found if w[0].split("/")[0] in names]
     chosen = [worst[e.name].get("stage2") or worst[e.name].get("erm") for e in members]
     smallest = min((g for g in chosen if g is not None), key=lambda g: g.n, default=None)
-    number = {key: (None if f"{key}_mean" not in best or pd.isna(best[f"{key}_mean"]) else float(best[f"{key}_mean"]))
+    number = {key: (None if f"{key}_mean" not in best else best[f"{key}_mean"] if isinstance(best[f"{key}_mean"], str)
+                    else None if pd.isna(best[f"{key}_mean"]) else float(best[f"{key}_mean"]))  # str: needs bias labels
               for key in ("erm_worst", "s2_worst")}
     facts = card.Facts(mine, number["erm_worst"], number["s2_worst"], smallest, min_n, confidence, seeds)
     standing = (f"ranked first of {c.ranked} groups by {rank_label}" if c.ranked > 1 else
@@ -165,8 +167,13 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
     if len(chosen) < len(c.experiments):
         heatmaps.insert(0, Text(f"The {len(chosen)} experiments drawn: {names} (of {len(c.experiments)}; choose "
                                 "with --method, --param, --last).", note=True))
+    unlabelled = figure_paths.get("unlabelled", [])
+    if unlabelled:
+        heatmaps.append(Text(f"Per-group accuracy (class y, bias attribute a) of {', '.join(map(str, unlabelled))}: "
+                             f"{NEEDS_BIAS_LABELS} (the data has none; its report shows accuracy per class and per "
+                             "inferred group).", note=True))
     for blocks, what in ((heatmaps, "per-group accuracy"), (curves, "validation curves")):
-        if not any(isinstance(b, Figure) for b in blocks):
+        if not any(isinstance(b, Figure) for b in blocks) and not (unlabelled and blocks is heatmaps):
             blocks.append(Text(f"No {what} to draw (the files were not found for these experiments).", note=True))
     if missing:
         curves.append(Text("Not found: " + "; ".join(missing) + ".", note=True))
@@ -179,7 +186,7 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
 def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, list[Path]], list[Experiment]]:
     """The page's figures under ``out/figures``; returns their paths (relative to ``out``) and the runs drawn."""
     chosen = comparison.experiments[:MAX_FIGURE_RUNS]
-    drawn: dict[str, list[Path]] = {"groups": [], "per_group": [], "curves": [], "missing": []}
+    drawn: dict[str, list] = {"groups": [], "per_group": [], "curves": [], "missing": [], "unlabelled": []}
     folder = out / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     rank = rank_metric(comparison.frame)
@@ -191,7 +198,8 @@ def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, l
             mask = pd.Series(True, index=comparison.frame.index)
             for key in comparison.group_params:
                 mask &= comparison.frame[key] == row[key]
-            points[label] = {f"{prefix}_{k}": comparison.frame.loc[mask, f"{prefix}_{k}"].tolist()
+            values = numeric(comparison.frame)  # the needs-bias-labels marker is no point to draw
+            points[label] = {f"{prefix}_{k}": values.loc[mask, f"{prefix}_{k}"].tolist()
                              for k in ("avg", "unbiased", "worst")}
         path = folder / "groups.png"
         figures.group_summary(points, [f"{prefix}_worst", f"{prefix}_unbiased", f"{prefix}_avg"],
@@ -206,7 +214,9 @@ def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, l
             if (groups.get("test") or {}).get("per_group"):
                 table = groups["test"]
                 break
-        if table is not None:
+        if table is not None and isinstance(table["per_group"], str):  # data without bias labels: no group table
+            drawn["unlabelled"].append(experiment.name)
+        elif table is not None:
             panels.append((experiment.name, table["per_group"], table.get("group_counts")))
         else:
             drawn["missing"].append(f"per-group accuracy of {experiment.name}")

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import LABELS
 from debias.report.collect import Experiment
 from debias.tools.compare.data import METRICS, Comparison, fmt, fmt_mean_std, group_label, metric_present
 
 MAX_WIDTH = 160  # terminal table, characters
-LEGEND = ("test split; accuracies in %: avg = sample-weighted, unb = unbiased (mean over groups), wg = worst-group; "
+LEGEND = ("test split; accuracies in %: avg = sample-weighted, unb = unbiased (mean over groups), wg = worst-group, "
+          "wc = worst-class (data without bias labels); "
           "align = alignment loss (CNC Eq. 2-3); Î(A;Z) in nats; ! = warnings (listed in the page)")
 
 
@@ -96,6 +98,13 @@ def fit_columns(columns: list[TextColumn], max_width: int = MAX_WIDTH,
     return [line[:max_width] for line in render_columns(kept, limit)], dropped
 
 
+def split_unlabelled(columns: list[TextColumn]) -> tuple[list[TextColumn], list[str]]:
+    """Metric columns whose every cell is the needs-bias-labels marker leave the table for one line naming them (a
+    column of the marker would crowd out the numbers the data has)."""
+    kept = [c for c in columns if not (c.key and c.cells and all(cell == NEEDS_BIAS_LABELS for cell in c.cells))]
+    return kept, [LABELS.get(c.key, c.key) for c in columns if c not in kept]
+
+
 def split_constant(columns: list[TextColumn]) -> tuple[list[TextColumn], list[str]]:
     """Metric columns with the same value in every row (two rows or more) leave the table for one line
     (``'ERM avg 23.8'``), as ``dvc exp show --only-changed`` does."""
@@ -167,14 +176,15 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
     out += wrap(f"{n} experiment{'s' if n != 1 else ''} ({comparison.source}{'; ' + comparison.filters if comparison.filters else ''})"
                 f"; params that differ: {', '.join(comparison.params) or 'none'}", max_width)
     out.append("")
-    columns, same = split_constant(experiments_columns(comparison.frame, comparison.params))
+    columns, unlabelled = split_unlabelled(experiments_columns(comparison.frame, comparison.params))
+    columns, same = split_constant(columns)
     lines, dropped = fit_columns(columns, max_width)
     out += lines
     if comparison.group_params and len(comparison.groups) < len(comparison.frame):
         out.append("")
         out += wrap(f"grouped by {', '.join(comparison.group_params)} (every differing param but the seed): "
                     "mean±std over seeds", max_width)
-        columns, _ = split_constant(groups_columns(comparison.groups, comparison.group_params))
+        columns, _ = split_constant(split_unlabelled(groups_columns(comparison.groups, comparison.group_params))[0])
         group_lines, group_dropped = fit_columns(columns, max_width)
         out += group_lines
         dropped += [c for c in group_dropped if c.key not in {d.key for d in dropped}]
@@ -182,6 +192,9 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
     out.append("")
     for note in comparison.notes:
         out += wrap(f"note: {note}", max_width)
+    if unlabelled:
+        out += wrap(f"{NEEDS_BIAS_LABELS} (the data has no bias attribute; no number): " + ", ".join(unlabelled),
+                    max_width)
     if same:
         out += wrap("the same in every experiment: " + ", ".join(same), max_width)
     out += wrap(LEGEND, max_width)

@@ -42,4 +42,4 @@ def val_splits(params: Any) -> tuple[str, ...]:
 
 
 register_probe("dfr", val_splits, fit=f"{__name__}.fit:dfr_probe", display="DFR", section="dfr", params=DFRParams,
-               sources=SOURCES, reads=("probe.max_iter", "probe.standardize"))
+               sources=SOURCES, reads=("probe.max_iter", "probe.standardize"), needs_attribute=True)

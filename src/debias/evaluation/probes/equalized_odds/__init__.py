@@ -6,4 +6,4 @@ from __future__ import annotations
 from debias.evaluation.variants import register_postprocess
 
 register_postprocess("equalized_odds", binary=True, report=f"{__name__}.fit:equalized_odds_report",
-                     display="equalized-odds post-processing")
+                     display="equalized-odds post-processing", needs_attribute=True)

@@ -23,7 +23,7 @@ def logistic_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bi
         fit_x, fit_y = features["train"], splits["train"].y
         select_index = torch.arange(len(val))
     else:
-        fit_index, select_index = stratified_halves(val.g, seed)
+        fit_index, select_index = stratified_halves(val.g if val.has_attribute else val.y, seed)  # per class without a
         fit_x, fit_y = features["val"][fit_index], val.y[fit_index]
     select_x = features["val"][select_index]
     if int(torch.unique(fit_y).numel()) < 2:
@@ -34,7 +34,8 @@ def logistic_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bi
         report = split_report(val, predict_labels(model, select_x), select_index, fairness=False)
         models.append(model)
         scores.append({"c": float(c), "worst_group": report["worst_group"], "avg": report["avg"],
-                       "unbiased": report["unbiased"]})
+                       "unbiased": report["unbiased"], **({"worst_class": report["worst_class"]}
+                                                          if "worst_class" in report else {})})
     best = select_c(scores)
     chosen = models[best]
     return {

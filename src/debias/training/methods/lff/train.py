@@ -27,6 +27,7 @@ from torch import nn
 
 from debias import losses
 from debias.core import distributed
+from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
@@ -128,7 +129,11 @@ def lff_method(inputs: Stage2Inputs) -> Stage2Setup:
     def report(history: list[dict[str, float]]) -> dict[str, Any]:  # history: unused
         weights = losses.lff_weights(task.ema_biased.normalised(torch.arange(len(task.train))),
                                      task.ema_debiased.normalised(torch.arange(len(task.train))))
-        weights, conflicting = weights.cpu(), ~inputs.splits["train"].aligned.bool()
+        train = inputs.splits["train"]
+        if train.aligned is None:  # no bias labels: the weights of aligned / conflicting images cannot be told apart
+            return {"lff_q": inputs.params.stage2.lff.q, "lff_mean_weight_aligned": NEEDS_BIAS_LABELS,
+                    "lff_mean_weight_conflicting": NEEDS_BIAS_LABELS}
+        weights, conflicting = weights.cpu(), ~train.aligned.bool()
         return {"lff_q": inputs.params.stage2.lff.q,
                 "lff_mean_weight_aligned": float(weights[~conflicting].mean()) if bool((~conflicting).any()) else None,
                 "lff_mean_weight_conflicting": float(weights[conflicting].mean()) if bool(conflicting.any()) else None}
