@@ -296,7 +296,7 @@ def test_queued_experiments_on_two_workers_lose_no_run(pipeline) -> None:
             break
         time.sleep(3)
     assert "Failed" not in status, status
-    runs = client.search_runs(experiments, filter_string="tags.`debias.harness.stage` = 'report'")
+    runs = client.search_runs(experiments, filter_string="tags.`debias.stage` = 'report'")
     by_experiment = {r.data.tags.get("debias.dvc_experiment"): r for r in runs}
     assert {"q81", "q82", "q83", "q84"} <= set(by_experiment), sorted(filter(None, by_experiment))
     parents = {r.data.tags["debias.dvc_experiment"]: r for r in client.search_runs(
@@ -359,7 +359,7 @@ def test_compare_reports_the_metrics_files_and_mlflow_numbers(pipeline, tmp_path
     assert {k: frame.loc["workspace", k] for k in headline} == pytest.approx(headline)
     detailed = json.loads((clone / "reports/metrics/stage2_train.json").read_text())["test"]
     assert frame.loc["workspace", "s2_worst"] == pytest.approx(detailed["worst_group"], abs=5e-5)
-    probe_run = _runs(clone, "tags.`debias.dvc_experiment` = 'lr002' and tags.`debias.harness.stage` = 'linear_probe'")[0]
+    probe_run = _runs(clone, "tags.`debias.dvc_experiment` = 'lr002' and tags.`debias.stage` = 'linear_probe'")[0]
     assert frame.loc["lr002", "probe_s2_avg"] == pytest.approx(
         probe_run.data.metrics["stage2.probe.test.avg"], abs=5e-5)
     assert f"{100 * headline['s2_avg']:.1f}" in text
