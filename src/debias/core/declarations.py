@@ -36,6 +36,28 @@ def check_sources(owner: str, section: str, params: Any, sources: dict[str, str]
         raise ValueError(f"{owner}: a source for {section}.{stale[0]}, which {params.__name__} does not have")
 
 
+def check_section(owner: str, prefix: str, spec: Any, registered: Any) -> None:
+    """A ValueError unless ``spec`` (a declaration with ``name``, ``section``, ``params``, ``sources``) gives both
+    its params section and its model or neither, owns a section no ``registered`` declaration owns, and names the
+    source of every leaf of it (``prefix``: the params key above the section, e.g. ``stage2``)."""
+    if (spec.section is None) != (spec.params is None):
+        raise ValueError(f"{owner}: give both section and params, or neither")
+    if spec.section is None:
+        return
+    owners = [other.name for other in registered if other.section == spec.section]
+    if owners:
+        raise ValueError(f"{owner}: params section {prefix}.{spec.section} is already {owners[0]}'s")
+    check_sources(owner, f"{prefix}.{spec.section}", spec.params, spec.sources)
+
+
+def resolve(target: Any) -> Any:
+    """``target`` itself when callable, else the function a ``"module:function"`` string names (imported now)."""
+    if callable(target):
+        return target
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def import_declarations(package: str, packages: bool) -> None:
     """Import every subpackage (``packages``) or every plain module (else) of ``package``, in name order."""
     found = importlib.import_module(package)

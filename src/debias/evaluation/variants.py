@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from debias.core.declarations import check_sources, import_declarations as _import_packages
+from debias.core.declarations import check_section, import_declarations as _import_packages, resolve
 
 PACKAGE = "debias.evaluation.probes"
 NO_POSTPROCESS = "none"  # the probe.postprocess value that adds nothing
@@ -26,13 +26,6 @@ NO_POSTPROCESS = "none"  # the probe.postprocess value that adds nothing
 ProbeFit = Callable[..., tuple[dict, Any, Any]]
 # report(classifier, features, splits, selection indices, seed) -> dict
 PostprocessReport = Callable[..., dict]
-
-
-def _imported(target: Callable[..., Any] | str) -> Callable[..., Any]:
-    if callable(target):
-        return target
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -55,7 +48,7 @@ class ProbeVariant:
     sources: dict[str, str] = field(default_factory=dict)
 
     def fit_fn(self) -> ProbeFit:
-        return _imported(self.fit)
+        return resolve(self.fit)
 
 
 @dataclass(frozen=True)
@@ -71,7 +64,7 @@ class Postprocessing:
     needs_attribute: bool = False
 
     def report_fn(self) -> PostprocessReport:
-        return _imported(self.report)
+        return resolve(self.report)
 
 
 PROBES: dict[str, ProbeVariant] = {}
@@ -86,14 +79,7 @@ def register_probe(name: str, splits: Callable[[Any], tuple[str, ...]], fit: Pro
         if name in PROBES:
             raise ValueError(f"probe.method {name!r} is registered twice")
         variant = ProbeVariant(name, function, splits, **facts)
-        if (variant.section is None) != (variant.params is None):
-            raise ValueError(f"probe variant {name!r}: give both section and params, or neither")
-        if variant.section is not None:
-            owners = [other.name for other in PROBES.values() if other.section == variant.section]
-            if owners:
-                raise ValueError(f"probe variant {name!r}: params section probe.{variant.section} is already "
-                                 f"{owners[0]}'s")
-            check_sources(f"probe variant {name!r}", f"probe.{variant.section}", variant.params, variant.sources)
+        check_section(f"probe variant {name!r}", "probe", variant, PROBES.values())
         PROBES[name] = variant
         return function if fit is None else variant
     return add if fit is None else add(fit)

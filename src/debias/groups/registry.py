@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from debias.core.declarations import check_sources, import_declarations as _import_modules
+from debias.core.declarations import check_section, import_declarations as _import_modules, resolve
 
 if TYPE_CHECKING:
     import torch
@@ -78,22 +78,15 @@ class GroupMethodSpec:
 
     def infer_fn(self) -> InferenceFn:
         """The inference function, imported on first use when given as ``"module:function"``."""
-        return _resolve(self.infer)
+        return resolve(self.infer)
 
     def transfer_fn(self) -> Callable[..., GroupInference] | None:
         """The validation transfer, imported on first use when given as ``"module:function"``."""
-        return None if self.transfer is None else _resolve(self.transfer)
+        return None if self.transfer is None else resolve(self.transfer)
 
     @property
     def label(self) -> str:
         return self.display or self.name
-
-
-def _resolve(target: Callable[..., Any] | str) -> Callable[..., Any]:
-    if callable(target):
-        return target
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 METHODS: dict[str, GroupMethodSpec] = {}
@@ -105,17 +98,10 @@ def register_group_method(name: str, infer: InferenceFn | str, **facts: Any) -> 
     if name in METHODS:
         raise ValueError(f"group-inference method '{name}' is registered twice")
     spec = GroupMethodSpec(name, infer, **facts)
-    if (spec.section is None) != (spec.params is None):
-        raise ValueError(f"group-inference method '{name}': give both section and params, or neither")
-    if spec.section is not None:
-        if spec.section == "method":
-            raise ValueError(f"group-inference method '{name}': groups.method is the method's name; allowed: "
-                             "another section name")
-        owners = [other.name for other in METHODS.values() if other.section == spec.section]
-        if owners:
-            raise ValueError(f"group-inference method '{name}': params section groups.{spec.section} is already "
-                             f"{owners[0]}'s")
-        check_sources(f"group-inference method '{name}'", f"groups.{spec.section}", spec.params, spec.sources)
+    if spec.section == "method":
+        raise ValueError(f"group-inference method '{name}': groups.method is the method's name; allowed: "
+                         "another section name")
+    check_section(f"group-inference method '{name}'", "groups", spec, METHODS.values())
     METHODS[name] = spec
     return spec
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from debias.core.declarations import check_sources, import_declarations as import_packages
+from debias.core.declarations import check_section, import_declarations as import_packages, resolve
 
 # This module imports nothing else of debias (the params schema and the memory check import it): ``Params`` below is
 # debias.params.Params, ``Section`` debias.params.Section, ``StepPlan`` debias.harness.memory.StepPlan.
@@ -73,10 +73,7 @@ class MethodSpec:
 
     def setup_fn(self) -> Callable[[Any], Any]:
         """The setup function, imported on first use when given as ``"module:function"``."""
-        if callable(self.setup):
-            return self.setup
-        module, _, name = self.setup.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return resolve(self.setup)
 
     @property
     def label(self) -> str:
@@ -94,14 +91,7 @@ def register_method(name: str, setup: Callable[[Any], Any] | str, **facts: Any) 
     if name in METHODS:
         raise ValueError(f"stage-2 method '{name}' is registered twice")
     spec = MethodSpec(name, setup, **facts)
-    if (spec.section is None) != (spec.params is None):
-        raise ValueError(f"stage-2 method '{name}': give both section and params, or neither")
-    if spec.section is not None:
-        owners = [other.name for other in METHODS.values() if other.section == spec.section]
-        if owners:
-            raise ValueError(f"stage-2 method '{name}': params section stage2.{spec.section} is already "
-                             f"{owners[0]}'s")
-        check_sources(f"stage-2 method '{name}'", f"stage2.{spec.section}", spec.params, spec.sources)
+    check_section(f"stage-2 method '{name}'", "stage2", spec, METHODS.values())
     METHODS[name] = spec
     return spec
 
