@@ -16,6 +16,7 @@ import pytest
 from debias.groups.registry import METHODS as GROUP_METHODS, GroupMethodSpec, register_group_method
 from debias.params import validate
 from tests.conftest import REPO
+from tests.test_method_registry import _modules_quoting
 
 
 def doc_block(marker: str) -> str:
@@ -103,16 +104,6 @@ def test_every_shipped_group_method_is_declared_in_its_own_module() -> None:
         assert isinstance(spec, GroupMethodSpec) and spec.display
         assert validate({"groups": {"method": name}}).groups.method == name
     assert [name for name, spec in GROUP_METHODS.items() if spec.needs_attribute] == ["true"]
-
-
-def _modules_quoting(names: set[str]) -> dict[str, set[str]]:
-    """For each name, the modules of src/ where it is a whole string literal (``"dfr"``; not ``"probe.dfr."``)."""
-    found: dict[str, set[str]] = {name: set() for name in names}
-    for path in (REPO / "src").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in found:
-                found[node.value].add(str(path.relative_to(REPO)))
-    return found
 
 
 def test_a_group_methods_name_is_quoted_in_at_most_two_modules() -> None:
