@@ -135,7 +135,8 @@ def run_row(work: Path, device: str, setting: str, method: str, stages: list[tup
     from debias.params import validate
 
     params = validate(yaml.safe_load((work / "params.yaml").read_text()))
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "DEBIAS_TRACKING": "off", "DEBIAS_DEVICE": device,
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "DEBIAS_TRACKING": "off", "DEBIAS_DEVICE": device,
            "DEBIAS_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE", "MLFLOW_DISABLE_TELEMETRY": "true"}
     rows = []
     for stage, cmd in stages:

@@ -170,7 +170,8 @@ def start_workers(trees: list[Path], spec: dict, args: argparse.Namespace) -> li
     """One worker process per tree (``PYTHONPATH=TREE/src``), given ``spec`` and ready to time epochs."""
     workers = []
     for tree in trees:
-        env = {**os.environ, "PYTHONPATH": str(tree / "src"), "DEBIAS_THREADS": str(args.threads),
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+               "DEBIAS_THREADS": str(args.threads),
                "DEBIAS_TRACKING": "off", "OMP_WAIT_POLICY": "PASSIVE"}
         command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--threads", str(args.threads),
                    "--device", args.device, "--npz", args.npz]

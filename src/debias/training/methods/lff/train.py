@@ -54,7 +54,7 @@ class LossEMA:
         loss = loss.detach().to(self.value.device, self.value.dtype)
         old = self.value[index]
         self.value[index] = torch.where(self.seen[index], self.alpha * old + (1 - self.alpha) * loss, loss)
-        self.seen[index] = True
+        self.seen.index_fill_(0, index, True)  # not `seen[index] = True`: that copies the scalar (a host sync)
 
     def normalised(self, index: torch.Tensor) -> torch.Tensor:
         """``m_i / max_{j: y_j = y_i} m_j`` for the rows ``index`` (a class whose maximum is 0 gives 0)."""
