@@ -139,6 +139,33 @@ def test_the_epoch_loop_keeps_the_rules_epoch_and_its_weights(selection: str, ep
     assert float(result.selected_state["model"]["bias"]) == epoch
     assert result.selection["picks"] == {"last": 4, "best_worst_group": 1, "best_worst_class": 2,
                                          "best_worst_inferred_group": 3}
+    # every other rule's model is kept with its own epoch's weights (also where the selection moved on from it)
+    assert sorted(result.pick_states) == sorted({1, 2, 3, 4} - {epoch})
+    assert all(float(state["model"]["bias"]) == e for e, state in result.pick_states.items())
+
+
+def test_a_resumed_loop_keeps_the_rules_weights_of_the_epochs_before_the_interruption(tmp_path) -> None:
+    rows = history()
+    calls = iter(range(100))
+
+    def validate(stop_at: int | None):
+        def numbers() -> dict[str, float]:
+            i = next(calls)
+            if i == stop_at:
+                raise KeyboardInterrupt
+            return {k: v for k, v in rows[i % len(rows)].items() if k != "epoch"}
+        return numbers
+
+    task = Scripted()
+    optimizer = torch.optim.SGD(task.model.parameters(), lr=0.1)
+    with pytest.raises(KeyboardInterrupt):  # interrupted during epoch 3's validation: epochs 0-2 are saved
+        fit(task, optimizer, len(CURVES), validate(3), selection="last", state_path=tmp_path / "resume.pt")
+    calls = iter(range(3, 100))
+    task = Scripted()
+    result = fit(task, torch.optim.SGD(task.model.parameters(), lr=0.1), len(CURVES), validate(None),
+                 selection="last", state_path=tmp_path / "resume.pt")
+    assert result.resumed_from == 3 and result.selection["picks"]["best_worst_group"] == 1
+    assert {e: float(state["model"]["bias"]) for e, state in result.pick_states.items()} == {1: 1.0, 2: 2.0, 3: 3.0}
 
 
 def test_erm_refuses_the_rule_that_needs_inferred_groups() -> None:
@@ -187,6 +214,45 @@ def test_stage_2_selects_by_the_validation_splits_inferred_groups_and_refuses_wi
     # the oracle's groups given as the inferred ones: both rules read the same numbers
     rows = [dict(zip(header, map(float, line.split(",")))) for line in outputs.curves.read_text().splitlines()[1:]]
     assert all(row["val/worst_inferred_group"] == row["val/worst_group"] for row in rows)
+
+
+def test_each_rules_test_numbers_are_those_of_a_run_that_selects_by_it(tmp_path) -> None:
+    """The selection block's ``picks_test``: what every rule's model gives on test, from one run; a run selecting by
+    that rule itself (same seed, deterministic training) reports the same test numbers for its kept model."""
+    import json
+
+    from debias.core.runtime import seed_everything
+    from debias.harness.tracking import StageRun
+    from debias.training.methods import train_stage2
+    from debias.training.outputs import PICK_TEST_KEYS, StageOutputs
+    from tests.test_training import tiny_split
+
+    train, val, test = tiny_split(64), tiny_split(32, seed=1), tiny_split(48, seed=2)
+
+    def stage(selection: str) -> dict:
+        params = validate({"groups": {"method": "true"},
+                           "stage2": {"method": "erm", "epochs": 6, "batch_size": 8, "lr": 0.1,
+                                      "selection": selection}})
+        folder = tmp_path / selection
+        outputs = StageOutputs(model=folder / "stage2.pt", embeddings_dir=folder / "stage2",
+                               metrics=folder / "stage2_train.json", curves=folder / "curves.csv",
+                               resume=folder / "resume.pt")
+        seed_everything(0)
+        train_stage2(params, {"train": train, "val": val, "test": test}, train.a.clone(), train.a != train.y, None,
+                     StageRun(None, None), outputs, inferred_group=train.g.clone(), val_inferred_group=val.g.clone())
+        return json.loads(outputs.metrics.read_text())
+
+    first = stage("last")
+    block = first["selection"]
+    assert set(block["picks_test"]) == set(RULES)
+    assert {rule: row["epoch"] for rule, row in block["picks_test"].items()} == block["picks"]
+    shared = [key for key in PICK_TEST_KEYS if key in first["test"]]
+    assert shared and all(block["picks_test"]["last"][key] == first["test"][key] for key in shared)
+    for rule in RULES:
+        own = stage(rule)
+        assert own["selected_epoch"] == block["picks"][rule]
+        assert {key: own["test"][key] for key in shared} == {key: block["picks_test"][rule][key] for key in shared}
+    assert len(set(block["picks"].values())) > 1  # the rules disagreed: the kept models of other epochs were tested
 
 
 def test_the_reports_selection_table_names_every_rules_epoch(tmp_path) -> None:

@@ -45,8 +45,9 @@ from debias.core.fingerprint import code_version, digest, tensor_digest
 from debias.core.io import CorruptFileError, load_torch, save_torch
 from debias.data.store import BiasedSplit
 from debias.harness import progress
-from debias.training.selection import (FRAGILE_IMAGES, RULES, SELECTION_RULES, describe_selection,  # noqa: F401
-                                       selection_margin, selection_score, won_by_images)  # (re-exported)
+from debias.training.selection import (FRAGILE_IMAGES, RULES, SELECTION_RULES, computable_rules,  # noqa: F401
+                                       describe_selection, selection_margin, selection_score,
+                                       won_by_images)  # (re-exported)
 
 
 class Task(Protocol):
@@ -258,6 +259,52 @@ class FitResult:
     resumed_from: int | None = None
     extras: dict[str, Any] = field(default_factory=dict)
     selection: dict[str, Any] = field(default_factory=dict)  # describe_selection(): rule, epoch, degenerate, reason
+    # epoch -> module states of every other rule's pick (selection["picks"]) than the selected epoch, so the stage can
+    # say what each rule's model gives on test (RulePicks)
+    pick_states: dict[int, dict[str, dict[str, torch.Tensor]]] = field(default_factory=dict)
+
+
+@dataclass
+class RulePicks:
+    """The running best epoch of every selection rule an epoch's validation numbers allow (``best``: rule ->
+    (score, epoch)), and the module states of those epochs other than the selected one (``states``), so each rule's
+    model is at hand after training without keeping every epoch (at most one state per rule)."""
+
+    best: dict[str, tuple[tuple[float, ...], int]] = field(default_factory=dict)
+    states: dict[int, dict[str, dict[str, torch.Tensor]]] = field(default_factory=dict)
+    dropped: set[str] = field(default_factory=set)  # rules an epoch lacked the number of (never picked)
+
+    def update(self, metrics: dict[str, float], epoch: int, task: "Task", selected_epoch: int,
+               previous: tuple[int, dict[str, dict[str, torch.Tensor]] | None]) -> None:
+        """Fold in epoch ``epoch`` (``task`` holds its weights; ``previous``: the epoch and states the selection kept
+        before this epoch); keep a state only for epochs some rule holds and the selection does not keep."""
+        allowed = computable_rules(metrics)
+        self.dropped |= set(RULES) - set(allowed)
+        for name in allowed:
+            if name in self.dropped:
+                continue
+            score = selection_score(metrics, name)
+            if name not in self.best or score > self.best[name][0]:
+                self.best[name] = (score, epoch)
+        held = {e for name, (_, e) in self.best.items() if name not in self.dropped} - {selected_epoch}
+        previous_epoch, previous_state = previous
+        if previous_epoch in held and previous_epoch not in self.states and previous_state is not None:
+            self.states[previous_epoch] = previous_state  # the selection moved on; another rule still holds it
+        if epoch in held and epoch not in self.states:
+            self.states[epoch] = _module_states(task)
+        self.states = {e: state for e, state in self.states.items() if e in held}
+
+    def saved(self) -> dict[str, Any]:
+        return {"best": {name: [list(score), e] for name, (score, e) in self.best.items()},
+                "states": self.states, "dropped": sorted(self.dropped)}
+
+    @classmethod
+    def restored(cls, saved: dict[str, Any] | None) -> "RulePicks":
+        """From :meth:`saved` (None: a resume state written before rule picks were kept: start empty)."""
+        if not saved:
+            return cls()
+        return cls({name: (tuple(score), int(e)) for name, (score, e) in saved["best"].items()},
+                   {int(e): state for e, state in saved["states"].items()}, set(saved["dropped"]))
 
 
 def _rng_state() -> dict[str, Any]:
@@ -292,6 +339,7 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
     """
     history: list[dict[str, float]] = []
     best_epoch, best_score, best_state = -1, None, None
+    picks = RulePicks()
     start, resumed_from = 0, None
     state_path = Path(state_path) if state_path else None
 
@@ -317,6 +365,7 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
             history = saved["history"]
             best_epoch, best_state = saved["best_epoch"], saved["best_state"]
             best_score = None if saved["best_score"] is None else tuple(saved["best_score"])
+            picks = RulePicks.restored(saved.get("rule_picks"))
             start = resumed_from = saved["epoch"] + 1
             if distributed.is_main():
                 print(f"[{label}] resuming an interrupted run from epoch {start} ({state_path}: same params, "
@@ -347,8 +396,10 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
         distributed.broadcast_modules(task.modules().values())  # rank 0's weights (BatchNorm statistics, head)
         history.append(metrics)
         score = selection_score(metrics, selection)
+        previous = (best_epoch, best_state)
         if best_score is None or score > best_score:
             best_epoch, best_score, best_state = epoch, score, _module_states(task)
+        picks.update(metrics, epoch, task, best_epoch, previous)
         if on_epoch is not None:
             on_epoch(epoch, metrics)
         now = time.monotonic()  # ETA: the mean time of this run's epochs (training + validation) so far
@@ -361,12 +412,13 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
                 "scheduler": scheduler.state_dict() if scheduler is not None else None,
                 "task": task.extra_state(), "rng": _rng_state(), "history": history,
                 "best_epoch": best_epoch, "best_score": None if best_score is None else list(best_score),
-                "best_state": best_state,
+                "best_state": best_state, "rule_picks": picks.saved(),
             }, kind="resume-state")
 
     assert best_state is not None, "fit ran no epoch"
-    return FitResult(history, best_epoch, best_state, resumed_from,
-                     selection=describe_selection(history, best_epoch, selection))
+    block = describe_selection(history, best_epoch, selection)
+    states = {e: picks.states[e] for e in set(block["picks"].values()) if e in picks.states}
+    return FitResult(history, best_epoch, best_state, resumed_from, selection=block, pick_states=states)
 
 
 def finish(state_path: str | Path | None) -> None:

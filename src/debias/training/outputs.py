@@ -11,14 +11,13 @@ from torch import nn
 
 from debias.core import health
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
-from debias.core.io import atomic_path, CorruptFileError, load_torch, save_json, save_torch
 from debias.core.paths import embeddings_path
 from debias.data.store import BiasedSplit
 from debias.harness.tracking import StageRun
 from debias.metrics import accuracy_report, fairness_report, fairness_scalars, scalars, shown
 from debias.models import Network, save_network
 from debias.params import HealthParams
-from debias.training.classifier import predict
+from debias.training.classifier import evaluate, predict
 from debias.training.loop import FitResult
 
 
@@ -129,6 +128,27 @@ def selected_metrics(result: FitResult) -> dict[str, float]:
     return {f"selected.{key.replace('/', '.')}": value for key, value in row.items() if key.startswith("val/")}
 
 
+PICK_TEST_KEYS = ("avg", "worst_group", "unbiased", "worst_class")  # what the selection block says of each rule's pick
+
+
+def rule_test_reports(model: Network, result: FitResult, test: BiasedSplit, batch_size: int,
+                      device: torch.device) -> dict[int, dict]:
+    """Epoch -> test accuracy report of the model every other selection rule would have kept (``result.pick_states``;
+    the selected epoch's report is the stage's own). Read only to compare the rules: the stage keeps its own rule's."""
+    reports = {}
+    for epoch, state in sorted(result.pick_states.items()):
+        model.load_state_dict(state["model"])
+        reports[epoch] = evaluate(model, test, batch_size, device)
+    return reports
+
+
+def picks_test(picks: dict[str, int], reports: dict[int, dict]) -> dict[str, dict]:
+    """Rule -> ``{"epoch", "avg", "worst_group", "unbiased", "worst_class"}`` on test for each rule's pick whose model
+    was kept (a number the data cannot give, e.g. worst-group without bias labels, is its marker, never 0)."""
+    return {rule: {"epoch": epoch, **{key: reports[epoch].get(key) for key in PICK_TEST_KEYS}}
+            for rule, epoch in picks.items() if epoch in reports}
+
+
 def write_outputs(model: Network, model_name: str, result: FitResult, splits: dict[str, BiasedSplit], run: StageRun,
                   out: "StageOutputs", eval_batch_size: int, device: torch.device, label: str,
                   extra_metrics: dict | None = None, meta: dict | None = None,
@@ -137,10 +157,13 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     ``selection`` block and the ``warnings``: ``warnings`` given by the method, then the selection's, the loss
     curve's (``thresholds``: params ``health``) and the health checks'), curves; print each warning and log them
     to MLflow."""
+    picked = rule_test_reports(model, result, splits["test"], eval_batch_size, device)
     model.load_state_dict(result.selected_state["model"])
     found = (list(warnings or []) + selection_warnings(result)
              + instability_warnings(result, thresholds or HealthParams()))
     reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device, health=found)
+    picked[result.selected_epoch] = reports["test"]
+    result.selection["picks_test"] = picks_test(result.selection.get("picks", {}), picked)
     metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {}), "selection": result.selection,
                "warnings": found}
     metrics.update({split: metrics_entry(report) for split, report in reports.items()})
@@ -157,6 +180,8 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     run.log_metrics({"selected_epoch": result.selected_epoch})
     run.log_metrics(selected_metrics(result))
     run.log_metrics({f"selection.picks.{rule}": float(epoch) for rule, epoch in result.selection.get("picks", {}).items()})
+    run.log_metrics({f"selection.picks_test.{rule}.{key}": value for rule, row in result.selection["picks_test"].items()
+                     for key, value in row.items() if key != "epoch" and isinstance(value, float)})
     run.log_warnings(found)
     for path in (out.metrics, out.curves):
         run.log_artifact(path)

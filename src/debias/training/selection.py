@@ -89,6 +89,11 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def computable_rules(metrics: dict[str, float]) -> list[str]:
+    """The rules whose validation number ``metrics`` (one epoch's) has, in :data:`RULES`'s order."""
+    return [name for name, r in RULES.items() if r.key is None or _number(metrics.get(r.key))]
+
+
 def selection_score(metrics: dict[str, float], selection: str) -> tuple[float, ...]:
     """Higher is better (compared as a tuple): the rule's validation number, then its tie-breaks (0 where absent), so
     an epoch only wins a tie (e.g. 0 at every epoch) by being better on the tie-breaks; ``last`` is the epoch index.
@@ -99,7 +104,7 @@ def selection_score(metrics: dict[str, float], selection: str) -> tuple[float, .
     if not _number(metrics.get(chosen.key)):
         raise ValueError(f"selection = {selection} reads the validation number {chosen.key}, which this stage's "
                          f"validation does not compute; allowed here: "
-                         f"{', '.join(n for n, r in RULES.items() if r.key is None or _number(metrics.get(r.key)))}")
+                         f"{', '.join(computable_rules(metrics))}")
     ties = (metrics.get(key, 0.0) for key in chosen.tie_breaks)
     return (float(metrics[chosen.key]), *(float(value) if _number(value) else 0.0 for value in ties))
 
@@ -108,8 +113,8 @@ def picks_by_rule(history: list[dict[str, float]]) -> dict[str, int]:
     """The epoch each rule would keep on ``history`` (the first best score, as :func:`fit` keeps it), for every rule
     whose validation number every epoch has (cheap: the numbers are already computed)."""
     picks: dict[str, int] = {}
-    for name, r in RULES.items():
-        if not history or (r.key is not None and not all(_number(row.get(r.key)) for row in history)):
+    for name in RULES:
+        if not history or any(name not in computable_rules(row) for row in history):
             continue
         best = max(history, key=lambda row: (selection_score(row, name), -int(row["epoch"])))
         picks[name] = int(best["epoch"])
