@@ -1,15 +1,18 @@
 """The papers' full-size protocols (benchmarks/fullsize.yaml, the papers' epochs) stage by stage on one device.
 
-For every setting x method of the config a fresh work directory gets the repository's pipeline/, dvc.yaml and a
-params.yaml (the repository's, with the config's base, setting and method merged in), the Fashion-MNIST idx files
-linked into data/raw/fashion_mnist/FashionMNIST/raw/ (``--raw``), and every stage of dvc.yaml runs in DAG order as
-its command, directly (no DVC, DEBIAS_TRACKING=off, DEBIAS_DEVICE=``--device``), the way docs/gpu.md's machine ran
-them. Per stage and row: the device (named in every row), wall seconds, training steps per second (the training
-stages: optimiser steps from the params and the training-set size, over the stage's wall time), the device's peak
-memory and its idle fraction while the stage ran (CUDA: sampled every ``--sample-ms`` by ``nvidia-smi``; other
-devices: empty). Rows are appended to OUT.csv as they come; OUT.md is rewritten after each.
+For every setting x method x seed (``--seeds``) of the config a fresh work directory gets the repository's
+pipeline/, dvc.yaml and a params.yaml (the repository's, with the config's base, setting and method, the seed and
+``--set``'s overrides merged in), the Fashion-MNIST idx files linked into data/raw/fashion_mnist/FashionMNIST/raw/
+(``--raw``), and every stage of dvc.yaml (up to ``--until``) runs in DAG order as its command, directly (no DVC,
+DEBIAS_TRACKING=off, DEBIAS_DEVICE=``--device``), the way docs/gpu.md's machine ran them. Per stage and row: the
+device (named in every row), wall seconds, training steps per second (the training stages: optimiser steps from
+the params and the training-set size, over the stage's wall time), the device's peak memory and its idle fraction
+while the stage ran (CUDA: sampled every ``--sample-ms`` by ``nvidia-smi``; other devices: empty), and for the
+training stages their kept model's test accuracies. ``--parallel N`` runs N rows at once on the device (more
+throughput; their timings share it, column ``concurrent``). OUT.csv and OUT.md are rewritten after each row.
 
     python benchmarks/gpu.py --raw DIR [--device cuda] [--settings cmnist_0995 ...] [--methods cnc ...]
+        [--seeds 0 1 2] [--parallel 3] [--until evaluate] [--set stage2.epochs=1 ...]
         [--stages train_erm train_contrastive ...] [--out benchmarks/results/gpu]
     python benchmarks/gpu.py --device cpu --quick          # a smoke run: the default digits, 1 epoch, 2 stages
 
@@ -24,6 +27,7 @@ import argparse
 import copy
 import csv
 import datetime
+import json
 import math
 import os
 import shlex
@@ -43,11 +47,13 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO / "src"))
 
-from quality import expand_preset, merge  # noqa: E402
+from quality import expand_preset, merge, parse_sets  # noqa: E402
 from speed import stage_order  # noqa: E402
 
-FIELDS = ["device", "setting", "method", "stage", "wall_s", "steps", "steps_per_s", "peak_memory_mib", "idle_fraction",
-          "exit"]
+FIELDS = ["device", "setting", "method", "seed", "stage", "wall_s", "steps", "steps_per_s", "peak_memory_mib",
+          "idle_fraction", "concurrent", "test_avg", "test_unbiased", "test_worst_group", "exit"]
+# the metrics file a training stage writes (its kept model's test accuracies go into that stage's row)
+TRAINING_METRICS = {"train_erm": "reports/metrics/erm.json", "train_contrastive": "reports/metrics/stage2_train.json"}
 QUICK = {"setting": {"bias": {"protocol": "foreground"}}, "method": "eps_supinfonce_fairkl_true",
          "overrides": {"data": {"source": "digits"}, "erm": {"epochs": 1},
                        "stage2": {"epochs": 1, "lr_milestones": []}, "evaluate": {"umap": {"max_points": 200}}},
@@ -130,7 +136,14 @@ def n_train(work: Path) -> int | None:
         return None
 
 
-def run_row(work: Path, device: str, setting: str, method: str, stages: list[tuple[str, str]],
+def test_accuracies(work: Path, stage: str) -> dict[str, Any]:
+    """The kept model's test avg / unbiased / worst-group accuracy from a training stage's metrics (else None)."""
+    path = work / TRAINING_METRICS.get(stage, "-")
+    test = json.loads(path.read_text()).get("test", {}) if path.is_file() else {}
+    return {f"test_{key}": test.get(key) for key in ("avg", "unbiased", "worst_group")}
+
+
+def run_row(work: Path, device: str, setting: str, method: str, seed: int, stages: list[tuple[str, str]],
             args: argparse.Namespace, log: Path) -> list[dict[str, Any]]:
     from debias.params import validate
 
@@ -140,7 +153,7 @@ def run_row(work: Path, device: str, setting: str, method: str, stages: list[tup
            "DEBIAS_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE", "MLFLOW_DISABLE_TELEMETRY": "true"}
     rows = []
     for stage, cmd in stages:
-        with open(log, "a") as handle, DeviceMonitor(device, args.sample_ms) as monitor:
+        with open(log, "a") as handle, DeviceMonitor(device, args.sample_ms) as monitor:  # one log per row
             handle.write(f"$ ({work}) {cmd}\n")
             handle.flush()
             started = time.perf_counter()
@@ -149,10 +162,10 @@ def run_row(work: Path, device: str, setting: str, method: str, stages: list[tup
         peak, idle = monitor.summary()
         size = n_train(work) if stage in ("train_erm", "train_contrastive") else None
         steps = training_steps(params, stage, size) if size else None
-        rows.append({"device": args.device_name, "setting": setting, "method": method, "stage": stage,
+        rows.append({"device": args.device_name, "setting": setting, "method": method, "seed": seed, "stage": stage,
                      "wall_s": round(wall, 2), "steps": steps, "steps_per_s": round(steps / wall, 2) if steps else None,
                      "peak_memory_mib": peak, "idle_fraction": None if idle is None else round(idle, 3),
-                     "exit": status})
+                     "concurrent": args.parallel, **test_accuracies(work, stage), "exit": status})
         print(f"[gpu] {rows[-1]}", flush=True)
         if status != 0:
             break
@@ -198,15 +211,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="DEBIAS_THREADS of the stages")
     parser.add_argument("--sample-ms", type=int, default=100)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="a row per seed (params `seed`)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="params overrides merged over every row's, e.g. stage2.cnc.anchor_fraction=0.1")
+    parser.add_argument("--until", help="the last stage to run (default: dvc.yaml's last; the report stage needs "
+                        "vl-convert-python)")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="rows run at once on the device (their timings then share it: column `concurrent`)")
     parser.add_argument("--work", type=Path, help="keep the work directories here (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "gpu")
     args = parser.parse_args(argv)
     config = yaml.safe_load(args.config.read_text())
     repo_params = committed_params()
     order = stage_order(REPO / "dvc.yaml")
+    names = [name for name, _ in order]
+    if args.until and args.until not in names:
+        raise SystemExit(f"--until {args.until}: not a stage of dvc.yaml; allowed: {', '.join(names)}")
+    if args.parallel < 1:
+        raise SystemExit(f"--parallel {args.parallel}: at least 1")
+    try:
+        forced = parse_sets(args.set)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if args.quick or args.until:
+        order = order[: names.index(QUICK["last_stage"] if args.quick else args.until) + 1]
     if args.quick:
-        names = [name for name, _ in order]
-        order = order[: names.index(QUICK["last_stage"]) + 1]
         plan = [("quick", QUICK["method"], merge(merge(merge(repo_params, config["base"]), expand_preset(QUICK["setting"])),
                                                  merge(expand_preset(config["methods"][QUICK["method"]]),
                                                        QUICK["overrides"])))]
@@ -228,19 +257,32 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "benchmarks/gpu.py", *(argv if argv is not None else sys.argv[1:])])
     notes = [f"Command: `{command}`", f"Date: {started:%Y-%m-%d %H:%M %Z}", f"Device: {args.device_name}; "
              f"DEBIAS_THREADS={args.threads}; idle fraction: share of {args.sample_ms} ms nvidia-smi samples at 0 % "
-             "utilisation (CUDA only)"]
+             f"utilisation (CUDA only); {args.parallel} row(s) at once (timings of rows run together share the "
+             "device); test accuracies: the training stage's kept model (its metrics file)"]
     root = args.work or Path(tempfile.mkdtemp(prefix="gpu-bench-"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    for setting, method, raw_params in plan:
-        work = root / f"{setting}-{method}"
-        prepare(work, copy.deepcopy(raw_params), None if args.quick else args.raw)
+    lock = threading.Lock()
+
+    def one(setting: str, method: str, seed: int, raw_params: dict) -> None:
+        name = f"{setting}-{method}-s{seed}"
+        work = root / name
+        prepare(work, merge(merge(copy.deepcopy(raw_params), {"seed": seed}), forced), None if args.quick else args.raw)
         # upstream stages always run (their outputs feed the timed ones); only the --stages rows are kept
-        new = run_row(work, args.device, setting, method, order, args, root / "stages.log")
-        rows += [row for row in new if not args.stages or row["stage"] in args.stages]
-        write(args.out, rows, notes)
+        new = run_row(work, args.device, setting, method, seed, order, args, root / f"{name}.log")
+        with lock:
+            rows.extend(row for row in new if not args.stages or row["stage"] in args.stages)
+            rows.sort(key=lambda row: (row["setting"], row["method"], row["seed"], names.index(row["stage"])))
+            write(args.out, rows, notes)
         if any(row["exit"] != 0 for row in new):
-            print(f"[gpu] {setting} / {method}: a stage failed, see {root / 'stages.log'}", flush=True)
+            print(f"[gpu] {name}: a stage failed, see {root / (name + '.log')}", flush=True)
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(args.parallel) as pool:  # threads only wait on the stages' processes
+        for future in [pool.submit(one, setting, method, seed, raw_params)
+                       for setting, method, raw_params in plan for seed in args.seeds]:
+            future.result()
     if args.work is None:
         shutil.rmtree(root, ignore_errors=True)
     print(args.out.with_suffix(".md").read_text())
