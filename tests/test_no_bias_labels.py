@@ -239,6 +239,9 @@ def test_the_whole_pipeline_runs_on_an_image_folder_without_bias_labels(tmp_path
         walk(json.loads(path.read_text()), "")
     selected = json.loads((metrics / "stage2_train.json").read_text())["selection"]
     assert selected["rule"] == "best_worst_inferred_group" and "best_worst_group" not in selected["picks"]
+    assert set(selected["picks_test"]) == set(selected["picks"])  # every label-free rule's model, tested
+    assert all(row["worst_group"] == NEEDS_BIAS_LABELS and 0 <= row["worst_class"] <= row["avg"]
+               for row in selected["picks_test"].values())
     assert (clone / "reports" / "figures" / "discovered_groups.png").stat().st_size > 0  # what the groups captured
     groups = json.loads((metrics / "groups.json").read_text())
     assert sum(row["n"] for row in groups["inferred_groups"]) == 48  # every training image in one inferred group

@@ -143,9 +143,10 @@ def rule_test_reports(model: Network, result: FitResult, test: BiasedSplit, batc
 
 
 def picks_test(picks: dict[str, int], reports: dict[int, dict]) -> dict[str, dict]:
-    """Rule -> ``{"epoch", "avg", "worst_group", "unbiased", "worst_class"}`` on test for each rule's pick whose model
-    was kept (a number the data cannot give, e.g. worst-group without bias labels, is its marker, never 0)."""
-    return {rule: {"epoch": epoch, **{key: reports[epoch].get(key) for key in PICK_TEST_KEYS}}
+    """Rule -> ``{"epoch", "avg", "worst_group", "unbiased"}`` on test for each rule's pick whose model was kept, and
+    ``worst_class`` where the report has it (data without bias labels); a number the data cannot give, e.g.
+    worst-group without bias labels, is its marker, never 0."""
+    return {rule: {"epoch": epoch, **{key: reports[epoch][key] for key in PICK_TEST_KEYS if key in reports[epoch]}}
             for rule, epoch in picks.items() if epoch in reports}
 
 
