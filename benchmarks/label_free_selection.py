@@ -20,7 +20,6 @@ import csv
 import datetime
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -73,10 +72,8 @@ def collect(workdir: Path, jobs: list[dict]) -> list[dict[str, Any]]:
 
 
 def mean_std(values: list[float]) -> str:
-    """``mean ± std`` (sample std) in points, with the number of seeds when it is not 3."""
-    if not values:
-        return "n/a"
-    text = f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}" if len(values) > 1 else f"{values[0]:.1f}"
+    """quality.py's ``mean ± std`` (sample std), with the number of seeds when it is not 3."""
+    text = quality.mean_std(values)
     return text if len(values) == 3 else f"{text} (n={len(values)})"
 
 
