@@ -134,3 +134,52 @@ def test_encoder_mode_eval_freezes_batchnorm_as_the_released_code(mode) -> None:
     frozen = all(torch.equal(a, b) for a, b in zip(statistics, _batchnorm_statistics(setup.model)))
     assert frozen == (mode == "eval")
     assert any(not torch.equal(a, b) for a, b in zip(weights, setup.model.encoder.parameters()))
+
+
+def _head_and_encoder_gradients_per_step(head_gradient: str, epochs: int) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+    """(head gradients, encoder gradients) at every optimiser step; lr 1e-12, so every step sees the same weights (to
+    float precision) and the same draws of the sampler in both modes."""
+    train = tiny_split(60)
+    params = validate({"model": {"name": "mlp"}, "stage2": {
+        "method": "cnc", "optimizer": "sgd", "lr": 1e-12, "momentum": 0.0, "weight_decay": 0.0, "augment_shift": 0,
+        "cnc": {"num_positives": 2, "num_negatives": 2, "accumulation": 2, "forward_chunk": 2, "temperature": 0.1,
+                "anchor_fraction": 0.3, "skip_empty_classes": True, "encoder_mode": "eval",
+                "head_gradient": head_gradient}}})
+    inferred = train.a.clone()
+    torch.manual_seed(0)
+    setup = setup_method(Stage2Inputs({"train": train}, inferred, inferred != train.y, None, params,
+                                      torch.device("cpu"), seed_everything(0)))
+    seen: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = []
+    step = setup.task.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        seen.append(([p.grad.clone() for p in setup.model.head.parameters()],
+                     [p.grad.clone() for p in setup.model.encoder.parameters() if p.grad is not None]))
+        return step(*args, **kwargs)
+
+    setup.task.optimizer.step = recording_step
+    for epoch in range(epochs):
+        setup.model.train()
+        setup.task.train_epoch(epoch)
+    return seen
+
+
+def test_head_gradient_epoch_sum_steps_the_head_with_the_epochs_running_sum() -> None:
+    """``head_gradient: epoch_sum`` (the released code's classifier, zeroed once per epoch): the head's gradient at
+    step k of an epoch is the sum of the per-step head gradients g_1..g_k of that epoch, restarting at each epoch;
+    the encoder's is its own step's, as with ``step``."""
+    per_step = _head_and_encoder_gradients_per_step("step", epochs=2)
+    summed = _head_and_encoder_gradients_per_step("epoch_sum", epochs=2)
+    assert len(per_step) == len(summed) and len(per_step) % 2 == 0 and len(per_step) >= 4
+    steps_per_epoch = len(per_step) // 2
+    for epoch in range(2):
+        running = [torch.zeros_like(g) for g in per_step[0][0]]
+        for k in range(epoch * steps_per_epoch, (epoch + 1) * steps_per_epoch):
+            (head, encoder), (head_sum, encoder_sum) = per_step[k], summed[k]
+            running = [r + g for r, g in zip(running, head)]
+            for expected, got in zip(running, head_sum):
+                torch.testing.assert_close(got, expected)
+            for expected, got in zip(encoder, encoder_sum):
+                torch.testing.assert_close(got, expected)
+    # the sum is not the step's own gradient once an epoch has two steps with different batches
+    assert not torch.allclose(summed[1][0][0], per_step[1][0][0])

@@ -42,6 +42,11 @@ class CNCParams(Section):
                                "short pools drawn with replacement, with a cnc-small-pools warning) | shrink (the "
                                "released contrastive_supervised_loader.py's adjust_num_pos_neg_: M and N cut to the "
                                "smallest pool, for every batch)")
+    head_gradient: Literal["step", "epoch_sum"] = Field(
+        "step", description="the classifier head's gradient at each optimiser step: step (CNC Alg. 3: this step's "
+                            "batches, like the encoder's) | epoch_sum (the released train_supervised_contrast.py, "
+                            "whose classifier optimiser is zeroed once per epoch: each step applies the sum of the "
+                            "epoch's head gradients so far)")
 
 
 SOURCES: dict[str, str] = {
@@ -63,6 +68,9 @@ SOURCES: dict[str, str] = {
                     "which the cnc-* presets set",
     "short_pools": "code: replace (ours: every batch keeps App. D.2.4's M and N, short pools drawn with replacement "
                    "and warned of); shrink is the released code's adjust_num_pos_neg_",
+    "head_gradient": "paper: CNC Alg. 3 (default step: one gradient per step for the whole model); epoch_sum is the "
+                     "released train_supervised_contrast.py (train_epoch zeroes optim_c once per epoch, and per step "
+                     "only when --replicate > 50; its CMNIST* command passes --replicate 42)",
     "skip_empty_classes": "paper: CNC Alg. 3 needs a positive per class (schema default false: fail); params.yaml "
                           "true (ours: ERM fits ~1k digits with no error in some classes)",
 }

@@ -35,6 +35,7 @@ class CNCTask(GeneratorTask):
     gradient for an encoder without BatchNorm (LeNet-5; tested); with BatchNorm (ResNets) the batch statistics
     are those of the whole chunk instead of one two-sided batch (``forward_chunk: 1``: per batch), unless
     ``encoder_mode: eval`` freezes them (the released code), where every chunk size gives the same gradient again.
+    ``head_gradient: epoch_sum`` steps the head with the sum of the epoch's head gradients so far (the released code).
     """
 
     def __init__(self, model: Network, optimizer: torch.optim.Optimizer, train: BiasedSplit,
@@ -76,6 +77,7 @@ class CNCTask(GeneratorTask):
         if cnc.encoder_mode == "eval":  # the released code's encoder.eval(): BatchNorm's running statistics frozen
             self.model.encoder.eval()
         lam = cnc.contrastive_weight
+        head_sums = [torch.zeros_like(p) for p in self.model.head.parameters()] if cnc.head_gradient == "epoch_sum" else None
         remaining = len(self.sampler)
         progress = Progress()
         bar = tqdm(total=remaining, desc=f"epoch {epoch}", leave=False,
@@ -95,10 +97,22 @@ class CNCTask(GeneratorTask):
                 progress.add(loss=loss.detach(), contrastive=contrastive.detach(), ce=ce.detach())
                 bar.update(count)
             distributed.sum_gradients(self.optimizer)
+            if head_sums is not None:
+                running_sum_(list(self.model.head.parameters()), head_sums)
             self.optimizer.step()
             remaining -= step_batches
         bar.close()
         return progress.means()
+
+
+def running_sum_(parameters: list[torch.nn.Parameter], sums: list[torch.Tensor]) -> None:
+    """``G_k = G_(k-1) + g_k``, then ``grad <- G_k`` (in place): each step applies the sum of the gradients so far
+    (the released code's classifier, whose gradient is zeroed once per epoch). Parameters without a gradient
+    this step keep their sum unapplied."""
+    for parameter, total in zip(parameters, sums):
+        if parameter.grad is not None:
+            total.add_(parameter.grad)
+            parameter.grad.copy_(total)
 
 
 def shrunk_sizes(report: dict[str, Any]) -> tuple[int, int]:
