@@ -175,7 +175,7 @@ def test_apply_keeps_every_byte_but_the_changed_values(tmp_path, capsys) -> None
            [l for l in after.splitlines() if l.lstrip().startswith("#")]
     params = validate(yaml.safe_load(after))
     assert (params.data.source, params.stage2.cnc.num_positives, params.erm.weight_decay) == ("waterbirds", 17, 1.0)
-    assert "preset cnc-waterbirds version 2 applied" in capsys.readouterr().out
+    assert f"preset cnc-waterbirds version {presets.load('cnc-waterbirds').version} applied" in capsys.readouterr().out
     # applying it again changes nothing
     assert main(["preset", "apply", "cnc-waterbirds", "--params", str(path)]) == 0
     assert path.read_text() == after
@@ -218,9 +218,22 @@ def test_a_bad_name_lists_the_presets(tmp_path, capsys) -> None:
 
 
 def test_a_pinned_version_must_match(tmp_path) -> None:
-    assert presets.load("cnc-cmnist@2").version == 2
-    with pytest.raises(presets.PresetError, match="version 2, not 7"):
-        presets.load("cnc-cmnist@7")
+    version = presets.load("cnc-cmnist").version
+    assert presets.load(f"cnc-cmnist@{version}").version == version
+    with pytest.raises(presets.PresetError, match=f"version {version}, not {version + 5}"):
+        presets.load(f"cnc-cmnist@{version + 5}")
+
+
+@pytest.mark.parametrize("name", ["cnc-cmnist", "cnc-waterbirds", "cnc-celeba"])
+def test_cnc_presets_train_stage_two_as_the_released_code(name) -> None:
+    """The released train_supervised_contrast.py (the README's commands, --replicate 42): encoder in eval mode, the
+    classifier's gradient zeroed once per epoch; the schema defaults are the paper's (train mode, per-step)."""
+    preset = presets.load(name)
+    cnc = preset.params()["stage2"]["cnc"]
+    assert (cnc["encoder_mode"], cnc["head_gradient"]) == ("eval", "epoch_sum")
+    assert "train_supervised_contrast.py" in preset.sources()["stage2.cnc.head_gradient"]
+    schema = validate({}).stage2.cnc
+    assert (schema.encoder_mode, schema.head_gradient) == ("train", "step")
 
 
 def test_a_failed_validation_writes_nothing(tmp_path, capsys) -> None:

@@ -70,7 +70,7 @@ SOURCES: dict[str, str] = {
                    "and warned of); shrink is the released code's adjust_num_pos_neg_",
     "head_gradient": "paper: CNC Alg. 3 (default step: one gradient per step for the whole model); epoch_sum is the "
                      "released train_supervised_contrast.py (train_epoch zeroes optim_c once per epoch, and per step "
-                     "only when --replicate > 50; its CMNIST* command passes --replicate 42)",
+                     "only when --replicate > 50; its README's commands pass --replicate 42), which the cnc-* presets set",
     "skip_empty_classes": "paper: CNC Alg. 3 needs a positive per class (schema default false: fail); params.yaml "
                           "true (ours: ERM fits ~1k digits with no error in some classes)",
 }
