@@ -495,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", help="a profile of the config's `profiles` (e.g. cpu), merged over its base and "
                         "methods")
     add_queue_arguments(parser, seeds=[0, 1, 2])
+    parser.add_argument("--upstream-only", action="store_true", help="run only each (setting, seed)'s upstream "
+                        "(data, ERM, clusters): the ERM rows, e.g. a bias-free setting's plain-model ceiling")
     parser.add_argument("--from-csv", nargs="*", metavar="CSV",
                         help="only rebuild the Markdown from earlier runs' CSV files (e.g. halves run on two machines)")
     parser.add_argument("--out", default=str(HERE / "results" / "quality"))
@@ -520,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--raw {args.raw}: not a folder holding {', '.join(RAW_FILES)} (.gz accepted)")
     base = merge(config["base"], {"data": {"path": str(Path(args.npz).resolve())}}) if args.npz else config["base"]
     jobs = plan(config, settings, args.seeds, methods, forced)
+    if args.upstream_only:
+        jobs = [job for job in jobs if job["method"] == UPSTREAM]
     command = "python benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.sweep_file:
         written = write_sweep_file(Path(args.sweep_file), jobs, base, Path(args.sweep_file).stem)

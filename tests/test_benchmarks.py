@@ -211,3 +211,14 @@ def test_the_grid_written_as_a_sweep_file_passes_debias_sweeps_checks(tmp_path) 
     merged = grid.check_grid(root, jobs, upstream)
     assert all(m["data"]["path"] == str(npz.resolve()) for m in merged)
     assert all(m["seed"] == 0 for m in merged)
+
+
+def test_upstream_only_plans_each_setting_and_seeds_upstream_and_nothing_else(tmp_path) -> None:
+    """``--upstream-only``: only the (setting, seed) upstreams (their ERM rows), none of the methods."""
+    npz = tmp_path / "mnist10k.npz"
+    npz.write_bytes(b"")
+    out = tmp_path / "grid.yaml"
+    assert quality.main(["--npz", str(npz), "--seeds", "0", "1", "--settings", "cmnist_096", "--upstream-only",
+                         "--sweep-file", str(out)]) == 0
+    names = [e["name"] for e in yaml.safe_load(out.read_text())["experiments"]]
+    assert names == ["cmnist-096-s0-upstream", "cmnist-096-s1-upstream"]
