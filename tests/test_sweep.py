@@ -196,6 +196,41 @@ def test_a_failed_queue_start_is_reported_not_fatal(monkeypatch, tmp_path, capsy
     assert local.start_workers(tmp_path, 2, {}) is True and calls[1] == ["dvc", "queue", "start", "-j", "2"]
 
 
+QUEUE_HEADER = "Task     Name                     Created       Status\n"
+
+
+def queue_lines(*states: str) -> str:
+    return QUEUE_HEADER + "".join(f"{i:07x}  e{i}  01:16 AM  {s}\n" for i, s in enumerate(states)) + \
+        "\nWorker status: 2 active, 0 idle"
+
+
+def test_the_queue_is_topped_up_only_below_its_workers_with_work_queued() -> None:
+    # asking DVC while N experiments run can start an (N+1)-th worker: a busy worker may not answer its inspect
+    assert local.needs_workers(queue_lines("Running", "Running", "Queued"), 3)
+    assert not local.needs_workers(queue_lines("Running", "Running", "Running", "Queued"), 3)
+    assert not local.needs_workers(queue_lines("Running", "Success", "Failed"), 3)  # nothing left to start
+    assert local.needs_workers(queue_lines("Success", "Queued"), 1)
+
+
+def test_run_local_never_asks_dvc_for_workers_while_all_of_them_run(monkeypatch, tmp_path) -> None:
+    """Three jobs on 2 workers: DVC is asked at the start and when a worker frees up, never while 2 run."""
+    texts = iter([queue_lines(),  # nothing queued yet
+                  queue_lines("Queued", "Queued"),  # 2 queued, no worker: start
+                  queue_lines("Running", "Running", "Queued"),  # after queueing: full
+                  queue_lines("Running", "Running", "Queued"),  # first poll: full
+                  queue_lines("Success", "Running", "Queued"),  # a worker freed, one queued: top up
+                  queue_lines("Success", "Running", "Running"),
+                  queue_lines("Success", "Success", "Success")])
+    starts = []
+    monkeypatch.setattr(local, "queue_text", lambda root: next(texts))
+    monkeypatch.setattr(local, "start_workers", lambda root, workers, env: starts.append(workers) or True)
+    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
+    monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
+    jobs = [grid.Job(f"e{i}", {}, []) for i in range(3)]
+    assert local.run_local(tmp_path, jobs, 2, {}, poll_s=0) == []
+    assert starts == [2, 2]  # once when the first 2 were queued, once when e0 finished
+
+
 def test_a_slurm_tasks_outcome_is_read_from_its_submitit_result(tmp_path: Path) -> None:
     assert slurm.result_of(str(tmp_path / "none.pkl")) is None  # killed before it wrote one
     (tmp_path / "ok.pkl").write_bytes(pickle.dumps(("success", "out")))

@@ -57,6 +57,20 @@ def queue_status(root: Path) -> dict[str, str]:
     return parse_queue_status(queue_text(root))
 
 
+def needs_workers(text: str, workers: int) -> bool:
+    """Whether to top the queue up (``text``: ``dvc queue status``'s): an experiment is queued and fewer than
+    ``workers`` run. ``dvc queue start -j N`` counts its workers by asking them (celery ``inspect``, 1 s); one busy
+    in a stage may not answer and then gets a second worker of its name: N + 1 experiments at once (seen: -j 3, 4)."""
+    states = [line.split()[-1] for line in text.splitlines() if len(line.split()) > 2]
+    return "Queued" in states and states.count("Running") < workers
+
+
+def top_up(root: Path, workers: int, env: dict[str, str], text: str | None = None) -> None:
+    """:func:`start_workers` where :func:`needs_workers` says so (``text``: a fresh ``dvc queue status``)."""
+    if needs_workers(queue_text(root) if text is None else text, workers):
+        start_workers(root, workers, env)
+
+
 def queue_log(root: Path, name: str, text: str) -> str:
     """Where DVC keeps a queued experiment's output (``.dvc/tmp/exps/run/<task>/<task>.out``; ``text``: ``dvc queue
     status``'s), else the command that prints it."""
@@ -82,14 +96,15 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
     for count, job in enumerate(todo, 1):
         run(["dvc", "exp", "run", "--queue", "-n", job.name, *set_args(job.overrides), *job.targets], root, env)
         if count % workers == 0:
-            start_workers(root, workers, env)
+            top_up(root, workers, env)
         if time.time() > deadline:
             break
-    start_workers(root, workers, env)
+    top_up(root, workers, env)
     names = {job.name for job in jobs}
     reported = -1
     while True:
-        statuses = {**queue_status(root), **{name: "Success" for name in done}}
+        text = queue_text(root)
+        statuses = {**parse_queue_status(text), **{name: "Success" for name in done}}
         finished = [n for n in names if statuses.get(n) in ("Success", "Failed")]
         if len(finished) != reported:
             reported = len(finished)
@@ -98,7 +113,7 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
             break
         if not any(statuses.get(n) in ("Queued", "Running") for n in names):
             break  # nothing left to run (e.g. experiments not queued before the deadline)
-        start_workers(root, workers, env)  # idle workers exit while queueing is slower than running
+        top_up(root, workers, env, text)  # idle workers exit while queueing is slower than running
         time.sleep(poll_s)
     if len(finished) < len(names):
         print(f"[{log}] stopping the queue with {len(names) - len(finished)} experiments unfinished", flush=True)
