@@ -578,6 +578,38 @@ def test_thread_pools_random_state_and_names_are_a_new_process_s(server, tmp_pat
         assert len(draws) == 3, library  # each process its own
 
 
+def _autogroup(pid: int) -> str | None:
+    """The kernel's CPU-sharing group of ``pid`` (``/autogroup-N``), None where the kernel has no autogroup."""
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except OSError:
+        return None
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_forked_stage_has_a_session_and_so_a_cpu_share_of_its_own(server, tmp_path) -> None:
+    """A plain stage shares only its launcher's session; a forked one must not share the server's, where the kernel
+    shares CPU time by session (autogroup) and every stage the server forked would split one share. Its watcher
+    leads the session (so the stage's group is not orphaned: Ctrl-Z stops it, the test above)."""
+    seen = {}
+
+    def look(_process, stage, _launcher):
+        watcher = _parent(stage)
+        main = _parent(watcher)  # the server
+        seen.update(watcher=watcher, sessions=[os.getsid(pid) for pid in (stage, watcher, main)],
+                    groups=[_autogroup(pid) for pid in (stage, main)], leader=os.getpgid(stage) == stage)
+
+    outcome = _run(server, "1", tmp_path / "fs1", _launch_words("wait", tmp_path / "fs1"), look)
+    assert outcome.code == 0 and outcome.stage != outcome.launcher  # forked
+    stage, watcher, main = seen["sessions"]
+    assert stage == watcher == seen["watcher"] != main  # the watcher's own session, not the server's
+    assert seen["leader"]  # and its own process group in it
+    assert seen["groups"][0] is None or seen["groups"][0] != seen["groups"][1]
+
+
 def test_the_server_s_identity_follows_the_launcher_s_pin_and_hard_limits(tmp_path) -> None:
     if not PIN or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs taskset and two usable CPUs")

@@ -8,7 +8,8 @@ process that holds those imports to fork a process that runs the stage, and stan
 * the forked process is the process the launcher would start (:mod:`debias.harness.forkserver.stage`): it takes the
   launcher's standard streams (passed over a Unix socket), environment (plus ``DEBIAS_LAUNCHER_PID``, the launcher's
   pid, where the search for the DVC process running the stage starts), working directory, umask, resource limits,
-  CPU affinity, ignored and blocked signals, and sets ``sys.argv``, ``sys.path[0]``, ``sys.orig_argv``, its
+  CPU affinity, ignored and blocked signals, a session of its own (its watcher's: its own CPU share where the
+  kernel shares CPU time by session), and sets ``sys.argv``, ``sys.path[0]``, ``sys.orig_argv``, its
   process title and its global random state as ``python SCRIPT ARGS`` would have them; it drops every ``debias``
   module the server held, so the project's code is read from disk by each stage (a change takes effect at the next
   stage, as without the server);
