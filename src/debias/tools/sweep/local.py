@@ -61,7 +61,7 @@ def needs_workers(text: str, workers: int) -> bool:
     """Whether to top the queue up (``text``: ``dvc queue status``'s): an experiment is queued and fewer than
     ``workers`` run. ``dvc queue start -j N`` counts its workers by asking them (celery ``inspect``, 1 s); one busy
     in a stage may not answer and then gets a second worker of its name: N + 1 experiments at once (seen: -j 3, 4)."""
-    states = [line.split()[-1] for line in text.splitlines() if len(line.split()) > 2]
+    states = list(parse_queue_status(text).values())
     return "Queued" in states and states.count("Running") < workers
 
 
