@@ -11,9 +11,10 @@
                    optionally ``a`` int (a bias attribute, for ``bias.protocol: given``).
 
 mnist and fashion_mnist share one loader (:func:`torchvision_idx_source`): validation is a seeded subset
-of ``data.mnist_val_size`` images of the official training split (CNC: 54k / 6k), the test split is the
-official 10k. Offline, the four official idx files may be gzipped (``*.gz``, e.g. recompressed copies whose
-md5 differs from torchvision's list) or not: a ``.gz`` without its decompressed twin is decompressed
+of ``data.mnist_val_size`` images of the official training split (default 6,000: 54k / 6k; CNC App. D.1's
+80 / 20 is the cnc-cmnist preset's 12,000), the test split is the official 10k. Offline, the four
+official idx files may be gzipped (``*.gz``, e.g. recompressed copies whose md5 differs from
+torchvision's list) or not: a ``.gz`` without its decompressed twin is decompressed
 beside it first, since torchvision only accepts a ``.gz`` whose md5 it knows. Under ``dvc exp run --temp``
 and the queue (temporary copies without ``data/raw``) the files are copied from the main repository's
 ``data/raw/<source>/<Dataset>/raw/`` first (:func:`borrow_idx_files`).
