@@ -401,12 +401,17 @@ def _appears(path: Path, seconds: float = 60) -> None:
         time.sleep(0.02)
 
 
+def _stat(pid: int) -> list[str]:
+    """``/proc/PID/stat``'s fields after the command name: state, parent pid, process group, session, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _ended(pid: int, seconds: float = 20) -> bool:
     """True once ``pid`` has ended (a zombie counts: it runs nothing)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX":
+            if _stat(pid)[0] in "ZX":
                 return True
         except (OSError, IndexError):
             return True
@@ -476,7 +481,11 @@ def test_signals_ignored_by_a_background_job_stay_ignored(server, tmp_path) -> N
 
 
 def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return _stat(pid)[0]
+
+
+def _parent(pid: int) -> int:
+    return int(_stat(pid)[1])
 
 
 def _until(condition, seconds: float = 10) -> bool:
@@ -533,7 +542,7 @@ def test_a_stage_whose_watcher_is_killed_dies_and_its_launcher_says_so(server, t
 
     def kill_watcher(_process, stage, launcher):
         assert stage != launcher, "the stage was not forked"
-        seen["watcher"] = watcher = int(Path(f"/proc/{stage}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        seen["watcher"] = watcher = _parent(stage)
         assert b"debias.harness.forkserver" in Path(f"/proc/{watcher}/cmdline").read_bytes()  # the server's, nobody else
         os.kill(watcher, signal.SIGKILL)
         assert _ended(stage), "the stage outlived its watcher"
@@ -584,10 +593,6 @@ def _autogroup(pid: int) -> str | None:
         return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
     except OSError:
         return None
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def test_a_forked_stage_has_a_session_and_so_a_cpu_share_of_its_own(server, tmp_path) -> None:
