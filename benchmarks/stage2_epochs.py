@@ -11,12 +11,14 @@ memory before training, which draws from the same RNG).
         [--true-groups]
 
 ``WORKSPACE`` holds data/biased and data/groups; ``--params`` (default: WORKSPACE/params.yaml) is read and the
-``-S`` overrides applied (YAML values); ``--true-groups`` uses the true bias attribute as inferred labels (oracle).
+``-S`` overrides applied (YAML values); ``--true-groups`` uses the true bias attribute as inferred labels (oracle);
+``--history FILE`` also writes every epoch's numbers as a JSON list (what a selection rule can be replayed on).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -34,7 +36,7 @@ from debias.data.store import load_splits  # noqa: E402
 from debias.groups import GROUPS_TABLE, load_groups  # noqa: E402
 from debias.models import load_initial_weights  # noqa: E402
 from debias.params import validate  # noqa: E402
-from debias.training.classifier import evaluate, predict  # noqa: E402
+from debias.training.classifier import evaluate, predict, worst_group_n  # noqa: E402
 from debias.training.loop import describe_selection, selection_score  # noqa: E402
 from debias.training.methods import Stage2Inputs, method_spec, setup_method, stage2_validator  # noqa: E402
 
@@ -53,7 +55,9 @@ def main() -> None:
     parser.add_argument("-S", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--true-groups", action="store_true")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("DEBIAS_THREADS", "1")))
+    parser.add_argument("--history", type=Path, help="also write every epoch's numbers here (JSON list)")
     args = parser.parse_args()
+    history_file = args.history.resolve() if args.history else None
     torch.set_num_threads(args.threads)
     raw = yaml.safe_load((args.params or args.workspace / "params.yaml").read_text())
     for item in args.overrides:
@@ -88,11 +92,15 @@ def main() -> None:
         test = evaluate(setup.model, splits["test"], s2.eval_batch_size, device)
         z, _ = predict(setup.model, splits["val"].x, s2.eval_batch_size, device)
         metrics.update({"test/avg": test["avg"], "test/worst_group": test["worst_group"],
-                        "test/unbiased": test["unbiased"], "val/spread": health.feature_spread(z)})
+                        "test/unbiased": test["unbiased"],
+                        "test/worst_group_n": float(n) if not isinstance(n := worst_group_n(test), str) else 0.0,
+                        "val/spread": health.feature_spread(z)})
         history.append(metrics)
         shown = {k: v for k, v in metrics.items() if k != "epoch" and "fairkl_pairs" not in k}
         print(f"epoch {epoch} ({time.perf_counter() - started:.0f} s) "
               + " ".join(f"{k}={v:.3f}" for k, v in shown.items()), flush=True)
+    if history_file is not None:
+        history_file.write_text(json.dumps(history))
     best = max(history, key=lambda row: selection_score(row, s2.selection))
     selection = describe_selection(history, int(best["epoch"]), s2.selection)
     print(f"selected epoch {selection['selected_epoch']} ({selection['reason']}): test avg {best['test/avg']:.3f}, "

@@ -8,6 +8,7 @@ from debias.metrics import accuracy_report
 from debias.training.classifier import validation_scalars, worst_group_n
 from debias.training.loop import FRAGILE_IMAGES, FitResult, describe_selection, won_by_images
 from debias.training.outputs import selection_warnings
+from debias.training.selection import picks_by_rule
 
 
 def curve(worst: list[float], n: list[int] | int | None, unbiased: float = 0.7) -> list[dict[str, float]]:
@@ -59,9 +60,30 @@ def test_one_image_over_a_different_group_is_fragile() -> None:
     assert block["won_by_images"] == 1 and block["runner_up_epoch"] == 3 and block["fragile"]
 
 
-def test_ties_degenerate_choices_and_unknown_sizes_are_not_called_fragile() -> None:
-    tied = describe_selection(curve([0.1, 0.4, 0.4], 10), 1, "best_worst_group")
-    assert tied["won_by_images"] == 0 and not tied["fragile"] and "tie" in tied["reason"]
+def test_a_tie_kept_by_the_tie_breaks_is_fragile_and_warned() -> None:
+    # the default run's shape: epoch 11 tied with epoch 10 on validation worst-group, the tie-breaks chose
+    history = curve([0.1, 0.4, 0.4], 10)
+    tied = describe_selection(history, 1, "best_worst_group")
+    assert tied["won_by_images"] == 0 and tied["fragile"] and not tied["degenerate"]
+    assert "epochs [1, 2] tie on validation worst-group accuracy" in tied["reason"]
+    result = FitResult(history=history, selected_epoch=1, selected_state={}, selection=tied)
+    (message,) = selection_warnings(result)
+    assert message.startswith("fragile-selection: epoch 1 tied another epoch and was kept by the tie-breaks")
+
+
+def test_best_unbiased_keeps_the_best_mean_over_groups_and_breaks_ties_by_worst_group() -> None:
+    history = curve([0.1, 0.4, 0.3], 10)
+    for row, unbiased in zip(history, (0.6, 0.8, 0.8)):
+        row["val/unbiased"] = unbiased
+    block = describe_selection(history, 1, "best_unbiased")
+    assert picks_by_rule(history)["best_unbiased"] == 1  # 0.8 ties; worst-group 0.4 beats 0.3
+    assert block["fragile"] and block["won_by_images"] is None and "tie on validation unbiased" in block["reason"]
+    history[2]["val/unbiased"] = 0.9
+    assert picks_by_rule(history)["best_unbiased"] == 2
+    assert not describe_selection(history, 2, "best_unbiased")["fragile"]
+
+
+def test_degenerate_choices_and_unknown_sizes_are_not_called_fragile() -> None:
     zero = describe_selection(curve([0.0, 0.0, 0.0], 10), 2, "best_worst_group")
     assert zero["degenerate"] and not zero["fragile"]
     unknown = describe_selection(curve([0.0, 0.2, 0.0], None), 1, "best_worst_group")

@@ -28,9 +28,9 @@ CODES: dict[str, str] = {
     "degenerate-selection": "the selection rule had nothing to choose by (its validation worst-group, worst-class or "
                             "worst-inferred-group accuracy 0 at every epoch, or the first epoch kept): the kept epoch "
                             "came from the tie-breaks, so its worst-group number is no better than ERM's",
-    "fragile-selection": "the kept epoch beat every other epoch's validation number (worst-group, worst-class or "
-                         "worst-inferred-group accuracy) by only one or two images of that group or class: the choice "
-                         "rests on noise, and so do the kept epoch's numbers",
+    "fragile-selection": "the kept epoch tied another epoch's validation number (worst-group, worst-class or "
+                         "worst-inferred-group accuracy) and the tie-breaks chose, or beat it by only one or two images "
+                         "of that group or class: the choice rests on noise, and so do the kept epoch's numbers",
     "negligible-param": "a param that applies to the run but enters a term weighing under 1 % of the loss "
                         "(debias check-params): changing it changes almost nothing",
     "collapsed-representation": "the L2-normalised features are nearly identical",

@@ -10,7 +10,7 @@ from debias.params.base import Section, show
 
 # The selection rules (debias.training.selection.RULES): the last epoch, the oracle rule on true groups, and two that
 # need no bias label (worst class; worst inferred group, whose groups infer_groups infers from ERM: not for ERM).
-Selection = Literal["last", "best_worst_group", "best_worst_class", "best_worst_inferred_group"]
+Selection = Literal["last", "best_worst_group", "best_worst_class", "best_worst_inferred_group", "best_unbiased"]
 NEEDS_INFERRED_GROUPS = ("best_worst_inferred_group",)
 NEEDS_TRUE_GROUPS = ("best_worst_group",)  # rules reading the true groups: refused for data without bias labels
 

@@ -106,12 +106,17 @@ def selection_warnings(result: FitResult) -> list[str]:
     if result.selection.get("degenerate"):
         return [health.warning("degenerate-selection", result.selection["reason"])]
     if result.selection.get("fragile"):
-        won = result.selection["won_by_images"]
-        return [health.warning("fragile-selection",
-                               f"epoch {result.selected_epoch} was kept by {won} validation image{'s' if won != 1 else ''}"
-                               f" of its {result.selection.get('unit', 'worst group')}: {result.selection['reason']}; a lead that small is noise at "
-                               "this validation size, so the kept epoch is not shown to be better than the others")]
+        return [health.warning("fragile-selection", fragile_text(result.selected_epoch, result.selection))]
     return []
+
+
+def fragile_text(epoch: int, selection: dict) -> str:
+    """Why a fragile selection is fragile: a tie decided by the tie-breaks, or a lead of one or two images."""
+    won = selection.get("won_by_images")
+    how = (f"was kept by {won} validation image{'s' if won != 1 else ''} of its {selection.get('unit', 'worst group')}"
+           if won else "tied another epoch and was kept by the tie-breaks")
+    return (f"epoch {epoch} {how}: {selection['reason']}; a lead that small is noise at this validation size, so the "
+            "kept epoch is not shown to be better than the others")
 
 
 def instability_warnings(result: FitResult, thresholds: HealthParams) -> list[str]:

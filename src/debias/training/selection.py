@@ -9,6 +9,9 @@ Rules live in :data:`RULES` (name -> :class:`SelectionRule`):
 - ``best_worst_class``: best validation worst-class accuracy, ties broken by the mean of the per-class accuracies,
   then average accuracy, then the earlier epoch. It needs no bias label at all: SubpopBench (Yang et al., ICML 2023,
   "Change is Hard") selects by worst-class accuracy when attributes are unknown in training and validation;
+- ``best_unbiased``: best validation unbiased accuracy (the mean of the (class, bias) group accuracies), ties broken
+  by validation worst-group accuracy, then average accuracy, then the earlier epoch. Every validation image counts,
+  where worst-group accuracy is decided by the 6-30 images of one group;
 - ``best_worst_inferred_group``: best validation worst-inferred-group accuracy, the validation split's groups being
   the ones ``infer_groups`` inferred with the same fitted inference as the training split's; ties broken by the
   mean inferred-group accuracy, then average accuracy, then the earlier epoch. ERM cannot use it: its groups are
@@ -59,6 +62,10 @@ RULES: dict[str, SelectionRule] = {
         "by the mean inferred-group accuracy, then average accuracy, then the earlier epoch",
         "val/worst_inferred_group", "val/worst_inferred_group_n", ("val/mean_inferred_group", "val/avg"),
         "worst inferred group", needs_inferred_groups=True),
+    "best_unbiased": SelectionRule(
+        "best validation unbiased accuracy (the mean over the (class, bias) groups, so every validation image counts); "
+        "ties broken by validation worst-group accuracy, then average accuracy, then the earlier epoch",
+        "val/unbiased", None, ("val/worst_group", "val/avg"), "unbiased mean"),
 }
 SELECTION_RULES = {name: rule.description for name, rule in RULES.items()}  # name -> what it keeps
 
@@ -161,8 +168,9 @@ def describe_selection(history: list[dict[str, float]], selected_epoch: int, sel
 
     Degenerate (rules with a validation number): that number was 0 at every epoch (the rule had nothing to choose by
     and the tie-breaks chose), or the first of several epochs was kept (no later epoch beat the untrained-most model;
-    often the same failure). Fragile: not degenerate, and the kept epoch beat every other epoch's number by 1 to
-    :data:`FRAGILE_IMAGES` images of the group (class, inferred group) it is the accuracy of."""
+    often the same failure). Fragile: not degenerate, and the kept epoch tied another epoch's number (the tie-breaks
+    chose) or beat every other epoch's number by 1 to :data:`FRAGILE_IMAGES` images of the group (class, inferred
+    group) it is the accuracy of."""
     r = rule(selection)
     block: dict[str, Any] = {"rule": selection, "selected_epoch": selected_epoch, "degenerate": False,
                              "fragile": False, "reason": "", "picks": picks_by_rule(history)}
@@ -186,8 +194,8 @@ def describe_selection(history: list[dict[str, float]], selected_epoch: int, sel
         block.update(degenerate=True, reason=f"the first epoch was kept: no later epoch of {len(history)} beat its "
                                              f"{scores}")
     elif len(tied) > 1:
-        block["reason"] = (f"epochs {tied} tie on validation {word} accuracy; epoch {selected_epoch} kept by "
-                           f"the tie-breaks ({scores})")
+        block.update(fragile=True, reason=f"epochs {tied} tie on validation {word} accuracy; epoch {selected_epoch} "
+                                          f"kept by the tie-breaks ({scores})")
     else:
         block["reason"] = f"best validation {word} accuracy ({scores})"
         won = margin["won_by_images"]
