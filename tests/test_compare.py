@@ -281,7 +281,7 @@ def test_the_page_opens_on_a_headline_card_with_each_seeds_worst_group(sweep, tm
     md = compare_page.write_page(comparison, tmp_path / "page")["md"].read_text(encoding="utf-8")
     assert [line for line in md.splitlines() if line.startswith("## ")][0] == "## Headline"
     card_md = md.split("\n## ")[1]
-    assert "| best: stage2.method=cnc (3 seeds) | ERM | stage 2 |" in card_md
+    assert "| highest mean: stage2.method=cnc (3 seeds) | ERM | stage 2 |" in card_md  # one eps seed: no evidence
     assert "| worst-group % | 50.0 ± 0.0 | 60.0 ± 10.0 |" in card_md
     # every cnc seed's lowest cell is y=0, a=0 (its worst-group value of 5 test images; the others are 0.8, 0.9)
     assert "| worst group (class y, attribute a) | y=0, a=0 (every run) | y=0, a=0 (every run) |" in card_md
@@ -463,3 +463,68 @@ def test_stale_stages_follow_inputs_that_another_run_wrote() -> None:
                      "c": "its input data/b.pt comes from b, which is stale"}
     assert stale_stages(lock, {"seed": 0, "loss.epsilon": 0.5})["d"] == "ran with loss.epsilon=0.25 (the experiment's: 0.5)"
     assert stale_stages(None, {"seed": 1}) == {}
+
+
+def eps_seeds(worsts: dict[float, list[float]], extra: dict | None = None) -> list[Experiment]:
+    """Hand-made seeds 0, 1, 2 of each ε with the given stage-2 worst-group accuracies."""
+    runs = []
+    for epsilon, values in worsts.items():
+        for seed, worst in enumerate(values):
+            run = experiment(f"eps{epsilon}-s{seed}", seed, "eps_supinfonce", worst, f"{10 + seed}", epsilon=epsilon)
+            run.params.update(extra or {})
+            runs.append(run)
+    return runs
+
+
+def test_the_verdict_pairs_seeds_and_calls_a_best_only_on_evidence() -> None:
+    # the same seed's data favour both settings alike: paired, the 0.25 lead is 20 ± 1 points, evidence
+    runs = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.3, 0.41, 0.49]})
+    comparison = compare_data.build_comparison(runs, runs)
+    [d] = comparison.differences
+    mean, low, high = d["paired"]
+    assert d["pairs"] == 3 and mean == pytest.approx(-20.0) and high < 0 and d["verdict"] == "evidence"
+    assert low == pytest.approx(-20.0 - 4.303 * 1.0 / math.sqrt(3))  # sd of (-20, -19, -21) is 1 point, t(2) 4.303
+    text = " ".join(compare_terminal.terminal_text(comparison).split())  # lines wrap at the width
+    assert "best by stage-2 worst-group: loss.epsilon=0.25 (60.0 ± 10.0 %, 3 seeds)" in text
+    assert "evidence of a difference" in text
+    # the same means, but the seeds disagree: the paired interval holds 0, so no "best"
+    runs = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.6, 0.4, 0.2]})
+    comparison = compare_data.build_comparison(runs, runs)
+    [d] = comparison.differences
+    assert d["verdict"] == "not distinguishable" and d["paired"][1] < 0 < d["paired"][2]
+    text = " ".join(compare_terminal.terminal_text(comparison).split())
+    assert "best by" not in text.replace("no best by", "") and "no best by stage-2 worst-group" in text
+    assert "not distinguishable (the interval holds 0)" in text
+
+
+def test_the_page_headline_says_highest_mean_without_evidence(tmp_path: Path) -> None:
+    runs = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.6, 0.4, 0.2]})
+    comparison = compare_data.build_comparison(runs, runs)
+    for run in comparison.experiments:
+        run.load_notes()
+    md = compare_page.write_page(comparison, tmp_path / "page")["md"].read_text(encoding="utf-8")
+    assert "| highest mean: loss.epsilon=0.25 (3 seeds) | ERM | stage 2 |" in md
+    assert "not distinguishable" in md and "| best:" not in md
+
+
+def test_fewer_than_two_common_seeds_is_not_a_verdict() -> None:
+    runs = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.1]})
+    [d] = compare_data.build_comparison(runs, runs).differences
+    assert d["paired"] is None and d["verdict"] == "unpaired"
+    assert "nothing to pair" in " ".join(compare_terminal.terminal_text(compare_data.build_comparison(runs, runs)).split())
+
+
+def test_groups_on_different_data_are_never_ranked_together() -> None:
+    digits = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.3, 0.41, 0.49]}, {"bias.foreground.p_corr": 0.9})
+    harder = eps_seeds({0.25: [0.1, 0.2, 0.3], 0.5: [0.15, 0.2, 0.22]}, {"bias.foreground.p_corr": 0.99})
+    for run in harder:
+        run.name += "-hard"
+    runs = digits + harder
+    comparison = compare_data.build_comparison(runs, runs)
+    assert {d["family"] for d in comparison.differences} == {"bias.foreground.p_corr=0.9",
+                                                               "bias.foreground.p_corr=0.99"}
+    for d in comparison.differences:  # each compared with the top of its own data only
+        assert d["group"].split(", ")[1] == d["best"].split(", ")[1]
+    text = " ".join(compare_terminal.terminal_text(comparison).split())
+    assert "on data bias.foreground.p_corr=0.9:" in text and "on data bias.foreground.p_corr=0.99" in text
+    assert "not ranked against each other" in text

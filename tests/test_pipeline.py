@@ -405,3 +405,34 @@ def test_the_report_opens_on_the_headline_card(pipeline) -> None:
     starts = [m.start() for m in re.finditer(r"<section id=", page)]
     assert page.index('<section id="headline" class="card">') == starts[0] < page.index("<nav>")
     assert "None: this run used the committed params.yaml" in md  # the clone's commit holds the tiny params
+
+
+def test_after_repro_then_an_experiment_compare_shows_the_baseline_beside_it(pipeline, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    """README's canonical flow, `dvc repro` then `dvc exp run -S loss.epsilon=...` in the workspace: the committed
+    dvc.lock names outputs computed elsewhere and the workspace now holds the experiment's, yet compare shows the
+    baseline's results (this machine's `dvc repro` run, from MLflow) beside the experiment, says where they come
+    from, and never hints at rerunning the workspace's own params as the baseline. Runs last: it changes the
+    workspace."""
+    from debias.report import collect
+    from debias.tools.compare import compare
+
+    clone, _ = pipeline
+    [repro_run] = [r for r in _runs(clone, "tags.`debias.kind` = 'pipeline'")
+                   if r.data.tags.get("debias.params_diff") == collect.BASELINE_DIFF]
+    dvc(clone, "exp", "run", "-S", "loss.epsilon=0.3", "-n", "eps03")
+    monkeypatch.setenv("DEBIAS_TRACKING", "required")
+    comparison, _, text = compare(clone, out=tmp_path / "page", param_filters=["report.dpi=110"])
+    frame = comparison.frame.set_index("experiment")
+    [baseline] = [e for e in comparison.experiments if e.kind == "baseline"]
+    assert {baseline.name, "eps03"} <= set(frame.index)
+    assert frame.loc[baseline.name, "s2_worst"] == pytest.approx(repro_run.data.metrics["s2_worst"])
+    assert frame.loc["eps03", "s2_worst"] == pytest.approx(
+        json.loads((clone / "reports/metrics/train_contrastive.json").read_text())["s2_worst"])
+    assert comparison.params[-1] == "loss.epsilon" and frame.loc[baseline.name, "loss.epsilon"] != "0.3"
+    assert f"results of this machine's pipeline run {repro_run.info.run_id} in MLflow" in " ".join(text.split())
+    # without MLflow the baseline has no results, and its fix reruns the baseline's params, not the workspace's
+    [dvc_baseline] = [e for e in collect.from_dvc(clone) if e.kind == "baseline"]
+    committed = yaml.safe_load(subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=clone, capture_output=True,
+                                              text=True, check=True).stdout)["loss"]["epsilon"]
+    assert dvc_baseline.fix == f"dvc exp run -S loss.epsilon={committed}", dvc_baseline.fix

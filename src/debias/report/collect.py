@@ -311,7 +311,50 @@ def from_dvc(root: Path) -> list[Experiment]:
     for experiment in experiments:
         if experiment.kind == "workspace" or experiment.rev:
             experiment.reader = dvc_reader(root, experiment, repo)
+    workspace = next((e for e in experiments if e.kind == "workspace"), None)
+    for experiment in experiments:
+        if experiment.kind == "baseline" and experiment.fix and workspace is not None:
+            # the workspace may hold an experiment's params: rerun the baseline's own, never the workspace's
+            rerun = rerun_command(experiment.params, workspace.params)
+            if rerun != "dvc exp run":
+                experiment.fix = rerun
     return experiments
+
+
+BASELINE_DIFF = "none (the baseline's params)"  # the params_diff tag of a pipeline run of the baseline's params
+
+
+def baseline_from_mlflow(experiments: list[Experiment], uri: str, experiment_name: str) -> str | None:
+    """Give a baseline commit without results in DVC (its outputs computed elsewhere, or replaced in the workspace by
+    an experiment's) the results of this machine's newest finished MLflow pipeline run of that commit with the
+    baseline's params (``dvc repro`` logs one): metrics, warnings and files; returns a note saying so, or None."""
+    from debias.report.columns import param_text
+
+    def same_params(a: Experiment, b: Experiment) -> bool:
+        return {k: param_text(v) for k, v in a.params.items()} == {k: param_text(v) for k, v in b.params.items()}
+
+    for baseline in experiments:
+        if baseline.kind != "baseline" or not baseline.rev or any(k in baseline.metrics for k in METRIC_KEYS):
+            continue
+        if any(e.kind == "workspace" and same_params(e, baseline) and any(k in e.metrics for k in METRIC_KEYS)
+               for e in experiments):
+            continue  # the workspace holds the baseline's results: read from its files
+        try:
+            runs = from_mlflow(uri, experiment_name, {"debias.git_commit": baseline.rev,
+                                                      "debias.params_diff": BASELINE_DIFF})
+        except Exception:  # no store, or one that cannot be read: the baseline stays as DVC shows it
+            return None
+        done = sorted((r for r in runs if r.status == "done" and any(k in r.metrics for k in METRIC_KEYS)),
+                      key=lambda r: r.timestamp or "")
+        if not done:
+            return None
+        run = done[-1]
+        baseline.metrics, baseline.rejected, baseline.warnings = run.metrics, run.rejected, run.warnings
+        baseline.reader, baseline.run_id, baseline.timestamp = run.reader, run.run_id, run.timestamp
+        baseline.status, baseline.reason, baseline.fix, baseline.stale = "done", "", "", {}
+        return (f"{baseline.name} (the baseline commit's params): results of this machine's pipeline run "
+                f"{run.run_id} in MLflow ({run.timestamp}), as DVC's cache does not hold that commit's outputs")
+    return None
 
 
 # --------------------------------------------------------------------------- MLflow

@@ -93,7 +93,7 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
     comparison, the files written and the terminal text."""
     import os
 
-    from debias.harness.tracking import DEFAULT_EXPERIMENT, tracking_uri
+    from debias.harness.tracking import DEFAULT_EXPERIMENT, tracking_mode, tracking_uri
     from debias.report import collect
 
     if last is not None and last < 1:
@@ -103,8 +103,12 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
     page = out or default_out(root)
     check_out(page, own_folder=page.resolve() == default_out(root).resolve())  # before the slow gathering
     gathered: list[Experiment] = []
+    borrowed = None
     if source in ("dvc", "both"):
         gathered += collect.from_dvc(root)
+        if tracking_mode() != "off":
+            borrowed = collect.baseline_from_mlflow(
+                gathered, tracking_uri(root), os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT))
     if source in ("mlflow", "both"):
         gathered += collect.from_mlflow(tracking_uri(root), os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT),
                                         tags)
@@ -121,6 +125,8 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
     for experiment in chosen:
         experiment.load_notes()
     comparison = build_comparison(chosen, gathered, source, filters)
+    if borrowed and any(e.kind == "baseline" for e in comparison.experiments):
+        comparison.notes.insert(0, borrowed)
     text = terminal_text(comparison, max_width)
     written = write_page(comparison, page, own_folder=page.resolve() == default_out(root).resolve(),
                          report=workspace_report_params(root))

@@ -211,30 +211,94 @@ def ranked_count(frame: pd.DataFrame, groups: pd.DataFrame) -> int:
     return 0 if rank is None else int(pd.to_numeric(groups[f"{rank}_mean"], errors="coerce").notna().sum())
 
 
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+# Params that define the data: groups that differ in one of them are never ranked together (their accuracies are on
+# different test sets).
+DATA_PREFIXES = ("data.", "bias.")
+
+
+def paired_interval(pairs: list[tuple[float, float]]) -> tuple[float, float, float] | None:
+    """Mean of ``a - b`` over seed-matched pairs with its two-sided 95 % t-interval (Student t, n - 1 degrees of
+    freedom); None with fewer than two pairs."""
+    diffs = [a - b for a, b in pairs if not (math.isnan(a) or math.isnan(b))]
+    if len(diffs) < 2:
+        return None
+    mean = sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+    if len(diffs) - 1 in T_975:
+        t = T_975[len(diffs) - 1]
+    else:
+        from scipy.special import stdtrit  # Student's t quantile
+
+        t = float(stdtrit(len(diffs) - 1, 0.975))
+    half = t * sd / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half
+
+
+def verdict(interval: tuple[float, float, float] | None) -> str:
+    """``evidence`` when the paired 95 % interval excludes 0, ``not distinguishable`` when it holds 0, ``unpaired``
+    with fewer than two seeds in common."""
+    if interval is None:
+        return "unpaired"
+    _, low, high = interval
+    return "evidence" if low > 0 or high < 0 else "not distinguishable"
+
+
+def data_family(row: pd.Series | dict, group_params: list[str]) -> str:
+    """The values of the data-defining params (:data:`DATA_PREFIXES`) among ``group_params``, as text ('' if none
+    varies): groups of one family share their data, the only ones ranked against each other."""
+    return ", ".join(f"{k}={row[k]}" for k in group_params if k.startswith(DATA_PREFIXES))
+
+
 def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[str]) -> list[dict[str, Any]]:
-    """Each ranked group against the best one on the rank metric: difference of means (points) and Welch's p-value.
-    A group without the rank metric is not ranked: no difference, no test."""
+    """Each ranked group against the top group of its data family (:func:`data_family`) on the rank metric:
+    difference of means (points), Welch's p, and the difference paired by seed (``paired``: mean and 95 %
+    interval in points over the seeds both have; ``verdict``: :func:`verdict`). A group without the rank metric is
+    not ranked: no difference, no test."""
     rank = rank_metric(frame)
     groups = groups.iloc[:ranked_count(frame, groups)]
     if rank is None or len(groups) < 2:
         return []
     frame = numeric(frame)
 
-    def members(row: pd.Series) -> list[float]:
+    def members(row: pd.Series) -> pd.DataFrame:
         mask = pd.Series(True, index=frame.index)
         for key in group_params:
             mask &= frame[key] == row[key]
-        return frame.loc[mask, rank].tolist()
+        return frame.loc[mask]
 
-    best = groups.iloc[0]
-    best_values = members(best)
     out = []
-    for _, row in groups.iloc[1:].iterrows():
-        values = members(row)
-        out.append({"group": group_label(row, group_params), "metric": rank,
+    tops: dict[str, pd.Series] = {}
+    for _, row in groups.iterrows():
+        family = data_family(row, group_params)
+        if family not in tops:
+            tops[family] = row
+            continue
+        best = tops[family]
+        mine, theirs = members(row), members(best)
+        interval = None
+        if SEED in frame:
+            by_seed = dict(zip(theirs[SEED], theirs[rank]))
+            pairs = [(float(v), float(by_seed[s])) for s, v in zip(mine[SEED], mine[rank]) if s in by_seed]
+            found = paired_interval(pairs)
+            interval = None if found is None else tuple(100 * x for x in found)
+            n_pairs = len(pairs)
+        else:
+            n_pairs = 0
+        out.append({"group": group_label(row, group_params), "best": group_label(best, group_params),
+                    "family": family, "metric": rank,
                     "difference": 100 * (row[f"{rank}_mean"] - best[f"{rank}_mean"]),
-                    "p": welch(best_values, values), "n": (len(best_values), len(values))})
+                    "p": welch(theirs[rank].tolist(), mine[rank].tolist()),
+                    "n": (int(theirs[rank].notna().sum()), int(mine[rank].notna().sum())),
+                    "paired": interval, "pairs": n_pairs, "verdict": verdict(interval)})
     return out
+
+
+def evidence_of_best(diffs: list[dict[str, Any]], family: str = "") -> bool:
+    """Whether the top group of ``family`` is shown better than every other group of it (each paired interval
+    excludes 0 with the top group ahead): only then is it called "best"."""
+    mine = [d for d in diffs if d["family"] == family]
+    return bool(mine) and all(d["verdict"] == "evidence" and d["paired"][0] < 0 for d in mine)
 
 
 def group_label(row: pd.Series | dict, group_params: list[str]) -> str:

@@ -21,7 +21,7 @@ from debias.metrics import GroupAccuracy
 from debias.params import ReportParams
 from debias.report import card, figures
 from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment
-from debias.tools.compare.data import (METRICS, Comparison, fmt, fmt_mean_std, group_label, metric_present, numeric,
+from debias.tools.compare.data import (METRICS, Comparison, data_family, evidence_of_best, fmt, fmt_mean_std, group_label, metric_present, numeric,
                                       rank_metric)
 from debias.report.document import Block, Figure, Section, Table, Text, render_html, render_markdown
 from debias.report.sections.base import worst_cell
@@ -78,7 +78,9 @@ def headline_section(comparison: Comparison, worst: dict[str, dict[str, GroupAcc
     rank = rank_metric(c.frame)
     rank_label = LABELS.get(rank, rank) if rank else "a ranked metric"
     # "best" only where there is something to rank it against: two groups or more with the rank metric
-    headers = [f"best: {label} ({seeds_text})" if c.ranked > 1 else f"{label} ({seeds_text})", "ERM", "stage 2"]
+    shown_best = c.ranked > 1 and evidence_of_best(c.differences, data_family(best, c.group_params))
+    headers = [f"{'best' if shown_best else 'highest mean'}: {label} ({seeds_text})" if c.ranked > 1
+               else f"{label} ({seeds_text})", "ERM", "stage 2"]
     found = [(f"{e.name}/{stage}", m) for e in c.experiments for stage, ms in e.warnings.items() for m in ms]
     mine = [w for w in found if w[0].split("/")[0] in names]
     chosen = [worst[e.name].get("stage2") or worst[e.name].get("erm") for e in members]
@@ -130,11 +132,16 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
     summary += [Text(line.strip()) for line in difference_lines(c)[:1]]
     if c.differences:
         rank = c.differences[0]["metric"]
-        summary.append(Table(["group", f"difference in {LABELS.get(rank, rank)} (points)", "Welch p", "seeds"],
-                             [[d["group"], f"{d['difference']:+.1f}", "–" if d["p"] is None else f"{d['p']:.3f}",
+        summary.append(Table(["group", "against", f"difference in {LABELS.get(rank, rank)} (points)",
+                              "paired by seed: mean [95 % interval]", "verdict", "Welch p", "seeds"],
+                             [[d["group"], d["best"], f"{d['difference']:+.1f}",
+                               "–" if d["paired"] is None else
+                               "{:+.1f} [{:+.1f}, {:+.1f}]".format(*d["paired"]), d["verdict"],
+                               "–" if d["p"] is None else f"{d['p']:.3f}",
                                f"{d['n'][0]} vs {d['n'][1]}"] for d in c.differences],
-                             caption="Each group against the best one: p < 0.05 says the difference is unlikely to be "
-                                     "seed noise (two-sided Welch t-test over seeds; no p with fewer than 2 seeds)."))
+                             caption="Each group against the top group of its data: the difference paired by seed is "
+                                     "evidence when its 95 % interval excludes 0, else the two are not "
+                                     "distinguishable; Welch's two-sided t-test over seeds beside it."))
     if c.without_results:
         summary.append(Text(f"Not finished or without results (not compared): {describe_without_results(c.without_results)}.",
                             note=True))

@@ -10,7 +10,8 @@ import pandas as pd
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import LABELS
 from debias.report.collect import Experiment
-from debias.tools.compare.data import METRICS, Comparison, fmt, fmt_mean_std, group_label, metric_present
+from debias.tools.compare.data import (METRICS, Comparison, data_family, evidence_of_best, fmt, fmt_mean_std, group_label,
+                                       metric_present)
 
 MAX_WIDTH = 160  # terminal table, characters
 LEGEND = ("test split; accuracies in %: avg = sample-weighted, unb = unbiased (mean over groups), wg = worst-group, "
@@ -151,21 +152,44 @@ def wrap(text: str, width: int = MAX_WIDTH) -> list[str]:
     return textwrap.wrap(text, width) or [""]
 
 
+def difference_line(d: dict) -> str:
+    """One group against the top of its data family: the difference of means, and the verdict paired by seed."""
+    if d["paired"] is None:
+        how = ("not distinguishable: fewer than 2 seeds in common, nothing to pair (run more seeds: "
+               "-S 'seed=0,1,2')")
+    else:
+        mean, low, high = d["paired"]
+        how = (f"paired by seed ({d['pairs']} seeds): {mean:+.1f} points, 95 % interval [{low:+.1f}, {high:+.1f}]: "
+               + ("evidence of a difference" if d["verdict"] == "evidence" else
+                  "not distinguishable (the interval holds 0)"))
+    return f"  {d['group']} vs {d['best']}: {d['difference']:+.1f} points in the means; {how}"
+
+
 def difference_lines(comparison: Comparison) -> list[str]:
-    """'Is the difference real?': the best group against the next ones on the rank metric."""
+    """'Is the difference real?': per data family, the top group against the others, paired by seed; "best" only
+    where every paired interval excludes 0."""
     if not comparison.differences:
         return []
     rank = comparison.differences[0]["metric"]
-    best = comparison.groups.iloc[0]
-    lines = [f"best by {LABELS.get(rank, rank)}: {group_label(best, comparison.group_params)} "
-             f"({fmt_mean_std(best[f'{rank}_mean'], best[f'{rank}_std'], True, ' ± ')} %, {int(best['seeds'])} seed"
-             f"{'s' if best['seeds'] > 1 else ''})"]
-    for d in comparison.differences[:3]:
-        p = d["p"]
-        verdict = ("p not computed: fewer than 2 seeds in a group" if p is None else
-                   f"Welch t-test p = {p:.3f} ({d['n'][0]} vs {d['n'][1]} seeds): "
-                   + ("unlikely to be seed noise" if p < 0.05 else "within seed noise"))
-        lines.append(f"  vs {d['group']}: {d['difference']:+.1f} points; {verdict}")
+    label = LABELS.get(rank, rank)
+    lines = []
+    for family in dict.fromkeys(d["family"] for d in comparison.differences):
+        top = next(row for _, row in comparison.groups.iterrows()
+                   if data_family(row, comparison.group_params) == family)
+        n = int(pd.to_numeric(comparison.frame.loc[
+            comparison.frame["experiment"].isin(str(top["experiments"]).split(", ")), rank],
+            errors="coerce").notna().sum())
+        shown = (f"{group_label(top, comparison.group_params)} "
+                 f"({fmt_mean_std(top[f'{rank}_mean'], top[f'{rank}_std'], True, ' ± ')} %, {n} seed{'s' if n != 1 else ''})")
+        where = f" on data {family}" if family else ""
+        if evidence_of_best(comparison.differences, family):
+            lines.append(f"best by {label}{where}: {shown}")
+        else:
+            lines.append(f"no best by {label}{where}: the highest mean, {shown}, is not shown better than every other "
+                         "group")
+        lines += [difference_line(d) for d in comparison.differences if d["family"] == family][:4]
+    if len({d["family"] for d in comparison.differences}) > 1:
+        lines.append("groups on different data (data.*, bias.* differ) are not ranked against each other")
     return [line for text in lines for line in wrap(text)]
 
 
