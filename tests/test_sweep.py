@@ -289,3 +289,19 @@ def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resu
                 stages.setdefault(experiment.name, []).append(stage)
     assert stages["debias-upstream"].count("train_erm") == 1  # once, for both experiments
     assert "train_erm" not in stages["debias"] and stages["debias"].count("train_contrastive") == 2
+
+
+def test_a_sweep_ignores_the_workspaces_dvc_lock_but_not_changed_params(tmp_path: Path) -> None:
+    """`dvc repro` rewrites dvc.lock (a record of outputs): a sweep of the committed tree may start; params.yaml
+    changed by a `dvc exp run -S` is an input the clones would not see: refused, saying how to undo it."""
+    from debias.tools.sweep.workspace import dirty_files
+
+    for name in ("dvc.lock", "params.yaml"):
+        (tmp_path / name).write_text("a: 1\n")
+    for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
+        subprocess.run(command, cwd=tmp_path, check=True)
+    (tmp_path / "dvc.lock").write_text("a: 2\n")
+    assert dirty_files(tmp_path) == []
+    (tmp_path / "params.yaml").write_text("a: 2\n")
+    assert dirty_files(tmp_path) == ["params.yaml"]

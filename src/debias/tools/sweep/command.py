@@ -48,7 +48,9 @@ def launch(root: Path, args: argparse.Namespace) -> int:
                              "DVC's run-cache and push their experiments' outputs there")
     dirty = dirty_files(root)
     if dirty:
-        raise SweepError("commit these first (the experiments run the committed tree): " + ", ".join(dirty[:20]))
+        undo = (" (params.yaml holds a `dvc exp run -S`'s values: `git checkout params.yaml` restores the committed "
+                "ones)" if "params.yaml" in dirty else "")
+        raise SweepError("commit these first (the experiments run the committed tree): " + ", ".join(dirty[:20]) + undo)
     commit = run(["git", "rev-parse", "HEAD"], root).strip()
     options = {k: getattr(args, k) for k in ("jobs", "partition", "time", "gpus", "cpus_per_task",
                                                  "array_parallelism", "mem_gb", "threads")}

@@ -75,10 +75,15 @@ def finished_experiments(root: Path, baseline: str) -> set[str]:
     return {line.rsplit("/", 1)[-1] for line in refs.splitlines() if line.strip()}
 
 
+# Tracked files a sweep's clones may ignore: the workspace's own run records (``dvc repro`` rewrites dvc.lock), which
+# name outputs and change no experiment's inputs.
+RUN_RECORDS = ("dvc.lock",)
+
+
 def dirty_files(root: Path) -> list[str]:
-    """Tracked files with uncommitted changes (what a clone of HEAD would not see)."""
+    """Tracked inputs with uncommitted changes (what a clone of HEAD would not see), :data:`RUN_RECORDS` aside."""
     return [line[3:] for line in run(["git", "status", "--porcelain", "--untracked-files=no"], root).splitlines()
-            if line.strip()]
+            if line.strip() and line[3:] not in RUN_RECORDS]
 
 
 def clone_at(root: Path, commit: str, target: Path) -> None:
