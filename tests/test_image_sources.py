@@ -630,3 +630,24 @@ def test_celeba_partition_listing_an_image_twice_is_refused(tmp_path, monkeypatc
     with pytest.raises(DataSourceError, match=r"list_eval_partition.txt lists 1 image\(s\) more than once in column "
                                               r"'image': .*000001.jpg \(rows 0, 30\)"):
         load_source(DataParams(source="celeba", image_size=16), tmp_path, seed=0)
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-attribute"]])
+def test_example_folder_prints_a_next_command_that_passes_check_params(tmp_path, capsys, flags) -> None:
+    """The `dvc exp run -S ...` example-folder prints is checked against the committed params.yaml as check-params
+    checks it: it must validate (without bias labels it needs a label-free selection rule)."""
+    import shlex
+
+    from debias.tools.cli import main as cli_main
+    from tests.conftest import committed_text
+
+    root = tmp_path / ("plain" if flags else "shapes")
+    assert cli_main(["example-folder", str(root), "--n-train", "8", "--n-eval", "4", *flags]) == 0
+    printed = capsys.readouterr().out
+    command = shlex.split(printed.split("run: ", 1)[1])
+    assert command[:3] == ["dvc", "exp", "run"]
+    params = tmp_path / "params.yaml"
+    params.write_text(committed_text("params.yaml"))
+    sets = [f"-S{value}" for flag, value in zip(command[3::2], command[4::2]) if flag == "-S"]
+    assert len(sets) == (len(command) - 3) // 2
+    assert cli_main(["check-params", str(params), *[a for s in sets for a in ("-S", s[2:])]]) == 0, capsys.readouterr()

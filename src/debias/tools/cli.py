@@ -120,7 +120,9 @@ def example_folder(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"debias example-folder: {exc}", file=sys.stderr)
         return 2
-    extra = " -S data.imagefolder.attribute_column=null" if args.no_attribute else ""
+    # without bias labels the default rule (best validation worst-group) has nothing to read: a label-free one
+    extra = (" -S data.imagefolder.attribute_column=null -S stage2.selection=best_worst_inferred_group"
+             if args.no_attribute else "")
     print(f"wrote {table} and its images; run: dvc exp run -S data.source=imagefolder -S data.imagefolder.root={args.root}"
           f"{extra}")
     return 0
