@@ -528,3 +528,18 @@ def test_groups_on_different_data_are_never_ranked_together() -> None:
     text = " ".join(compare_terminal.terminal_text(comparison).split())
     assert "on data bias.foreground.p_corr=0.9:" in text and "on data bias.foreground.p_corr=0.99" in text
     assert "not ranked against each other" in text
+
+
+def test_many_differing_params_never_push_the_headline_metrics_out_of_the_table(sweep) -> None:
+    runs = compare_data.select(sweep)
+    for i, run in enumerate(runs):  # seven params differ, each with a long value
+        for k in range(7):
+            run.params[f"stage2.a_rather_long_param_name_{k}"] = f"value-{i}-" + "x" * 30
+        run.metrics = {key: value + 0.01 * i for key, value in run.metrics.items()}
+    text = compare_terminal.terminal_text(compare_data.build_comparison(runs, sweep))
+    assert max(map(len, text.splitlines())) <= 160
+    table = text.split("\n\n")[1]
+    assert "stage 2" in table and " wg " in table and " unb " in table  # the stage-2 headline columns ...
+    assert "72.0" in table and "33.0" in table  # ... with their numbers (cnc-s2's, eps's worst-group)
+    assert "name_0" in table and "name_1" in table and "stage2.a_rat…" not in table  # cut keys keep their ends
+    assert "not shown here for width (see the page):" in text and "a_rather_long_param_name_6" in text

@@ -39,6 +39,10 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
+def _cut_left(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[len(text) - max(width - 1, 0):]
+
+
 def _spans(columns: list[TextColumn]) -> list[tuple[int, int]]:
     """``(first, last)`` column index of each run of columns under one group label."""
     spans, i = [], 0
@@ -64,7 +68,8 @@ def render_columns(columns: list[TextColumn], text_limit: int | None = None, sep
         span = sum(widths[first : last + 1]) + len(sep) * (last - first)
         group = columns[first].group
         groups_line.append(group.ljust(span) if not columns[first].numeric else group.center(span))
-    labels_line = [c.label.rjust(w) if c.numeric else _cut(c.label, w).ljust(w) for c, w in zip(columns, widths)]
+    # a param's key is cut from the left: its end tells params of one section apart (…name_0, …name_1)
+    labels_line = [c.label.rjust(w) if c.numeric else _cut_left(c.label, w).ljust(w) for c, w in zip(columns, widths)]
     lines = [sep.join(groups_line).rstrip(), sep.join(labels_line).rstrip()]
     for r in range(len(columns[0].cells) if columns else 0):
         cells = [(c.cells[r].rjust(w) if c.numeric else _cut(c.cells[r], w).ljust(w)) for c, w in zip(columns, widths)]
@@ -72,11 +77,15 @@ def render_columns(columns: list[TextColumn], text_limit: int | None = None, sep
     return lines
 
 
+MIN_METRICS = 3  # ours: the metric columns a table keeps however many params differ (the highest priorities)
+
+
 def fit_columns(columns: list[TextColumn], max_width: int = MAX_WIDTH,
                 text_width: int = 24) -> tuple[list[str], list[TextColumn]]:
     """Render within ``max_width``: shorten text columns (names, param values) to ``text_width`` characters, then
-    drop the lowest-priority metric columns, then shorten text columns down to 10 characters; lines are never
-    longer than ``max_width``. Returns the lines and the columns left out."""
+    drop the lowest-priority metric columns down to :data:`MIN_METRICS`, then shorten text columns down to 10
+    characters, then drop the last param columns; lines are never longer than ``max_width``. Returns the lines and
+    the columns left out."""
     kept = list(columns)
     dropped: list[TextColumn] = []
 
@@ -89,13 +98,19 @@ def fit_columns(columns: list[TextColumn], max_width: int = MAX_WIDTH,
         limit = text_width
     while width(limit) > max_width:
         droppable = [c for c in kept if c.numeric and c.priority < 100]
-        if not droppable:
-            break
+        if len([c for c in droppable if c.key]) <= MIN_METRICS:
+            break  # the headline metrics stay: params give way below instead
         lowest = min(droppable, key=lambda c: c.priority)
         kept.remove(lowest)
         dropped.append(lowest)
     while limit is not None and limit > 10 and width(limit) > max_width:
         limit -= 1
+    while width(limit) > max_width:  # still too wide: the last param columns leave (named below the table)
+        params = [c for c in kept[1:] if not c.numeric]
+        if not params:
+            break
+        kept.remove(params[-1])
+        dropped.append(params[-1])
     return [line[:max_width] for line in render_columns(kept, limit)], dropped
 
 
@@ -223,7 +238,8 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
         out += wrap("the same in every experiment: " + ", ".join(same), max_width)
     out += wrap(LEGEND, max_width)
     if dropped:
-        out += wrap("not shown here for width (see the page): " + ", ".join(LABELS.get(c.key, c.key) for c in dropped),
+        out += wrap("not shown here for width (see the page): " + ", ".join(LABELS.get(c.key, c.key) or c.label
+                                                                            for c in dropped),
                     max_width)
     if comparison.without_results:
         out += wrap(f"not finished or without results: {describe_without_results(comparison.without_results)}",
