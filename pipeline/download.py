@@ -9,6 +9,7 @@ from debias.params import Params
 
 
 def run(params: Params, run: StageRun) -> None:
+    print(f"[download] reading {params.data.source} and splitting it (seed {params.seed})", flush=True)
     splits = load_source(params.data, paths.RAW, params.seed)
     # inject_bias resolves bias.protocol auto by the recorded protocol, without importing the sources
     save_raw_splits(paths.RAW_SPLITS, splits, source=params.data.source, protocol=SOURCE_PROTOCOLS[params.data.source])
