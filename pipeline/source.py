@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from debias.core.fingerprint import file_digest, tree_digest
+from debias.core.errors import uncommitted_params_hint
 from debias.core.io import save_json
 from debias.core.paths import SOURCE_FINGERPRINT
 from debias.data.sources.base import DataSourceError, external_files, source_digests
@@ -38,5 +39,6 @@ if __name__ == "__main__":
     try:
         write_if_changed(SOURCE_FINGERPRINT, fingerprint())
     except (ParamsError, DataSourceError) as exc:
-        print(f"[source] error: {str(exc)[:2000]}", file=sys.stderr)
+        hint = uncommitted_params_hint() if isinstance(exc, ParamsError) else ""
+        print(f"[source] error: {str(exc)[:2000]}{hint}", file=sys.stderr)
         sys.exit(2)

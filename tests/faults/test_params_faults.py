@@ -212,5 +212,7 @@ def test_dvc_valid_key_with_a_bad_value_fails_with_our_message(downloaded_clone:
     assert "failed to run: python -m debias.harness.launch --single pipeline/source.py, exited with 2" in done.stderr, done.stderr
     assert "[source] error: invalid params.yaml" in done.stderr
     assert "loss.temperature = 0" in done.stderr and "allowed: 0.0001 <= value <= 10" in done.stderr
+    # DVC leaves the -S value in params.yaml: the message says so and how to undo it
+    assert "params.yaml differs from the committed one" in done.stderr and "`git checkout params.yaml`" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert _committed_outputs(clone) == outputs_before  # and no file of a later stage was written

@@ -54,3 +54,18 @@ NEEDS_BIAS_LABELS = "needs bias labels"
 
 class NeedsBiasLabels(DebiasError, ValueError):
     """A stage, method or number needs the true bias attribute, and the data has none (no attribute column)."""
+
+
+def uncommitted_params_hint(path: str = "params.yaml") -> str:
+    """When ``path`` differs from git's committed copy, a sentence saying the values stay there and how to undo them
+    (``dvc exp run -S`` writes its values into params.yaml and leaves them after a failed run); else ''."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(path)], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    if done.returncode != 1:  # 0: as committed; 128 and others: not a git repository, no HEAD
+        return ""
+    return (f"\n{path} differs from the committed one and keeps these values after this failed run (`dvc exp run -S` "
+            f"writes them there): `git checkout {path}` restores the committed values, `git diff {path}` shows them")

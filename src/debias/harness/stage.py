@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from debias.core.errors import DebiasError, ResourceError
+from debias.core.errors import DebiasError, ParamsError, ResourceError, uncommitted_params_hint
 from debias.core.paths import RUNS
 from debias.params import Params, as_dict, load_params
 
@@ -212,7 +212,7 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
     except (DebiasError, FileNotFoundError, ValueError) as exc:
         if debug:
             raise
-        _fail(who, str(exc))
+        _fail(who, str(exc) + (uncommitted_params_hint() if isinstance(exc, ParamsError) else ""))
     except OSError as exc:  # disk full, read-only, size limit, permission: the machine, not the code
         if debug or exc.errno not in OS_ADVICE:
             raise
