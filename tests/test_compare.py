@@ -543,3 +543,9 @@ def test_many_differing_params_never_push_the_headline_metrics_out_of_the_table(
     assert "72.0" in table and "33.0" in table  # ... with their numbers (cnc-s2's, eps's worst-group)
     assert "name_0" in table and "name_1" in table and "stage2.a_rat…" not in table  # cut keys keep their ends
     assert "not shown here for width (see the page):" in text and "a_rather_long_param_name_6" in text
+
+
+def test_a_duplicate_run_is_shown_once_with_a_note_naming_the_one_kept(sweep) -> None:
+    notes = compare_data.duplicate_notes(sweep)
+    assert notes == ["workspace holds the same params and results as cnc-s2: shown once, as cnc-s2"]
+    assert compare_data.duplicate_notes(sweep, method="eps_supinfonce") == []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from debias.params import ReportParams
 from debias.report.collect import Experiment
-from debias.tools.compare.data import Comparison, build_comparison, comparable, rank_metric, select
+from debias.tools.compare.data import Comparison, build_comparison, comparable, duplicate_notes, rank_metric, select
 from debias.tools.compare.page import check_out, default_out, write_page
 from debias.tools.compare.terminal import MAX_WIDTH, describe_without_results, terminal_text, wrap
 
@@ -127,6 +127,7 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
     comparison = build_comparison(chosen, gathered, source, filters)
     if borrowed and any(e.kind == "baseline" for e in comparison.experiments):
         comparison.notes.insert(0, borrowed)
+    comparison.notes += duplicate_notes(gathered, method, param_filters)
     text = terminal_text(comparison, max_width)
     written = write_page(comparison, page, own_folder=page.resolve() == default_out(root).resolve(),
                          report=workspace_report_params(root))

@@ -50,7 +50,7 @@ def missing_reason(experiment: Experiment) -> str:
 
 
 def select(experiments: list[Experiment], method: str | None = None, param_filters: Iterable[str] = (),
-           last: int | None = None) -> list[Experiment]:
+           last: int | None = None, keep_duplicates: bool = False) -> list[Experiment]:
     """The finished experiments with comparable results (:func:`comparable`) whose ``stage2.method`` is ``method``
     and whose params equal every ``key=value``; of those the ``last`` most recent. Duplicates (the same params and
     metrics, e.g. the workspace holding the last experiment's results) are kept once, under the experiment's name."""
@@ -64,7 +64,7 @@ def select(experiments: list[Experiment], method: str | None = None, param_filte
         if any(param_text(experiment.params.get(key)) != value for key, value in wanted):
             continue
         chosen.append(experiment)
-    chosen = dedupe(chosen)
+    chosen = chosen if keep_duplicates else dedupe(chosen)
     if last is not None:
         chosen = sorted(chosen, key=lambda e: e.timestamp or "")[-last:] if last > 0 else []
     return chosen
@@ -73,19 +73,36 @@ def select(experiments: list[Experiment], method: str | None = None, param_filte
 KIND_PREFERENCE = {"experiment": 0, "mlflow": 1, "baseline": 2, "workspace": 3}
 
 
-def dedupe(experiments: list[Experiment]) -> list[Experiment]:
-    """One of each run: the same params and the same value of every headline metric both have (a file written
-    by a newer version may add keys) is the same run; a named experiment is kept before the baseline commit
-    before the workspace."""
+def duplicates(experiments: list[Experiment]) -> list[tuple[Experiment, Experiment]]:
+    """``(left out, kept)`` for each run that is another's again: the same params and the same value of every
+    headline metric both have (a file written by a newer version may add keys); a named experiment is kept before
+    the baseline commit before the workspace."""
     kept: list[Experiment] = []
+    dropped: list[tuple[Experiment, Experiment]] = []
     for experiment in sorted(experiments, key=lambda e: KIND_PREFERENCE.get(e.kind, 9)):
         params = {k: param_text(v) for k, v in experiment.params.items()}
-        if not any(params == {k: param_text(v) for k, v in other.params.items()}
-                   and all(experiment.metrics[k] == other.metrics[k] for k in set(experiment.metrics) & set(other.metrics))
-                   for other in kept):
+        twin = next((other for other in kept if params == {k: param_text(v) for k, v in other.params.items()}
+                     and all(experiment.metrics[k] == other.metrics[k]
+                             for k in set(experiment.metrics) & set(other.metrics))), None)
+        if twin is None:
             kept.append(experiment)
-    order = {id(e): i for i, e in enumerate(experiments)}
-    return sorted(kept, key=lambda e: order[id(e)])
+        else:
+            dropped.append((experiment, twin))
+    return dropped
+
+
+def dedupe(experiments: list[Experiment]) -> list[Experiment]:
+    """One of each run (:func:`duplicates` left out), in the given order."""
+    gone = {id(e) for e, _ in duplicates(experiments)}
+    return [e for e in experiments if id(e) not in gone]
+
+
+def duplicate_notes(experiments: list[Experiment], method: str | None = None, param_filters: Iterable[str] = ()) -> list[str]:
+    """One note per run :func:`select` leaves out as another's duplicate (e.g. the workspace holding the last
+    experiment's results), naming the run kept."""
+    candidates = select(experiments, method, param_filters, None, keep_duplicates=True)
+    return [f"{gone.name} holds the same params and results as {twin.name}: shown once, as {twin.name}"
+            for gone, twin in duplicates(candidates)]
 
 
 def same_params(experiments: list[Experiment]) -> tuple[list[Experiment], list[str]]:
