@@ -549,3 +549,12 @@ def test_a_duplicate_run_is_shown_once_with_a_note_naming_the_one_kept(sweep) ->
     notes = compare_data.duplicate_notes(sweep)
     assert notes == ["workspace holds the same params and results as cnc-s2: shown once, as cnc-s2"]
     assert compare_data.duplicate_notes(sweep, method="eps_supinfonce") == []
+
+
+def test_bar_labels_keep_what_tells_the_groups_apart() -> None:
+    from debias.report.figures import compact_label
+
+    labels = [f"stage2.cnc.temperature=0.05, stage2.cnc.num_positives={m}, loss.fairkl.weight=0.5" for m in (8, 32)]
+    compact = [compact_label(label)[:40] for label in labels]  # the figure cuts at 40 characters
+    assert compact == ["temperature=0.05, num_positives=8, weigh", "temperature=0.05, num_positives=32, weig"]
+    assert len({label[:40] for label in labels}) == 1  # cut as they were, the two labels were one

@@ -99,6 +99,14 @@ def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def compact_label(text: str) -> str:
+    """A group label with each dotted key cut to its last part (``stage2.cnc.temperature=0.05`` ->
+    ``temperature=0.05``): cut at a width, long keys would leave labels that share one prefix and nothing else."""
+    import re
+
+    return re.sub(r"(?<![\w.])[A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)+=", lambda m: m.group(0).rsplit(".", 1)[1], text)
+
+
 # --------------------------------------------------------------------------- report figures
 
 AccuracyTable = list[list[float | None]]  # [class][attribute]; None where the group is empty
@@ -339,7 +347,7 @@ def group_summary(points: dict[str, dict[str, list[float]]], keys: list[str], la
         ax.tick_params(labelsize=LEGEND_FONT)
         ax.grid(axis="x", alpha=0.3)
         ax.set_xlabel("test accuracy (%)", fontsize=8)
-    axes[0, 0].set_yticks(range(len(groups)), [_shorten(g, 40) for g in groups], fontsize=LEGEND_FONT)
+    axes[0, 0].set_yticks(range(len(groups)), [_shorten(compact_label(g), 40) for g in groups], fontsize=LEGEND_FONT)
     axes[0, 0].invert_yaxis()
     fig.tight_layout()
     save_figure(fig, path, dpi=dpi)
