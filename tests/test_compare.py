@@ -558,3 +558,12 @@ def test_bar_labels_keep_what_tells_the_groups_apart() -> None:
     compact = [compact_label(label)[:40] for label in labels]  # the figure cuts at 40 characters
     assert compact == ["temperature=0.05, num_positives=8, weigh", "temperature=0.05, num_positives=32, weig"]
     assert len({label[:40] for label in labels}) == 1  # cut as they were, the two labels were one
+
+
+def test_tag_values_are_quoted_for_mlflows_filter() -> None:
+    from debias.report import collect
+
+    assert collect.quoted("pipeline") == "'pipeline'"
+    assert collect.quoted(collect.BASELINE_DIFF) == "\"none (the baseline's params)\""  # its apostrophe broke it
+    with pytest.raises(ValueError, match="both quote characters"):
+        collect.quoted("a'b\"c")

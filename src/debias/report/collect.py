@@ -372,7 +372,7 @@ def from_mlflow(uri: str, experiment_name: str, tags: dict[str, str] | None = No
     found = client.get_experiment_by_name(experiment_name)
     if found is None:
         return []
-    clauses = [f"tags.`{KIND_TAG}` = 'pipeline'"] + [f"tags.`{k}` = '{v}'" for k, v in (tags or {}).items()]
+    clauses = [f"tags.`{KIND_TAG}` = 'pipeline'"] + [f"tags.`{k}` = {quoted(v)}" for k, v in (tags or {}).items()]
     runs = client.search_runs([found.experiment_id], filter_string=" and ".join(clauses), max_results=5000)
     experiments = []
     for run in runs:
@@ -391,6 +391,16 @@ def from_mlflow(uri: str, experiment_name: str, tags: dict[str, str] | None = No
         experiment.reader = mlflow_reader(client, found.experiment_id, run.info.run_id, PARENT_TAG)
         experiments.append(experiment)
     return experiments
+
+
+def quoted(value: str) -> str:
+    """``value`` as a string literal of MLflow's search filter: in single quotes, or double quotes when it holds a
+    single quote (``none (the baseline's params)``); a value holding both is refused."""
+    if "'" not in value:
+        return f"'{value}'"
+    if '"' in value:
+        raise ValueError(f"tag value {value!r} holds both quote characters; MLflow's filter cannot search for it")
+    return f'"{value}"'
 
 
 def _iso(millis: int | None) -> str | None:
