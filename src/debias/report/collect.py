@@ -322,11 +322,14 @@ def from_dvc(root: Path) -> list[Experiment]:
 
 
 BASELINE_DIFF = "none (the baseline's params)"  # the params_diff tag of a pipeline run of the baseline's params
+# A run has its results when it has this headline key (stage 2's test average: a number with or without bias labels);
+# the baseline's ERM numbers alone may come from DVC's cache where an identical upstream ran here.
+STAGE2_RESULT = "s2_avg"
 
 
 def baseline_from_mlflow(experiments: list[Experiment], uri: str, experiment_name: str) -> str | None:
-    """Give a baseline commit without results in DVC (its outputs computed elsewhere, or replaced in the workspace by
-    an experiment's) the results of this machine's newest finished MLflow pipeline run of that commit with the
+    """Give a baseline commit without stage-2 results in DVC (its outputs computed elsewhere, or replaced in the
+    workspace by an experiment's) the results of this machine's newest finished MLflow pipeline run of that commit with the
     baseline's params (``dvc repro`` logs one): metrics, warnings and files; returns a note saying so, or None."""
     from debias.report.columns import param_text
 
@@ -334,9 +337,9 @@ def baseline_from_mlflow(experiments: list[Experiment], uri: str, experiment_nam
         return {k: param_text(v) for k, v in a.params.items()} == {k: param_text(v) for k, v in b.params.items()}
 
     for baseline in experiments:
-        if baseline.kind != "baseline" or not baseline.rev or any(k in baseline.metrics for k in METRIC_KEYS):
+        if baseline.kind != "baseline" or not baseline.rev or STAGE2_RESULT in baseline.metrics:
             continue
-        if any(e.kind == "workspace" and same_params(e, baseline) and any(k in e.metrics for k in METRIC_KEYS)
+        if any(e.kind == "workspace" and same_params(e, baseline) and not e.stale and STAGE2_RESULT in e.metrics
                for e in experiments):
             continue  # the workspace holds the baseline's results: read from its files
         try:
@@ -344,7 +347,7 @@ def baseline_from_mlflow(experiments: list[Experiment], uri: str, experiment_nam
                                                       "debias.params_diff": BASELINE_DIFF})
         except Exception:  # no store, or one that cannot be read: the baseline stays as DVC shows it
             return None
-        done = sorted((r for r in runs if r.status == "done" and any(k in r.metrics for k in METRIC_KEYS)),
+        done = sorted((r for r in runs if r.status == "done" and STAGE2_RESULT in r.metrics),
                       key=lambda r: r.timestamp or "")
         if not done:
             return None
