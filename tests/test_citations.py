@@ -1,12 +1,13 @@
 """README and docs/ quote measured numbers only from the results files they name, and speak in the present.
 
 A *block* of a page is a paragraph, a list item or a table (code blocks are skipped: commands). A block cites the
-results files it names (`benchmarks/results/x.md`, `x.{md,csv}`, or a bare `x.md` / `x.csv` that exists there); a
-table also cites what the prose block before it names (or, if that names none, the one after it). Every decimal number of a citing block (49.7,
-29.7 ± 5.9, 0.074; not integers, which are mostly counts, seeds and epochs) must stand in one of the files it cites:
-as the same token, or as a value that rounds to it as printed (in a CSV also after ×100: fractions quoted as %;
-and /60: seconds quoted as minutes). Numbers inside `code`, parts of a version (2.15.0) and values right after a
-parameter's name or symbol (α 0.03, p_corr 0.995, ρ 0.997) are settings, not results, and are not checked.
+results files it names (`benchmarks/results/x.md`, `x.{md,csv}`, a bare `x.md` / `x.csv` that exists there, or
+`benchmarks/x.md`); a table also cites what the prose block before it names (or, if that names none, the one after
+it). Every decimal number of a citing block (49.7, 29.7 ± 5.9, 0.074; not integers, which are mostly counts, seeds
+and epochs) must stand in one of the files it cites: as the same token, or as a value that rounds to it as printed
+(in a CSV also after ×100: fractions quoted as %; and /60: seconds quoted as minutes). Numbers inside `code`, parts
+of a version (2.15.0) and values right after a parameter's name or symbol (α 0.03, p_corr 0.995, ρ 0.997) are
+settings, not results, and are not checked.
 """
 
 from __future__ import annotations
@@ -25,18 +26,20 @@ MEASUREMENT_PAGES = ("docs/benchmarks.md", "docs/gpu.md")  # every decimal there
 
 DECIMAL = re.compile(r"(?<![\w.])[-−]?\d{1,3}(?:,\d{3})*\.\d+(?![\w.]*\d)|(?<![\w.,])[-−]?\d+\.\d+(?![\w.]*\d)")
 INLINE_CODE = re.compile(r"`[^`]*`")
-# a setting's value: a parameter's symbol or name right before the number
-PARAMETER = re.compile(r"(?:\b(?:p_corr|rho|alpha|lambda|tau|eps|epsilon|lr|q|t|C|beta|kld|tolerance|weight|"
-                       r"corruption_rate|rate|target|CMNIST\*?|MNIST|CODE\s*\()|[αλερτβηκ]|τ⁺|τ\s*/|[=×/^])(?:\s*[\d.]+\s*(?:and|or|,|/|–))*\s*[≥≤]?\s*$")
-CITATION = re.compile(r"(?:benchmarks/results/|(?<![/\w.*-]))((?:benchmarks/)?[\w*][\w.*-]*?)\.(md|csv|\{md,\s*csv\})(?![\w/])")
+# a setting's value: a parameter's name or symbol (or a `code` span and an opening bracket) right before the number,
+# possibly after other values of it ("p_corr 0.96 and 0.98")
+SETTING_NAME = (r"\b(?:p_corr|rho|alpha|lambda|tau|eps|epsilon|lr|q|t|C|beta|kld|tolerance|weight|corruption_rate|"
+                r"rate|target|CMNIST\*?|MNIST|CODE\s*\()|[αλερτβηκ]|τ⁺|τ\s*/|[=×/^]")
+PARAMETER = re.compile(rf"(?:{SETTING_NAME})(?:\s*[\d.]+\s*(?:and|or|,|/|–))*\s*[≥≤]?\s*$")
+CITATION = re.compile(r"(?:benchmarks/results/|(?<![/\w.*-]))((?:benchmarks/)?[\w*][\w.*-]*?)"
+                      r"\.(md|csv|\{md,\s*csv\})(?![\w/])")
+LINK = re.compile(r"\[[^\]]*\]\([^)]*\)")  # a link to another page: [gpu.md](gpu.md) is not docs/../results/gpu.md
 HISTORY = re.compile(
     r"\b(?:as before|no longer|earlier default|previous default|the earlier objective|once produced|was lent|"
     r"previously|used to be|not yet run|not run yet|formerly|any ?more|until now|since then|"
     r"what .{0,30} does now|(?:is|are|takes|leads|runs) now|now (?:takes|leads|runs|uses|is|are|gives)|"
     r"older (?:code|training step|version)|at the time|had been|the current (?:one|objective|code|training step)|"
     r"measured so far|before: |before, |validated for hours before|has yet|here yet|from before)", re.IGNORECASE)
-
-
 QUOTED = re.compile(r'"[^"]*"|`[^`]*`')  # a program's message or code, quoted as it is
 
 
@@ -46,7 +49,8 @@ def page_files(repo: Path) -> list[Path]:
 
 
 def blocks(text: str) -> list[tuple[str, str]]:
-    """The page's (kind, text) blocks in order, kind ``table`` or ``prose``; code blocks and headings dropped."""
+    """The page's (kind, text) blocks in order, kind ``table`` or ``prose``; code blocks (fenced, or indented four
+    spaces after a blank line) and headings dropped."""
     out: list[tuple[str, str]] = []
     current: list[str] = []
     kind = "prose"
@@ -60,16 +64,14 @@ def blocks(text: str) -> list[tuple[str, str]]:
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("```"):
-            close()
             fenced = not fenced
+            close()
             continue
         table_line = stripped.startswith("|")
         item = re.match(r"\s*(?:[-*]|\d+\.)\s", line) is not None
-        if fenced or not stripped or line.startswith("#") or (line.startswith("    ") and not current
-                                                               and not item and not table_line) \
-                or (line.startswith("      ") and kind != "prose"):
+        indented_code = line.startswith("    ") and not current and not item and not table_line
+        if fenced or not stripped or line.startswith("#") or indented_code:
             close()
-            kind = "prose"
             continue
         if current and (table_line != (kind == "table") or (item and not table_line)):
             close()
@@ -81,21 +83,23 @@ def blocks(text: str) -> list[tuple[str, str]]:
 
 
 def cited_files(block: str, results: Path) -> list[Path]:
-    """The results files ``block`` names that exist under ``results`` (`x.{md,csv}`: both)."""
+    """The results files ``block`` names that exist under ``results`` (`x.{md,csv}`: both; `benchmarks/x.md`: beside
+    ``results``)."""
     found: list[Path] = []
-    for stem, ext in CITATION.findall(block):
+    for stem, ext in CITATION.findall(LINK.sub(" ", block)):
         for suffix in (("md", "csv") if ext.startswith("{") else (ext,)):
-            for candidate in sorted(results.glob(f"{stem.rsplit('/', 1)[-1]}.{suffix}")) or (
-                    [results.parent / f"{stem[len('benchmarks/'):]}.{suffix}"] if stem.startswith("benchmarks/") else []):
-                if candidate.is_file() and candidate not in found:
-                    found.append(candidate)
+            if stem.startswith("benchmarks/"):
+                candidates = [results.parent / f"{stem.removeprefix('benchmarks/')}.{suffix}"]
+            else:
+                candidates = sorted(results.glob(f"{stem}.{suffix}"))
+            found += [path for path in candidates if path.is_file() and path not in found]
     return found
 
 
 def quoted_numbers(block: str) -> list[str]:
     """The decimal numbers of ``block`` quoted as results: not in `code`, not a version, not a setting's value."""
     text = INLINE_CODE.sub(" CODE ", block)
-    text = re.sub(r"\(\.\./[^)]*\)|\]\([^)]*\)", " ", text)  # link targets
+    text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
     numbers = []
     for match in DECIMAL.finditer(text):
         if PARAMETER.search(text[max(0, match.start() - 24):match.start()]):
@@ -169,7 +173,8 @@ def unsupported_numbers(repo: Path) -> list[str]:
 
 
 def uncited_measurements(repo: Path) -> list[str]:
-    """``page: numbers (block)`` for each block of a measurement page that quotes decimals and names no results file."""
+    """``page: numbers (block)`` for each block of a measurement page quoting decimals without naming a results
+    file."""
     found = []
     for name in MEASUREMENT_PAGES:
         for files, block in citing_blocks((repo / name).read_text(encoding="utf-8"), repo / RESULTS):
@@ -246,6 +251,8 @@ def test_a_table_cites_the_files_of_the_paragraph_before_it(tmp_path) -> None:
     (tmp_path / "README.md").write_text("Measured (`benchmarks/results/x.md`):\n\n| a |\n|---|\n| 49.8 |\n",
                                         encoding="utf-8")
     assert unsupported_numbers(tmp_path) == ["README.md: 49.8 not in x.md ('| a |')"]
+    (tmp_path / "README.md").write_text("See [x.md](docs/x.md):\n\n| a |\n|---|\n| 49.8 |\n", encoding="utf-8")
+    assert not unsupported_numbers(tmp_path)  # a link to a page of the same name cites no results file
 
 
 def test_user_docs_speak_in_the_present() -> None:
@@ -256,8 +263,8 @@ def test_user_docs_speak_in_the_present() -> None:
                 "(not run yet)", "What a training step does now", "on an H100 with an older training step",
                 "; before, it was silently skipped", "no preset has been run end to end here yet"):
         assert HISTORY.search(bad), bad
-    for fine in ("a new Python process", "waits until the end", "the previous epoch's head", "known before training",
-                 "the pid now belongs to another program"):
+    for fine in ("a new Python process", "waits until the end", "the previous epoch's head",
+                 "the epoch's sum so far", "the pid now belongs to another program"):
         assert not HISTORY.search(fine), fine
     found = history_phrases(REPO)
     assert not found, "\n".join(found)
