@@ -12,6 +12,7 @@ settings, not results, and are not checked.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 from pathlib import Path
@@ -108,9 +109,11 @@ def quoted_numbers(block: str) -> list[str]:
     return numbers
 
 
-def tokens(text: str) -> set[str]:
+@functools.lru_cache(maxsize=256)
+def tokens(text: str) -> frozenset[str]:
     """Every number written in ``text``, as printed (thousands separators dropped)."""
-    return {m.group(0).replace(",", "") for m in re.finditer(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?", text)}
+    return frozenset(m.group(0).replace(",", "")
+                     for m in re.finditer(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?", text))
 
 
 def values(text: str) -> list[float]:
@@ -124,18 +127,21 @@ def readings(v: float, csv: bool) -> list[float]:
     return [v] + ([v * 100] if csv and 0 <= v <= 1 else []) + ([v / 60] if csv and v >= 60 else [])
 
 
+@functools.lru_cache(maxsize=1024)
+def rounded(text: str, csv: bool, digits: int) -> frozenset[float]:
+    """Every reading of ``text``'s numbers rounded to ``digits`` decimals."""
+    return frozenset(round(r, digits) for v in values(text) for r in readings(v, csv))
+
+
 def stands_in(number: str, files: list[Path]) -> bool:
     """``number`` (as printed) stands in one of ``files``: the same token, or a value that rounds to it as printed
     (a CSV's fraction also read in %, its seconds in minutes)."""
     digits = len(number.split(".")[1]) if "." in number else 0
-    value = float(number)
+    value = round(float(number), digits)
     for path in files:
         text = path.read_text(encoding="utf-8")
-        if number in tokens(text):
+        if number in tokens(text) or value in rounded(text, path.suffix == ".csv", digits):
             return True
-        for v in values(text):
-            if any(abs(round(r, digits) - value) < 1e-9 for r in readings(v, path.suffix == ".csv")):
-                return True
     return False
 
 
