@@ -3,8 +3,9 @@
 A *block* of a page is a paragraph, a list item or a table (code blocks are skipped: commands). A block cites the
 results files it names (`benchmarks/results/x.md`, `x.{md,csv}`, a bare `x.md` / `x.csv` that exists there, or
 `benchmarks/x.md`); a table also cites what the prose block before it names (or, if that names none, the one after
-it). Every decimal number of a citing block (49.7, 29.7 ± 5.9, 0.074; not integers, which are mostly counts, seeds
-and epochs) must stand in one of the files it cites: as the same token, or as a value that rounds to it as printed
+it). Every decimal number of a citing block (49.7, 29.7 ± 5.9, 0.074) and every integer with a unit (74 s, 47–55
+min, 1,353 MiB, 65 %; not bare integers, which are mostly counts, seeds and epochs) must stand in one of the files it
+cites: as the same token, or as a value that rounds to it as printed
 (in a CSV also after ×100: fractions quoted as %; and /60: seconds quoted as minutes). Numbers inside `code`, parts
 of a version (2.15.0) and values right after a parameter's name or symbol (α 0.03, p_corr 0.995, ρ 0.997) are
 settings, not results, and are not checked.
@@ -13,6 +14,7 @@ settings, not results, and are not checked.
 from __future__ import annotations
 
 import functools
+import math
 import re
 import shutil
 from pathlib import Path
@@ -26,11 +28,14 @@ PAGES = ("README.md", "docs")
 MEASUREMENT_PAGES = ("docs/benchmarks.md", "docs/gpu.md")  # every decimal there is a measurement
 
 DECIMAL = re.compile(r"(?<![\w.])[-−]?\d{1,3}(?:,\d{3})*\.\d+(?![\w.]*\d)|(?<![\w.,])[-−]?\d+\.\d+(?![\w.]*\d)")
+# an integer with a unit of time, size or share (74 s, 47–55 min, 1,353 MiB, 65 %)
+UNIT = r" ?(?:s|min|ms|MiB|MB|GB|%)(?!\w)"
+INTEGER_WITH_UNIT = re.compile(rf"(?<![\w.,−-])(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?=(?:–\d+)?{UNIT})|(?<=–)\d+(?={UNIT})")
 INLINE_CODE = re.compile(r"`[^`]*`")
 # a setting's value: a parameter's name or symbol (or a `code` span and an opening bracket) right before the number,
 # possibly after other values of it ("p_corr 0.96 and 0.98")
 SETTING_NAME = (r"\b(?:p_corr|rho|alpha|lambda|tau|eps|epsilon|lr|q|t|C|beta|kld|tolerance|weight|corruption_rate|"
-                r"rate|target|CMNIST\*?|MNIST|CODE\s*\()|[αλερτβηκ]|τ⁺|τ\s*/|[=×/^]")
+                r"rate|target|CMNIST\*?|MNIST|CODE\s*\()|[αλερτβηκ]|τ⁺|τ\s*/|[=×/^≥≤]")
 PARAMETER = re.compile(rf"(?:{SETTING_NAME})(?:\s*[\d.]+\s*(?:and|or|,|/|–))*\s*[≥≤]?\s*$")
 CITATION = re.compile(r"(?:benchmarks/results/|(?<![/\w.*-]))((?:benchmarks/)?[\w*][\w.*-]*?)"
                       r"\.(md|csv|\{md,\s*csv\})(?![\w/])")
@@ -98,11 +103,13 @@ def cited_files(block: str, results: Path) -> list[Path]:
 
 
 def quoted_numbers(block: str) -> list[str]:
-    """The decimal numbers of ``block`` quoted as results: not in `code`, not a version, not a setting's value."""
+    """The numbers of ``block`` quoted as results (decimals, and integers with a unit), in order: not in `code`, not
+    a version, not a setting's value."""
     text = INLINE_CODE.sub(" CODE ", block)
     text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
     numbers = []
-    for match in DECIMAL.finditer(text):
+    matches = sorted([*DECIMAL.finditer(text), *INTEGER_WITH_UNIT.finditer(text)], key=lambda m: m.start())
+    for match in matches:
         if PARAMETER.search(text[max(0, match.start() - 24):match.start()]):
             continue
         numbers.append(match.group(0).replace("−", "-").lstrip("-").replace(",", ""))
@@ -129,8 +136,10 @@ def readings(v: float, csv: bool) -> list[float]:
 
 @functools.lru_cache(maxsize=1024)
 def rounded(text: str, csv: bool, digits: int) -> frozenset[float]:
-    """Every reading of ``text``'s numbers rounded to ``digits`` decimals."""
-    return frozenset(round(r, digits) for v in values(text) for r in readings(v, csv))
+    """Every reading of ``text``'s numbers rounded to ``digits`` decimals (half to even, and half up)."""
+    scale = 10 ** digits
+    return frozenset(x for v in values(text) for r in readings(v, csv)
+                     for x in (round(r, digits), round(math.floor(r * scale + 0.5) / scale, digits)))
 
 
 def stands_in(number: str, files: list[Path]) -> bool:
@@ -184,7 +193,7 @@ def uncited_measurements(repo: Path) -> list[str]:
     found = []
     for name in MEASUREMENT_PAGES:
         for files, block in citing_blocks((repo / name).read_text(encoding="utf-8"), repo / RESULTS):
-            numbers = quoted_numbers(block)
+            numbers = [number for number in quoted_numbers(block) if "." in number]
             if numbers and not files:
                 found.append(f"{name}: {', '.join(numbers[:5])} ({block.strip().splitlines()[0][:70]!r})")
     return found
@@ -206,8 +215,8 @@ def test_every_number_quoted_beside_a_results_file_stands_in_it() -> None:
 
 
 def test_every_measurement_names_its_results_file() -> None:
-    """docs/benchmarks.md and docs/gpu.md quote measurements only: each paragraph, item or table quoting a decimal
-    names the results file that holds it, so the test above checks it."""
+    """docs/benchmarks.md and docs/gpu.md quote measurements: each paragraph, item or table quoting a decimal names
+    the results file that holds it, so the test above checks it."""
     found = uncited_measurements(REPO)
     assert not found, "\n".join(found)
 
@@ -242,6 +251,8 @@ def test_a_number_the_csv_holds_only_as_a_fraction_or_in_seconds_still_counts(tm
 @pytest.mark.parametrize("text, expected", [
     ("worst-group 29.7 ± 5.9 at α 0.03, λ 0.75 (`loss.alpha=0.03`), torch 2.15.0", ["29.7", "5.9"]),
     ("p_corr 0.995, ρ 0.997: 1,353.5 MiB and −1.3 points", ["1353.5", "1.3"]),
+    ("47–55 min of 3 epochs, 1,353 MiB, 65 % at ≥ 60 % worst-group, 5 seeds", ["47", "55", "1353", "65"]),
+    ("174 s (2.9 min) measured, 97–99 % idle", ["174", "2.9", "97", "99"]),
 ])
 def test_quoted_numbers_are_results_not_settings(text: str, expected: list[str]) -> None:
     assert quoted_numbers(text) == expected
