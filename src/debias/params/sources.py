@@ -201,8 +201,9 @@ SOURCES: dict[str, str] = {
                           "the default data's weaker bias; ours: 0.5 led 0.75 on validation with kl at alpha 1, "
                           "41.3 against 37.9 % worst-group, 3 seeds, benchmarks/results/eps_sweep.md)",
     "loss.fairkl.variant": "paper: FairKL Eq. 10 (default kl; params.yaml kl: the eps term weighted alpha 1); the "
-                           "released objective (debiasing/main_infonce.py) reproduces the paper's tables and is set by "
-                           "the fairkl-* presets",
+                           "released objective is the code behind the paper's tables (debiasing/main_infonce.py; "
+                           "the loss is tested equal to that code's, no run here reproduces a FairKL table) and is "
+                           "set by the fairkl-* presets",
     "loss.fairkl.variance_floor": "ours: 1e-6 squared-distance units (default 1e-6; unit vectors lie 0..4 apart): far "
                                   "below any spread of real distances, it keeps Eq. 10's Gaussian KL finite on a pair "
                                   "set of equal distances",
