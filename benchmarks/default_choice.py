@@ -261,26 +261,28 @@ def main(argv: list[str] | None = None) -> None:
         cells = [(p, c, s) for s in args.seeds for p in args.protocols for c in args.palettes]
         lock = threading.Lock()
 
-        def run_cell(cell: tuple[str, str, int]) -> None:
-            protocol, palette, seed = cell
+        def run_one(task: tuple[tuple[str, str, int], str]) -> None:
+            (protocol, palette, seed), candidate = task
             path = prepare(workdir, protocol, palette, seed, npz, args.threads)
-            for candidate in args.candidates:
-                if (protocol, palette, str(seed), candidate) in done:
-                    continue
-                history, seconds = train(path, candidate, args.threads)
-                new = rows_for(protocol, palette, seed, candidate, history, seconds)
-                with lock:
-                    rows.extend({k: str(v) for k, v in row.items()} for row in new)
-                    with csv_path.open("w", newline="") as handle:
-                        writer = csv.DictWriter(handle, FIELDS)
-                        writer.writeheader()
-                        writer.writerows(rows)
-                    kept = new[0]
-                    print(f"{protocol} {palette} s{seed} {candidate}: test unbiased {kept['test_unbiased']}, "
-                          f"worst {kept['test_worst']} (epoch {kept['epoch']}), {seconds:.0f} s", flush=True)
+            history, seconds = train(path, candidate, args.threads)
+            new = rows_for(protocol, palette, seed, candidate, history, seconds)
+            with lock:
+                rows.extend({k: str(v) for k, v in row.items()} for row in new)
+                with csv_path.open("w", newline="") as handle:
+                    writer = csv.DictWriter(handle, FIELDS)
+                    writer.writeheader()
+                    writer.writerows(rows)
+                kept = new[0]
+                print(f"{protocol} {palette} s{seed} {candidate}: test unbiased {kept['test_unbiased']}, "
+                      f"worst {kept['test_worst']} (epoch {kept['epoch']}), {seconds:.0f} s", flush=True)
 
+        # candidate-major: every cell of one candidate before the next, so an interrupted run leaves whole rows
+        tasks = [(cell, candidate) for candidate in args.candidates for cell in cells
+                 if (cell[0], cell[1], str(cell[2]), candidate) not in done]
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            for future in [pool.submit(run_cell, cell) for cell in cells]:
+            for future in [pool.submit(prepare, workdir, *cell, npz, args.threads) for cell in cells]:
+                future.result()  # the upstreams first, two at once
+            for future in [pool.submit(run_one, task) for task in tasks]:
                 future.result()
     md_path.write_text(table(rows, command))
     print(md_path.read_text())
