@@ -153,6 +153,7 @@ def test_compare_reads_the_keys_an_mlflow_run_tags_as_needing_bias_labels() -> N
 @pytest.mark.parametrize("key, value, allowed", [
     ("groups.method", "true", "pred, cluster, soft"),
     ("stage2.selection", "best_worst_group", "last, best_worst_class, best_worst_inferred_group"),
+    ("stage2.selection", "best_unbiased", "last, best_worst_class, best_worst_inferred_group"),
     ("erm.selection", "best_worst_group", "last, best_worst_class"),
     ("probe.method", "dfr", "logistic"),
     ("probe.postprocess", "equalized_odds", "none"),

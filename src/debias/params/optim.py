@@ -8,11 +8,12 @@ from pydantic import Field, model_validator
 
 from debias.params.base import Section, show
 
-# The selection rules (debias.training.selection.RULES): the last epoch, the oracle rule on true groups, and two that
-# need no bias label (worst class; worst inferred group, whose groups infer_groups infers from ERM: not for ERM).
+# The selection rules (debias.training.selection.RULES): the last epoch, two on the true groups (worst group; the
+# unbiased mean over groups), and two that need no bias label (worst class; worst inferred group, whose groups
+# infer_groups infers from ERM: not for ERM).
 Selection = Literal["last", "best_worst_group", "best_worst_class", "best_worst_inferred_group", "best_unbiased"]
 NEEDS_INFERRED_GROUPS = ("best_worst_inferred_group",)
-NEEDS_TRUE_GROUPS = ("best_worst_group",)  # rules reading the true groups: refused for data without bias labels
+NEEDS_TRUE_GROUPS = ("best_worst_group", "best_unbiased")  # rules reading the true groups: refused for data without bias labels
 
 
 class OptimParams(Section):
@@ -24,8 +25,8 @@ class OptimParams(Section):
     epochs: int = Field(5, ge=1, le=10000)
     lr_milestones: list[int] = Field(default_factory=list, description="epochs at which the lr is multiplied by lr_gamma")
     lr_gamma: float = Field(0.1, gt=0, le=1)
-    selection: Selection = Field("last", description="which epoch is kept: last | best_worst_group (true groups) | "
-                                 "best_worst_class | best_worst_inferred_group (no bias label; stage 2 only)")
+    selection: Selection = Field("last", description="which epoch is kept: last | best_worst_group | best_unbiased (true "
+                                 "groups) | best_worst_class | best_worst_inferred_group (no bias label; stage 2 only)")
     eval_batch_size: int = Field(1024, ge=1)
     augment_shift: int = Field(0, ge=0, le=16, description="random translation of training images in pixels (CNC's code: random crops); 0: off; ignored for feature vectors")
 
