@@ -163,7 +163,8 @@ def _contrastive_only(c: RunContext) -> str | None:
     return (f"it enters only the contrastive term, whose weight ({weights['contrastive']:.4g} under "
             f"loss.fairkl.variant {loss.fairkl.variant}, loss.alpha {loss.alpha:g}) is {share:.2%} of the stage-2 "
             f"loss's (FairKL lambda {weights['fairkl']:g}), below {NEGLIGIBLE_SHARE:.0%}: changing it changes "
-            "almost nothing; give the term weight (e.g. loss.alpha 1)")
+            "almost nothing; to study it, give the term weight (loss.fairkl.variant kl, loss.alpha 1), which costs "
+            "quality on the digit protocols (benchmarks/results/default_choice.md)")
 
 
 # param (exact key) -> why it has almost no effect in a run (None: it has an effect); only params that apply are asked
