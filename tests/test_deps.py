@@ -1,7 +1,8 @@
 """Code deps follow the outputs: a change reruns the stages whose outputs that code computes, and no other.
 
-The rule (src/debias/tools/deps.py): a stage depends on the code that computes its outputs; the harness (launcher,
-fork server, stage runner, tracking, progress, memory advice, the tools) is no stage's dep; a stage depends on
+The rule (src/debias/tools/deps.py): a stage depends on the code that computes its outputs; the harness's side
+channels (launcher, fork server, stage runner, tracking, memory advice) and the tools are no stage's dep, any other
+harness module a stage reaches is; a module brings its packages' ``__init__.py``; a stage depends on
 the params schema's modules of the sections it reads, not on every section; the stages after ``download`` import
 no data source, and ERM's module is train_erm's alone. Checked three ways: the walk itself on a small tree,
 the derived deps of this repository's dvc.yaml, and, for real, ``dvc status`` in a scratch copy of the repository
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias.tools.deps import HARNESS, code_deps, is_harness, params_sections, stage_code_deps
+from debias.tools.deps import HARNESS, SIDE_CHANNELS, code_deps, is_side_channel, params_sections, stage_code_deps
 from tests.conftest import REPO, copy_worktree
 
 UPSTREAM_OF_STAGE2 = {"source", "download", "inject_bias", "train_erm", "infer_groups"}
@@ -34,7 +35,9 @@ PROBES: dict[str, set[str]] = {
     "src/debias/harness/forkserver/launcher.py": set(),
     "src/debias/harness/stage.py": set(),
     "src/debias/harness/tracking/runs.py": set(),
-    "src/debias/harness/progress.py": set(),
+    # progress is no side channel (research code loops through progress.bar): a dep of the stages that reach it
+    "src/debias/harness/progress.py": {"train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate",
+                                       "report"},
     "src/debias/harness/memory.py": set(),
     # the tools: no stage imports them
     "src/debias/tools/cli.py": set(),
@@ -134,16 +137,37 @@ def test_a_stage_depends_on_the_params_sections_it_reads(tmp_path: Path) -> None
         ["pipeline/a.py", *COMMON, "src/debias/params/optim.py"])
 
 
-def test_every_harness_entry_is_a_module_no_research_module_imports_to_compute() -> None:
-    """Each HARNESS entry exists, and no research module (one that some stage depends on) lies under one."""
-    for name in HARNESS:
+def test_a_harness_module_that_is_no_side_channel_is_a_dep_and_packages_come_with_their_modules(tmp_path: Path) -> None:
+    """progress (harness, not in SIDE_CHANNELS) is a dep of the stage whose research code imports it, with the
+    harness package's ``__init__`` left out (a side channel); a module found through DISCOVERED brings its parent
+    packages' ``__init__.py``, which importing it runs."""
+    write_tree(tmp_path, {
+        "src/debias/__init__.py": "",
+        "src/debias/harness/__init__.py": "",
+        "src/debias/harness/progress.py": "import sys\n",
+        "src/debias/evaluation/__init__.py": "",
+        "src/debias/evaluation/variants.py": "from debias.harness import progress\n",
+        "src/debias/evaluation/probes/__init__.py": "",
+        "src/debias/evaluation/probes/logistic/__init__.py": "",
+        "pipeline/probe.py": "from debias.evaluation import variants\n",
+    })
+    assert code_deps("python pipeline/probe.py", tmp_path) == [
+        "pipeline/probe.py", "src/debias/__init__.py", "src/debias/evaluation/__init__.py",
+        "src/debias/evaluation/probes/__init__.py", "src/debias/evaluation/probes/logistic/__init__.py",
+        "src/debias/evaluation/variants.py", "src/debias/harness/progress.py"]
+
+
+def test_every_side_channel_is_a_harness_module_and_no_dep() -> None:
+    """Each SIDE_CHANNELS entry exists under a HARNESS package, and dvc.yaml lists none of their files."""
+    for name in SIDE_CHANNELS:
         base = REPO / "src" / Path(*name.split("."))
         assert base.with_suffix(".py").is_file() or (base / "__init__.py").is_file(), name
+        assert any(name == h or name.startswith(h + ".") for h in HARNESS), name
     declared = {dep for deps in (stage.get("deps", []) for stage in
                                  yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values()) for dep in deps}
-    harnessed = sorted(dep for dep in declared if dep.startswith("src/") and is_harness(
+    channelled = sorted(dep for dep in declared if dep.startswith("src/") and is_side_channel(
         ".".join(Path(dep).relative_to("src").with_suffix("").parts).removesuffix(".__init__")))
-    assert not harnessed, harnessed
+    assert not channelled, channelled
 
 
 # --------------------------------------------------------------------------- this repository's dvc.yaml

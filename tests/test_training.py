@@ -175,7 +175,8 @@ def test_every_warning_code_is_documented_and_an_unknown_one_is_refused() -> Non
 
 
 def test_a_training_stage_writes_its_selection_and_warnings(tmp_path, capsys) -> None:
-    """write_outputs puts the selection block and the warnings into the metrics JSON and prints each warning."""
+    """write_outputs puts the selection block, the warnings and the settings that shape numbers (threads, processes,
+    device, torch) into the metrics JSON and prints each warning."""
     import json
 
     from debias.harness.tracking import StageRun
@@ -199,6 +200,8 @@ def test_a_training_stage_writes_its_selection_and_warnings(tmp_path, capsys) ->
     assert {"collapsed-representation", "chance-level"} <= set(codes)
     printed = capsys.readouterr().out
     assert all(f"WARNING {w}" in printed for w in metrics["warnings"])
+    assert metrics["environment"]["threads"] == torch.get_num_threads() and metrics["environment"]["processes"] == 1
+    assert metrics["environment"]["device"] == "cpu" and metrics["environment"]["torch"] == torch.__version__
 
 
 def test_unstable_training_fires_on_a_spike_or_a_high_end_and_not_on_a_smooth_or_noisy_loss() -> None:

@@ -238,10 +238,11 @@ def warning_code(message: str) -> str:
     return head.strip() if sep and head.strip() and " " not in head.strip() else "warning"
 
 
-def stage_documents(read: Callable[[Path], Any | None]) -> dict[str, list[Any]]:
-    """Stage -> the parsed detailed files ``read`` returns (None for a missing file is skipped)."""
+def stage_documents(read: Callable[[Path], Any | None], stages: tuple[str, ...] = STAGES) -> dict[str, list[Any]]:
+    """Stage (of ``stages``) -> the parsed detailed files ``read`` returns (None for a missing file is skipped); the
+    files of other stages are never read."""
     documents: dict[str, list[Any]] = {}
-    for stage in STAGES:
+    for stage in (s for s in STAGES if s in stages):
         for path in (DETAILED[stage], *EXTRA_WARNING_FILES.get(stage, ())):
             document = read(path)
             if document is not None:
@@ -283,8 +284,7 @@ def collect_selection(documents: dict[str, list[Any]]) -> dict[str, dict[str, An
 
 def local_warnings(root: Path = Path("."), stages: tuple[str, ...] = STAGES) -> dict[str, list[str]]:
     """The warnings of ``stages`` in the detailed files under ``root``."""
-    documents = stage_documents(_read_local(root))
-    return {stage: messages for stage, messages in collect_warnings(documents).items() if stage in stages}
+    return collect_warnings(stage_documents(_read_local(root), stages))
 
 
 def local_selection(root: Path = Path(".")) -> dict[str, dict[str, Any]]:

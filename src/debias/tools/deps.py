@@ -11,11 +11,16 @@ every file of the repository it reaches: the entrypoint, ``src/debias/**.py`` (e
 ``models/``, ``reports/``) are not code and stay as dvc.yaml states them. Two refinements:
 
 - **The harness** (:data:`HARNESS`: the launcher, the fork server, the stage runner, tracking, progress lines,
-  memory advice, and the tools no stage runs) starts, watches, records or advises on a stage but computes none
-  of its data, model or metric values: its files are never a stage's deps. The walk still follows a harness
-  module's own imports, since what it calls may compute output values (the stage runner writes the headline
-  metrics through :mod:`debias.core.headline` and sizes the thread pools through :mod:`debias.core.runtime`).
-  tests/test_forkserver.py holds the harness to this: the same output bytes with the fork server on and off.
+  memory advice, and the tools no stage runs) starts, watches, records or advises on a stage. Of its modules,
+  those named in :data:`SIDE_CHANNELS` hand research code no value derived from their inputs: their files are
+  never a stage's deps. Any other harness module a stage reaches is a dep like research code (a side channel is
+  a claim each entry makes with its reason; tests/test_trace.py fails on a stage that imports a harness module
+  that is neither). The walk still follows a side channel's own imports, since what it calls may compute output
+  values (the stage runner writes the headline metrics through :mod:`debias.core.headline` and sizes the thread
+  pools through :mod:`debias.core.runtime`). tests/test_forkserver.py holds the harness to this: the same output
+  bytes with the fork server on and off.
+- **Packages**: importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so every file reached brings
+  its parent packages' ``__init__.py`` (those of a module found by :data:`DISCOVERED` included).
 - **The params schema** (:mod:`debias.params`, one module per section): a stage depends on the modules of the
   sections it reads (its ``params:`` in dvc.yaml, the modules of the section classes the code imports by name,
   every section for a stage that depends on params.yaml whole) plus the shared ones (:data:`PARAMS_COMMON`),
@@ -47,17 +52,30 @@ DISCOVERED = {"training/methods/registry.py": "training/methods/*/__init__.py",
               "evaluation/variants.py": "evaluation/probes/*/__init__.py",
               "evaluation/probe.py": "evaluation/probes/*/fit.py"}
 
-# Modules (and packages, with everything under them) that cannot change a byte of a stage's data, model or
-# metric outputs, each with the reason. Their run records (reports/runs/*.json: timings, hosts, run ids) differ
-# on every run anyway. Research code imports none of them to compute a value.
+# The harness packages: what starts, runs, watches, records or advises on a stage, each with what it holds. Whether
+# a module of them is a stage's dep is :data:`SIDE_CHANNELS`'s decision, not this table's.
 HARNESS: dict[str, str] = {
     "debias.harness": "the launcher, the fork server, the stage runner, tracking, progress lines and the memory "
-                      "check: they start, run, record or advise on a stage and pass no value into its outputs "
-                      "(tests/test_forkserver.py: the same output bytes with the fork server on and off); what the "
-                      "runner calls that computes outputs (headline metrics, thread pools) stays a dep through its "
-                      "imports",
+                      "check; the side channels among them are no stage's deps (SIDE_CHANNELS), the others are",
     "debias.tools": "the `debias` command, sweeps, services, presets, compare and this module: no stage imports them "
                     "(DVC sees the params a preset writes, not the preset code)",
+}
+
+# The harness modules that are side channels: they start, run, record or advise on a stage and hand research code
+# no value derived from their inputs (an exception ends the stage, never changes what it computes). Their files are
+# no stage's deps; a harness module not listed here is a dep of every stage that reaches it.
+SIDE_CHANNELS: dict[str, str] = {
+    "debias.harness": "the package: its __init__ holds only a docstring",
+    "debias.harness.launch": "starts the stage's process (exec, the fork server or torchrun)",
+    "debias.harness.forkserver": "forks the stage's process from a warm interpreter; the same output bytes with it on "
+                                 "and off (tests/test_forkserver.py)",
+    "debias.harness.stage": "loads the params through debias.params (a dep), turns errors into one line, opens the "
+                            "run; what it calls that computes outputs (headline metrics, thread pools) stays a dep "
+                            "through its imports",
+    "debias.harness.tracking": "records the run in MLflow and reports/runs/; the same output bytes with tracking on "
+                               "and off (tests/test_deps.py)",
+    "debias.harness.memory": "refuses a run that would not fit in memory before it starts; leaves the model and every "
+                             "random stream as they were (tests/test_deps.py)",
 }
 
 # Harness modules that call nothing computing an output either: the walk stops at them (the memory check reads
@@ -73,6 +91,13 @@ PARAMS_COMMON = ("debias.params.base", "debias.params.root")
 def is_harness(module: str) -> bool:
     """Whether ``module`` is, or lies under, a :data:`HARNESS` entry."""
     return any(module == name or module.startswith(name + ".") for name in HARNESS)
+
+
+def is_side_channel(module: str) -> bool:
+    """Whether ``module`` is a :data:`SIDE_CHANNELS` entry or lies under one (an entry naming a :data:`HARNESS`
+    package covers its ``__init__`` alone), or lies under ``debias.tools`` (no stage imports the tools)."""
+    return module == "debias.tools" or module.startswith("debias.tools.") or any(
+        module == name or (module.startswith(name + ".") and name not in HARNESS) for name in SIDE_CHANNELS)
 
 
 def is_params_section(module: str) -> bool:
@@ -185,8 +210,8 @@ def lazy_exports(package: str, root: Path) -> dict[str, str]:
 
 
 def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = ()) -> set[Path]:
-    """Every repository file reached from ``entries`` through ``debias`` imports (the entries included), without
-    the :data:`HARNESS` files; of the params schema, the package, :data:`PARAMS_COMMON` and the section modules
+    """Every repository file reached from ``entries`` through ``debias`` imports (the entries included) with their
+    packages' ``__init__.py``, without the side channels' files (:func:`is_side_channel`); of the params schema, the package, :data:`PARAMS_COMMON` and the section modules
     named in ``sections`` or by the names the code imports from :mod:`debias.params` (with what they import)."""
     exports = params_exports(root)
     seen: set[Path] = set()
@@ -219,11 +244,13 @@ def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = (
         package = root / SOURCE_ROOT / PACKAGE
         if package in path.parents and path.relative_to(package).as_posix() in DISCOVERED:
             todo.extend(sorted(package.glob(DISCOVERED[path.relative_to(package).as_posix()])))
-    return {path for path in seen if not _harness_file(path, root)}
+        if path.is_relative_to(root / SOURCE_ROOT):
+            todo += [f for name in _with_parents(own)[:-1] if (f := module_file(name, root)) is not None]
+    return {path for path in seen if not _side_channel_file(path, root)}
 
 
-def _harness_file(path: Path, root: Path) -> bool:
-    return path.is_relative_to(root / SOURCE_ROOT) and is_harness(module_name(path, root))
+def _side_channel_file(path: Path, root: Path) -> bool:
+    return path.is_relative_to(root / SOURCE_ROOT) and is_side_channel(module_name(path, root))
 
 
 def command_entries(cmd: str, root: Path) -> list[Path]:

@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from debias.core import health
+from debias.core.environment import KEY as ENVIRONMENT_KEY
+from debias.core.environment import environment_tags, numbers_environment
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
 from debias.core.paths import embeddings_path
 from debias.data.store import BiasedSplit
@@ -160,7 +162,8 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
                   extra_metrics: dict | None = None, meta: dict | None = None,
                   warnings: list[str] | None = None, thresholds: HealthParams | None = None) -> dict[str, dict]:
     """Load the selected weights and write a training stage's outputs: checkpoint, embeddings, metrics (with the
-    ``selection`` block and the ``warnings``: ``warnings`` given by the method, then the selection's, the loss
+    ``selection`` block, the ``environment`` the numbers were made under (:mod:`debias.core.environment`; also MLflow
+    tags) and the ``warnings``: ``warnings`` given by the method, then the selection's, the loss
     curve's (``thresholds``: params ``health``) and the health checks'), curves; print each warning and log them
     to MLflow."""
     picked = rule_test_reports(model, result, splits["test"], eval_batch_size, device)
@@ -170,8 +173,9 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device, health=found)
     picked[result.selected_epoch] = reports["test"]
     result.selection["picks_test"] = picks_test(result.selection.get("picks", {}), picked)
+    environment = numbers_environment(device)  # what shapes the numbers besides the params
     metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {}), "selection": result.selection,
-               "warnings": found}
+               "warnings": found, ENVIRONMENT_KEY: environment}
     metrics.update({split: metrics_entry(report) for split, report in reports.items()})
     save_json(out.metrics, metrics)
     save_json(out.metrics.with_name(f"{out.metrics.stem}_groups.json"),
@@ -189,6 +193,7 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     run.log_metrics({f"selection.picks_test.{rule}.{key}": value for rule, row in result.selection["picks_test"].items()
                      for key, value in row.items() if key != "epoch" and isinstance(value, float)})
     run.log_warnings(found)
+    run.set_tags(environment_tags(environment))
     for path in (out.metrics, out.curves):
         run.log_artifact(path)
     run.log_model(model.cpu(), checkpoint=out.model, input_example=splits["train"].x[:2])  # an MLflow logged model

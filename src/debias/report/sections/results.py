@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from debias.core.environment import KEY as ENVIRONMENT_KEY
+from debias.core.environment import environment_differences
 from debias.params import Params
 from debias.report import card
 from debias.report.card import pct
@@ -40,6 +42,7 @@ def results_section(rows: list[ResultRow], inputs: ReportInputs, summaries: dict
     for row in rows:
         if row.note:
             blocks.append(Text(f"{row.label}: {row.note}.", note=True))
+    blocks += environment_notes(inputs)
     if inputs.get("representation") is None:
         blocks.append(missing_note(JSON_INPUTS["representation"], "the representation columns are n/a"))
     skipped = ((inputs.get("stage2_info") or {}).get("sampler") or {}).get("skipped_classes")
@@ -47,6 +50,17 @@ def results_section(rows: list[ResultRow], inputs: ReportInputs, summaries: dict
         blocks.append(Text(f"Stage 2 skipped classes {skipped} as CNC anchors (no inferred minority point; "
                            f"see `{JSON_INPUTS['stage2_info']}`).", note=True))
     return Section(TITLE, blocks)
+
+
+def environment_notes(inputs: ReportInputs) -> list[Block]:
+    """A warning when ERM and stage 2 were trained under other threads, processes, device or torch build (their
+    metrics files' ``environment``): their numbers side by side differ by that too."""
+    lines = environment_differences({label: (inputs.get(name) or {}).get(ENVIRONMENT_KEY)
+                                     for name, label in (("erm", "ERM"), ("stage2", "stage 2"))})
+    if not lines:
+        return []
+    return [Text("WARNING ERM and stage 2 were trained under different settings that change numbers: "
+                 + "; ".join(lines) + ".", note=True)]
 
 
 def fairness_blocks(rows: list[ResultRow], inputs: ReportInputs) -> list[Block]:

@@ -10,8 +10,10 @@ from typing import Any
 
 import pandas as pd
 
+from debias.core.environment import KEY as ENVIRONMENT_KEY
+from debias.core.environment import environment_differences
 from debias.core.errors import NEEDS_BIAS_LABELS
-from debias.core.headline import LABELS
+from debias.core.headline import DETAILED, LABELS
 from debias.report.collect import Experiment
 from debias.report.columns import METRIC_KEYS, METRICS, Metric, param_text  # noqa: F401  (compare's columns)
 
@@ -133,6 +135,23 @@ def rejected_notes(experiments: list[Experiment]) -> list[str]:
         if shown:
             notes.append(f"{experiment.name}: {', '.join(shown)} is not a number: left out of its group's mean ± std "
                          "(the seed count includes it)")
+    return notes
+
+
+TRAINING_FILES = {"ERM": DETAILED["train_erm"], "stage 2": DETAILED["train_contrastive"]}
+
+
+def environment_notes(experiments: list[Experiment]) -> list[str]:
+    """A warning per training stage whose experiments were trained under other threads, processes, device or torch
+    build (the ``environment`` of their metrics files): their numbers differ by that too, not by the params alone."""
+    notes = []
+    for label, path in TRAINING_FILES.items():
+        runs = {e.name: None if path in e.blanked else (e.read_json(path) or {}).get(ENVIRONMENT_KEY)
+                for e in experiments}
+        lines = environment_differences(runs)
+        if lines:
+            notes.append(f"WARNING the experiments' {label} models were trained under different settings that change "
+                         f"numbers: {'; '.join(lines)}")
     return notes
 
 
@@ -379,6 +398,7 @@ def build_comparison(experiments: list[Experiment], all_experiments: list[Experi
         notes += [f"{group_label(row, group_params)} is not ranked: no {LABELS.get(rank, rank)} in its experiments "
                   f"({row['experiments']})" for _, row in groups.iloc[ranked:].iterrows()]
     notes += [f"{e.name}: {missing_reason(e)}" for e in experiments if e.stale]
+    notes += environment_notes(experiments)
     others = [e for e in (all_experiments or []) if not comparable(e)]
     return Comparison(experiments, params, group_params, frame, groups, differences(frame, groups, group_params),
                       others, source, filters, notes, ranked)

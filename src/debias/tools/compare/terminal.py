@@ -230,7 +230,7 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
         out += difference_lines(comparison)
     out.append("")
     for note in comparison.notes:
-        out += wrap(f"note: {note}", max_width)
+        out += wrap(note if note.startswith("WARNING ") else f"note: {note}", max_width)
     if unlabelled:
         out += wrap(f"{NEEDS_BIAS_LABELS} (the data has no bias attribute; no number): " + ", ".join(unlabelled),
                     max_width)

@@ -1,0 +1,167 @@
+"""The DVC graph, proven by running it: each stage's command from dvc.yaml, in a scratch copy of the repository at
+tiny sizes, under an audit hook (tests/trace_hook/sitecustomize.py, on PYTHONPATH for these processes only) that
+logs every file opened with its mode, renamed, removed or listed and every ``debias`` module imported. Per stage
+(:func:`debias.tools.trace.check_stage`): every file read is a dep or a declared environment file, every file
+written is an out or declared as none (NOT_OUTS), every project module imported is a dep or a side channel.
+
+Always run: the default pipeline, every stage once. Behind ``slow``: every stage-2 method, group-inference method
+and probe variant (each rerunning its own stage on the default pipeline's upstream outputs) and a whole pipeline on
+an image folder without bias labels.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from debias.tools.trace import changed_files, check_stage, read_trace, snapshot
+from tests.conftest import REPO, copy_worktree
+
+HOOK = REPO / "tests" / "trace_hook"
+STAGES = ["source", "download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
+          "evaluate", "report"]
+# Tiny sizes: one or two epochs on 120 images per split; the default methods (cluster groups, eps-SupInfoNCE).
+TINY: dict = {
+    "data": {"max_per_split": 120},
+    "erm": {"epochs": 2},
+    "stage2": {"epochs": 1},
+    "probe": {"c_grid": [1.0], "max_iter": 50, "dfr": {"c_grid": [1.0], "retrains": 2}},
+    "evaluate": {"splits": ["test"], "mi_max_iter": 20, "umap": {"max_points": 60}},
+}
+
+
+def deep_update(base: dict, changes: dict) -> dict:
+    """Merge nested ``changes`` into ``base`` (in place) and return it."""
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            deep_update(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+class TracedClone:
+    """A scratch copy of the repository whose stages run as DVC runs them (dvc.yaml's command), traced."""
+
+    def __init__(self, root: Path, changes: dict | None = None) -> None:
+        self.root = copy_worktree(root)
+        self.base = deep_update(yaml.safe_load((self.root / "params.yaml").read_text()), TINY)
+        self.set_params(changes or {})
+        for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "trace"]):
+            subprocess.run(command, cwd=self.root, check=True, capture_output=True)
+        self.stages = yaml.safe_load((self.root / "dvc.yaml").read_text())["stages"]
+        self.runs = 0
+
+    def set_params(self, changes: dict) -> None:
+        """params.yaml: the tiny base with ``changes`` merged in."""
+        params = deep_update(copy.deepcopy(self.base), changes)
+        (self.root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    def external(self) -> list[str]:
+        """The data source's external files (absolute), as the source stage fingerprints them."""
+        from debias.data.sources.base import external_files
+        from debias.params import load_params
+
+        return [str(p) for p in external_files(load_params(self.root / "params.yaml").data).values()]
+
+    def run(self, name: str) -> list[str]:
+        """Run stage ``name``'s dvc.yaml command under the hook; its violations (:func:`check_stage`)."""
+        self.runs += 1
+        log = self.root.parent / f"trace-{self.root.name}-{self.runs}-{name}.jsonl"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_", "DEBIAS_"))}
+        env.update(DEBIAS_TRACKING="off", DEBIAS_THREADS="1", DEBIAS_FORKSERVER="0", DEBIAS_TRACE_LOG=str(log),
+                   DVC_STAGE=name, DVC_ROOT=str(self.root), PYTHONPATH=os.pathsep.join([str(HOOK), str(self.root / "src")]),
+                   PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+        before = snapshot(self.root)
+        done = subprocess.run(self.stages[name]["cmd"].split("#", 1)[0], shell=True, cwd=self.root, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        trace = read_trace(log)
+        assert trace.imports or name == "source", f"{name}: the hook logged no import (is {HOOK} on PYTHONPATH?)"
+        return check_stage(name, self.stages[name], trace, changed_files(before, snapshot(self.root)), self.root,
+                           self.external())
+
+
+@pytest.fixture(scope="module")
+def default_pipeline(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedClone, dict[str, list[str]]]:
+    clone = TracedClone(tmp_path_factory.mktemp("trace") / "repo")
+    return clone, {name: clone.run(name) for name in STAGES}
+
+
+def test_every_stage_of_the_default_pipeline_reads_its_deps_and_writes_its_outs(default_pipeline) -> None:
+    _, found = default_pipeline
+    problems = [problem for name in STAGES for problem in found[name]]
+    assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- every variant (slow)
+
+
+def _stage2_methods() -> list[str]:
+    from debias.training.methods.registry import discover
+
+    return sorted(discover())
+
+
+def _group_methods() -> list[str]:
+    from debias.groups.registry import discover
+
+    return sorted(discover())
+
+
+def _probe_methods() -> list[str]:
+    from debias.evaluation.variants import PROBES
+
+    return sorted(PROBES)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", _stage2_methods())
+def test_every_stage2_method_reads_its_deps_and_writes_its_outs(default_pipeline, method: str) -> None:
+    """train_contrastive with each registered method, on the default pipeline's upstream outputs (one epoch)."""
+    clone, _ = default_pipeline
+    clone.set_params({"stage2": {"method": method}})
+    problems = clone.run("train_contrastive")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", _group_methods())
+def test_every_group_method_reads_its_deps_and_writes_its_outs(default_pipeline, method: str) -> None:
+    clone, _ = default_pipeline
+    clone.set_params({"groups": {"method": method}})
+    problems = clone.run("infer_groups")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", _probe_methods())
+def test_every_probe_variant_reads_its_deps_and_writes_its_outs(default_pipeline, method: str) -> None:
+    clone, _ = default_pipeline
+    clone.set_params({"probe": {"method": method}})
+    problems = clone.run("linear_probe")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_a_pipeline_on_an_image_folder_without_bias_labels_reads_its_deps_and_writes_its_outs(tmp_path: Path) -> None:
+    """An image folder (external files: read by source and download alone, through the fingerprint) without its
+    attribute column: the no-bias-labels path of every stage, label-free selection rules."""
+    from debias.tools.cli import main as cli_main
+
+    folder = tmp_path / "shapes"
+    assert cli_main(["example-folder", str(folder), "--n-train", "32", "--n-eval", "16", "--size", "16",
+                     "--no-attribute"]) == 0
+    clone = TracedClone(tmp_path / "repo", {
+        "data": {"source": "imagefolder", "image_size": 16, "max_per_split": None,
+                 "imagefolder": {"root": str(folder), "attribute_column": None}},
+        "erm": {"selection": "best_worst_class"}, "stage2": {"selection": "best_worst_inferred_group"}})
+    problems = [problem for name in STAGES for problem in clone.run(name)]
+    assert not problems, "\n".join(problems)
