@@ -24,8 +24,8 @@ from typing import Any
 from debias.core import headline, paths
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.params import flatten
-from debias.report.columns import METRIC_KEYS
-from debias.report.stale import is_within, rerun_command, stale_outputs, stale_stages
+from debias.tools.compare.columns import METRIC_KEYS
+from debias.tools.compare.stale import is_within, rerun_command, stale_outputs, stale_stages
 
 GROUP_FILES = {"erm": paths.METRICS / "erm_groups.json", "stage2": paths.METRICS / "stage2_train_groups.json"}
 CURVE_FILES = {"erm": paths.PLOTS / "erm_curves.csv", "stage2": paths.PLOTS / "stage2_curves.csv"}
@@ -261,7 +261,7 @@ def read_lock(root: Path, experiment: Experiment) -> dict[str, Any] | None:
 
 
 def blank_stale(experiment: Experiment, lock: dict[str, Any] | None) -> None:
-    """Blank the metrics and files of ``experiment``'s stale stages (:mod:`debias.report.stale`) and say why."""
+    """Blank the metrics and files of ``experiment``'s stale stages (:mod:`debias.tools.compare.stale`) and say why."""
     found = stale_stages(lock, experiment.params)
     if not found:
         return

@@ -12,8 +12,8 @@ import pandas as pd
 
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import LABELS
-from debias.report.collect import Experiment
-from debias.report.columns import METRIC_KEYS, METRICS, Metric, param_text  # noqa: F401  (compare's columns)
+from debias.tools.compare.collect import Experiment
+from debias.tools.compare.columns import METRIC_KEYS, METRICS, Metric, param_text  # noqa: F401  (compare's columns)
 
 SEED = "seed"
 RANK_METRIC = "s2_worst"  # groups are ranked by it (ERM's worst-group when no stage 2 ran)
