@@ -49,11 +49,13 @@ DISCOVERED = {"training/methods/registry.py": "training/methods/*/__init__.py",
 
 # Modules (and packages, with everything under them) that cannot change a byte of a stage's data, model or
 # metric outputs, each with the reason. Their run records (reports/runs/*.json: timings, hosts, run ids) differ
-# on every run anyway. Research code imports none of them to compute a value.
+# on every run anyway. Research code imports none of them (tests/test_layers.py).
 HARNESS: dict[str, str] = {
     "debias.harness": "the launcher, the fork server, the stage runner, tracking, progress lines and the memory "
                       "check: they start, run, record or advise on a stage and pass no value into its outputs "
-                      "(tests/test_forkserver.py: the same output bytes with the fork server on and off); what the "
+                      "(research code imports none of them and reports to them through debias.core.progress and "
+                      "debias.core.resources, whose calls return nothing: tests/test_layers.py; "
+                      "tests/test_forkserver.py: the same output bytes with the fork server on and off); what the "
                       "runner calls that computes outputs (headline metrics, thread pools) stays a dep through its "
                       "imports",
     "debias.tools": "the `debias` command, sweeps, services, presets, compare and this module: no stage imports them "
