@@ -21,6 +21,19 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("DEBIAS_FORKSERVER_IDLE", "60")  # the suite's fork servers leave a minute after their last stage
 
 
+# Fixtures that run pipeline stages or `dvc repro` in a workspace before the test: a test that uses one is in the
+# slow tier (`-m slow`), left out of the edit-test loop's `python -m pytest -q -m "not slow"`.
+SLOW_FIXTURES = frozenset({"prepared_template", "prepared_workspace", "downloaded_clone_template", "downloaded_clone",
+                           "npz_clone"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses a :data:`SLOW_FIXTURES` fixture ``slow``."""
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test inherits a tracking store, a DVC root or a device choice from the shell."""

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from debias.core import headline
-from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment, parse_exp_show
+from debias.tools.compare.collect import CURVE_FILES, GROUP_FILES, Experiment, parse_exp_show
 from debias.tools.compare import data as compare_data, page as compare_page, terminal as compare_terminal
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -256,7 +256,7 @@ def test_a_repeat_of_the_same_params_is_not_another_seed(sweep) -> None:
 
 
 def test_a_metric_that_is_not_a_number_is_left_out_of_the_mean_with_a_note(sweep) -> None:
-    from debias.report.collect import rejected_values
+    from debias.tools.compare.collect import rejected_values
 
     runs = [e for e in sweep if e.kind != "workspace"]
     s1 = next(e for e in runs if e.name == "cnc-s1")
@@ -312,7 +312,7 @@ def test_a_run_without_metrics_is_listed_with_its_reason_and_never_ranked(tmp_pa
     """README's flow: the baseline commit's outputs are not in this clone's cache (only the data's numbers came
     back), one experiment has results. The baseline is listed as without results, with why and `dvc exp run`; the
     headline does not call the one comparable run "best"; no NaN reaches the terminal or the page."""
-    from debias.report.collect import explain_missing
+    from debias.tools.compare.collect import explain_missing
 
     main = Experiment("main", "baseline", {"seed": 0, "loss.epsilon": 0.5}, {"bias_corr": 0.99, "bias_n": 240},
                       rev="abc", timestamp="2026-11-23T10:00:00")
@@ -398,7 +398,7 @@ def test_a_partial_experiment_shows_no_stage_of_another_run(tmp_path: Path) -> N
     import os
     import subprocess
 
-    from debias.report.collect import from_dvc
+    from debias.tools.compare.collect import from_dvc
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
     env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
@@ -450,7 +450,7 @@ def test_a_partial_experiment_shows_no_stage_of_another_run(tmp_path: Path) -> N
 
 def test_stale_stages_follow_inputs_that_another_run_wrote() -> None:
     """A stage whose input is not what its producer last wrote is stale, and so is everything downstream of it."""
-    from debias.report.stale import stale_stages
+    from debias.tools.compare.stale import stale_stages
 
     lock = {"stages": {
         "a": {"params": {"params.yaml": {"seed": 0}}, "outs": [{"path": "data/a", "md5": "new.dir"}]},
@@ -561,7 +561,7 @@ def test_bar_labels_keep_what_tells_the_groups_apart() -> None:
 
 
 def test_tag_values_are_quoted_for_mlflows_filter() -> None:
-    from debias.report import collect
+    from debias.tools.compare import collect
 
     assert collect.quoted("pipeline") == "'pipeline'"
     assert collect.quoted(collect.BASELINE_DIFF) == "\"none (the baseline's params)\""  # its apostrophe broke it

@@ -10,7 +10,7 @@ import torch
 
 from debias.core.environment import ENVIRONMENT_KEYS, environment_differences, environment_tags, numbers_environment
 from debias.core.headline import DETAILED
-from debias.report.collect import Experiment
+from debias.tools.compare.collect import Experiment
 from debias.tools.compare import data as compare_data, terminal as compare_terminal
 
 ONE_THREAD = {"threads": 1, "processes": 1, "device": "cpu", "torch": "2.5.0", "build": "cpu"}

@@ -31,6 +31,7 @@ RUN = '''
 import json, sys
 import torch
 from debias.harness.memory import out_of_memory_advice
+from debias.harness.stage import installed
 from debias.harness.tracking import StageRun
 from debias.params import validate
 from debias.params.applicability import RunContext, applies
@@ -47,8 +48,9 @@ params = validate({"stage2": {"method": "focal", "focal": {"gamma": 1.5}, "optim
 train, val = tiny_split(96), tiny_split(48, seed=1)
 outputs = StageOutputs(model=out / "stage2.pt", embeddings_dir=out / "stage2", metrics=out / "stage2_train.json",
                        curves=out / "curves.csv", resume=out / "resume.pt")
-train_stage2(params, {"train": train, "val": val, "test": val}, train.a.clone(), train.a != train.y, None,
-             StageRun(None, None), outputs)
+with installed():  # the memory check and progress reporter, as the stage harness runs a stage's body
+    train_stage2(params, {"train": train, "val": val, "test": val}, train.a.clone(), train.a != train.y, None,
+                 StageRun(None, None), outputs)
 cnc = validate({"stage2": {"method": "cnc"}})
 print(json.dumps({
     "registered": sorted(METHODS), "plans": focal_method.PLANS, "gamma": params.stage2.focal.gamma,

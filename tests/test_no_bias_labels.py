@@ -142,7 +142,7 @@ def test_an_npz_without_a_under_protocol_none_keeps_no_attribute_and_given_is_re
 
 
 def test_compare_reads_the_keys_an_mlflow_run_tags_as_needing_bias_labels() -> None:
-    from debias.report.collect import kept_value, rejected_values, tagged_needs_bias_labels
+    from debias.tools.compare.collect import kept_value, rejected_values, tagged_needs_bias_labels
 
     tags = {"debias.needs_bias_labels": f"erm_worst, s2_unbiased, train.val.x: {NEEDS_BIAS_LABELS}"}
     assert tagged_needs_bias_labels(tags) == {"erm_worst": NEEDS_BIAS_LABELS, "s2_unbiased": NEEDS_BIAS_LABELS}

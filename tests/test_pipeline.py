@@ -414,7 +414,7 @@ def test_after_repro_then_an_experiment_compare_shows_the_baseline_beside_it(pip
     baseline's results (this machine's `dvc repro` run, from MLflow) beside the experiment, says where they come
     from, and never hints at rerunning the workspace's own params as the baseline. Runs last: it changes the
     workspace."""
-    from debias.report import collect
+    from debias.tools.compare import collect
     from debias.tools.compare import compare
 
     clone, _ = pipeline

@@ -12,8 +12,10 @@ import pytest
 import yaml
 
 from debias.core.errors import ParamsError
+from debias.core.trees import flatten
 from debias.params import BACKGROUND_COLOURS, Params, validate
 from debias.tools import presets
+from debias.tools.presets import catalog
 from debias.tools.cli import main
 from tests.conftest import committed_text
 
@@ -38,11 +40,11 @@ def test_every_preset_validates_over_the_committed_params_and_names_its_sources(
     preset = presets.load(name)
     assert preset.version >= 1 and preset.title and preset.paper and preset.objective
     assert all(block["source"].strip() for block in preset.blocks)
-    assert set(presets.flatten(preset.params())) == set(preset.sources())
+    assert set(flatten(preset.params())) == set(preset.sources())
     params = _composed(name)
     # every value the preset sets is what the validated params hold
-    dumped = presets.flatten(params.model_dump(mode="json"))
-    for key, value in presets.flatten(preset.params()).items():
+    dumped = flatten(params.model_dump(mode="json"))
+    for key, value in flatten(preset.params()).items():
         assert dumped[key] == value or (isinstance(value, (int, float)) and dumped[key] == pytest.approx(value)), key
 
 
@@ -65,7 +67,7 @@ TABLE6 = {("0.999", "eps-supcon"): (0.03, 0.75, 0.25), ("0.997", "eps-supcon"): 
 
 @pytest.mark.parametrize("rho,loss", sorted(TABLE6))
 def test_biased_mnist_presets_carry_table_6_and_app_b21(rho, loss) -> None:
-    values = presets.flatten(presets.load(f"fairkl-bmnist-{rho}-{loss}").params())
+    values = flatten(presets.load(f"fairkl-bmnist-{rho}-{loss}").params())
     alpha, lam, eps = TABLE6[(rho, loss)]
     own = "loss.eps_supcon.fairkl_weight", "loss.eps_supcon.epsilon"  # eps-SupCon's own lambda and eps
     lam_key, eps_key = own if loss == "eps-supcon" else ("loss.fairkl.weight", "loss.epsilon")
@@ -87,7 +89,7 @@ def test_biased_mnist_presets_carry_table_6_and_app_b21(rho, loss) -> None:
 
 
 def test_biased_mnist_0997_eps_supcon_is_eps_0_lambda_05() -> None:
-    values = presets.flatten(presets.load("fairkl-bmnist-0.997-eps-supcon").params())
+    values = flatten(presets.load("fairkl-bmnist-0.997-eps-supcon").params())
     assert (values["loss.eps_supcon.epsilon"], values["loss.eps_supcon.fairkl_weight"]) == (0.0, 0.5)
     params = _composed("fairkl-bmnist-0.997-eps-supcon")
     assert (params.loss.eps_supcon.epsilon, params.loss.eps_supcon.fairkl_weight, params.loss.alpha) == (0.0, 0.5, 0.03)
@@ -96,7 +98,7 @@ def test_biased_mnist_0997_eps_supcon_is_eps_0_lambda_05() -> None:
 
 @pytest.mark.parametrize("ratio,rho,eps", [("0.5", 0.995, 0.1), ("1", 0.99, 0.25), ("2", 0.98, 0.5), ("5", 0.95, 0.25)])
 def test_corrupted_cifar10_presets_carry_table_7_and_app_b22(ratio, rho, eps) -> None:
-    values = presets.flatten(presets.load(f"fairkl-ccifar10-{ratio}pct").params())
+    values = flatten(presets.load(f"fairkl-ccifar10-{ratio}pct").params())
     assert (values["loss.alpha"], values["loss.fairkl.weight"], values["loss.epsilon"]) == (0.1, 1.0, eps)
     assert values["bias.corruption.rho"] == rho and values["data.source"] == "cifar10"
     assert (values["model.name"], values["stage2.optimizer"], values["stage2.lr"], values["stage2.weight_decay"],
@@ -108,7 +110,7 @@ def test_bffhq_preset_needs_its_folder_and_carries_app_b23() -> None:
     preset = presets.load("fairkl-bffhq")
     with pytest.raises(presets.PresetError, match="data.imagefolder.root"):
         presets.compose(_base(), preset)
-    values = presets.flatten(preset.params())
+    values = flatten(preset.params())
     assert (values["loss.alpha"], values["loss.epsilon"], values["loss.fairkl.weight"]) == (0.1, 0.25, 1.5)
     assert (values["stage2.lr"], values["stage2.epochs"], values["stage2.batch_size"], values["stage2.weight_decay"],
             values["model.name"]) == (0.0001, 100, 256, 1e-4, "resnet18")
@@ -162,8 +164,8 @@ def test_apply_keeps_every_byte_but_the_changed_values(tmp_path, capsys) -> None
     after = path.read_text()
     assert before.count("\n") == after.count("\n") and after != before
     changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
-    expected = presets.flatten(presets.load("cnc-waterbirds").params())
-    old = presets.flatten(yaml.safe_load(before))
+    expected = flatten(presets.load("cnc-waterbirds").params())
+    old = flatten(yaml.safe_load(before))
     assert len(changed) == sum(1 for key, value in expected.items() if old.get(key) != value)
     for a, b in changed:  # same key and comment, another value
         key_a, _, rest_a = a.partition(":")
@@ -202,7 +204,7 @@ def test_dry_run_and_print_set_write_nothing(tmp_path, capsys) -> None:
     assert path.read_bytes() == before
     assert args[0::2] == ["-S"] * (len(args) // 2)
     parsed = {a.partition("=")[0]: yaml.safe_load(a.partition("=")[2]) for a in args[1::2]}
-    assert parsed == presets.flatten(presets.load("cnc-cmnist").params())
+    assert parsed == flatten(presets.load("cnc-cmnist").params())
     assert parsed["stage2.cnc.num_positives"] == 32 and parsed["bias.foreground.class_digits"][0] == [0, 1]
 
 
@@ -259,7 +261,7 @@ def test_show_and_list(capsys) -> None:
 
 
 def test_a_malformed_preset_file_is_refused(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(presets, "PRESET_DIR", tmp_path)
+    monkeypatch.setattr(catalog, "PRESET_DIR", tmp_path)
     (tmp_path / "x.yaml").write_text("name: x\nversion: 1\ntitle: t\npaper: p\nobjective: o\n"
                                      "blocks:\n  - params: {seed: 1}\n")
     with pytest.raises(presets.PresetError, match="source"):

@@ -91,10 +91,18 @@ def test_durations_and_epoch_lines_read_as_documented() -> None:
         "[x] epoch 19 (20/20): loss -0.0200 (1.0 s)")
 
 
-def test_bars_only_draw_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
-    items = [1, 2, 3]
+def test_bars_only_draw_on_a_terminal_and_clear_when_the_task_ends(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(progress, "on_terminal", lambda: False)
-    assert progress.bar(items, "x") is items
+    reporter = progress.TerminalReporter()
+    reporter.advance("x", 1, 3, "it")
+    assert not reporter.bars  # a log gets no bar
     monkeypatch.setattr(progress, "on_terminal", lambda: True)
-    drawn = progress.bar(items, "x")
-    assert drawn is not items and list(drawn) == items
+    reporter.advance("x", 1, 3, "it")
+    assert reporter.bars["x"].n == 1 and reporter.bars["x"].total == 3
+    reporter.advance("x", 2, 3, "it")
+    assert reporter.bars["x"].n == 2
+    reporter.advance("x", 3, 3, "it")
+    assert not reporter.bars
+    reporter.advance("y", 1, 3, "it")
+    reporter.close()  # a stage that failed inside a loop: its bar is cleared
+    assert not reporter.bars

@@ -33,11 +33,11 @@ from typing import Any
 import torch
 from sklearn.pipeline import Pipeline
 
+from debias.core import progress
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import split_report
 from debias.evaluation.variants import postprocessing, probe_variant
-from debias.harness import progress
 from debias.models import Network, load_network
 from debias.params import ProbeParams
 from debias.training.classifier import predict

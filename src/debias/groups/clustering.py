@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from debias.core import progress
 from debias.data.store import BiasedSplit
 from debias.groups.embedding import import_umap, umap_fit
 from debias.groups.matching import hungarian_map
 from debias.groups.registry import GroupInference
-from debias.harness import progress
 
 
 def _kmeans(points: np.ndarray, k: int, n_init: int, seed: int) -> np.ndarray:

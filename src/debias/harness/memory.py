@@ -1,7 +1,8 @@
 """Will one training step fit in memory? Checked before training starts, naming the param to lower.
 
 A run that does not fit should say so, and how to reduce it, instead of being killed by the
-operating system (CPU) or dying deep inside a CUDA allocation. Before the first epoch,
+operating system (CPU) or dying deep inside a CUDA allocation. Before the first epoch, training asks the check
+the stage harness installs (:data:`CHECK`, through :mod:`debias.core.resources`), and
 :func:`check_classifier_fits` (``train_erm``) and :func:`check_stage2_fits` (``train_stage2``)
 estimate the memory of one training step and of one evaluation batch on the training device:
 
@@ -43,6 +44,7 @@ from torch import nn
 
 from debias.core import distributed
 from debias.core.errors import ResourceError
+from debias.core.resources import StepPlan
 
 BACKWARD_MARGIN = 1.75  # activations x this: gradients of activations and allocator slack during backward
 USABLE_FRACTION = 0.9  # of the free memory, the rest for the interpreter, data loading and fragmentation
@@ -162,27 +164,6 @@ def profile(model: nn.Module, image_shape: tuple[int, ...], device: torch.device
     largest_per_image = max(largest_large - largest_small, 0) / step
     image_bytes = math.prod(image_shape) * 4  # the float copy of the input
     return Profile(weight_bytes, per_image + image_bytes, 3 * largest_per_image + image_bytes)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """How many images one training step forwards at once, and which param sets it.
-
-    ``images = value * images_per_unit * forwards`` (value capped at ``max_value``); the loss
-    keeps ``pairwise`` float matrices of side ``value * images_per_unit`` (contrastive losses).
-    ``ranks`` processes share a step (each forwards ``ceil(images / ranks)``, every one keeps the
-    whole pairwise matrices); ``copies`` of those processes share this device's memory.
-    """
-
-    key: str
-    value: int
-    images_per_unit: int = 1
-    forwards: int = 1
-    max_value: int | None = None
-    pairwise: int = 0
-    ranks: int = 1
-    copies: int = 1
-    hint: str = ""  # appended to the advice when even value 1 does not fit (what else sets the step's size)
 
 
 def distributed_plan(plan: StepPlan, device: torch.device) -> StepPlan:
@@ -305,6 +286,23 @@ def check_stage2_fits(method: str, networks: list[nn.Module], optimizer: torch.o
             else StepPlan("stage2.batch_size", s2.batch_size, max_value=n_train))
     check_fits(prof, distributed_plan(plan, device), fixed, device, params.model.name, "stage2.eval_batch_size",
                s2.eval_batch_size, n_eval, hint_if_none_fits=plan.hint)
+
+
+class Check:
+    """:class:`debias.core.resources.MemoryCheck` as the stage harness installs it: the two checks above."""
+
+    def classifier(self, model: nn.Module, optimizer: torch.optim.Optimizer, model_name: str, prefix: str,
+                   batch_size: int, eval_batch_size: int, n_train: int, n_eval: int,
+                   image_shape: tuple[int, ...], device: torch.device) -> None:
+        check_classifier_fits(model, optimizer, model_name, prefix, batch_size, eval_batch_size, n_train, n_eval,
+                              image_shape, device)
+
+    def stage2(self, method: str, networks: list[nn.Module], optimizer: torch.optim.Optimizer, params: Any,
+               n_train: int, n_eval: int, image_shape: tuple[int, ...], device: torch.device) -> None:
+        check_stage2_fits(method, networks, optimizer, params, n_train, n_eval, image_shape, device)
+
+
+CHECK = Check()
 
 
 # --------------------------------------------------------------------------- after the fact: a real OOM

@@ -1,5 +1,8 @@
 """Progress on stderr: one line per training epoch, bars for long loops, a line per timed step.
 
+Research code reports progress through :mod:`debias.core.progress`; the stage harness installs
+:class:`TerminalReporter` (:func:`debias.harness.stage.main`), which shows it here.
+
 Readable in both places a stage's output goes: under a terminal (stderr a TTY) the bars (tqdm) redraw in place
 and are cleared when done; anywhere else (``dvc repro`` piped to a log, a queue worker, a SLURM job) the bars
 are off and only whole lines are written, so a log holds no carriage returns and no per-batch lines. Only rank 0
@@ -8,10 +11,8 @@ of a ``torchrun`` job writes. Every line starts with ``[stage]`` like the stages
 
 from __future__ import annotations
 
-import contextlib
 import sys
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Mapping
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -39,14 +40,6 @@ def say(line: str) -> None:
         sys.stderr.flush()
 
 
-def bar(iterable: Iterable[Any], desc: str, total: int | None = None, unit: str = "it") -> Any:
-    """``iterable`` with a progress bar on a terminal (cleared when done); the plain iterable elsewhere."""
-    if not (on_terminal() and distributed.is_main()):
-        return iterable
-    return tqdm(iterable, desc=desc, total=total, unit=unit, leave=False, file=sys.stderr, mininterval=0.5,
-                dynamic_ncols=True)
-
-
 def duration(seconds: float) -> str:
     """``'0.4 s'``, ``'12 s'``, ``'3 min 41 s'``, ``'2 h 05 min'``."""
     if seconds < 10:
@@ -60,7 +53,7 @@ def duration(seconds: float) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
-def epoch_line(label: str, epoch: int, epochs: int, metrics: dict[str, float], seconds: float,
+def epoch_line(label: str, epoch: int, epochs: int, metrics: Mapping[str, float | str], seconds: float,
                eta: float | None) -> str:
     """``'[train_erm] epoch 2 (3/20): loss 0.4123, train acc 0.812, val avg 0.790, unbiased 0.741, worst-group 0.600
     (12 s; ETA 3 min 41 s)'``: the epoch index as the metrics and the selection name it (from 0), then how many
@@ -72,9 +65,33 @@ def epoch_line(label: str, epoch: int, epochs: int, metrics: dict[str, float], s
     return f"[{label}] epoch {epoch} ({epoch + 1}/{epochs}): {', '.join(shown)} ({timing})"
 
 
-@contextlib.contextmanager
-def step(label: str, what: str) -> Iterator[None]:
-    """Time a long step and say ``'[label] what: 12 s'`` when it ends (nothing when it fails)."""
-    started = time.monotonic()
-    yield
-    say(f"[{label}] {what}: {duration(time.monotonic() - started)}")
+class TerminalReporter:
+    """The stage harness's :class:`debias.core.progress.Reporter`: a bar per task on a terminal (cleared when the task
+    ends; nothing in a log), a line per timed step and per training epoch (rank 0 only). Returns None everywhere."""
+
+    def __init__(self) -> None:
+        self.bars: dict[str, Any] = {}
+
+    def advance(self, task: str, done: int, total: int, unit: str) -> None:
+        if not (on_terminal() and distributed.is_main()):
+            return
+        bar = self.bars.get(task)
+        if bar is None:
+            bar = self.bars[task] = tqdm(desc=task, total=total, unit=unit, leave=False, file=sys.stderr,
+                                         mininterval=0.5, dynamic_ncols=True)
+        bar.update(done - bar.n)
+        if done >= total:
+            self.bars.pop(task).close()
+
+    def step_ended(self, label: str, what: str, seconds: float) -> None:
+        say(f"[{label}] {what}: {duration(seconds)}")
+
+    def epoch_ended(self, label: str, epoch: int, epochs: int, metrics: Mapping[str, float | str], seconds: float,
+                    eta: float | None) -> None:
+        say(epoch_line(label, epoch, epochs, metrics, seconds, eta))
+
+    def close(self) -> None:
+        """Clear the bars of tasks that did not end (a stage that failed inside a loop)."""
+        for bar in self.bars.values():
+            bar.close()
+        self.bars.clear()

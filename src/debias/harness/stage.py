@@ -12,6 +12,7 @@ traceback (``DEBIAS_DEBUG=1`` re-raises):
 - a disk that is full or read-only, a file-size limit, a permission refused (``OSError``): exit 2;
 - an out-of-memory error: exit 2 with the params to lower;
 - Ctrl-C: exit 130, the MLflow run ended KILLED (as SIGTERM does).
+While the body runs, the progress research code reports goes to stderr and its memory checks run (:func:`installed`).
 Every message is cut to :data:`MESSAGE_LIMIT` characters: no value is ever echoed unbounded.
 Outputs are written atomically, so a stage run by hand (``python pipeline/<stage>.py``) that fails leaves the
 previous outputs intact; under DVC (``dvc repro``, ``dvc exp run``: ``$DVC_STAGE`` set) DVC has already removed
@@ -23,11 +24,12 @@ record (:func:`debias.harness.tracking.stage_run`), and the other ranks name the
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -183,6 +185,23 @@ def end_stage_process(stage: str) -> None:
     os._exit(0)
 
 
+@contextlib.contextmanager
+def installed() -> Iterator[None]:
+    """The harness's side of what research code reports into and asks of it (:mod:`debias.core.progress`,
+    :mod:`debias.core.resources`): progress to stderr and the memory check, for the block; cleared afterwards."""
+    from debias.core.progress import reporting
+    from debias.core.resources import checking
+    from debias.harness.memory import CHECK
+    from debias.harness.progress import TerminalReporter
+
+    reporter = TerminalReporter()
+    try:
+        with reporting(reporter), checking(CHECK):
+            yield
+    finally:
+        reporter.close()
+
+
 def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noqa: F821 (StageRun: lazy import)
     """Validate params, check device and outputs, open the stage's MLflow run and run ``body``."""
     from debias.core import distributed
@@ -199,7 +218,8 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
             check_writable(stage_outputs(stage))
         from debias.harness.tracking import stage_run
 
-        with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run:
+        with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run, \
+                installed():
             body(params, run)
             if distributed.is_main():
                 publish(stage, run)

@@ -144,6 +144,7 @@ examples:
 
 
 def preset(args: argparse.Namespace) -> int:
+    from debias.core.trees import merge
     from debias.tools import presets
 
     try:
@@ -166,7 +167,7 @@ def preset(args: argparse.Namespace) -> int:
         print(f"debias preset: {exc}", file=sys.stderr)
         return 2
     if args.print_set:
-        print(presets.shell_line(presets.set_args(presets.merge(loaded.params(), sets))))
+        print(presets.shell_line(presets.set_args(merge(loaded.params(), sets))))
         return 0
     if applied.changes and not args.dry_run:
         try:

@@ -75,7 +75,10 @@ SIDE_CHANNELS: dict[str, str] = {
     "debias.harness.tracking": "records the run in MLflow and reports/runs/; the same output bytes with tracking on "
                                "and off (tests/test_deps.py)",
     "debias.harness.memory": "refuses a run that would not fit in memory before it starts; leaves the model and every "
-                             "random stream as they were (tests/test_deps.py)",
+                             "random stream as they were (tests/test_deps.py); research calls it through "
+                             "debias.core.resources, whose calls return nothing (tests/test_layers.py)",
+    "debias.harness.progress": "the terminal reporter research code reports to through debias.core.progress; its calls "
+                               "return nothing and research loops iterate over their own ranges (tests/test_layers.py)",
 }
 
 # Harness modules that call nothing computing an output either: the walk stops at them (the memory check reads

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from debias.core import distributed
 from debias.core.errors import NEEDS_BIAS_LABELS
+from debias.core.progress import advance
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.metrics import accuracy_report, needs_bias_labels, scalars
@@ -99,9 +99,7 @@ class ClassifierTask(GeneratorTask):
         metrics = StepMetrics()  # loss and correct predictions summed on the device, read once at the epoch's end
         seen = 0
         batches = cut_batches(order.to(self.train.x.device, non_blocking=True), self.batch_size)  # one copy to the data
-        bar = tqdm(batches, desc=f"epoch {epoch}", leave=False,
-                   disable=None if self.progress and distributed.is_main() else True)
-        for step, index in enumerate(bar):
+        for step, index in enumerate(batches):
             x = random_shift(gather_rows(self.train.x, index), self.augment_shift, self.generator)  # the global batch
             x = to_device(x[distributed.shard_slice(len(index))], self.device)
             y = to_device(self.train.y[index], self.device)
@@ -114,6 +112,7 @@ class ClassifierTask(GeneratorTask):
             self.optimizer.step()
             metrics.add(loss=loss.detach() * len(index), correct=(logits.argmax(1) == y).sum())
             seen += len(index)
+            if self.progress:
+                advance(f"epoch {epoch}", step + 1, len(batches), unit="batch")
         totals = metrics.read()
-        bar.set_postfix(loss=f"{totals['loss'] / seen:.4f}", acc=f"{totals['correct'] / seen:.3f}", refresh=False)
         return {"train/loss": totals["loss"] / seen, "train/acc": totals["correct"] / seen}

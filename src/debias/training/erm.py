@@ -8,10 +8,10 @@ The task is :class:`debias.training.classifier.ClassifierTask` (every index once
 from __future__ import annotations
 
 from debias.core import distributed
+from debias.core.resources import check_classifier_fits
 from debias.core.runtime import pick_device, seed_everything
+from debias.core.stage_run import StageRun
 from debias.data.store import BiasedSplit
-from debias.harness.memory import check_classifier_fits
-from debias.harness.tracking import StageRun
 from debias.models import build_model
 from debias.params import HealthParams, ModelParams, OptimParams
 from debias.training.classifier import ClassifierTask, validator

@@ -40,11 +40,11 @@ import torch
 from torch import nn
 
 from debias.core import distributed
+from debias.core import progress
 from debias.core.errors import TrainingDiverged
 from debias.core.fingerprint import code_version, digest, tensor_digest
 from debias.core.io import CorruptFileError, load_torch, save_torch
 from debias.data.store import BiasedSplit
-from debias.harness import progress
 from debias.training.selection import (FRAGILE_IMAGES, RULES, SELECTION_RULES, computable_rules,  # noqa: F401
                                        describe_selection, selection_margin, selection_score,
                                        won_by_images)  # (re-exported)
@@ -334,8 +334,8 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
 
     ``state_key`` (:func:`resume_key`) ties the resume state at ``state_path`` to its inputs; ``label`` names
     the stage in messages, ``divergence_advice`` the params to lower when training diverges. After every epoch
-    one line goes to stderr: the epoch, its loss and validation accuracies, its time and the ETA
-    (:func:`debias.harness.progress.epoch_line`).
+    the epoch, its metrics, its time and the ETA are reported (:func:`debias.core.progress.epoch`; the stage
+    harness writes them as one line to stderr).
     """
     history: list[dict[str, float]] = []
     best_epoch, best_score, best_state = -1, None, None
@@ -404,7 +404,7 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
             on_epoch(epoch, metrics)
         now = time.monotonic()  # ETA: the mean time of this run's epochs (training + validation) so far
         eta = (now - loop_started) / (epoch + 1 - start) * (epochs - epoch - 1) if epoch + 1 < epochs else None
-        progress.say(progress.epoch_line(label, epoch, epochs, metrics, now - epoch_started, eta))
+        progress.epoch(label, epoch, epochs, metrics, now - epoch_started, eta)
         if state_path is not None and distributed.is_main():
             save_torch(state_path, {
                 "key": state_key, "epoch": epoch, "modules": _module_states(task),

@@ -14,8 +14,8 @@ from debias.core.environment import KEY as ENVIRONMENT_KEY
 from debias.core.environment import environment_tags, numbers_environment
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
 from debias.core.paths import embeddings_path
+from debias.core.stage_run import StageRun
 from debias.data.store import BiasedSplit
-from debias.harness.tracking import StageRun
 from debias.metrics import accuracy_report, fairness_report, fairness_scalars, scalars, shown
 from debias.models import Network, save_network
 from debias.params import HealthParams

@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from tqdm.auto import tqdm
 
 from debias.data.sources.base import (SPLITS, DataSourceError, RawSplit, RawSplits, cap_index, check_memory,
                                       check_varies, register_source, stratified_split)
+from debias.core import progress
 from debias.core.fingerprint import digest, file_digest, files_digest
 from debias.core.lazy import lazy_callable, lazy_module
 from debias.core.paths import resolve_data_path
@@ -271,9 +271,8 @@ def decode_images(paths: list[Path], size: int, fit: ImageFit, crop_fraction: fl
             failures.append((paths[i], f"{type(exc).__name__}: {exc}"))
 
     with ThreadPoolExecutor(max_workers=decode_threads()) as pool:
-        for _ in tqdm(pool.map(one, range(len(paths))), total=len(paths), desc=desc, unit="img", mininterval=2,
-                      disable=None):  # a bar on a terminal only: no carriage returns in a log
-            pass
+        for done, _ in enumerate(pool.map(one, range(len(paths))), start=1):
+            progress.advance(desc, done, len(paths), unit="img")
     if failures:
         failures.sort()
         raise DataSourceError(f"{desc}: {len(failures)} of {len(paths)} image file(s) could not be decoded: "

@@ -8,7 +8,7 @@ inline CSS, figures as data URIs; it opens from disk, offline) adds the per-grou
 validation curves of the runs compared, side by side, and every warning. Tables are pandas data frames;
 figures are matplotlib, as the report's.
 
-The experiments come from :mod:`debias.report.collect` (DVC's experiments and/or MLflow's pipeline runs); the
+The experiments come from :mod:`debias.tools.compare.collect` (DVC's experiments and/or MLflow's pipeline runs); the
 selection and statistics are :mod:`debias.tools.compare.data`'s, the terminal table
 :mod:`debias.tools.compare.terminal`'s and the page :mod:`debias.tools.compare.page`'s; this module gathers,
 writes and logs.
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from debias.params import ReportParams
-from debias.report.collect import Experiment
+from debias.tools.compare.collect import Experiment
 from debias.tools.compare.data import Comparison, build_comparison, comparable, duplicate_notes, rank_metric, select
 from debias.tools.compare.page import check_out, default_out, write_page
 from debias.tools.compare.terminal import MAX_WIDTH, describe_without_results, terminal_text, wrap
@@ -94,7 +94,7 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
     import os
 
     from debias.harness.tracking import DEFAULT_EXPERIMENT, tracking_mode, tracking_uri
-    from debias.report import collect
+    from debias.tools.compare import collect
 
     if last is not None and last < 1:
         raise ValueError(f"--last {last}; allowed: a whole number >= 1 (the most recent experiments to compare)")

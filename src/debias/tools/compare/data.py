@@ -14,8 +14,8 @@ from debias.core.environment import KEY as ENVIRONMENT_KEY
 from debias.core.environment import environment_differences
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import DETAILED, LABELS
-from debias.report.collect import Experiment
-from debias.report.columns import METRIC_KEYS, METRICS, Metric, param_text  # noqa: F401  (compare's columns)
+from debias.tools.compare.collect import Experiment
+from debias.tools.compare.columns import METRIC_KEYS, METRICS, Metric, param_text  # noqa: F401  (compare's columns)
 
 SEED = "seed"
 RANK_METRIC = "s2_worst"  # groups are ranked by it (ERM's worst-group when no stage 2 ran)

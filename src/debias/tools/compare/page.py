@@ -20,7 +20,7 @@ from debias.core.io import atomic_path
 from debias.metrics import GroupAccuracy
 from debias.params import ReportParams
 from debias.report import card, figures
-from debias.report.collect import CURVE_FILES, GROUP_FILES, Experiment
+from debias.tools.compare.collect import CURVE_FILES, GROUP_FILES, Experiment
 from debias.tools.compare.data import (METRICS, Comparison, data_family, evidence_of_best, fmt, fmt_mean_std, group_label, metric_present, numeric,
                                       rank_metric)
 from debias.report.document import Block, Figure, Section, Table, Text, render_html, render_markdown

@@ -9,7 +9,7 @@ import pandas as pd
 
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import LABELS
-from debias.report.collect import Experiment
+from debias.tools.compare.collect import Experiment
 from debias.tools.compare.data import (METRICS, Comparison, data_family, evidence_of_best, fmt, fmt_mean_std, group_label,
                                        metric_present)
 

@@ -8,15 +8,14 @@ paper's encoder ends in, its params section, memory plan and the params that app
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
-from debias.core import distributed
+from debias.core import progress
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params, SpeedParams
@@ -125,11 +124,13 @@ def group_balanced_batches(groups: torch.Tensor, batch_size: int, generator: tor
 
 
 def epoch_steps(batches: list[torch.Tensor], epoch: int,
-                device: torch.device | None = None) -> Iterable[tuple[int, torch.Tensor]]:
-    """``(step, index)`` over an epoch's batches (moved to ``device`` at once, :func:`device_batches`), with a
-    progress bar on the main process only."""
+                device: torch.device | None = None) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(step, index)`` over an epoch's batches (moved to ``device`` at once, :func:`device_batches`), each
+    reported done (:func:`debias.core.progress.advance`) when the caller asks for the next."""
     batches = batches if device is None else device_batches(batches, device)
-    return enumerate(tqdm(batches, desc=f"epoch {epoch}", leave=False, disable=None if distributed.is_main() else True))
+    for step, index in enumerate(batches):
+        yield step, index
+        progress.advance(f"epoch {epoch}", step + 1, len(batches), unit="batch")
 
 
 class StepTask(GeneratorTask):
@@ -141,12 +142,12 @@ class StepTask(GeneratorTask):
         return shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
-        progress = Progress()
+        metrics = Progress()
         for step, index in epoch_steps(self.batches(), epoch, self.train.x.device):
             values = self.step(index, step)
-            progress.watch(values["loss"], step)
-            progress.add(**values)
-        return progress.means()
+            metrics.watch(values["loss"], step)
+            metrics.add(**values)
+        return metrics.means()
 
 
 def normalise(z: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from typing import Any
 from debias.core.declarations import check_section, import_declarations as import_packages, resolve
 
 # This module imports nothing else of debias (the params schema and the memory check import it): ``Params`` below is
-# debias.params.Params, ``Section`` debias.params.Section, ``StepPlan`` debias.harness.memory.StepPlan.
+# debias.params.Params, ``Section`` debias.params.Section, ``StepPlan`` debias.core.resources.StepPlan.
 Params = Section = StepPlan = Any
 
 PACKAGE = "debias.training.methods"
@@ -48,7 +48,7 @@ class MethodSpec:
     :class:`debias.params.Section`), with ``sources``, the source line of each of its leaf keys (relative to
     the section, e.g. ``"num_positives"``; tests/test_param_sources.py checks them). ``reads``: shared param
     prefixes the method reads besides its own section and ``stage2.*`` (e.g. ``"loss."``), for applicability.
-    ``memory_plan``: the images and pairwise matrices of one training step (:mod:`debias.harness.memory`; None:
+    ``memory_plan``: the images and pairwise matrices of one training step (:class:`debias.core.resources.StepPlan`; None:
     ``stage2.batch_size`` images, no pairwise matrices, as ERM); ``memory_advice``: the params to lower after a real out-of-memory error. ``fairkl_weight``: lambda of FairKL
     as the method applies it (None: the method has no FairKL term). ``needs_erm_weights``: whether stage 2 starts
     from stage 1's weights under these params.

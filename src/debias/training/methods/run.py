@@ -18,10 +18,10 @@ import torch
 
 from debias.core import distributed
 from debias.core.io import save_json
+from debias.core.resources import check_stage2_fits
 from debias.core.runtime import pick_device, seed_everything
+from debias.core.stage_run import StageRun
 from debias.data.store import BiasedSplit
-from debias.harness.memory import check_stage2_fits
-from debias.harness.tracking import StageRun
 from debias.models import Network
 from debias.params import HeadParams, Params
 from debias.params.applicability import RunContext, weak_warnings

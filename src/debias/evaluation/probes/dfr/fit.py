@@ -33,9 +33,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
+from debias.core import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import predict_labels, select_c, split_report, stratified_halves
-from debias.harness import progress
 from debias.params import ProbeParams
 
 
@@ -89,23 +89,25 @@ def dfr_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedS
     if int(torch.unique(val.y[tune_index]).numel()) < 2:
         raise ValueError("DFR: the balanced validation subset holds fewer than 2 classes")
     models, scores = [], []
-    for c in progress.bar(dfr.c_grid, "DFR: C grid", unit="C"):
+    for index, c in enumerate(dfr.c_grid):
         model = fit_sparse_logistic(val_z[tune_index], val.y[tune_index], c, dfr.penalty, params.max_iter,
                                     params.standardize, seed)
         report = split_report(val, predict_labels(model, val_z[select_index]), select_index, fairness=False)
         models.append(model)
         scores.append({"c": float(c), "worst_group": report["worst_group"], "avg": report["avg"],
                        "unbiased": report["unbiased"]})
+        progress.advance("DFR: C grid", index + 1, len(dfr.c_grid), unit="C")
     best = select_c(scores)
     c = float(dfr.c_grid[best])
     scaler = StandardScaler().fit(val_z.double().numpy()) if params.standardize else None
     standardised = torch.from_numpy(scaler.transform(val_z.double().numpy())) if scaler is not None else val_z
     retrained, n_balanced = [], 0
-    for _ in progress.bar(range(dfr.retrains), "DFR: retrains", unit="fit"):
+    for retrain in range(dfr.retrains):
         subset = balanced_subset(val.g, generator)
         n_balanced = len(subset)
         retrained.append(fit_sparse_logistic(standardised[subset], val.y[subset], c, dfr.penalty, params.max_iter,
                                              False, seed))
+        progress.advance("DFR: retrains", retrain + 1, dfr.retrains, unit="fit")
     final = averaged([model[-1] for model in retrained], scaler)
     report = {
         "method": "dfr",

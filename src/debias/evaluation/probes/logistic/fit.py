@@ -9,9 +9,9 @@ from collections.abc import Mapping
 import torch
 from sklearn.pipeline import Pipeline
 
+from debias.core import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import fit_logistic, predict_labels, select_c, split_report, stratified_halves
-from debias.harness import progress
 from debias.params import ProbeParams
 
 
@@ -29,13 +29,14 @@ def logistic_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bi
     if int(torch.unique(fit_y).numel()) < 2:
         raise ValueError(f"linear probe: the {params.train_split} features to fit hold fewer than 2 classes")
     models, scores = [], []
-    for c in progress.bar(params.c_grid, "linear probe: C grid", unit="C"):
+    for index, c in enumerate(params.c_grid):
         model = fit_logistic(fit_x, fit_y, c, params.max_iter, params.standardize, seed)
         report = split_report(val, predict_labels(model, select_x), select_index, fairness=False)
         models.append(model)
         scores.append({"c": float(c), "worst_group": report["worst_group"], "avg": report["avg"],
                        "unbiased": report["unbiased"], **({"worst_class": report["worst_class"]}
                                                           if "worst_class" in report else {})})
+        progress.advance("linear probe: C grid", index + 1, len(params.c_grid), unit="C")
     best = select_c(scores)
     chosen = models[best]
     return {

@@ -10,7 +10,7 @@ from debias.params import MIN_TEMPERATURE, Section
 from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
-    from debias.harness.memory import StepPlan
+    from debias.core.resources import StepPlan
     from debias.params import Params
 
 
@@ -78,7 +78,7 @@ SOURCES: dict[str, str] = {
 
 def memory_plan(params: Params, n_train: int) -> StepPlan:
     """A forward pass of ``forward_chunk`` contrastive batches of 2M + 2N images (one-sided: 2M + N)."""
-    from debias.harness.memory import StepPlan
+    from debias.core.resources import StepPlan
 
     cnc = params.stage2.cnc
     per_batch = 2 * cnc.num_positives + (2 if cnc.two_sided else 1) * cnc.num_negatives

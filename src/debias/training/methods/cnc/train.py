@@ -10,10 +10,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from debias import losses
-from debias.core import distributed, health
+from debias.core import distributed, health, progress
 from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
@@ -78,10 +77,8 @@ class CNCTask(GeneratorTask):
             self.model.encoder.eval()
         lam = cnc.contrastive_weight
         head_sums = [torch.zeros_like(p) for p in self.model.head.parameters()] if cnc.head_gradient == "epoch_sum" else None
-        remaining = len(self.sampler)
-        progress = Progress()
-        bar = tqdm(total=remaining, desc=f"epoch {epoch}", leave=False,
-                   disable=None if distributed.is_main() else True)
+        total = remaining = len(self.sampler)
+        metrics = Progress()
         while remaining > 0:
             step_batches = min(cnc.accumulation, remaining)
             x, y, sizes = self._step_inputs(step_batches)
@@ -92,17 +89,16 @@ class CNCTask(GeneratorTask):
                 rows = slice(done * width, (done + count) * width)
                 contrastive, ce = self._chunk_loss(x[rows], y[rows], sizes)
                 loss = lam * contrastive + (1 - lam) * ce
-                progress.watch(loss, progress.count)
+                metrics.watch(loss, metrics.count)
                 (loss * (count / step_batches)).backward()  # Alg. 3: the mean over the step's batches
-                progress.add(loss=loss.detach(), contrastive=contrastive.detach(), ce=ce.detach())
-                bar.update(count)
+                metrics.add(loss=loss.detach(), contrastive=contrastive.detach(), ce=ce.detach())
             distributed.sum_gradients(self.optimizer)
             if head_sums is not None:
                 running_sum_(list(self.model.head.parameters()), head_sums)
             self.optimizer.step()
             remaining -= step_batches
-        bar.close()
-        return progress.means()
+            progress.advance(f"epoch {epoch}", total - remaining, total, unit="batch")
+        return metrics.means()
 
 
 def running_sum_(parameters: list[torch.nn.Parameter], sums: list[torch.Tensor]) -> None:

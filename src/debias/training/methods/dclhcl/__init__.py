@@ -11,7 +11,7 @@ from debias.params import MIN_TEMPERATURE, Section
 from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
-    from debias.harness.memory import StepPlan
+    from debias.core.resources import StepPlan
     from debias.params import Params
 
 
@@ -52,7 +52,7 @@ HCL_SOURCES: dict[str, str] = {
 
 def memory_plan(params: Params, n_train: int) -> StepPlan:
     """Two views of the batch through one encoder, a 2B x 2B similarity matrix."""
-    from debias.harness.memory import StepPlan
+    from debias.core.resources import StepPlan
 
     return StepPlan("stage2.batch_size", params.stage2.batch_size, forwards=2, max_value=n_train, pairwise=12)
 

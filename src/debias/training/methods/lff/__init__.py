@@ -10,7 +10,7 @@ from debias.params import Section
 from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
-    from debias.harness.memory import StepPlan
+    from debias.core.resources import StepPlan
     from debias.params import Params
 
 
@@ -29,7 +29,7 @@ SOURCES: dict[str, str] = {
 
 def memory_plan(params: Params, n_train: int) -> StepPlan:
     """The biased and the debiased model forward the same batch."""
-    from debias.harness.memory import StepPlan
+    from debias.core.resources import StepPlan
 
     return StepPlan("stage2.batch_size", params.stage2.batch_size, forwards=2, max_value=n_train)
 

@@ -10,7 +10,7 @@ from debias.params import MIN_TEMPERATURE, Section
 from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
-    from debias.harness.memory import StepPlan
+    from debias.core.resources import StepPlan
     from debias.params import Params
 
 
@@ -50,7 +50,7 @@ SOURCES: dict[str, str] = {
 
 def memory_plan(params: Params, n_train: int) -> StepPlan:
     """Two views through two encoders (and their heads), 2B x 2B similarity and weight matrices."""
-    from debias.harness.memory import StepPlan
+    from debias.core.resources import StepPlan
 
     return StepPlan("stage2.batch_size", params.stage2.batch_size, forwards=4, max_value=n_train, pairwise=12)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from debias.training.methods.registry import register_method
 
 if TYPE_CHECKING:
-    from debias.harness.memory import StepPlan
+    from debias.core.resources import StepPlan
     from debias.params import Params
 
 SUPCON, EPS_SUPCON, EPS_SUPINFONCE = "supcon", "eps_supcon", "eps_supinfonce"
@@ -32,7 +32,7 @@ def fairkl_weight(params: Params, method: str) -> float:
 def _memory_plan(method: str):
     def plan(params: Params, n_train: int) -> StepPlan:
         """B x B similarity matrices of the contrastive loss, and FairKL's distances when it is on."""
-        from debias.harness.memory import StepPlan
+        from debias.core.resources import StepPlan
 
         pairwise = 8 + (8 if fairkl_weight(params, method) > 0 else 0)
         return StepPlan("stage2.batch_size", params.stage2.batch_size, max_value=n_train, pairwise=pairwise)

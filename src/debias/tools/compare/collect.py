@@ -24,8 +24,8 @@ from typing import Any
 from debias.core import headline, paths
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.params import flatten
-from debias.report.columns import METRIC_KEYS
-from debias.report.stale import is_within, rerun_command, stale_outputs, stale_stages
+from debias.tools.compare.columns import METRIC_KEYS
+from debias.tools.compare.stale import is_within, rerun_command, stale_outputs, stale_stages
 
 GROUP_FILES = {"erm": paths.METRICS / "erm_groups.json", "stage2": paths.METRICS / "stage2_train_groups.json"}
 CURVE_FILES = {"erm": paths.PLOTS / "erm_curves.csv", "stage2": paths.PLOTS / "stage2_curves.csv"}
@@ -261,7 +261,7 @@ def read_lock(root: Path, experiment: Experiment) -> dict[str, Any] | None:
 
 
 def blank_stale(experiment: Experiment, lock: dict[str, Any] | None) -> None:
-    """Blank the metrics and files of ``experiment``'s stale stages (:mod:`debias.report.stale`) and say why."""
+    """Blank the metrics and files of ``experiment``'s stale stages (:mod:`debias.tools.compare.stale`) and say why."""
     found = stale_stages(lock, experiment.params)
     if not found:
         return
@@ -331,7 +331,7 @@ def baseline_from_mlflow(experiments: list[Experiment], uri: str, experiment_nam
     """Give a baseline commit without stage-2 results in DVC (its outputs computed elsewhere, or replaced in the
     workspace by an experiment's) the results of this machine's newest finished MLflow pipeline run of that commit with the
     baseline's params (``dvc repro`` logs one): metrics, warnings and files; returns a note saying so, or None."""
-    from debias.report.columns import param_text
+    from debias.tools.compare.columns import param_text
 
     def same_params(a: Experiment, b: Experiment) -> bool:
         return {k: param_text(v) for k, v in a.params.items()} == {k: param_text(v) for k, v in b.params.items()}

@@ -20,7 +20,7 @@ SHOWN = 3  # differing params named in a reason
 
 
 def _text(value: Any) -> str:
-    from debias.report.columns import param_text
+    from debias.tools.compare.columns import param_text
 
     return "(absent)" if value is _ABSENT else param_text(value)
 
@@ -97,7 +97,7 @@ def is_within(path: str, outputs: set[str]) -> bool:
 
 def rerun_command(params: dict[str, Any], baseline: dict[str, Any] | None) -> str:
     """``dvc exp run`` with a ``-S`` for each param that differs from ``baseline`` (the whole pipeline, no target)."""
-    from debias.report.columns import param_text
+    from debias.tools.compare.columns import param_text
 
     if baseline is None:
         return "dvc exp run"

@@ -1,0 +1,73 @@
+"""Uncertainty of group accuracies, :func:`group_accuracies`: each group's accuracy k/n with its Wilson score interval (scipy's
+``binomtest(...).proportion_ci(method='wilson')``) at the report's confidence level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def wilson_interval(successes: int, n: int, confidence: float) -> tuple[float, float]:
+    """Wilson score interval of the proportion ``successes / n`` at ``confidence`` (scipy's
+    ``binomtest(k, n).proportion_ci(method='wilson')``); ``n`` must be positive."""
+    from scipy.stats import binomtest
+
+    if n <= 0 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: need 0 <= successes <= n and n > 0, got {successes} of {n}")
+    interval = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(interval.low), float(interval.high)
+
+
+@dataclass(frozen=True)
+class GroupAccuracy:
+    """Test accuracy of one (class y, attribute a) group with its count and ``confidence`` interval."""
+
+    y: int
+    a: int
+    accuracy: float
+    n: int
+    low: float
+    high: float
+
+    @property
+    def correct(self) -> int:
+        return round(self.accuracy * self.n)
+
+
+def group_accuracies(per_group: list[list[float | None]], counts: list[list[int]], confidence: float) -> list[GroupAccuracy]:
+    """Every non-empty group of a per-group table (``accuracy_report``'s ``per_group`` and ``group_counts``) with
+    its Wilson interval; the correct count is ``round(accuracy * n)``, exact for the stored float64 ratios."""
+    found = []
+    for y, (row, count_row) in enumerate(zip(per_group, counts)):
+        for a, (value, n) in enumerate(zip(row, count_row)):
+            if value is None or not n:
+                continue
+            low, high = wilson_interval(round(float(value) * int(n)), int(n), confidence)
+            found.append(GroupAccuracy(y, a, float(value), int(n), low, high))
+    return found
+
+
+def inferred_group_accuracies(pred: torch.Tensor, y: torch.Tensor, inferred: torch.Tensor,
+                              confidence: float | None) -> list[dict]:
+    """Accuracy of each non-empty (class y, inferred group) cell with its n: ``{"y", "group", "n", "correct",
+    "accuracy"}`` in (y, group) order, plus its Wilson interval ``low``, ``high`` at ``confidence`` (None: left to
+    the reader, e.g. the report at ``report.confidence``). Needs no bias attribute: the groups are the inferred
+    ones (``data/groups/train.parquet``'s ``inferred_label``)."""
+    pred, y, inferred = (t.detach().cpu().long() for t in (pred, y, inferred))
+    correct = pred == y
+    rows = []
+    for label, group in sorted(set(zip(y.tolist(), inferred.tolist()))):
+        members = (y == label) & (inferred == group)
+        n, k = int(members.sum()), int(correct[members].sum())
+        row = {"y": label, "group": group, "n": n, "correct": k, "accuracy": k / n}
+        if confidence is not None:
+            row["low"], row["high"] = wilson_interval(k, n, confidence)
+        rows.append(row)
+    return rows
+
+
+def worst_group_of(groups: list[GroupAccuracy]) -> GroupAccuracy | None:
+    """The group with the lowest accuracy (ties: the larger n, the better-supported low value; then (y, a) order)."""
+    return min(groups, key=lambda g: (g.accuracy, -g.n, g.y, g.a)) if groups else None
