@@ -49,6 +49,25 @@ def missing_reason(experiment: Experiment) -> str:
     return reason + (f"; run `{experiment.fix}`" if experiment.fix else "")
 
 
+def check_filter_keys(experiments: list[Experiment], param_filters: Iterable[str]) -> None:
+    """Raise a ValueError naming each ``--param`` key that none of ``experiments`` has, with the closest key they
+    have (difflib); nothing when ``experiments`` is empty."""
+    import difflib
+
+    known = sorted({key for experiment in experiments for key in experiment.params})
+    if not known:
+        return
+    problems = []
+    for text in param_filters:
+        key, _ = parse_filter(text)
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            problems.append(f"--param {text}: no experiment has the param '{key}'"
+                            + (f"; did you mean '{close[0]}'?" if close else f"; their params: {', '.join(known)}"))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def select(experiments: list[Experiment], method: str | None = None, param_filters: Iterable[str] = (),
            last: int | None = None) -> list[Experiment]:
     """The finished experiments with comparable results (:func:`comparable`) whose ``stage2.method`` is ``method``
@@ -212,8 +231,9 @@ def ranked_count(frame: pd.DataFrame, groups: pd.DataFrame) -> int:
 
 
 def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[str]) -> list[dict[str, Any]]:
-    """Each ranked group against the best one on the rank metric: difference of means (points) and Welch's p-value.
-    A group without the rank metric is not ranked: no difference, no test."""
+    """Each ranked group against the best one on the rank metric: difference of means (points), Welch's p-value and
+    ``n``, the seeds of each that have the rank metric. A group without the rank metric is not ranked: no difference,
+    no test."""
     rank = rank_metric(frame)
     groups = groups.iloc[:ranked_count(frame, groups)]
     if rank is None or len(groups) < 2:
@@ -221,10 +241,11 @@ def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[st
     frame = numeric(frame)
 
     def members(row: pd.Series) -> list[float]:
+        """The group's values of the rank metric, one per seed that has it (a seed without it is not counted)."""
         mask = pd.Series(True, index=frame.index)
         for key in group_params:
             mask &= frame[key] == row[key]
-        return frame.loc[mask, rank].tolist()
+        return frame.loc[mask, rank].dropna().tolist()
 
     best = groups.iloc[0]
     best_values = members(best)

@@ -151,6 +151,13 @@ def wrap(text: str, width: int = MAX_WIDTH) -> list[str]:
     return textwrap.wrap(text, width) or [""]
 
 
+def seed_count(measured: int, seeds: int) -> str:
+    """``measured`` (the seeds with the metric) in words, with the group's ``seeds`` where some lack it."""
+    text = f"{measured} seed{'s' if measured != 1 else ''}"
+    missing = seeds - measured
+    return text + (f" of {seeds}: the other{'s lack' if missing > 1 else ' lacks'} it" if missing > 0 else "")
+
+
 def difference_lines(comparison: Comparison) -> list[str]:
     """'Is the difference real?': the best group against the next ones on the rank metric."""
     if not comparison.differences:
@@ -158,8 +165,8 @@ def difference_lines(comparison: Comparison) -> list[str]:
     rank = comparison.differences[0]["metric"]
     best = comparison.groups.iloc[0]
     lines = [f"best by {LABELS.get(rank, rank)}: {group_label(best, comparison.group_params)} "
-             f"({fmt_mean_std(best[f'{rank}_mean'], best[f'{rank}_std'], True, ' ± ')} %, {int(best['seeds'])} seed"
-             f"{'s' if best['seeds'] > 1 else ''})"]
+             f"({fmt_mean_std(best[f'{rank}_mean'], best[f'{rank}_std'], True, ' ± ')} %, "
+             f"{seed_count(comparison.differences[0]['n'][0], int(best['seeds']))})"]
     for d in comparison.differences[:3]:
         p = d["p"]
         verdict = ("p not computed: fewer than 2 seeds in a group" if p is None else
