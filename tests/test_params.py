@@ -187,3 +187,28 @@ def test_a_typo_in_an_override_starts_with_the_unknown_key_and_the_suggestion(tm
     assert capsys.readouterr().err.startswith("unknown parameter 'lss.epsilon'; did you mean 'loss.epsilon'? (")
     assert cli_main(["check-params", str(shipped), "-S", "zzzz=1"]) == 2
     assert capsys.readouterr().err.startswith("unknown parameter 'zzzz' (-S zzzz=1; +key=value adds a key")
+
+
+def test_a_sweep_of_more_combinations_than_the_cap_is_refused_at_once_naming_the_key(tmp_path, capsys) -> None:
+    """`check-params -S 'seed=range(0,1000000)'` is counted, not expanded: refused in seconds with the key and its
+    count; the product of the axes is what counts, and a sweep at the cap is checked."""
+    import time
+
+    from debias.tools.overrides import override_sets
+    from debias.tools.sweep.grid import MAX_POINTS
+
+    shipped = tmp_path / "params.yaml"
+    shipped.write_text(committed_text("params.yaml"))
+    started = time.monotonic()
+    assert cli_main(["check-params", str(shipped), "-S", "seed=range(0,1000000)"]) == 2
+    assert time.monotonic() - started < 30
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == (
+        f"-S seed=range(0,1000000): 1000000 combinations (seed: 1000000 values), more than {MAX_POINTS} (each is "
+        "one experiment); nothing was checked: give fewer values (a range meant as a list?)")
+    with pytest.raises(ParamsError, match=r"1000 combinations \(seed: 50 values, loss.epsilon: 20 values\)"):
+        override_sets(["seed=range(0,50)", "loss.epsilon=range(0,20)", "stage2.epochs=3"], limit=999)
+    assert len(override_sets(["seed=range(0,50)", "loss.epsilon=range(0,20)"], limit=1000)) == 1000
+    values = ",".join(str(n) for n in range(12))  # a list is counted up to the cap
+    with pytest.raises(ParamsError, match=r": more than 10 combinations \(seed: more than 10 values\)"):
+        override_sets([f"seed={values}"], limit=10)
