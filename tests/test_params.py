@@ -212,3 +212,50 @@ def test_a_sweep_of_more_combinations_than_the_cap_is_refused_at_once_naming_the
     values = ",".join(str(n) for n in range(12))  # a list is counted up to the cap
     with pytest.raises(ParamsError, match=r": more than 10 combinations \(seed: more than 10 values\)"):
         override_sets([f"seed={values}"], limit=10)
+
+
+def _with(**dotted) -> dict:
+    """The committed params.yaml with dotted keys set."""
+    from debias.tools.sweep.grid import nested
+
+    return nested(yaml.safe_load(committed_text("params.yaml")), dotted)
+
+
+@pytest.mark.parametrize("key", ["erm.batch_size", "stage2.batch_size"])
+def test_a_batch_of_one_is_refused_where_the_encoder_has_batchnorm(key) -> None:
+    """BatchNorm in training mode cannot take a batch of one (torch fails at the first step, naming no param):
+    the schema refuses it, naming the key, the encoder and what is allowed, and only where the encoder has BatchNorm
+    and the stage trains in batches of that key (CNC's stage 2 builds its own batches)."""
+    method = {"stage2.method": "eps_supinfonce"}
+    with pytest.raises(ParamsError) as refused:
+        validate(_with(**{key: 1, "model.name": "simpleconv", **method}))
+    assert (f"{key} = 1: the encoder (model.name = simpleconv) has BatchNorm, which needs at least 2 samples per "
+            f"training batch; allowed: {key} >= 2, or an encoder without BatchNorm (lenet5, or mlp with "
+            "model.mlp.batch_norm false)") in str(refused.value)
+    with pytest.raises(ParamsError, match=f"{key} = 1: the encoder \\(model.name = mlp with model.mlp.batch_norm true"):
+        validate(_with(**{key: 1, "model.name": "mlp", **method}))
+    with pytest.raises(ParamsError, match=f"{key} = 1: the encoder \\(the mlp data.source = adult uses, with "
+                                          "model.mlp.batch_norm true\\)"):
+        validate(_with(**{key: 1, "data.source": "adult", "bias.protocol": "auto", "model.name": "lenet5", **method}))
+    validate(_with(**{key: 1, "model.name": "lenet5", **method}))
+    validate(_with(**{key: 1, "model.name": "mlp", "model.mlp.batch_norm": False, **method}))
+    validate(_with(**{key: 2, "model.name": "resnet18", **method}))
+    if key == "stage2.batch_size":  # CNC trains on its own contrastive batches
+        validate(_with(**{key: 1, "model.name": "resnet18", "stage2.method": "cnc"}))
+
+
+def test_the_encoders_said_to_have_batchnorm_are_the_ones_built_with_it() -> None:
+    from typing import get_args
+
+    from torch import nn
+
+    from debias.models import build_model
+    from debias.params.model import ModelParams, has_batchnorm
+
+    cases = [(name, True, (3, 32, 32)) for name in get_args(ModelParams.model_fields["name"].annotation)]
+    cases += [("mlp", False, (3, 32, 32)), ("lenet5", True, (12,)), ("lenet5", False, (12,))]  # (12,): feature vectors
+    for name, batch_norm, shape in cases:
+        model = ModelParams(name=name, mlp={"batch_norm": batch_norm})
+        built = build_model(model, 2, shape)
+        found = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.modules())
+        assert has_batchnorm(model, len(shape) == 1) == found, (name, batch_norm, shape)
