@@ -289,3 +289,16 @@ def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resu
                 stages.setdefault(experiment.name, []).append(stage)
     assert stages["debias-upstream"].count("train_erm") == 1  # once, for both experiments
     assert "train_erm" not in stages["debias"] and stages["debias"].count("train_contrastive") == 2
+
+
+def test_a_name_too_long_for_a_file_name_is_refused_before_anything_is_written(repo: Path) -> None:
+    """A 300-character --name (the folder sweeps/<name>/, the prefix of each experiment's git ref) is one line and
+    exit 2, never an OSError; so is an experiment name the values make longer than a file name may be."""
+    before = sorted(p.relative_to(repo.parent) for p in repo.parent.rglob("*") if ".git" not in p.parts)
+    done = sweep_cli(repo, "--name", "a" * 300, "-S", "loss.epsilon=0,0.25", "--seeds", "0")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"sweep name '{'a' * 20}" in done.stderr and f"is 300 characters; allowed: at most {grid.MAX_NAME}" in done.stderr
+    with pytest.raises(grid.SweepError, match=f"experiment name '{'b' * 20}.*' is 2[0-9][0-9] characters; allowed: at most "
+                                              f"{grid.MAX_NAME}"):
+        grid.check_job_names([grid.Job("b" * 250 + "-epsilon0.25", {})])
+    assert sorted(p.relative_to(repo.parent) for p in repo.parent.rglob("*") if ".git" not in p.parts) == before
