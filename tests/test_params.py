@@ -224,8 +224,8 @@ def _with(**dotted) -> dict:
 @pytest.mark.parametrize("key", ["erm.batch_size", "stage2.batch_size"])
 def test_a_batch_of_one_is_refused_where_the_encoder_has_batchnorm(key) -> None:
     """BatchNorm in training mode cannot take a batch of one (torch fails at the first step, naming no param):
-    the schema refuses it, naming the key, the encoder and what is allowed, and only where the encoder has BatchNorm
-    and the stage trains in batches of that key (CNC's stage 2 builds its own batches)."""
+    the schema refuses it, naming the key, the encoder and what is allowed, and only where the encoder has
+    BatchNorm."""
     method = {"stage2.method": "eps_supinfonce"}
     with pytest.raises(ParamsError) as refused:
         validate(_with(**{key: 1, "model.name": "simpleconv", **method}))
@@ -240,8 +240,6 @@ def test_a_batch_of_one_is_refused_where_the_encoder_has_batchnorm(key) -> None:
     validate(_with(**{key: 1, "model.name": "lenet5", **method}))
     validate(_with(**{key: 1, "model.name": "mlp", "model.mlp.batch_norm": False, **method}))
     validate(_with(**{key: 2, "model.name": "resnet18", **method}))
-    if key == "stage2.batch_size":  # CNC trains on its own contrastive batches
-        validate(_with(**{key: 1, "model.name": "resnet18", "stage2.method": "cnc"}))
 
 
 def test_the_encoders_said_to_have_batchnorm_are_the_ones_built_with_it() -> None:

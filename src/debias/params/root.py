@@ -90,11 +90,7 @@ class Params(Section):
     @model_validator(mode="after")
     def _batches_fit_batchnorm(self) -> "Params":
         """BatchNorm in training mode needs two samples per batch (torch stops at the first step of a batch of one,
-        naming no param): refuse ``erm.batch_size`` / ``stage2.batch_size`` 1 where the encoder has BatchNorm and
-        the stage trains in batches of that size (a stage-2 method whose batches are ``stage2.batch_size`` names
-        it as the param to lower when memory runs out; CNC builds its own contrastive batches)."""
-        from debias.training.methods.registry import method_spec
-
+        naming no param): refuse ``erm.batch_size`` / ``stage2.batch_size`` 1 where the encoder has BatchNorm."""
         tabular = self.data.source in TABULAR_SOURCES
         if not has_batchnorm(self.model, tabular):
             return self
@@ -102,9 +98,8 @@ class Params(Section):
                    "model.name = mlp with model.mlp.batch_norm true" if self.model.name == "mlp" else
                    f"model.name = {self.model.name}")
         without = "mlp with model.mlp.batch_norm false" if tabular else "lenet5, or mlp with model.mlp.batch_norm false"
-        for key, optim, batched in (("erm", self.erm, True), ("stage2", self.stage2, "stage2.batch_size" in
-                                                               method_spec(self.stage2.method).memory_advice)):
-            if optim.batch_size == 1 and batched:
+        for key, optim in (("erm", self.erm), ("stage2", self.stage2)):
+            if optim.batch_size == 1:
                 raise ValueError(f"{key}.batch_size = 1: the encoder ({encoder}) has BatchNorm, which needs at least 2 "
                                  f"samples per training batch; allowed: {key}.batch_size >= 2, or an encoder without "
                                  f"BatchNorm ({without})")
