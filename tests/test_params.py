@@ -187,3 +187,73 @@ def test_a_typo_in_an_override_starts_with_the_unknown_key_and_the_suggestion(tm
     assert capsys.readouterr().err.startswith("unknown parameter 'lss.epsilon'; did you mean 'loss.epsilon'? (")
     assert cli_main(["check-params", str(shipped), "-S", "zzzz=1"]) == 2
     assert capsys.readouterr().err.startswith("unknown parameter 'zzzz' (-S zzzz=1; +key=value adds a key")
+
+
+def test_a_sweep_of_more_combinations_than_the_cap_is_refused_at_once_naming_the_key(tmp_path, capsys) -> None:
+    """`check-params -S 'seed=range(0,1000000)'` is counted, not expanded: refused in seconds with the key and its
+    count; the product of the axes is what counts, and a sweep at the cap is checked."""
+    import time
+
+    from debias.tools.overrides import override_sets
+    from debias.tools.sweep.grid import MAX_POINTS
+
+    shipped = tmp_path / "params.yaml"
+    shipped.write_text(committed_text("params.yaml"))
+    started = time.monotonic()
+    assert cli_main(["check-params", str(shipped), "-S", "seed=range(0,1000000)"]) == 2
+    assert time.monotonic() - started < 30
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == (
+        f"-S seed=range(0,1000000): 1000000 combinations (seed: 1000000 values), more than {MAX_POINTS} (each is "
+        "one experiment); nothing was checked: give fewer values (a range meant as a list?)")
+    with pytest.raises(ParamsError, match=r"1000 combinations \(seed: 50 values, loss.epsilon: 20 values\)"):
+        override_sets(["seed=range(0,50)", "loss.epsilon=range(0,20)", "stage2.epochs=3"], limit=999)
+    assert len(override_sets(["seed=range(0,50)", "loss.epsilon=range(0,20)"], limit=1000)) == 1000
+    values = ",".join(str(n) for n in range(12))  # a list is counted up to the cap
+    with pytest.raises(ParamsError, match=r": more than 10 combinations \(seed: more than 10 values\)"):
+        override_sets([f"seed={values}"], limit=10)
+
+
+def _with(**dotted) -> dict:
+    """The committed params.yaml with dotted keys set."""
+    from debias.tools.sweep.grid import nested
+
+    return nested(yaml.safe_load(committed_text("params.yaml")), dotted)
+
+
+@pytest.mark.parametrize("key", ["erm.batch_size", "stage2.batch_size"])
+def test_a_batch_of_one_is_refused_where_the_encoder_has_batchnorm(key) -> None:
+    """BatchNorm in training mode cannot take a batch of one (torch fails at the first step, naming no param):
+    the schema refuses it, naming the key, the encoder and what is allowed, and only where the encoder has
+    BatchNorm."""
+    method = {"stage2.method": "eps_supinfonce"}
+    with pytest.raises(ParamsError) as refused:
+        validate(_with(**{key: 1, "model.name": "simpleconv", **method}))
+    assert (f"{key} = 1: the encoder (model.name = simpleconv) has BatchNorm, which needs at least 2 samples per "
+            f"training batch; allowed: {key} >= 2, or an encoder without BatchNorm (lenet5, or mlp with "
+            "model.mlp.batch_norm false)") in str(refused.value)
+    with pytest.raises(ParamsError, match=f"{key} = 1: the encoder \\(model.name = mlp with model.mlp.batch_norm true"):
+        validate(_with(**{key: 1, "model.name": "mlp", **method}))
+    with pytest.raises(ParamsError, match=f"{key} = 1: the encoder \\(the mlp data.source = adult uses, with "
+                                          "model.mlp.batch_norm true\\)"):
+        validate(_with(**{key: 1, "data.source": "adult", "bias.protocol": "auto", "model.name": "lenet5", **method}))
+    validate(_with(**{key: 1, "model.name": "lenet5", **method}))
+    validate(_with(**{key: 1, "model.name": "mlp", "model.mlp.batch_norm": False, **method}))
+    validate(_with(**{key: 2, "model.name": "resnet18", **method}))
+
+
+def test_the_encoders_said_to_have_batchnorm_are_the_ones_built_with_it() -> None:
+    from typing import get_args
+
+    from torch import nn
+
+    from debias.models import build_model
+    from debias.params.model import ModelParams, has_batchnorm
+
+    cases = [(name, True, (3, 32, 32)) for name in get_args(ModelParams.model_fields["name"].annotation)]
+    cases += [("mlp", False, (3, 32, 32)), ("lenet5", True, (12,)), ("lenet5", False, (12,))]  # (12,): feature vectors
+    for name, batch_norm, shape in cases:
+        model = ModelParams(name=name, mlp={"batch_norm": batch_norm})
+        built = build_model(model, 2, shape)
+        found = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in built.modules())
+        assert has_batchnorm(model, len(shape) == 1) == found, (name, batch_norm, shape)

@@ -380,3 +380,30 @@ def test_a_read_only_or_immutable_params_yaml_is_one_line_and_left_as_it_was(tmp
     finally:
         subprocess.run(["chattr", "-i", str(path)], check=True)
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["params.yaml"]
+
+
+def test_errors_name_the_file_given_with_params_not_params_yaml(tmp_path, capsys) -> None:
+    """--params other.yaml: a repeated key, a section in flow style, a list instead of a mapping, values that do not
+    validate and anchors the change would break are each reported against other.yaml."""
+    path = tmp_path / "other.yaml"
+    base = committed_text("params.yaml")
+    lines = base.split("\n")
+    erm = lines.index("erm:")
+    first = next(i for i in range(erm, len(lines)) if lines[i].startswith("  lr: "))
+    second = next(i for i in range(first + 1, len(lines)) if lines[i].startswith("  lr: "))
+    aliased = [*lines]
+    aliased[first] = aliased[first].replace("lr: ", "lr: &lr ", 1)
+    aliased[second] = "  lr: *lr"
+    start = lines.index("report:")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] and not lines[i].startswith(" "))
+    flow = "\n".join([*lines[:start], "report: {title: debias report}", *lines[end:]])
+    cases = {"repeated key": (base + "\nseed: 3\n", []),
+             "flow section": (flow, ["--set", "report.dpi=120"]),
+             "a list": ("- 1\n- 2\n", []),
+             "invalid values": (base, ["--set", "stage2.cnc.temperature=0"]),
+             "aliases": ("\n".join(aliased), [])}
+    for case, (text, extra) in cases.items():
+        path.write_text(text)
+        assert main(["preset", "apply", "cnc-cmnist", "--params", str(path), *extra]) == 2, case
+        err = capsys.readouterr().err
+        assert str(path) in err and "params.yaml" not in err, (case, err)

@@ -305,3 +305,65 @@ def test_a_sweep_ignores_the_workspaces_dvc_lock_but_not_changed_params(tmp_path
     assert dirty_files(tmp_path) == []
     (tmp_path / "params.yaml").write_text("a: 2\n")
     assert dirty_files(tmp_path) == ["params.yaml"]
+def test_a_name_too_long_for_a_file_name_is_refused_before_anything_is_written(repo: Path) -> None:
+    """A 300-character --name (the folder sweeps/<name>/, the prefix of each experiment's git ref) is one line and
+    exit 2, never an OSError; so is an experiment name the values make longer than a file name may be."""
+    before = sorted(p.relative_to(repo.parent) for p in repo.parent.rglob("*") if ".git" not in p.parts)
+    done = sweep_cli(repo, "--name", "a" * 300, "-S", "loss.epsilon=0,0.25", "--seeds", "0")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"sweep name '{'a' * 20}" in done.stderr and f"is 300 characters; allowed: at most {grid.MAX_NAME}" in done.stderr
+    with pytest.raises(grid.SweepError, match=f"experiment name '{'b' * 20}.*' is 2[0-9][0-9] characters; allowed: at most "
+                                              f"{grid.MAX_NAME}"):
+        grid.check_job_names([grid.Job("b" * 250 + "-epsilon0.25", {})])
+    assert sorted(p.relative_to(repo.parent) for p in repo.parent.rglob("*") if ".git" not in p.parts) == before
+
+
+def _process_record(root: Path, task: str, pid: int, returncode: int | None, age_s: float = 0.0) -> None:
+    """DVC's record of a queued experiment's process (.dvc/tmp/exps/run/<rev>/<rev>.json), written ``age_s`` ago."""
+    import json
+    import os
+    import time
+
+    rev = task + "0" * 33
+    record = root / local.RUN_RECORDS / rev / f"{rev}.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"pid": pid, "stdin": None, "stdout": None, "stderr": None, "returncode": returncode}))
+    os.utime(record, (time.time() - age_s, time.time() - age_s))
+
+
+def test_a_running_entry_whose_process_ended_is_no_worker_and_does_not_hold_the_wait(tmp_path, monkeypatch,
+                                                                                    capsys) -> None:
+    """`dvc queue kill` can leave an entry Running in DVC's queue after its process ended: it is not counted as a
+    live worker (the queue is topped up) and, once DVC had time to collect it, the sweep stops waiting for it and
+    says why, instead of waiting silently."""
+    import os
+    import time
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    _process_record(tmp_path, "aaaaaaa", 4242, -1, age_s=3 * local.ORPHAN_GRACE_S)  # killed long ago
+    _process_record(tmp_path, "bbbbbbb", os.getpid(), None)  # runs
+    _process_record(tmp_path, "ccccccc", 4243, 0)  # just exited: DVC is collecting it
+    _process_record(tmp_path, "ddddddd", gone.pid, None)  # its process and the wrapper that records its end: gone
+    text = QUEUE_HEADER + "".join(f"{t * 7}  e{i}  01:16 AM  Running\n" for i, t in enumerate("abcd")) + \
+        "eeeeeee  e4  01:16 AM  Queued\n"
+    orphans = local.orphaned(tmp_path, text)
+    assert sorted(orphans) == ["aaaaaaa", "ddddddd"]
+    assert orphans["aaaaaaa"].startswith("its process exited (code -1) ")
+    assert orphans["ddddddd"] == f"its process {gone.pid} is gone"
+    assert local.parse_queue_status(text, orphans) == {"e0": "Failed", "e1": "Running", "e2": "Running",
+                                                       "e3": "Failed", "e4": "Queued"}
+    assert local.needs_workers(text, 3, orphans) and not local.needs_workers(text, 2, orphans)
+    # the wait ends with e0 counted as not done, and says so once
+    monkeypatch.setattr(local, "queue_text", lambda root: QUEUE_HEADER + "aaaaaaa  e0  01:16 AM  Running\n"
+                        "bbbbbbb  e1  01:16 AM  Success\n")
+    monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
+    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
+    monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
+    started = time.monotonic()
+    assert local.run_local(tmp_path, [grid.Job("e0", {}), grid.Job("e1", {})], 2, {}, poll_s=0,
+                           deadline=time.time() + 30) == ["e0"]
+    assert time.monotonic() - started < 10
+    out = capsys.readouterr().out
+    assert out.count("[sweep] e0: DVC lists it Running, but its process exited (code -1)") == 1
+    assert "(stopped by `dvc queue kill`?): counted as failed; `debias sweep --resume` reruns it" in out

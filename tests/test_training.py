@@ -290,3 +290,56 @@ def test_a_batchnorm_mlp_trains_on_a_split_one_past_a_multiple_of_the_batch_size
     assert [len(b) for b in balanced] == [batch] * (batches - 1) + [batch + 1]
     assert [len(b) for b in cut_batches(torch.arange(2 * batch + 2), batch)] == [batch, batch, 2]  # untouched
     assert [len(b) for b in cut_batches(torch.arange(1), batch)] == [1]  # nothing to merge into
+
+
+
+def _tampered(state, change) -> None:
+    """The resume state at ``state`` rewritten with ``change`` applied to its payload."""
+    from debias.core.io import load_torch, save_torch
+
+    saved = load_torch(state, "resume-state")
+    change(saved)
+    save_torch(state, saved, kind="resume-state")
+
+
+def scripted_run(epochs: int, state, interrupt_at: int | None = None):
+    """fit() of a :class:`ScriptedTask` (its weight is the last epoch trained) with a resume state at ``state``."""
+    task = ScriptedTask()
+    if interrupt_at is not None:
+        original = task.train_epoch
+
+        def train_epoch(epoch: int):
+            if epoch == interrupt_at:
+                raise Interrupt
+            return original(epoch)
+
+        task.train_epoch = train_epoch  # type: ignore[method-assign]
+    optimizer = torch.optim.SGD(task.model.parameters(), lr=0.0)
+    validate = lambda: {"val/worst_group": 0.5, "val/unbiased": 0.5, "val/avg": 0.5}  # noqa: E731
+    return fit(task, optimizer, epochs, validate, state_path=state, state_key={"params": "k"})
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    (lambda s: s.pop("history"), "it lacks history"),
+    (lambda s: s.update(epoch=500), "it claims epoch 500 done, and this run has epochs 0 .. 3"),
+    (lambda s: s.update(history=s["history"] * 3), "its history holds 6 epochs where epoch 1 done means 2"),
+    (lambda s: s.update(best_epoch=7), "its selected epoch 7 is not among the epochs done (0 .. 1)"),
+    (lambda s: s.update(modules={"other": s["modules"]["model"]}), "its modules are ['other'], this run trains "
+                                                                    "['model']"),
+])
+def test_an_invalid_resume_state_is_named_with_what_is_wrong_and_training_starts_over(tmp_path, change,
+                                                                                    problem) -> None:
+    """A resume state with the same key but a missing part or numbers that contradict the run (epoch 500 of 4) is
+    never resumed from (a KeyError on every rerun, or epoch 1's weights kept as the 4-epoch result): a warning
+    names the file and what is wrong, and the run trains every epoch, as an uninterrupted one."""
+    state = tmp_path / "resume.pt"
+    with pytest.raises(Interrupt):
+        scripted_run(4, state, interrupt_at=2)
+    _tampered(state, change)
+    with pytest.warns(UserWarning) as caught:
+        result = scripted_run(4, state)
+    assert [str(w.message) for w in caught if "resume state" in str(w.message)] == [
+        f"ignoring the resume state {state}: {problem}; training starts over"]
+    assert result.resumed_from is None and len(result.history) == 4
+    assert result.selected_epoch == 3 and float(result.selected_state["model"]["weight"]) == 3.0
+    assert scripted_run(4, state).resumed_from == 4  # the state the run saved replaced it (all 4 epochs done)

@@ -22,6 +22,16 @@ class MLPParams(Section):
     batch_norm: bool = Field(True, description="BatchNorm1d after each ReLU (WCL); false: LfF's plain MLP")
 
 
+# Image encoders with BatchNorm layers (debias.models; the mlp has them where model.mlp.batch_norm says so).
+BATCHNORM_ENCODERS = ("simpleconv", "resnet18", "resnet50")
+
+
+def has_batchnorm(model: "ModelParams", tabular: bool) -> bool:
+    """Whether the encoder built for ``model`` has BatchNorm layers; ``tabular``: feature vectors, for which every
+    ``model.name`` builds the mlp."""
+    return model.mlp.batch_norm if tabular or model.name == "mlp" else model.name in BATCHNORM_ENCODERS
+
+
 # Encoders whose last feature layer takes model.feature_activation (the others end as their paper built them:
 # ResNets in ReLU + average pool, the MLP in BatchNorm).
 ACTIVATION_ENCODERS = ("lenet5", "simpleconv")

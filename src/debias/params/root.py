@@ -17,7 +17,7 @@ from debias.params.data import DataParams
 from debias.params.evaluate import EvaluateParams
 from debias.params.health import HealthParams
 from debias.params.loss import LossParams
-from debias.params.model import ModelParams
+from debias.params.model import ModelParams, has_batchnorm
 from debias.params.optim import NEEDS_INFERRED_GROUPS, NEEDS_TRUE_GROUPS, OptimParams, Selection
 from debias.params.report import ReportParams
 
@@ -87,6 +87,23 @@ class Params(Section):
                              f"convolutions and pools), got {self.data.image_size}")
         return self
 
+    @model_validator(mode="after")
+    def _batches_fit_batchnorm(self) -> "Params":
+        """BatchNorm in training mode needs two samples per batch (torch stops at the first step of a batch of one,
+        naming no param): refuse ``erm.batch_size`` / ``stage2.batch_size`` 1 where the encoder has BatchNorm."""
+        tabular = self.data.source in TABULAR_SOURCES
+        if not has_batchnorm(self.model, tabular):
+            return self
+        encoder = (f"the mlp data.source = {self.data.source} uses, with model.mlp.batch_norm true" if tabular else
+                   "model.name = mlp with model.mlp.batch_norm true" if self.model.name == "mlp" else
+                   f"model.name = {self.model.name}")
+        without = "mlp with model.mlp.batch_norm false" if tabular else "lenet5, or mlp with model.mlp.batch_norm false"
+        for key, optim in (("erm", self.erm), ("stage2", self.stage2)):
+            if optim.batch_size == 1:
+                raise ValueError(f"{key}.batch_size = 1: the encoder ({encoder}) has BatchNorm, which needs at least 2 "
+                                 f"samples per training batch; allowed: {key}.batch_size >= 2, or an encoder without "
+                                 f"BatchNorm ({without})")
+        return self
 
     @property
     def bias_labels(self) -> bool:

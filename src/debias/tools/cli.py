@@ -159,7 +159,7 @@ def preset(args: argparse.Namespace) -> int:
             return 0
         sets = presets.parse_sets(args.set)
         path = Path(args.params)
-        applied = presets.plan_apply(presets.read_params(path), loaded, sets)
+        applied = presets.plan_apply(presets.read_params(path), loaded, sets, str(path))
     except presets.PresetError as exc:
         print(f"debias preset: {exc}", file=sys.stderr)
         return 2

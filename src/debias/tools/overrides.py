@@ -18,12 +18,45 @@ from pathlib import Path
 from debias.params import ParamsError
 
 
-def override_sets(items: list[str], params_file: str = "params.yaml") -> list[list[str]]:
+def sweep_sizes(overrides: list[str], limit: int) -> dict[str, tuple[int, bool]]:
+    """Key -> (number of values, whether exact) of each sweep among ``overrides`` (``seed=range(0,1000000)``:
+    (1000000, True)), counted without listing them: a range by its bounds, a list up to ``limit + 1`` values (then
+    not exact); plain and malformed overrides are left to DVC's parser."""
+    import itertools
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from debias.tools.sweep.grid import range_length
+
+    sizes: dict[str, tuple[int, bool]] = {}
+    parser = OverridesParser.create()
+    for text in overrides:
+        try:
+            override = parser.parse_override(text)
+            if override.is_sweep_override():
+                exact = range_length(override)
+                counted = exact if exact is not None else sum(
+                    1 for _ in itertools.islice(override.sweep_iterator(), limit + 1))
+                sizes[override.key_or_group] = (counted, exact is not None or counted <= limit)
+        except Exception:  # hydra's OverrideParseException, a glob sweep: get_hydra_sweeps names it
+            continue
+    return sizes
+
+
+def override_sets(items: list[str], params_file: str = "params.yaml", limit: int | None = None) -> list[list[str]]:
     """The override lists of every combination ``items`` (``-S`` values) expand to; DVC's grouping by file
     (``file.yaml:key=value``) and sweep expansion. Overrides of another file than ``params_file`` are refused
-    (the pipeline reads only params.yaml); a malformed override is a ParamsError naming it."""
+    (the pipeline reads only params.yaml); a malformed override is a ParamsError naming it, and so are more than
+    ``limit`` combinations (default :data:`~debias.tools.sweep.grid.MAX_POINTS`, a sweep's cap), counted before
+    any is listed."""
+    import math
+
     from dvc.utils.cli_parse import to_path_overrides
     from dvc.utils.hydra import get_hydra_sweeps
+
+    from debias.tools.sweep.grid import MAX_POINTS
+
+    limit = MAX_POINTS if limit is None else limit
 
     by_file = to_path_overrides(items)  # an override without a file prefix is DVC's default, params.yaml
     targets = {"params.yaml", params_file}
@@ -32,6 +65,14 @@ def override_sets(items: list[str], params_file: str = "params.yaml") -> list[li
         raise ParamsError(f"-S for {', '.join(others)}: the pipeline reads only {params_file}; allowed: -S key=value "
                           f"or -S {params_file}:key=value")
     merged = [override for name, overrides in by_file.items() if name in targets for override in overrides]
+    sizes = sweep_sizes(merged, limit)
+    total = math.prod(n for n, _ in sizes.values())
+    if total > limit:
+        counts = ", ".join(f"{key}: {n if exact else f'more than {limit}'} values" for key, (n, exact) in sizes.items())
+        shown = total if all(exact for _, exact in sizes.values()) else f"more than {limit}"
+        raise ParamsError(f"-S {' -S '.join(items)}: {shown} combinations ({counts}), more than "
+                          f"{limit} (each is one experiment); nothing was checked: give fewer values (a range meant "
+                          "as a list?)")
     try:
         sweeps = get_hydra_sweeps({params_file: merged})
     except Exception as exc:  # hydra's OverrideParseException, DVC's InvalidArgumentError (glob sweeps)

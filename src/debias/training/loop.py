@@ -10,8 +10,10 @@ optimizer, scheduler, RNG states, the task's sampler state, history and the best
 Rerunning after a kill continues from the last completed epoch and ends with the same
 result as an uninterrupted run (CPU, same seed). The resume state is keyed by everything the
 result depends on (:func:`resume_key`: the params the stage reads, the content of its training
-inputs, the code version); a state saved for another key is ignored, saying which part differs,
-a resume says so in the log, and the state is deleted on success.
+inputs, the code version); a state saved for another key is ignored, saying which part differs; one that
+lacks a part or contradicts the run (an epoch past its last, a history of another length:
+:func:`resume_problem`) is ignored with a warning naming the file and what is wrong; a resume says so in
+the log, and the state is deleted on success.
 
 Divergence stops training at the end of the epoch where it happens: a task records every step's loss on the
 device (:class:`StepMetrics`; no host sync inside a step) and reads it once per epoch, and ``fit`` checks the
@@ -251,6 +253,34 @@ def _key_difference(saved: Any, key: dict[str, str]) -> list[str]:
     return [part for part in key if saved.get(part) != key[part]]
 
 
+# What a resume state holds (fit saves them after every epoch); one without any of them is not resumed from.
+RESUME_KEYS = ("key", "epoch", "modules", "optimizer", "scheduler", "task", "rng", "history", "best_epoch",
+               "best_score", "best_state")
+
+
+def resume_problem(saved: dict[str, Any], epochs: int, modules: list[str]) -> str | None:
+    """What makes ``saved`` (a resume state of the same key) unusable for a run of ``epochs`` epochs training
+    ``modules``, in words: a part missing, an epoch outside the run, a history or selected epoch that contradicts
+    the epoch done, other modules; None when it is whole and consistent."""
+    missing = [key for key in RESUME_KEYS if key not in saved]
+    if missing:
+        return f"it lacks {', '.join(missing)}"
+    epoch, history, best = saved["epoch"], saved["history"], saved["best_epoch"]
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch < epochs:
+        return f"it claims epoch {epoch!r} done, and this run has epochs 0 .. {epochs - 1}"
+    if not isinstance(history, list) or len(history) != epoch + 1:
+        held = f"{len(history)} epochs" if isinstance(history, list) else f"a {type(history).__name__}"
+        return f"its history holds {held} where epoch {epoch} done means {epoch + 1}"
+    if not isinstance(best, int) or isinstance(best, bool) or not 0 <= best <= epoch:
+        return f"its selected epoch {best!r} is not among the epochs done (0 .. {epoch})"
+    for part in ("modules", "best_state"):
+        found = saved[part]
+        if not isinstance(found, dict) or sorted(found) != sorted(modules):
+            shown = sorted(found) if isinstance(found, dict) else f"a {type(found).__name__}"
+            return f"its {part} are {shown}, this run trains {sorted(modules)}"
+    return None
+
+
 @dataclass
 class FitResult:
     history: list[dict[str, float]]
@@ -354,6 +384,10 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
         if saved is not None and differs and distributed.is_main():
             print(f"[{label}] ignoring the resume state {state_path} of an interrupted run: it was saved for other "
                   f"{' and '.join(differs)} than this run's; training starts over", flush=True)
+        problem = resume_problem(saved, epochs, list(task.modules())) if saved is not None and not differs else None
+        if problem is not None:  # never resumed from, nor failed for: the next epoch's state replaces it
+            warnings.warn(f"ignoring the resume state {state_path}: {problem}; training starts over")
+            saved = None
         if saved is not None and not differs:
             for name, module in task.modules().items():
                 module.load_state_dict(saved["modules"][name])

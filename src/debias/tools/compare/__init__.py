@@ -22,7 +22,8 @@ from pathlib import Path
 
 from debias.params import ReportParams
 from debias.tools.compare.collect import Experiment
-from debias.tools.compare.data import Comparison, build_comparison, comparable, duplicate_notes, rank_metric, select
+from debias.tools.compare.data import (Comparison, build_comparison, check_filter_keys, comparable, duplicate_notes,
+                                       rank_metric, select)
 from debias.tools.compare.page import check_out, default_out, write_page
 from debias.tools.compare.terminal import MAX_WIDTH, describe_without_results, terminal_text, wrap
 
@@ -115,6 +116,7 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
     filters = "; ".join(filter(None, [f"--method {method}" if method else "",
                                       *(f"--param {p}" for p in param_filters), f"--last {last}" if last else "",
                                       *(f"--tag {k}={v}" for k, v in (tags or {}).items())]))
+    check_filter_keys(gathered, param_filters)
     chosen = select(gathered, method, param_filters, last)
     if not chosen:
         with_results = [e.name for e in gathered if comparable(e)]

@@ -51,6 +51,25 @@ def missing_reason(experiment: Experiment) -> str:
     return reason + (f"; run `{experiment.fix}`" if experiment.fix else "")
 
 
+def check_filter_keys(experiments: list[Experiment], param_filters: Iterable[str]) -> None:
+    """Raise a ValueError naming each ``--param`` key that none of ``experiments`` has, with the closest key they
+    have (difflib); nothing when ``experiments`` is empty."""
+    import difflib
+
+    known = sorted({key for experiment in experiments for key in experiment.params})
+    if not known:
+        return
+    problems = []
+    for text in param_filters:
+        key, _ = parse_filter(text)
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            problems.append(f"--param {text}: no experiment has the param '{key}'"
+                            + (f"; did you mean '{close[0]}'?" if close else f"; their params: {', '.join(known)}"))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def select(experiments: list[Experiment], method: str | None = None, param_filters: Iterable[str] = (),
            last: int | None = None, keep_duplicates: bool = False) -> list[Experiment]:
     """The finished experiments with comparable results (:func:`comparable`) whose ``stage2.method`` is ``method``

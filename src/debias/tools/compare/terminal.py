@@ -167,6 +167,13 @@ def wrap(text: str, width: int = MAX_WIDTH) -> list[str]:
     return textwrap.wrap(text, width) or [""]
 
 
+def seed_count(measured: int, seeds: int) -> str:
+    """``measured`` (the seeds with the metric) in words, with the group's ``seeds`` where some lack it."""
+    text = f"{measured} seed{'s' if measured != 1 else ''}"
+    missing = seeds - measured
+    return text + (f" of {seeds}: the other{'s lack' if missing > 1 else ' lacks'} it" if missing > 0 else "")
+
+
 def difference_line(d: dict) -> str:
     """One group against the top of its data family: the difference of means, and the verdict paired by seed."""
     if d["paired"] is None:
@@ -195,7 +202,7 @@ def difference_lines(comparison: Comparison) -> list[str]:
             comparison.frame["experiment"].isin(str(top["experiments"]).split(", ")), rank],
             errors="coerce").notna().sum())
         shown = (f"{group_label(top, comparison.group_params)} "
-                 f"({fmt_mean_std(top[f'{rank}_mean'], top[f'{rank}_std'], True, ' ± ')} %, {n} seed{'s' if n != 1 else ''})")
+                 f"({fmt_mean_std(top[f'{rank}_mean'], top[f'{rank}_std'], True, ' ± ')} %, {seed_count(n, int(top['seeds']))})")
         where = f" on data {family}" if family else ""
         if evidence_of_best(comparison.differences, family):
             lines.append(f"best by {label}{where}: {shown}")

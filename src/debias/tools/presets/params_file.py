@@ -24,9 +24,10 @@ from debias.tools.presets.catalog import Preset, PresetError, compose, flow_dump
 # --------------------------------------------------------------------------- rewriting params.yaml in place
 
 
-def _value_end(lines: list[str], line: int, col: int, in_flow: bool) -> tuple[int, int]:
+def _value_end(lines: list[str], line: int, col: int, in_flow: bool, where: str = "params.yaml") -> tuple[int, int]:
     """(line, column) just past the value that starts at (line, col): a bracketed flow value up to its closing
-    bracket, a scalar up to its comment / line end (inside a flow collection: up to ',' or the closing bracket)."""
+    bracket, a scalar up to its comment / line end (inside a flow collection: up to ',' or the closing bracket);
+    ``where`` names the file in errors."""
     text = lines[line]
     if col < len(text) and text[col] in "[{":
         depth, quote = 0, ""
@@ -44,7 +45,7 @@ def _value_end(lines: list[str], line: int, col: int, in_flow: bool) -> tuple[in
                     depth -= 1
                     if depth == 0:
                         return ln, c + 1
-        raise PresetError(f"params.yaml line {line + 1}: unclosed '{text[col]}'")
+        raise PresetError(f"{where} line {line + 1}: unclosed '{text[col]}'")
     end = len(text)
     if col < len(text) and text[col] in "'\"":
         close = text.find(text[col], col + 1)
@@ -88,8 +89,8 @@ def _starts_flow(lines: list[str], line: int, col: int) -> bool:
     return line < len(lines) and col < len(lines[line]) and lines[line][col] in "[{"
 
 
-def _subtree_last_line(node: Any, lines: list[str]) -> int:
-    """The last line a mapping / sequence node occupies (0-based)."""
+def _subtree_last_line(node: Any, lines: list[str], where: str = "params.yaml") -> int:
+    """The last line a mapping / sequence node occupies (0-based); ``where`` names the file in errors."""
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     last = node.lc.line
@@ -101,9 +102,9 @@ def _subtree_last_line(node: Any, lines: list[str]) -> int:
             child = node[key]
             if isinstance(child, (CommentedMap, CommentedSeq)):
                 if _starts_flow(lines, vl, vc):
-                    last = max(last, _value_end(lines, vl, vc, False)[0])
+                    last = max(last, _value_end(lines, vl, vc, False, where)[0])
                 else:
-                    last = max(last, _subtree_last_line(child, lines))
+                    last = max(last, _subtree_last_line(child, lines, where))
             elif child is None and _empty_value(lines, (kl, node.lc.key(key)[1]), str(key)) is not None:
                 last = max(last, kl)  # `key:` written empty (DVC's null): ruamel places its value on the next token
             else:
@@ -115,9 +116,9 @@ def _subtree_last_line(node: Any, lines: list[str]) -> int:
             child = node[i]
             if isinstance(child, (CommentedMap, CommentedSeq)):  # nested lists (block lists of lists, as DVC writes)
                 if _starts_flow(lines, il, ic):
-                    last = max(last, _value_end(lines, il, ic, False)[0])
+                    last = max(last, _value_end(lines, il, ic, False, where)[0])
                 else:
-                    last = max(last, _subtree_last_line(child, lines))
+                    last = max(last, _subtree_last_line(child, lines, where))
     return last
 
 
@@ -144,14 +145,15 @@ def _block_body(key: str, value: Any, indent: int) -> list[str]:
     return [" " * indent + line for line in buffer.getvalue().rstrip("\n").split("\n")[1:]]
 
 
-def rewrite(text: str, changes: dict[str, Any]) -> str:
+def rewrite(text: str, changes: dict[str, Any], where: str = "params.yaml") -> str:
     """``text`` (a YAML mapping in block style) with the leaves of ``changes`` set: existing values are replaced
-    where they stand, missing keys are appended to their section; every other byte stays."""
+    where they stand, missing keys are appended to their section; every other byte stays. ``where`` names the
+    file in errors."""
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     lines = text.split("\n")
     for dotted, value in flatten(changes).items():
-        doc = _load_yaml("\n".join(lines), "params.yaml as rewritten", typ="rt")
+        doc = _load_yaml("\n".join(lines), f"{where} as rewritten", typ="rt")
         if doc is None:
             doc = CommentedMap()
         parts = dotted.split(".")
@@ -159,16 +161,16 @@ def rewrite(text: str, changes: dict[str, Any]) -> str:
         for depth, part in enumerate(parts):
             last = depth == len(parts) - 1
             if not isinstance(node, CommentedMap):
-                raise PresetError(f"params.yaml: {'.'.join(path)} is not a mapping, cannot set {dotted}")
+                raise PresetError(f"{where}: {'.'.join(path)} is not a mapping, cannot set {dotted}")
             if part not in node:
                 rest = unflatten({".".join(parts[depth + 1:]): value}) if not last else value
                 if node is doc:
                     insert_at, indent = len(lines) - (1 if lines and lines[-1] == "" else 0), 0
                 else:
                     if node.fa.flow_style():
-                        raise PresetError(f"params.yaml: {'.'.join(path)} is written in flow style {{...}}; "
+                        raise PresetError(f"{where}: {'.'.join(path)} is written in flow style {{...}}; "
                                           f"set {dotted} there by hand")
-                    insert_at = _subtree_last_line(node, lines) + 1
+                    insert_at = _subtree_last_line(node, lines, where) + 1
                     indent = node.lc.key(next(iter(node)))[1] if len(node) else 2 * depth
                 lines[insert_at:insert_at] = _block_lines(part, rest, indent)
                 break
@@ -181,9 +183,9 @@ def rewrite(text: str, changes: dict[str, Any]) -> str:
                     break
                 if isinstance(child, (CommentedMap, CommentedSeq)) and not _starts_flow(lines, vl, vc):
                     kl, kc = node.lc.key(part)  # a block collection (as dvc exp run -S writes lists): its lines anew
-                    lines[kl + 1:_subtree_last_line(child, lines) + 1] = _block_body(part, value, kc)
+                    lines[kl + 1:_subtree_last_line(child, lines, where) + 1] = _block_body(part, value, kc)
                     break
-                end = _value_end(lines, vl, vc, bool(node.fa.flow_style()))
+                end = _value_end(lines, vl, vc, bool(node.fa.flow_style()), where)
                 _replace(lines, (vl, vc), end, flow_dump(value))
                 break
             path.append(part)
@@ -226,38 +228,39 @@ class Applied:
     changes: dict[str, tuple[Any, Any]]  # dotted key -> (old, new); old is None where the key was absent
 
 
-def plan_apply(text: str, preset: Preset, sets: dict[str, Any] | None = None) -> Applied:
-    """The new params.yaml text for ``preset`` (and ``sets``) over ``text``; validated, nothing written.
+def plan_apply(text: str, preset: Preset, sets: dict[str, Any] | None = None, where: str = "params.yaml") -> Applied:
+    """The new params.yaml text for ``preset`` (and ``sets``) over ``text`` (the file ``where``, named in errors);
+    validated, nothing written.
 
     Raises PresetError when the composition fails the schema or the rewritten text would not read back as it."""
     from debias.params import validate
 
-    base = _load_yaml(text, "params.yaml") or {}
+    base = _load_yaml(text, where) or {}
     if not isinstance(base, dict):
-        raise PresetError(f"params.yaml holds a {type(base).__name__}, not a mapping of sections; nothing written")
+        raise PresetError(f"{where} holds a {type(base).__name__}, not a mapping of sections; nothing written")
     target = compose(base, preset, sets)
     try:
         validate(target)
     except ParamsError as exc:
         raise PresetError(f"preset {preset.name} (version {preset.version}) does not compose into valid params; "
-                          f"nothing written:\n{exc}") from None
+                          f"nothing written:\n{str(exc).replace('invalid params.yaml:', f'invalid {where}:', 1)}") from None
     old, new = flatten(base), flatten(target)
     changes = {k: (old.get(k), v) for k, v in new.items() if k not in old or old[k] != v
                or type(old[k]) is not type(v)}
     aliases = _aliases(text) if changes else []
     try:
-        rewritten = rewrite(text, unflatten({k: v for k, (_, v) in changes.items()})) if changes else text
-        ok = _load_yaml(rewritten, "params.yaml as rewritten") == target  # the surgery must yield the composition
+        rewritten = rewrite(text, unflatten({k: v for k, (_, v) in changes.items()}), where) if changes else text
+        ok = _load_yaml(rewritten, f"{where} as rewritten") == target  # the surgery must yield the composition
     except PresetError as exc:
         if not aliases:
             raise
         ok, why = False, str(exc)
     if not ok:
         if aliases:
-            raise PresetError(f"preset {preset.name}: params.yaml shares values through YAML anchors and aliases "
+            raise PresetError(f"preset {preset.name}: {where} shares values through YAML anchors and aliases "
                               f"({', '.join(aliases[:6])}), which rewriting the changed values in place would "
                               "break; write those values out instead of the alias, then apply again; nothing written")
-        raise PresetError(f"preset {preset.name}: params.yaml could not be rewritten in place; nothing written")
+        raise PresetError(f"preset {preset.name}: {where} could not be rewritten in place; nothing written")
     return Applied(rewritten, changes)
 
 

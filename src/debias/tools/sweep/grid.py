@@ -22,6 +22,10 @@ SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 # letter or digit, so '.', '..' and names git or a shell would read as options are refused.
 SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
+# The longest sweep or experiment name, in bytes: each is one file name (sweeps/<name>/, an experiment's git ref
+# refs/exps/.../<name> and its clone folder), and Linux file systems (ext4, xfs, btrfs) allow 255 bytes.
+MAX_NAME = 255
+
 # Experiments a sweep may have unless --max-points raises it (ours): over six times the largest grid the project
 # runs (the quality benchmark's on a cluster: 156 experiments, docs/cluster.md). Each point is a DVC experiment of
 # its own (a queue entry, a git ref, an MLflow run tree), so a grid past this is most often a range typed for a
@@ -51,13 +55,33 @@ def _plain(value: Any) -> Any:
     return getattr(value, "text", value)  # hydra's QuotedString
 
 
+def _shown(name: str) -> str:
+    """``name`` quoted, cut to its first 40 characters."""
+    return repr(name) if len(name) <= 40 else repr(name[:40])[:-1] + "…'"
+
+
 def check_name(name: str) -> str:
-    """``name`` when it is a safe sweep name (:data:`SWEEP_NAME`, no '..'), else a SweepError saying what is allowed."""
+    """``name`` when it is a safe sweep name (:data:`SWEEP_NAME`, no '..', at most :data:`MAX_NAME` bytes), else a
+    SweepError saying what is allowed."""
     if not SWEEP_NAME.fullmatch(name) or ".." in name:
         raise SweepError(f"sweep name {name!r}: it names the folder sweeps/<name>/ and prefixes the experiments' "
                          "names; allowed: letters, digits, '.', '_' and '-', starting with a letter or digit, "
                          "without '..'")
+    if len(name.encode()) > MAX_NAME:
+        raise SweepError(f"sweep name {_shown(name)} is {len(name.encode())} characters; allowed: at most {MAX_NAME} "
+                         "(it names the folder sweeps/<name>/ and prefixes the experiments' names, each a file name); "
+                         "nothing was written")
     return name
+
+
+def check_job_names(jobs: list[Job]) -> None:
+    """Raise a SweepError naming the experiments whose names are longer than a file name (:data:`MAX_NAME` bytes:
+    each is a git ref and a folder)."""
+    long = [job.name for job in jobs if len(job.name.encode()) > MAX_NAME]
+    if long:
+        raise SweepError(f"experiment name {_shown(long[0])} is {len(long[0].encode())} characters; allowed: at most "
+                         f"{MAX_NAME} (each is a git ref and a folder); {len(long)} of {len(jobs)} are longer: give a "
+                         "shorter --name, or name the experiments in a --file (experiments: [{name, set}])")
 
 
 def too_many(points: int | str, limit: int, what: str) -> SweepError:
@@ -305,4 +329,5 @@ def plan_from_args(args: argparse.Namespace, root: Path) -> tuple[str, list[Job]
     check_name(name)
     if len(jobs) > limit:  # a file's list of experiments
         raise too_many(len(jobs), limit, "the sweep")
+    check_job_names(jobs)
     return name, jobs, upstream

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +17,66 @@ from debias.tools.sweep.workspace import finished_experiments, run
 # ``dvc queue status`` -> sweep state; a requeued name lists several entries: the first of STATUS_PRIORITY wins.
 STATUS_PRIORITY = ("Running", "Queued", "Success", "Failed")
 QUEUE_STATES = {"Running": "running", "Queued": "queued", "Success": "done", "Failed": "failed"}
+# DVC's record of each queued experiment's process: <rev>/<rev>.json (pid, returncode; dvc-task's ProcessInfo) and
+# its output <rev>/<rev>.out.
+RUN_RECORDS = Path(".dvc", "tmp", "exps", "run")
+# ours: after an experiment's process exits its worker still collects the results (a git ref, the outputs into the
+# cache) before DVC lists it done; an entry still listed Running this long after its process exited is orphaned.
+ORPHAN_GRACE_S = 120.0
 
 
-def parse_queue_status(text: str) -> dict[str, str]:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of that pid exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def ended_process(root: Path, task: str, now: float | None = None) -> str | None:
+    """Why the process of queue task ``task`` (``dvc queue status``'s 7-character rev) has ended for good, from DVC's
+    record of it: exited over :data:`ORPHAN_GRACE_S` ago, or its pid gone without an exit recorded (the wrapper
+    that records it died with it); None while it runs, just after it exited, or without a record."""
+    now = time.time() if now is None else now
+    for record in (root / RUN_RECORDS).glob(f"{task}*/{task}*.json"):
+        try:
+            info, written = json.loads(record.read_text()), record.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        code, pid = info.get("returncode"), info.get("pid")
+        if code is not None and now - written > ORPHAN_GRACE_S:
+            return f"its process exited (code {code}) {now - written:.0f} s ago"
+        if code is None and isinstance(pid, int) and not pid_alive(pid):
+            return f"its process {pid} is gone"
+    return None
+
+
+def orphaned(root: Path, text: str) -> dict[str, str]:
+    """Task -> why, for each entry ``dvc queue status`` (``text``) lists Running whose process ended for good
+    (:func:`ended_process`): ``dvc queue kill`` can leave an entry Running in DVC's queue with no worker on it."""
+    found = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) > 2 and "Running" in words[2:]:
+            why = ended_process(root, words[0])
+            if why is not None:
+                found[words[0]] = why
+    return found
+
+
+def parse_queue_status(text: str, orphans: Collection[str] = ()) -> dict[str, str]:
     """Experiment name -> DVC status (Queued, Running, Success, Failed) from ``dvc queue status``'s text
-    (columns: task, name, created..., status); several entries of one name: the first of STATUS_PRIORITY."""
+    (columns: task, name, created..., status); several entries of one name: the first of STATUS_PRIORITY. A Running
+    entry whose task is in ``orphans`` (:func:`orphaned`) counts as Failed."""
     statuses: dict[str, str] = {}
     for line in text.splitlines():
         words = line.split()
         found = [status for status in STATUS_PRIORITY if status in words[2:]]
+        if found and found[0] == "Running" and words[0] in orphans:
+            found = ["Failed"]
         if found:
             current = statuses.get(words[1])
             if current is None or STATUS_PRIORITY.index(found[0]) < STATUS_PRIORITY.index(current):
@@ -57,17 +111,19 @@ def queue_status(root: Path) -> dict[str, str]:
     return parse_queue_status(queue_text(root))
 
 
-def needs_workers(text: str, workers: int) -> bool:
+def needs_workers(text: str, workers: int, orphans: Collection[str] = ()) -> bool:
     """Whether to top the queue up (``text``: ``dvc queue status``'s): an experiment is queued and fewer than
-    ``workers`` run. ``dvc queue start -j N`` counts its workers by asking them (celery ``inspect``, 1 s); one busy
-    in a stage may not answer and then gets a second worker of its name: N + 1 experiments at once (seen: -j 3, 4)."""
-    states = list(parse_queue_status(text).values())
+    ``workers`` run (an orphaned Running entry, ``orphans``, is no worker). ``dvc queue start -j N`` counts its
+    workers by asking them (celery ``inspect``, 1 s); one busy in a stage may not answer and then gets a second
+    worker of its name: N + 1 experiments at once (seen: -j 3, 4)."""
+    states = list(parse_queue_status(text, orphans).values())
     return "Queued" in states and states.count("Running") < workers
 
 
 def top_up(root: Path, workers: int, env: dict[str, str], text: str | None = None) -> None:
     """:func:`start_workers` where :func:`needs_workers` says so (``text``: a fresh ``dvc queue status``)."""
-    if needs_workers(queue_text(root) if text is None else text, workers):
+    text = queue_text(root) if text is None else text
+    if needs_workers(text, workers, orphaned(root, text)):
         start_workers(root, workers, env)
 
 
@@ -87,7 +143,8 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
               poll_s: float = 10.0, log: str = "sweep") -> list[str]:
     """Queue ``jobs`` (in order) that are not done, queued or running, run them on ``workers`` DVC queue workers
     and wait. Workers start after the first ``workers`` experiments are queued, so queueing overlaps running.
-    At ``deadline`` (a ``time.time()``) the queue is stopped and unfinished experiments are left out. Returns
+    At ``deadline`` (a ``time.time()``) the queue is stopped and unfinished experiments are left out. An entry DVC
+    lists Running whose process ended for good (:func:`orphaned`) is said once and counted as failed. Returns
     the names that did not succeed (failed ones are printed with the end of their log)."""
     present = queue_status(root)
     done = finished_experiments(root, run(["git", "rev-parse", "HEAD"], root).strip())
@@ -101,10 +158,17 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
             break
     top_up(root, workers, env)
     names = {job.name for job in jobs}
-    reported = -1
+    reported, told = -1, set()
     while True:
         text = queue_text(root)
-        statuses = {**parse_queue_status(text), **{name: "Success" for name in done}}
+        orphans = orphaned(root, text)
+        for line in text.splitlines():
+            words = line.split()
+            if len(words) > 1 and words[0] in orphans and words[0] not in told and words[1] in names:
+                told.add(words[0])
+                print(f"[{log}] {words[1]}: DVC lists it Running, but {orphans[words[0]]} (stopped by `dvc queue "
+                      "kill`?): counted as failed; `debias sweep --resume` reruns it", flush=True)
+        statuses = {**parse_queue_status(text, orphans), **{name: "Success" for name in done}}
         finished = [n for n in names if statuses.get(n) in ("Success", "Failed")]
         if len(finished) != reported:
             reported = len(finished)
@@ -128,7 +192,7 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
 def local_states(root: Path, state: dict[str, Any]) -> dict[str, tuple[str, str]]:
     done = finished_experiments(root, state["commit"])
     text = queue_text(root)
-    queued = parse_queue_status(text)
+    queued = parse_queue_status(text, orphaned(root, text))
     states = {}
     for job in state["jobs"]:
         name = job["name"]
