@@ -10,7 +10,8 @@ from debias.core.fingerprint import file_digest, tree_digest
 from debias.core.io import save_json
 from debias.core.paths import SOURCE_FINGERPRINT
 from debias.data.sources.base import DataSourceError, external_files, source_digests
-from debias.params import ParamsError, load_params
+from debias.params import ParamsError
+from debias.schema import load_params
 
 
 def fingerprint() -> dict:

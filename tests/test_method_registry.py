@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from debias.params import ParamsError, validate
-from debias.training.methods.registry import METHODS, MethodSpec, register_method
+from debias.params import ParamsError
+from debias.schema import validate
+from debias.training.methods.registry import METHODS, MethodSpec, discover, register_method
 from tests.conftest import REPO
 
 
@@ -32,9 +33,9 @@ import json, sys
 import torch
 from debias.harness.memory import out_of_memory_advice
 from debias.harness.tracking import StageRun
-from debias.params import validate
-from debias.params.applicability import RunContext, applies
-from debias.params.sources import SOURCES
+from debias.schema import validate
+from debias.schema.applicability import RunContext, applies
+from debias.schema.sources import SOURCES
 from debias.training.methods import METHODS, train_stage2
 from debias.training.outputs import StageOutputs
 from tests.test_training import tiny_split
@@ -91,14 +92,15 @@ def test_a_method_from_a_temporary_module_trains_a_tiny_stage_2(tmp_path) -> Non
 
 
 def test_a_method_outside_the_registry_is_refused_naming_the_registered_ones(tmp_path) -> None:
-    code = "from debias.params import validate; validate({'stage2': {'method': 'focal', 'focal': {'gamma': 1.0}}})"
+    code = "from debias.schema import validate; validate({'stage2': {'method': 'focal', 'focal': {'gamma': 1.0}}})"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env=_env(tmp_path), timeout=120)  # no DEBIAS_METHODS: focal is not registered
     assert done.returncode != 0
     assert "stage2.method = 'focal' is not allowed; allowed: 'cnc', " in done.stderr
     assert "unknown parameter 'stage2.focal'" in done.stderr
-    done = subprocess.run([sys.executable, "-c", "import debias.params"], cwd=tmp_path, capture_output=True, text=True,
-                          env=_env(tmp_path, DEBIAS_METHODS="no_such_module"), timeout=120)
+    done = subprocess.run([sys.executable, "-c", "from debias.schema import validate; validate({})"], cwd=tmp_path,
+                          capture_output=True, text=True, env=_env(tmp_path, DEBIAS_METHODS="no_such_module"),
+                          timeout=120)
     assert done.returncode != 0 and "DEBIAS_METHODS names 'no_such_module', which cannot be imported" in done.stderr
 
 
@@ -106,17 +108,20 @@ def test_a_declaration_must_name_the_source_of_every_default() -> None:
     from debias.training.methods.lff import LfFParams
 
     with pytest.raises(ValueError, match=r"no source for stage2\.lff2\.ema_alpha"):
-        register_method("lff2", "x:y", section="lff2", params=LfFParams, sources={"q": "paper: LfF"})
+        register_method("lff2", "x:y", section="lff2", params=LfFParams, sources={"q": "paper: LfF"}, memory_plan=None)
     with pytest.raises(ValueError, match=r"stage2\.lff is already lff's"):
-        register_method("lff2", "x:y", section="lff", params=LfFParams, sources={"q": "", "ema_alpha": ""})
+        register_method("lff2", "x:y", section="lff", params=LfFParams, sources={"q": "", "ema_alpha": ""},
+                        memory_plan=None)
     with pytest.raises(ValueError, match="registered twice"):
-        register_method("cnc", "x:y")
+        register_method("cnc", "x:y", memory_plan=None)
+    with pytest.raises(ValueError, match=r"stage-2 method 'lff2' declares no memory_plan; allowed: a function"):
+        register_method("lff2", "x:y")  # a forgotten plan is refused, not estimated as ERM's
     assert "lff2" not in METHODS
 
 
 def test_every_shipped_method_is_declared_in_its_own_package() -> None:
     package = REPO / "src" / "debias" / "training" / "methods"
-    for name, spec in METHODS.items():
+    for name, spec in discover().items():
         assert isinstance(spec, MethodSpec) and spec.display
         module = spec.setup.partition(":")[0] if isinstance(spec.setup, str) else spec.setup.__module__
         assert module.startswith("debias.training.methods.") and module.endswith(".train"), (name, module)
@@ -137,7 +142,7 @@ def _modules_quoting(names: set[str]) -> dict[str, set[str]]:
 
 def test_a_methods_name_is_quoted_in_at_most_two_modules() -> None:
     # erm is also stage 1's name (train_erm, erm.*, models/erm.pt): every consumer of stage 1 names it
-    modules = _modules_quoting(set(METHODS) - {"erm"})
+    modules = _modules_quoting(set(discover()) - {"erm"})
     spread = {name: sorted(where) for name, where in modules.items() if len(where) > 2}
     assert not spread, spread
     assert modules["cnc"] >= {"src/debias/training/methods/cnc/__init__.py"}  # the walk finds its declaration
@@ -146,7 +151,7 @@ def test_a_methods_name_is_quoted_in_at_most_two_modules() -> None:
 def test_no_chain_of_method_names_outside_the_method_packages() -> None:
     """No ``stage2.method == '<name>'`` / ``method in (...)`` comparison outside the method packages (erm is also
     stage 1's model, whose checkpoints the probe tells apart by that name)."""
-    names = set(METHODS)
+    names = set(discover())
     methods = REPO / "src" / "debias" / "training" / "methods"
     offenders = []
     for path in [*(REPO / "src").rglob("*.py"), *(REPO / "pipeline").glob("*.py")]:

@@ -12,7 +12,8 @@ from torch import nn
 from debias import losses
 from debias.core.runtime import seed_everything
 from debias.data.augment import random_shift, view
-from debias.params import ParamsError, validate
+from debias.params import ParamsError
+from debias.schema import validate
 from debias.training.loop import fit
 from debias.training.methods import (METHODS, Stage2Inputs, fit_head, head_trained_methods, jtt_pool, setup_method,
                                      stage2_validator)

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from debias.core.errors import ParamsError
-from debias.params import BACKGROUND_COLOURS, Params, validate
+from debias.params import BACKGROUND_COLOURS
+from debias.schema import Params, validate
 from debias.tools import presets
 from debias.tools.cli import main
 from tests.conftest import committed_text

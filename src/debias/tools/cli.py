@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from debias.params import ParamsError, load_params
+from debias.params import ParamsError
+from debias.schema import load_params
 
 DESCRIPTION = ("debias: tools around the DVC pipeline (the pipeline itself runs with dvc repro and dvc exp run). "
                'Run "debias COMMAND --help" for the options of a command.')
@@ -23,7 +24,7 @@ def check_params(path: str, label: str | None = None) -> int:
         return 2
     print(f"{label or path}: valid (source={params.data.source}, protocol={params.bias.protocol}, "
           f"model={params.model.name}, groups={params.groups.method}, stage2={params.stage2.method})")
-    from debias.params.applicability import RunContext, weak_warnings
+    from debias.schema.applicability import RunContext, weak_warnings
 
     for message in weak_warnings(RunContext(params)):  # valid, but a param that weighs almost nothing: say so
         print(f"{label or path}: WARNING {message}")

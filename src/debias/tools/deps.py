@@ -16,8 +16,8 @@ every file of the repository it reaches: the entrypoint, ``src/debias/**.py`` (e
   module's own imports, since what it calls may compute output values (the stage runner writes the headline
   metrics through :mod:`debias.core.headline` and sizes the thread pools through :mod:`debias.core.runtime`).
   tests/test_forkserver.py holds the harness to this: the same output bytes with the fork server on and off.
-- **The params schema** (:mod:`debias.params`, one module per section): a stage depends on the modules of the
-  sections it reads (its ``params:`` in dvc.yaml, the modules of the section classes the code imports by name,
+- **The params schema** (:mod:`debias.params`, one module per section, completed and loaded by :mod:`debias.schema`):
+  a stage depends on the modules of the sections it reads (its ``params:`` in dvc.yaml, the modules of the section classes the code imports by name,
   every section for a stage that depends on params.yaml whole) plus the shared ones (:data:`PARAMS_COMMON`),
   not on every section: a change to ``loss``'s schema reruns the stages that read ``loss``.
 
@@ -65,6 +65,7 @@ HARNESS: dict[str, str] = {
 HARNESS_LEAVES = ("debias.harness.memory",)
 
 PARAMS = "debias.params"
+SCHEMA = "debias.schema"  # the whole schema built from the sections and the registries: a face, as the package
 # The schema's modules every stage that loads params depends on: the package (re-exports), the Section base and
 # the root (the Params model with its checks across sections, and the loading every stage runs).
 PARAMS_COMMON = ("debias.params.base", "debias.params.root")
@@ -197,9 +198,10 @@ def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = (
         if path in seen:
             continue
         seen.add(path)
-        if path.name == "__init__.py" and path.parent == root / SOURCE_ROOT / Path(*PARAMS.split(".")):
+        if path.name == "__init__.py" and path.parent in (root / SOURCE_ROOT / Path(*PARAMS.split(".")),
+                                                          root / SOURCE_ROOT / Path(*SCHEMA.split("."))):
             todo += [f for name in PARAMS_COMMON if (f := module_file(name, root)) is not None]
-            continue  # the package only re-exports: which sections count is decided by name, not by its imports
+            continue  # the package re-exports, the schema assembles: which sections count is decided by name
         own = module_name(path, root) if path.is_relative_to(root / SOURCE_ROOT) else ""
         if own in HARNESS_LEAVES:
             continue

@@ -412,7 +412,7 @@ def plan_apply(text: str, preset: Preset, sets: dict[str, Any] | None = None) ->
     """The new params.yaml text for ``preset`` (and ``sets``) over ``text``; validated, nothing written.
 
     Raises PresetError when the composition fails the schema or the rewritten text would not read back as it."""
-    from debias.params import validate
+    from debias.schema import validate
 
     base = _load_yaml(text, "params.yaml") or {}
     if not isinstance(base, dict):
