@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from debias.core.errors import DeclarationError
 from debias.core.fingerprint import file_digest, tree_digest
 from debias.core.io import save_json
 from debias.core.paths import SOURCE_FINGERPRINT
@@ -38,6 +39,6 @@ def write_if_changed(path: Path, document: dict) -> None:
 if __name__ == "__main__":
     try:
         write_if_changed(SOURCE_FINGERPRINT, fingerprint())
-    except (ParamsError, DataSourceError) as exc:
+    except (ParamsError, DataSourceError, DeclarationError) as exc:
         print(f"[source] error: {str(exc)[:2000]}", file=sys.stderr)
         sys.exit(2)

@@ -12,20 +12,35 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from debias.params import ParamsError
 from debias.schema import validate
 from debias.training.methods.registry import METHODS, MethodSpec, discover, register_method
-from tests.conftest import REPO
+from tests.conftest import REPO, committed_text
 
 
 
-def walk_through_module() -> str:
-    """The focal-loss module of docs/extending.md (the python block after its ``<!-- focal_method.py -->`` marker):
-    its params, sources, memory plan, applicability and training, in one file."""
+def doc_block(marker: str, language: str = "python") -> str:
+    """The ``language`` block after ``<!-- marker -->`` in docs/extending.md (the page's example is what runs)."""
     text = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
-    block = text.split("<!-- focal_method.py -->", 1)[1].split("```python\n", 1)[1]
-    return block.split("```", 1)[0]
+    return text.split(f"<!-- {marker} -->", 1)[1].split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def write_walk_through(folder: Path) -> None:
+    """docs/extending.md's focal-loss method as it says to lay it out: the package ``focal`` (its declaration and
+    its training code) under ``folder``, and ``folder/params.yaml``, the committed one with the page's
+    ``stage2.focal`` block added, run as ``-S stage2.method=focal`` with a tiny stage 2."""
+    (folder / "focal").mkdir()
+    (folder / "focal" / "__init__.py").write_text(doc_block("focal/__init__.py"))
+    (folder / "focal" / "train.py").write_text(doc_block("focal/train.py"))
+    text = committed_text("params.yaml")
+    block = doc_block("params.yaml: stage2", "yaml")
+    assert "\nstage2:\n" in text and block.startswith("  focal:\n")
+    params = yaml.safe_load(text.replace("\nstage2:\n", "\nstage2:\n" + block, 1))
+    params["stage2"].update(method="focal", optimizer="adam", lr=3e-3, batch_size=32, epochs=2)
+    params["stage2"]["focal"]["gamma"] = 1.5
+    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
 RUN = '''
@@ -33,18 +48,17 @@ import json, sys
 import torch
 from debias.harness.memory import out_of_memory_advice
 from debias.harness.tracking import StageRun
-from debias.schema import validate
+from debias.schema import load_params, validate
 from debias.schema.applicability import RunContext, applies
 from debias.schema.sources import SOURCES
 from debias.training.methods import METHODS, train_stage2
 from debias.training.outputs import StageOutputs
 from tests.test_training import tiny_split
-import focal_method
+import focal
 
 from pathlib import Path
 out = Path(sys.argv[1])
-params = validate({"stage2": {"method": "focal", "focal": {"gamma": 1.5}, "optimizer": "adam", "lr": 3e-3,
-                              "batch_size": 32, "epochs": 2}})
+params = load_params("params.yaml")
 train, val = tiny_split(96), tiny_split(48, seed=1)
 outputs = StageOutputs(model=out / "stage2.pt", embeddings_dir=out / "stage2", metrics=out / "stage2_train.json",
                        curves=out / "curves.csv", resume=out / "resume.pt")
@@ -52,7 +66,7 @@ train_stage2(params, {"train": train, "val": val, "test": val}, train.a.clone(),
              StageRun(None, None), outputs)
 cnc = validate({"stage2": {"method": "cnc"}})
 print(json.dumps({
-    "registered": sorted(METHODS), "plans": focal_method.PLANS, "gamma": params.stage2.focal.gamma,
+    "registered": sorted(METHODS), "plans": focal.PLANS, "gamma": params.stage2.focal.gamma,
     "default_gamma": cnc.stage2.focal.gamma, "source": SOURCES.get("stage2.focal.gamma"),
     "applies": [applies("stage2.focal.gamma", RunContext(params)), applies("stage2.focal.gamma", RunContext(cnc)),
                 applies("stage2.cnc.temperature", RunContext(params)), applies("loss.temperature", RunContext(params)),
@@ -69,12 +83,15 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def test_a_method_from_a_temporary_module_trains_a_tiny_stage_2(tmp_path) -> None:
-    (tmp_path / "focal_method.py").write_text(walk_through_module())
+def test_a_method_from_a_temporary_package_and_its_params_section_trains_a_tiny_stage_2(tmp_path) -> None:
+    """docs/extending.md's walk-through, block by block: a package outside the repository (no file of it edited) and
+    one params.yaml section make a method that validates, applies, plans its memory, trains and writes stage 2's
+    outputs."""
+    write_walk_through(tmp_path)
     (tmp_path / "run.py").write_text(RUN)
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "run.py", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                          env=_env(tmp_path, DEBIAS_METHODS="focal_method"), timeout=600)
+                          env=_env(tmp_path, DEBIAS_METHODS="focal"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert "focal" in facts["registered"] and "cnc" in facts["registered"]
@@ -89,6 +106,17 @@ def test_a_method_from_a_temporary_module_trains_a_tiny_stage_2(tmp_path) -> Non
     metrics = json.loads((out / "stage2_train.json").read_text())
     assert metrics["method"] == "focal"
     assert (out / "stage2.pt").stat().st_size > 0
+
+
+def test_the_walk_through_without_its_params_section_is_refused_naming_it(tmp_path) -> None:
+    write_walk_through(tmp_path)
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    del params["stage2"]["focal"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "debias.tools.cli", "check-params", "params.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, env=_env(tmp_path, DEBIAS_METHODS="focal"), timeout=300)
+    assert done.returncode == 2 and "params.yaml has no stage2.focal: the params section of a registered stage-2 " \
+                                    "method, which would run on the schema's defaults unseen" in done.stderr, done.stderr
 
 
 def test_a_method_outside_the_registry_is_refused_naming_the_registered_ones(tmp_path) -> None:

@@ -50,7 +50,8 @@ def test_every_method_lowers_its_loss(method: str) -> None:
 
 
 def test_registry_holds_every_method_of_the_papers() -> None:
-    assert set(METHODS) == {"cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm",
+    """The papers' methods are registered; a method added beside them needs no edit here (the registry is the list)."""
+    assert set(METHODS) >= {"cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm",
                             "lff", "groupdro", "dcl", "hcl"}
     assert head_trained_methods() >= {"erm", "jtt", "cnc"}
     assert not head_trained_methods() & {"supcon", "eps_supcon", "eps_supinfonce", "wcl"}

@@ -14,12 +14,13 @@ DESCRIPTION = ("debias: tools around the DVC pipeline (the pipeline itself runs 
 
 
 def check_params(path: str, label: str | None = None) -> int:
+    from debias.core.errors import DeclarationError
     from debias.data.sources.checks import DataSourceError, check_source
 
     try:
         params = load_params(path)
         check_source(params)  # the files the source reads, and params that need the class count (cheap)
-    except (ParamsError, DataSourceError) as exc:
+    except (ParamsError, DataSourceError, DeclarationError) as exc:  # a broken method module too: one line
         print(f"{label}: {exc}" if label else exc, file=sys.stderr)
         return 2
     print(f"{label or path}: valid (source={params.data.source}, protocol={params.bias.protocol}, "
