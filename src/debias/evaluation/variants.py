@@ -109,12 +109,10 @@ def import_declarations() -> None:
         _discovered = True
 
 
-_discover = import_declarations
-
 
 def probe_variant(name: str) -> ProbeVariant:
     """The registered variant ``name``; a ValueError naming ``probe.method`` and the registered ones otherwise."""
-    _discover()
+    import_declarations()
     if name not in PROBES:
         raise ValueError(f"probe.method = {name!r} is not registered; allowed: {', '.join(sorted(PROBES))}")
     return PROBES[name]
@@ -123,7 +121,7 @@ def probe_variant(name: str) -> ProbeVariant:
 def postprocessing(name: str) -> Postprocessing | None:
     """The registered post-processing ``name`` (None for ``none``); a ValueError naming ``probe.postprocess``
     and the registered ones otherwise."""
-    _discover()
+    import_declarations()
     if name == NO_POSTPROCESS:
         return None
     if name not in POSTPROCESSINGS:
@@ -134,7 +132,7 @@ def postprocessing(name: str) -> Postprocessing | None:
 
 def probe_sections() -> dict[str, ProbeVariant]:
     """``section -> variant`` of every variant with its own ``probe.<section>`` params."""
-    _discover()
+    import_declarations()
     return {v.section: v for v in PROBES.values() if v.section is not None}
 
 

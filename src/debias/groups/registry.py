@@ -118,9 +118,6 @@ def discover() -> dict[str, GroupMethodSpec]:
     return METHODS
 
 
-import_declarations = discover  # the name every registry's import of its declarations has
-
-
 def schema_order(methods: dict[str, GroupMethodSpec]) -> tuple[str, ...]:
     """The registered names, the one declared the schema default first (a RuntimeError unless exactly one is)."""
     defaults = [name for name, spec in methods.items() if spec.schema_default]

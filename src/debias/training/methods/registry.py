@@ -112,9 +112,6 @@ def discover() -> dict[str, MethodSpec]:
     return METHODS
 
 
-import_declarations = discover  # the name every registry's import of its declarations has
-
-
 def method_spec(name: str) -> MethodSpec:
     if name not in discover():
         raise ValueError(f"stage2.method = '{name}' is unknown; allowed: {sorted(METHODS)}")
