@@ -145,7 +145,7 @@ def test_accuracies(work: Path, stage: str) -> dict[str, Any]:
 
 def run_row(work: Path, device: str, setting: str, method: str, seed: int, stages: list[tuple[str, str]],
             args: argparse.Namespace, log: Path) -> list[dict[str, Any]]:
-    from debias.params import validate
+    from debias.schema import validate
 
     params = validate(yaml.safe_load((work / "params.yaml").read_text()))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),

@@ -33,7 +33,7 @@ from debias.core.runtime import seed_everything  # noqa: E402
 from debias.data.store import load_splits  # noqa: E402
 from debias.groups import GROUPS_TABLE, load_groups  # noqa: E402
 from debias.metrics import scalars  # noqa: E402
-from debias.params import validate  # noqa: E402
+from debias.schema import validate  # noqa: E402
 from debias.training.classifier import evaluate  # noqa: E402
 from debias.training.loop import selection_score  # noqa: E402
 from debias.training.methods import Stage2Inputs, fit_head, method_spec, setup_method  # noqa: E402

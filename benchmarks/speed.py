@@ -62,7 +62,7 @@ from quality import merge  # noqa: E402
 from throughput import fill_npz, subset, throughput_train  # noqa: E402
 from debias.data.store import BiasedSplit  # noqa: E402
 from debias.models import build_model  # noqa: E402
-from debias.params import Params, validate  # noqa: E402
+from debias.schema import Params, validate  # noqa: E402
 from debias.training.classifier import ClassifierTask  # noqa: E402
 from debias.training.loop import build_optimizer  # noqa: E402
 from debias.training.methods import Stage2Inputs, method_spec, setup_method  # noqa: E402

@@ -30,7 +30,7 @@ from quality import merge  # noqa: E402
 from throughput import subset, throughput_train  # noqa: E402
 
 from debias.core.runtime import seed_everything  # noqa: E402
-from debias.params import validate  # noqa: E402
+from debias.schema import validate  # noqa: E402
 from debias.training.methods import Stage2Inputs, setup_method  # noqa: E402
 from debias.training.methods.cnc.sampling import CNCBatchSampler  # noqa: E402
 

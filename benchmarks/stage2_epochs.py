@@ -35,7 +35,7 @@ from debias.core.runtime import seed_everything  # noqa: E402
 from debias.data.store import load_splits  # noqa: E402
 from debias.groups import GROUPS_TABLE, load_groups  # noqa: E402
 from debias.models import load_initial_weights  # noqa: E402
-from debias.params import validate  # noqa: E402
+from debias.schema import validate  # noqa: E402
 from debias.training.classifier import evaluate, predict, worst_group_n  # noqa: E402
 from debias.training.loop import describe_selection, selection_score  # noqa: E402
 from debias.training.methods import Stage2Inputs, method_spec, setup_method, stage2_validator  # noqa: E402

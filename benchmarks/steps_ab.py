@@ -97,7 +97,7 @@ def build_tasks(spec: dict, npz: Path, device: Any) -> dict[str, tuple[Any, int]
     from throughput import fill_npz, subset, throughput_train
 
     from debias.core.runtime import seed_everything
-    from debias.params import validate
+    from debias.schema import validate
     from debias.training.methods import Stage2Inputs, setup_method
     from debias.training.methods.cnc.sampling import CNCBatchSampler
 

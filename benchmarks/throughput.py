@@ -26,7 +26,7 @@ def throughput_train(config: dict, npz: Path) -> tuple[dict, Any]:
     """The throughput config's base params (NPZ filled in) and the biased training split they make."""
     from debias.data.bias import inject_bias
     from debias.data.sources import load_source
-    from debias.params import validate
+    from debias.schema import validate
 
     base = fill_npz(config["base"], npz)
     params = validate(base)

@@ -6,12 +6,14 @@ import json
 import sys
 from pathlib import Path
 
+from debias.core.errors import DeclarationError
 from debias.core.fingerprint import file_digest, tree_digest
 from debias.core.errors import uncommitted_params_hint
 from debias.core.io import save_json
 from debias.core.paths import SOURCE_FINGERPRINT
 from debias.data.sources.base import DataSourceError, external_files, source_digests
-from debias.params import ParamsError, load_params
+from debias.params import ParamsError
+from debias.schema import load_params
 
 
 def fingerprint() -> dict:
@@ -38,7 +40,7 @@ def write_if_changed(path: Path, document: dict) -> None:
 if __name__ == "__main__":
     try:
         write_if_changed(SOURCE_FINGERPRINT, fingerprint())
-    except (ParamsError, DataSourceError) as exc:
+    except (ParamsError, DataSourceError, DeclarationError) as exc:
         hint = uncommitted_params_hint() if isinstance(exc, ParamsError) else ""
         print(f"[source] error: {str(exc)[:2000]}{hint}", file=sys.stderr)
         sys.exit(2)

@@ -12,7 +12,7 @@ from debias import losses
 from debias.core.runtime import seed_everything
 from debias.data.store import BiasedSplit
 from debias.groups import infer_groups, load_groups, save_groups
-from debias.params import validate
+from debias.schema import validate
 from debias.training.methods import Stage2Inputs, setup_method
 from debias.training.methods import views
 from debias.training.methods.base import group_balanced_batches

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from debias.params import validate
+from debias.schema import validate
 from tests.conftest import REPO, committed_text
 
 

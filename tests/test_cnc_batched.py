@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from debias.core.runtime import seed_everything
-from debias.params import validate
+from debias.schema import validate
 from debias.training.methods import Stage2Inputs, setup_method
 from tests.test_training import tiny_split
 

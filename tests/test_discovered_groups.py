@@ -10,7 +10,7 @@ from debias.data.store import BiasedSplit
 from debias.groups import GroupInference
 from debias.groups.clustering import nearest_group_vote
 from debias.groups.discovered import group_summary, infer_val_groups, pick_examples
-from debias.params import GroupsParams
+from debias.schema import GroupsParams
 
 
 def split(y: list[int], a: list[int] | None = None, n_classes: int = 2, n_attrs: int = 2) -> BiasedSplit:

@@ -170,7 +170,7 @@ import torch
 
 from debias.data.store import load_split
 from debias.harness.tracking import stage_run
-from debias.params import validate
+from debias.schema import validate
 from debias.training.erm import train_erm
 from debias.training.methods import train_stage2
 from debias.training.outputs import StageOutputs

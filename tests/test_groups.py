@@ -19,7 +19,8 @@ from debias.groups.inference import (cluster_points, exact_knn, label_within_cla
                                      match_clusters_to_classes, size_ranks, within_class_ranks)
 from debias.core.io import CorruptFileError, save_torch
 from debias.harness.tracking import StageRun
-from debias.params import ClusterParams, GroupsParams, Params
+from debias.schema import GroupsParams, Params
+from debias.groups.methods.cluster import ClusterParams
 from tests.conftest import REPO
 
 N_CLASSES = 5

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from debias.core.runtime import seed_everything
-from debias.params import HeadParams, validate
+from debias.params import HeadParams
+from debias.schema import validate
 from debias.training.loop import fit
 from debias.training.methods import Stage2Inputs, fit_head, setup_method, stage2_validator
 from debias.training.methods import head as head_module

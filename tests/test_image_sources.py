@@ -19,7 +19,8 @@ from debias.data.sources import DataSourceError, RawSplit, cap_splits, load_sour
 from debias.data.sources.base import cap_index
 from debias.data.sources.cifar import read_cifar_batch
 from debias.data.sources.images import fit_box
-from debias.params import CELEBA_ATTRIBUTES, BiasParams, DataParams, ParamsError, validate
+from debias.params import CELEBA_ATTRIBUTES, BiasParams, DataParams, ParamsError
+from debias.schema import validate
 
 BACKGROUNDS = {0: (40, 160, 40), 1: (30, 60, 200)}  # attribute: land green, water blue
 SPLIT_CODES = {"train": 0, "val": 1, "test": 2}

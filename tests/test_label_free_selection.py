@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from debias.params import ParamsError, validate
+from debias.params import ParamsError
+from debias.schema import validate
 from debias.params.optim import NEEDS_INFERRED_GROUPS, Selection
 from debias.training.loop import FitResult, fit
 from debias.training.outputs import selection_warnings

@@ -12,19 +12,35 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from debias.params import ParamsError, validate
-from debias.training.methods.registry import METHODS, MethodSpec, register_method
-from tests.conftest import REPO
+from debias.params import ParamsError
+from debias.schema import validate
+from debias.training.methods.registry import METHODS, MethodSpec, discover, register_method
+from tests.conftest import REPO, committed_text
 
 
 
-def walk_through_module() -> str:
-    """The focal-loss module of docs/extending.md (the python block after its ``<!-- focal_method.py -->`` marker):
-    its params, sources, memory plan, applicability and training, in one file."""
+def doc_block(marker: str, language: str = "python") -> str:
+    """The ``language`` block after ``<!-- marker -->`` in docs/extending.md (the page's example is what runs)."""
     text = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
-    block = text.split("<!-- focal_method.py -->", 1)[1].split("```python\n", 1)[1]
-    return block.split("```", 1)[0]
+    return text.split(f"<!-- {marker} -->", 1)[1].split(f"```{language}\n", 1)[1].split("```", 1)[0]
+
+
+def write_walk_through(folder: Path) -> None:
+    """docs/extending.md's focal-loss method as it says to lay it out: the package ``focal`` (its declaration and
+    its training code) under ``folder``, and ``folder/params.yaml``, the committed one with the page's
+    ``stage2.focal`` block added, run as ``-S stage2.method=focal`` with a tiny stage 2."""
+    (folder / "focal").mkdir()
+    (folder / "focal" / "__init__.py").write_text(doc_block("focal/__init__.py"))
+    (folder / "focal" / "train.py").write_text(doc_block("focal/train.py"))
+    text = committed_text("params.yaml")
+    block = doc_block("params.yaml: stage2", "yaml")
+    assert "\nstage2:\n" in text and block.startswith("  focal:\n")
+    params = yaml.safe_load(text.replace("\nstage2:\n", "\nstage2:\n" + block, 1))
+    params["stage2"].update(method="focal", optimizer="adam", lr=3e-3, batch_size=32, epochs=2)
+    params["stage2"]["focal"]["gamma"] = 1.5
+    (folder / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
 RUN = '''
@@ -33,18 +49,17 @@ import torch
 from debias.harness.memory import out_of_memory_advice
 from debias.harness.stage import installed
 from debias.harness.tracking import StageRun
-from debias.params import validate
-from debias.params.applicability import RunContext, applies
-from debias.params.sources import SOURCES
+from debias.schema import load_params, validate
+from debias.schema.applicability import RunContext, applies
+from debias.schema.sources import SOURCES
 from debias.training.methods import METHODS, train_stage2
 from debias.training.outputs import StageOutputs
 from tests.test_training import tiny_split
-import focal_method
+import focal
 
 from pathlib import Path
 out = Path(sys.argv[1])
-params = validate({"stage2": {"method": "focal", "focal": {"gamma": 1.5}, "optimizer": "adam", "lr": 3e-3,
-                              "batch_size": 32, "epochs": 2}})
+params = load_params("params.yaml")
 train, val = tiny_split(96), tiny_split(48, seed=1)
 outputs = StageOutputs(model=out / "stage2.pt", embeddings_dir=out / "stage2", metrics=out / "stage2_train.json",
                        curves=out / "curves.csv", resume=out / "resume.pt")
@@ -53,7 +68,7 @@ with installed():  # the memory check and progress reporter, as the stage harnes
                  StageRun(None, None), outputs)
 cnc = validate({"stage2": {"method": "cnc"}})
 print(json.dumps({
-    "registered": sorted(METHODS), "plans": focal_method.PLANS, "gamma": params.stage2.focal.gamma,
+    "registered": sorted(METHODS), "plans": focal.PLANS, "gamma": params.stage2.focal.gamma,
     "default_gamma": cnc.stage2.focal.gamma, "source": SOURCES.get("stage2.focal.gamma"),
     "applies": [applies("stage2.focal.gamma", RunContext(params)), applies("stage2.focal.gamma", RunContext(cnc)),
                 applies("stage2.cnc.temperature", RunContext(params)), applies("loss.temperature", RunContext(params)),
@@ -70,12 +85,15 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def test_a_method_from_a_temporary_module_trains_a_tiny_stage_2(tmp_path) -> None:
-    (tmp_path / "focal_method.py").write_text(walk_through_module())
+def test_a_method_from_a_temporary_package_and_its_params_section_trains_a_tiny_stage_2(tmp_path) -> None:
+    """docs/extending.md's walk-through, block by block: a package outside the repository (no file of it edited) and
+    one params.yaml section make a method that validates, applies, plans its memory, trains and writes stage 2's
+    outputs."""
+    write_walk_through(tmp_path)
     (tmp_path / "run.py").write_text(RUN)
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "run.py", str(out)], cwd=tmp_path, capture_output=True, text=True,
-                          env=_env(tmp_path, DEBIAS_METHODS="focal_method"), timeout=600)
+                          env=_env(tmp_path, DEBIAS_METHODS="focal"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert "focal" in facts["registered"] and "cnc" in facts["registered"]
@@ -92,33 +110,49 @@ def test_a_method_from_a_temporary_module_trains_a_tiny_stage_2(tmp_path) -> Non
     assert (out / "stage2.pt").stat().st_size > 0
 
 
+def test_the_walk_through_without_its_params_section_is_refused_naming_it(tmp_path) -> None:
+    write_walk_through(tmp_path)
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    del params["stage2"]["focal"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    done = subprocess.run([sys.executable, "-m", "debias.tools.cli", "check-params", "params.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True, env=_env(tmp_path, DEBIAS_METHODS="focal"), timeout=300)
+    assert done.returncode == 2 and "params.yaml has no stage2.focal: the params section of a registered stage-2 " \
+                                    "method, which would run on the schema's defaults unseen" in done.stderr, done.stderr
+
+
 def test_a_method_outside_the_registry_is_refused_naming_the_registered_ones(tmp_path) -> None:
-    code = "from debias.params import validate; validate({'stage2': {'method': 'focal', 'focal': {'gamma': 1.0}}})"
+    code = "from debias.schema import validate; validate({'stage2': {'method': 'focal', 'focal': {'gamma': 1.0}}})"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env=_env(tmp_path), timeout=120)  # no DEBIAS_METHODS: focal is not registered
     assert done.returncode != 0
     assert "stage2.method = 'focal' is not allowed; allowed: 'cnc', " in done.stderr
     assert "unknown parameter 'stage2.focal'" in done.stderr
-    done = subprocess.run([sys.executable, "-c", "import debias.params"], cwd=tmp_path, capture_output=True, text=True,
-                          env=_env(tmp_path, DEBIAS_METHODS="no_such_module"), timeout=120)
+    done = subprocess.run([sys.executable, "-c", "from debias.schema import validate; validate({})"], cwd=tmp_path,
+                          capture_output=True, text=True, env=_env(tmp_path, DEBIAS_METHODS="no_such_module"),
+                          timeout=120)
     assert done.returncode != 0 and "DEBIAS_METHODS names 'no_such_module', which cannot be imported" in done.stderr
 
 
 def test_a_declaration_must_name_the_source_of_every_default() -> None:
     from debias.training.methods.lff import LfFParams
 
+    discover()  # cnc registered, as in any process that validated params
     with pytest.raises(ValueError, match=r"no source for stage2\.lff2\.ema_alpha"):
-        register_method("lff2", "x:y", section="lff2", params=LfFParams, sources={"q": "paper: LfF"})
+        register_method("lff2", "x:y", section="lff2", params=LfFParams, sources={"q": "paper: LfF"}, memory_plan=None)
     with pytest.raises(ValueError, match=r"stage2\.lff is already lff's"):
-        register_method("lff2", "x:y", section="lff", params=LfFParams, sources={"q": "", "ema_alpha": ""})
+        register_method("lff2", "x:y", section="lff", params=LfFParams, sources={"q": "", "ema_alpha": ""},
+                        memory_plan=None)
     with pytest.raises(ValueError, match="registered twice"):
-        register_method("cnc", "x:y")
+        register_method("cnc", "x:y", memory_plan=None)
+    with pytest.raises(ValueError, match=r"stage-2 method 'lff2' declares no memory_plan; allowed: a function"):
+        register_method("lff2", "x:y")  # a forgotten plan is refused, not estimated as ERM's
     assert "lff2" not in METHODS
 
 
 def test_every_shipped_method_is_declared_in_its_own_package() -> None:
     package = REPO / "src" / "debias" / "training" / "methods"
-    for name, spec in METHODS.items():
+    for name, spec in discover().items():
         assert isinstance(spec, MethodSpec) and spec.display
         module = spec.setup.partition(":")[0] if isinstance(spec.setup, str) else spec.setup.__module__
         assert module.startswith("debias.training.methods.") and module.endswith(".train"), (name, module)
@@ -139,7 +173,7 @@ def _modules_quoting(names: set[str]) -> dict[str, set[str]]:
 
 def test_a_methods_name_is_quoted_in_at_most_two_modules() -> None:
     # erm is also stage 1's name (train_erm, erm.*, models/erm.pt): every consumer of stage 1 names it
-    modules = _modules_quoting(set(METHODS) - {"erm"})
+    modules = _modules_quoting(set(discover()) - {"erm"})
     spread = {name: sorted(where) for name, where in modules.items() if len(where) > 2}
     assert not spread, spread
     assert modules["cnc"] >= {"src/debias/training/methods/cnc/__init__.py"}  # the walk finds its declaration
@@ -148,7 +182,7 @@ def test_a_methods_name_is_quoted_in_at_most_two_modules() -> None:
 def test_no_chain_of_method_names_outside_the_method_packages() -> None:
     """No ``stage2.method == '<name>'`` / ``method in (...)`` comparison outside the method packages (erm is also
     stage 1's model, whose checkpoints the probe tells apart by that name)."""
-    names = set(METHODS)
+    names = set(discover())
     methods = REPO / "src" / "debias" / "training" / "methods"
     offenders = []
     for path in [*(REPO / "src").rglob("*.py"), *(REPO / "pipeline").glob("*.py")]:
@@ -165,4 +199,5 @@ def test_no_chain_of_method_names_outside_the_method_packages() -> None:
 
 def test_the_walk_through_names_the_registration_a_researcher_uses() -> None:
     docs = (REPO / "docs" / "extending.md").read_text(encoding="utf-8")
-    assert "DEBIAS_METHODS=focal_method" in docs and 'register_method("focal", setup' in walk_through_module()
+    assert "DEBIAS_METHODS=focal " in docs and "debias deps --write" in docs
+    assert 'register_method("focal", f"{__name__}.train:setup"' in doc_block("focal/__init__.py")

@@ -12,7 +12,8 @@ from torch import nn
 from debias import losses
 from debias.core.runtime import seed_everything
 from debias.data.augment import random_shift, view
-from debias.params import ParamsError, validate
+from debias.params import ParamsError
+from debias.schema import validate
 from debias.training.loop import fit
 from debias.training.methods import (METHODS, Stage2Inputs, fit_head, head_trained_methods, jtt_pool, setup_method,
                                      stage2_validator)
@@ -49,7 +50,8 @@ def test_every_method_lowers_its_loss(method: str) -> None:
 
 
 def test_registry_holds_every_method_of_the_papers() -> None:
-    assert set(METHODS) == {"cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm",
+    """The papers' methods are registered; a method added beside them needs no edit here (the registry is the list)."""
+    assert set(METHODS) >= {"cnc", "supcon", "eps_supcon", "eps_supinfonce", "wcl", "jtt", "erm",
                             "lff", "groupdro", "dcl", "hcl"}
     assert head_trained_methods() >= {"erm", "jtt", "cnc"}
     assert not head_trained_methods() & {"supcon", "eps_supcon", "eps_supinfonce", "wcl"}

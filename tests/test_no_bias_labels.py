@@ -159,7 +159,8 @@ def test_compare_reads_the_keys_an_mlflow_run_tags_as_needing_bias_labels() -> N
     ("probe.postprocess", "equalized_odds", "none"),
 ])
 def test_choices_that_read_the_attribute_are_refused_up_front(key: str, value: str, allowed: str) -> None:
-    from debias.params import ParamsError, validate
+    from debias.params import ParamsError
+    from debias.schema import validate
     from tests.conftest import committed_text
 
     params = yaml.safe_load(committed_text("params.yaml"))

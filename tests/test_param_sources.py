@@ -1,15 +1,15 @@
-"""Every param names where its default comes from (src/debias/params/sources.py): a paper's table / section, an
+"""Every param names where its default comes from (src/debias/schema/sources.py): a paper's table / section, an
 official code file, or "ours" with the reason. The schema is walked, so a param added without a source fails here."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel
 
-from debias.params import Params
-from debias.params.sources import KINDS, SOURCES
+from debias.schema import Params
+from debias.schema.sources import KINDS, SOURCES
 
 HOW = ('add a line  "{key}": "paper: <paper, table / section> | code: <official code file> | ours: <the measured '
-       'reason>",  to SOURCES in src/debias/params/sources.py')
+       'reason>",  to SOURCES in src/debias/schema/sources.py')
 
 
 def leaves(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -34,7 +34,7 @@ def test_every_param_names_its_source() -> None:
 def test_every_source_names_a_param_and_a_kind() -> None:
     schema = set(leaves(Params))
     stale = sorted(set(SOURCES) - schema)
-    assert not stale, f"SOURCES in src/debias/params/sources.py names params the schema lacks: {stale}; remove them"
+    assert not stale, f"SOURCES in src/debias/schema/sources.py names params the schema lacks: {stale}; remove them"
     unkinded = [key for key, text in SOURCES.items() if not text.startswith(KINDS) or len(text) < 20]
     assert not unkinded, (f"sources that do not start with one of {KINDS} followed by the table / file / reason: "
                           f"{unkinded}")
@@ -47,7 +47,7 @@ def test_the_walk_finds_nested_params() -> None:
 
 
 # --------------------------------------------------------------------------- quoted values are checked facts
-# The convention (src/debias/params/sources.py's docstring): a line quotes its key's value only as
+# The convention (src/debias/schema/sources.py's docstring): a line quotes its key's value only as
 #   "(default X" or "; default X"   the schema's default, which params.yaml keeps;
 #   "schema default X"              the schema's default, where params.yaml states another value ...
 #   "params.yaml Y"                 ... and that value.
@@ -138,7 +138,7 @@ def _schema_and_shipped() -> tuple[dict, dict]:
 
 def test_every_quoted_default_is_the_schemas_and_params_yamls() -> None:
     errors = quoted_value_errors(SOURCES, *_schema_and_shipped())
-    assert not errors, "stale values in src/debias/params/sources.py:\n" + "\n".join(
+    assert not errors, "stale values in src/debias/schema/sources.py:\n" + "\n".join(
         f"  {key}: {'; '.join(problems)}" for key, problems in errors.items())
 
 

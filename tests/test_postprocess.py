@@ -13,7 +13,7 @@ from debias.evaluation.probes.equalized_odds.fit import (equalized_odds_fit, equ
 from debias.evaluation.linear import fit_logistic
 from debias.evaluation.probe import probe_report, split_tables
 from debias.metrics import fairness_report
-from debias.params import ProbeParams, validate
+from debias.schema import ProbeParams, validate
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,8 @@ import yaml
 
 from debias.core.errors import ParamsError
 from debias.core.trees import flatten
-from debias.params import BACKGROUND_COLOURS, Params, validate
+from debias.params import BACKGROUND_COLOURS
+from debias.schema import Params, validate
 from debias.tools import presets
 from debias.tools.presets import catalog
 from debias.tools.cli import main

@@ -14,7 +14,7 @@ from debias.evaluation.probe import (FrozenEncoder, flat_scalars, head_is_traine
                                      probe_report, split_tables)
 from debias.metrics import SCALAR_KEYS
 from debias.models import build_model, save_network
-from debias.params import ProbeParams
+from debias.schema import ProbeParams
 
 CPU = torch.device("cpu")
 

@@ -11,10 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from debias.data.store import save_split
 from debias.harness import progress
-from tests.conftest import REPO
+from tests.conftest import REPO, committed_text
 from tests.test_training import tiny_split
 
 EPOCHS = 3
@@ -27,7 +28,9 @@ def stage_folder(tmp_path: Path) -> Path:
     for seed, name in enumerate(("train", "val", "test")):
         (tmp_path / "data" / "biased").mkdir(parents=True, exist_ok=True)
         save_split(tmp_path / "data" / "biased" / f"{name}.pt", tiny_split(seed=seed))
-    (tmp_path / "params.yaml").write_text(f"erm:\n  epochs: {EPOCHS}\n  batch_size: 32\n")
+    params = yaml.safe_load(committed_text("params.yaml"))
+    params["erm"].update(epochs=EPOCHS, batch_size=32)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     return tmp_path
 
 

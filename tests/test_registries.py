@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from debias.groups.registry import METHODS as GROUP_METHODS, GroupMethodSpec, register_group_method
-from debias.params import validate
+from debias.groups.registry import GroupMethodSpec, discover as discover_group_methods, register_group_method
+from debias.schema import validate
 from tests.conftest import REPO
 from tests.test_method_registry import _modules_quoting
+
+GROUP_METHODS = discover_group_methods()  # every declaration imported
 
 
 def doc_block(marker: str) -> str:
@@ -30,9 +32,9 @@ import json
 import torch
 from debias.data.store import BiasedSplit
 from debias.groups import METHODS, groups_report, infer_groups
-from debias.params import validate
-from debias.params.applicability import RunContext, applies
-from debias.params.sources import SOURCES
+from debias.schema import validate
+from debias.schema.applicability import RunContext, applies
+from debias.schema.sources import SOURCES
 
 y = torch.tensor([0, 1, 2, 0, 1, 2, 0])
 train = BiasedSplit(torch.zeros(7, 3, 1, 1, dtype=torch.uint8), y, y.clone(), torch.ones(7, dtype=torch.bool), 3, 3)
@@ -78,7 +80,7 @@ def test_a_group_method_from_a_temporary_module_infers_groups(tmp_path) -> None:
 
 
 def test_a_group_method_outside_the_registry_is_refused_naming_the_registered_ones(tmp_path) -> None:
-    code = "from debias.params import validate; validate({'groups': {'method': 'parity'}})"
+    code = "from debias.schema import validate; validate({'groups': {'method': 'parity'}})"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env=_env(tmp_path), timeout=120)
     assert done.returncode != 0
@@ -177,9 +179,9 @@ import torch
 from debias.data.store import BiasedSplit
 from debias.evaluation.probe import probe_report, probe_splits
 from debias.evaluation.variants import PROBES
-from debias.params import validate
-from debias.params.applicability import RunContext, applies
-from debias.params.sources import SOURCES
+from debias.schema import validate
+from debias.schema.applicability import RunContext, applies
+from debias.schema.sources import SOURCES
 
 def split(y):
     x = torch.zeros(len(y), 3, 1, 1, dtype=torch.uint8)
@@ -212,7 +214,7 @@ def test_a_probe_variant_from_a_temporary_module_probes(tmp_path) -> None:
 
 
 def test_a_probe_variant_outside_the_registry_is_refused(tmp_path) -> None:
-    code = "from debias.params import validate; validate({'probe': {'method': 'nearest'}})"
+    code = "from debias.schema import validate; validate({'probe': {'method': 'nearest'}})"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env=_env(tmp_path), timeout=120)
     assert done.returncode != 0
@@ -231,8 +233,9 @@ def test_a_probe_declaration_must_name_the_source_of_every_default() -> None:
 
 
 def test_every_shipped_probe_variant_is_declared_in_its_own_package() -> None:
-    from debias.evaluation.variants import POSTPROCESSINGS, PROBES
+    from debias.evaluation.variants import POSTPROCESSINGS, PROBES, import_declarations
 
+    import_declarations()
     package = REPO / "src" / "debias" / "evaluation" / "probes"
     assert {path.parent.name for path in package.glob("*/__init__.py")} == set(PROBES) | set(POSTPROCESSINGS)
     for name, variant in [*PROBES.items(), *POSTPROCESSINGS.items()]:

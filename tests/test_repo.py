@@ -123,7 +123,10 @@ def test_every_stage_depends_on_exactly_the_code_its_entrypoint_imports() -> Non
     result after a change to code it runs, and lists no file it does not run."""
     from debias.tools.deps import stage_differences
 
-    assert stage_differences(REPO / "dvc.yaml") == {}
+    differences = stage_differences(REPO / "dvc.yaml")
+    assert differences == {}, ("dvc.yaml's code deps differ from the imports (a method, module or import added or "
+                               "removed): run `debias deps --write` and commit dvc.yaml; per stage (missing, extra): "
+                               f"{differences}")
 
 
 def test_the_import_walk_follows_lazy_submodule_and_relative_imports(tmp_path) -> None:

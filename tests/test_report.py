@@ -24,8 +24,8 @@ import yaml
 from debias.core import paths
 from debias.core.io import save_json, save_torch
 from debias.metrics import GroupAccuracy, wilson_interval
-from debias.params import Params, validate
-from debias.params.applicability import RunContext, applies, rule_for
+from debias.schema import Params, validate
+from debias.schema.applicability import RunContext, applies, rule_for
 from debias.report import card, paper, params_table
 from debias.report.artifacts import FIGURE_FILES, PER_GROUP_CSV, protocol_colours
 from debias.report.build import REPORT_HTML, REPORT_MD, build_report

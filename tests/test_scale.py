@@ -115,7 +115,7 @@ def _load_scale_benchmark():
 def test_scale_benchmark_fits_growth_exponents_and_plans_valid_params() -> None:
     import yaml
 
-    from debias.params import validate
+    from debias.schema import validate
 
     scale, repo = _load_scale_benchmark()
     assert abs(scale.growth_exponent([6000, 18000, 54000], [2.0, 6.0, 18.0]) - 1.0) < 1e-9

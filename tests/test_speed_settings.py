@@ -11,7 +11,8 @@ import torch
 
 from debias import losses
 from debias.core.runtime import seed_everything
-from debias.params import ParamsError, validate
+from debias.params import ParamsError
+from debias.schema import validate
 from debias.training.methods import METHODS, Stage2Inputs, setup_method
 from tests.test_training import tiny_split
 

@@ -19,7 +19,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from debias.core.runtime import seed_everything
-from debias.params import validate
+from debias.schema import validate
 from debias.training.loop import NonFiniteLoss, StepMetrics
 from debias.training.methods import METHODS, Stage2Inputs, setup_method
 from tests.test_training import tiny_split

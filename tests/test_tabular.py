@@ -268,7 +268,8 @@ def test_real_adult_and_compas_files(tmp_path, offline) -> None:
 
 
 def test_tabular_fractions_are_validated() -> None:
-    from debias.params import ParamsError, validate
+    from debias.params import ParamsError
+    from debias.schema import validate
 
     with pytest.raises(ParamsError, match="data.tabular.val_fraction \\+ data.tabular.test_fraction = 0.9"):
         validate({"data": {"source": "adult", "tabular": {"val_fraction": 0.5, "test_fraction": 0.4}}})
@@ -632,7 +633,7 @@ def _check(tmp_path: Path, changes: dict) -> tuple[int, str]:
 
 def test_equalized_odds_on_a_multiclass_task_is_refused_by_check_params_and_the_probe(tmp_path) -> None:
     from debias.evaluation.probe import probe_encoders
-    from debias.params import ProbeParams
+    from debias.schema import ProbeParams
 
     code, message = _check(tmp_path, {"probe": {"postprocess": "equalized_odds"}})  # digits, 5 classes (foreground)
     assert code == 2 and "probe.postprocess = equalized_odds needs a binary task; data.source = digits" in message

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from debias.core import headline, health
-from debias.params import validate
+from debias.schema import validate
 from tests.conftest import REPO, SHARED_DATASETS
 
 

@@ -67,7 +67,7 @@ class TracedClone:
     def external(self) -> list[str]:
         """The data source's external files (absolute), as the source stage fingerprints them."""
         from debias.data.sources.base import external_files
-        from debias.params import load_params
+        from debias.schema import load_params
 
         return [str(p) for p in external_files(load_params(self.root / "params.yaml").data).values()]
 

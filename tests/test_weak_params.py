@@ -8,9 +8,9 @@ import pytest
 import torch
 import yaml
 from debias.losses import RELEASED_BASE_TEMPERATURE
-from debias.params import validate
-from debias.params.applicability import RELEASED_BASE_TEMPERATURE as APPLICABILITY_BASE
-from debias.params.applicability import NEGLIGIBLE_SHARE, RunContext, loss_weights, weak, weak_warnings
+from debias.schema import validate
+from debias.schema.applicability import RELEASED_BASE_TEMPERATURE as APPLICABILITY_BASE
+from debias.schema.applicability import NEGLIGIBLE_SHARE, RunContext, loss_weights, weak, weak_warnings
 from debias.training.methods.supcon.train import objective
 from tests.conftest import committed_text
 

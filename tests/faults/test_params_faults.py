@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias.params import ParamsError, validate
+from debias.params import ParamsError
+from debias.schema import validate
 from tests.faults.conftest import (
     PYTHON,
     assert_clean_failure,

@@ -13,7 +13,7 @@ import torch
 from debias.harness import memory
 from debias.harness.memory import ResourceError
 from debias.models import build_model
-from debias.params import validate
+from debias.schema import validate
 from tests.faults.conftest import (
     PYTHON,
     assert_clean_failure,

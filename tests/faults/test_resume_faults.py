@@ -40,7 +40,7 @@ import debias.training.methods.run as methods_mod
 import debias.training.methods.base as methods_base  # fresh_model() builds every stage-2 network
 from debias.data.store import load_split
 from debias.harness.tracking import StageRun
-from debias.params import validate
+from debias.schema import validate
 from debias.training.outputs import StageOutputs
 
 # driver.py DATA [--kill-marker FILE] WORK [WORK ...]; each WORK holds params.json and kind (erm | stage2)
@@ -248,7 +248,7 @@ def test_a_torn_resume_state_starts_over_with_a_warning(data_dir: Path, tmp_path
     """A resume state cut short (e.g. a disk full) is not worth failing for: training starts over."""
     from debias.data.store import load_splits
     from debias.harness.tracking import StageRun
-    from debias.params import validate
+    from debias.schema import validate
     from debias.training.erm import train_erm
     from debias.training.outputs import StageOutputs
 

@@ -15,6 +15,12 @@ class ParamsError(DebiasError, ValueError):
     """A parameter is missing, unknown, of the wrong type or out of range."""
 
 
+class DeclarationError(DebiasError, RuntimeError):
+    """A method, group-inference method or probe variant module cannot be imported (import or syntax error) or
+    declares itself wrongly (a name registered twice, a params section owned twice, a default without its source,
+    no memory plan); the message names the module and what is wrong."""
+
+
 class DataSourceError(DebiasError, RuntimeError):
     """A data source cannot provide its data; the message says which parameter or file to change."""
 

@@ -39,7 +39,7 @@ from debias.data.store import BiasedSplit
 from debias.evaluation.linear import split_report
 from debias.evaluation.variants import postprocessing, probe_variant
 from debias.models import Network, load_network
-from debias.params import ProbeParams
+from debias.params import ProbeBase
 from debias.training.classifier import predict
 
 # Keys of an accuracy report that hold per-group tables (moved out of the scalar metrics file).
@@ -98,7 +98,7 @@ def encode(network: Network, x: torch.Tensor, device: torch.device,
 # --------------------------------------------------------------------------- the probe
 
 
-def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
+def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeBase,
                  seed: int) -> dict:
     """Fit a probe per C on ``params.train_split``, choose C on validation, report test and validation accuracy.
 
@@ -110,14 +110,14 @@ def probe_report(features: Mapping[str, torch.Tensor], splits: Mapping[str, Bias
     return fit_probe(features, splits, params, seed)[0]
 
 
-def fit_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
+def fit_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeBase,
               seed: int) -> tuple[dict, Pipeline, torch.Tensor]:
     """:func:`probe_report`'s report, the chosen classifier and the validation indices that chose it (the
     ``probe.method`` variant's fit)."""
     return probe_variant(params.method).fit_fn()(features, splits, params, seed)
 
 
-def check_postprocess(params: ProbeParams, splits: Mapping[str, BiasedSplit]) -> None:
+def check_postprocess(params: ProbeBase, splits: Mapping[str, BiasedSplit]) -> None:
     """A post-processing registered as binary-only (``equalized_odds``: fairlearn's ThresholdOptimizer) needs a binary
     task: a ValueError naming the param otherwise, never a silently skipped post-processing."""
     classes = splits["val"].n_classes if "val" in splits else None
@@ -127,12 +127,12 @@ def check_postprocess(params: ProbeParams, splits: Mapping[str, BiasedSplit]) ->
                          "classes; allowed here: probe.postprocess = none")
 
 
-def probe_splits(params: ProbeParams) -> tuple[str, ...]:
+def probe_splits(params: ProbeBase) -> tuple[str, ...]:
     """The biased splits the probe reads (its ``probe.method`` variant's)."""
     return probe_variant(params.method).splits(params)
 
 
-def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], params: ProbeParams, seed: int,
+def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], params: ProbeBase, seed: int,
                   device: torch.device, batch_size: int = FEATURE_BATCH) -> dict:
     """Probe one frozen encoder; add its own head's accuracy when that head was trained with CE.
 
@@ -154,7 +154,7 @@ def probe_encoder(encoder: FrozenEncoder, splits: Mapping[str, BiasedSplit], par
     return result
 
 
-def probe_encoders(encoders: Mapping[str, FrozenEncoder], splits: Mapping[str, BiasedSplit], params: ProbeParams,
+def probe_encoders(encoders: Mapping[str, FrozenEncoder], splits: Mapping[str, BiasedSplit], params: ProbeBase,
                    seed: int, device: torch.device, batch_size: int = FEATURE_BATCH) -> dict[str, dict]:
     """:func:`probe_encoder` for every encoder, keyed by encoder name (a post-processing the task does not allow is
     refused first, before any feature is computed)."""

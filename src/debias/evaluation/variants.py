@@ -5,14 +5,14 @@ A variant is one subpackage of :mod:`debias.evaluation.probes` whose ``__init__.
 this module only: the params schema imports it) calls :func:`register_probe` or :func:`register_postprocess`,
 and whose ``fit.py`` holds the code the declaration names by ``"module:function"`` (imported when it runs).
 :func:`import_declarations` imports every such subpackage; a module named in ``DEBIAS_METHODS`` may register
-variants too. The ``probe`` params section is built from the registries (:mod:`debias.params.probe`):
+variants too. The ``probe`` params section is built from the registries (:mod:`debias.schema`,
+:func:`debias.params.probe.probe_model`):
 ``probe.method`` and ``probe.postprocess`` allow exactly the registered names, each variant's own params section
 becomes ``probe.<section>``, and a shared probe param applies to the variants that declare they read it.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,21 +101,18 @@ _discovered = False
 
 
 def import_declarations() -> None:
-    """Import every subpackage of :data:`PACKAGE` once (called by :mod:`debias.params` while it builds the
-    schema, after the ``DEBIAS_METHODS`` modules)."""
+    """Import the extension modules (``DEBIAS_METHODS``, entry points) and every subpackage of :data:`PACKAGE`
+    once; a broken one is a DeclarationError naming it."""
     global _discovered
     if not _discovered:
-        _discovered = True
         _import_packages(PACKAGE, packages=True)
+        _discovered = True
 
-
-def _discover() -> None:
-    importlib.import_module("debias.params")  # building the schema imports every declaration
 
 
 def probe_variant(name: str) -> ProbeVariant:
     """The registered variant ``name``; a ValueError naming ``probe.method`` and the registered ones otherwise."""
-    _discover()
+    import_declarations()
     if name not in PROBES:
         raise ValueError(f"probe.method = {name!r} is not registered; allowed: {', '.join(sorted(PROBES))}")
     return PROBES[name]
@@ -124,7 +121,7 @@ def probe_variant(name: str) -> ProbeVariant:
 def postprocessing(name: str) -> Postprocessing | None:
     """The registered post-processing ``name`` (None for ``none``); a ValueError naming ``probe.postprocess``
     and the registered ones otherwise."""
-    _discover()
+    import_declarations()
     if name == NO_POSTPROCESS:
         return None
     if name not in POSTPROCESSINGS:
@@ -135,7 +132,7 @@ def postprocessing(name: str) -> Postprocessing | None:
 
 def probe_sections() -> dict[str, ProbeVariant]:
     """``section -> variant`` of every variant with its own ``probe.<section>`` params."""
-    _discover()
+    import_declarations()
     return {v.section: v for v in PROBES.values() if v.section is not None}
 
 

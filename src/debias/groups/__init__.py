@@ -12,16 +12,19 @@ import importlib
 from typing import Any
 
 _LAZY = {name: "inference" for name in (
-    "GROUP_COLUMNS", "GROUPS_METRICS", "GROUPS_TABLE", "METHODS", "UMAP_TRAIN", "GroupInference", "groups_report",
+    "GROUP_COLUMNS", "GROUPS_METRICS", "GROUPS_TABLE", "UMAP_TRAIN", "GroupInference", "groups_report",
     "import_umap", "infer_groups", "load_embedding", "load_groups", "report_scalars", "save_embedding", "save_groups")}
 _LAZY.update({name: "matching" for name in ("group_quality", "hungarian_map", "hungarian_match", "matched_accuracy",
                                             "relabel")})
 
-__all__ = sorted(_LAZY)
+__all__ = sorted([*_LAZY, "METHODS"])
 
 
 def __getattr__(name: str) -> Any:
-    """``from debias.groups import infer_groups``: the name from its module, imported on first use."""
+    """``from debias.groups import infer_groups``: the name from its module, imported on first use; ``METHODS``: every
+    registered method, the declarations imported first (:func:`debias.groups.registry.discover`)."""
+    if name == "METHODS":
+        return importlib.import_module(f"{__name__}.registry").discover()
     if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -33,7 +33,7 @@ from debias.core.io import save_json
 from debias.data.store import BiasedSplit
 from debias.groups.inference import GroupInference
 from debias.groups.registry import METHODS, group_method
-from debias.params import GroupsParams
+from debias.params import GroupsBase
 from debias.core.paths import GROUPS_SUMMARY, GROUPS_VAL_TABLE  # noqa: F401  (re-exported)
 
 EXAMPLES_PER_GROUP = 8  # images per inferred group in the report's montage (ours: one row, readable at 110 dpi)
@@ -48,7 +48,7 @@ def attributes(split: BiasedSplit) -> torch.Tensor | None:
 
 
 def infer_val_groups(method: str, val: BiasedSplit, val_z: torch.Tensor, val_logits: torch.Tensor,
-                     train_z: torch.Tensor, train_inference: GroupInference, params: GroupsParams) -> GroupInference:
+                     train_z: torch.Tensor, train_inference: GroupInference, params: GroupsBase) -> GroupInference:
     """The validation split's inferred groups by the method's declared ``transfer`` (see the module docstring)."""
     transfer = group_method(method).transfer_fn()
     if transfer is None:

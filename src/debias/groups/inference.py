@@ -31,7 +31,7 @@ from debias.groups.registry import METHODS, GroupInference, group_method  # noqa
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_torch
 from debias.metrics import inferred_group_accuracies
-from debias.params import GroupsParams
+from debias.params import GroupsBase
 from debias.core.paths import GROUPS_DIR, GROUPS_METRICS, GROUPS_TABLE, UMAP_TRAIN  # noqa: F401  (re-exported)
 
 GROUP_COLUMNS = ("index", "y", "inferred_label", "inferred_group", "minority")
@@ -42,7 +42,7 @@ GROUP_COLUMNS = ("index", "y", "inferred_label", "inferred_group", "minority")
 SCORE_PREFIX = "bias_score_"
 
 
-def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsParams,
+def infer_groups(method: str, train: BiasedSplit, z: torch.Tensor, logits: torch.Tensor, params: GroupsBase,
                  seed: int) -> GroupInference:
     """Run the registered method ``method`` (:func:`debias.groups.registry.group_method`) on the training split with
     its ERM embeddings ``z`` [N,D] and ``logits`` [N,C]."""

@@ -5,16 +5,15 @@ A method is one module of :mod:`debias.groups.methods` that calls :func:`registe
 params base and this module only at import: the params schema imports it). Its inference function takes
 ``(train, z, logits, params, seed)`` (the training split, its ERM embeddings [N, D] and logits [N, C], the
 ``groups`` params section, the seed) and returns a :class:`GroupInference`; given as ``"module:function"`` it is
-imported when the method runs. :func:`import_declarations` imports every module of the package; a module named in
-``DEBIAS_METHODS`` (or a ``debias.methods`` entry point) may register group methods too, as stage-2 methods
-(:mod:`debias.training.methods.registry`). The ``groups`` params section is built from the registry
-(:mod:`debias.params.groups`): ``groups.method`` allows exactly the registered names and each method's own
+imported when the method runs. :func:`discover` imports every module of the package, after the modules named in
+``DEBIAS_METHODS`` (and the ``debias.methods`` entry points), which may register group methods too, as stage-2
+methods (:mod:`debias.training.methods.registry`). The ``groups`` params section is built from the registry
+(:mod:`debias.schema`, :func:`debias.params.groups.groups_model`): ``groups.method`` allows exactly the registered names and each method's own
 section becomes ``groups.<section>``. docs/extending.md walks through adding one.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -109,19 +108,13 @@ def register_group_method(name: str, infer: InferenceFn | str, **facts: Any) -> 
 _discovered = False
 
 
-def import_declarations() -> dict[str, GroupMethodSpec]:
-    """Import every module of :data:`PACKAGE` once (called by :mod:`debias.params` while it builds the schema,
-    after the ``DEBIAS_METHODS`` modules)."""
+def discover() -> dict[str, GroupMethodSpec]:
+    """Every registered method: the extension modules (``DEBIAS_METHODS``, entry points) and every module of
+    :data:`PACKAGE` imported once; a broken one is a DeclarationError naming it."""
     global _discovered
     if not _discovered:
-        _discovered = True
         _import_modules(PACKAGE, packages=False)
-    return METHODS
-
-
-def discover() -> dict[str, GroupMethodSpec]:
-    """Every registered method (importing :mod:`debias.params`, by name, builds the schema from them)."""
-    importlib.import_module("debias.params")
+        _discovered = True
     return METHODS
 
 

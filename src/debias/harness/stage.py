@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 
 from debias.core.errors import DebiasError, ParamsError, ResourceError, uncommitted_params_hint
 from debias.core.paths import RUNS
-from debias.params import Params, as_dict, load_params
+from debias.params import Params, as_dict
+from debias.schema import load_params
 
 if TYPE_CHECKING:  # tracking (MLflow) is imported inside main(), after the params and the device are checked
     from debias.harness.tracking import StageRun

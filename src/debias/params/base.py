@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -54,3 +55,15 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, strict=True,
                               allow_inf_nan=False)
+
+
+def schema_order(declared: Mapping[str, Any], kind: str) -> tuple[str, ...]:
+    """The names of the ``declared`` variants (name -> a declaration with ``schema_default``), the one declared the
+    schema default first; a DeclarationError unless exactly one is (``kind``: what they are, for the message)."""
+    from debias.core.errors import DeclarationError
+
+    defaults = [name for name, spec in declared.items() if spec.schema_default]
+    if len(defaults) != 1:
+        raise DeclarationError(f"exactly one {kind} must be the schema default; registered: {sorted(declared)}, "
+                               f"defaults: {defaults}")
+    return (defaults[0], *(name for name in declared if name != defaults[0]))

@@ -1,14 +1,16 @@
-"""The ``probe`` section: the linear probe and its variants, built from the variants' declarations
-(:mod:`debias.evaluation.variants`): ``probe.method`` and ``probe.postprocess`` allow exactly the registered names,
+"""The ``probe`` section: the linear probe and its variants, built (by :mod:`debias.schema`) from the variants'
+declarations (:mod:`debias.evaluation.variants`): ``probe.method`` and ``probe.postprocess`` allow exactly the registered names,
 each variant's own params section becomes ``probe.<section>``."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from debias.params.base import Section, show
+from debias.core.errors import DeclarationError
+from debias.params.base import Section, schema_order, show
 
 
 def _positive_distinct(values: list[float]) -> list[float]:
@@ -34,41 +36,38 @@ class ProbeBase(Section):
         return _positive_distinct(values)
 
 
-def probe_model() -> type[ProbeBase]:
-    """ProbeParams: the shared fields, ``method`` allowing exactly the registered variants (the one declared the
-    schema default first), each variant's own section, then ``postprocess`` (``none`` or a registered one). The
-    fields carry what :mod:`debias.params.applicability` reads: each section its ``owner``, ``method`` the
-    ``shared`` params and those each variant ``reads``."""
+def probe_model(probes: Mapping[str, Any], postprocessings: Mapping[str, Any],
+                no_postprocess: str) -> type[ProbeBase]:
+    """ProbeParams from the registered ``probes`` (name -> ProbeVariant) and ``postprocessings`` (name ->
+    Postprocessing): the shared fields, ``method`` allowing exactly the registered variants (the schema default
+    first), each variant's own section, then ``postprocess`` (``no_postprocess`` or a registered one). The fields
+    carry what :mod:`debias.schema.applicability` and the source checks read: each section its ``owner``, ``method``
+    the ``shared`` params and those each variant ``reads``, ``postprocess`` those that need the true attribute or a
+    binary task."""
     from pydantic import create_model
 
-    from debias.evaluation.variants import NO_POSTPROCESS, POSTPROCESSINGS, PROBES, import_declarations
-
-    import_declarations()
-    defaults = [name for name, variant in PROBES.items() if variant.schema_default]
-    if len(defaults) != 1:
-        raise RuntimeError(f"exactly one probe variant must be the schema default; registered: {sorted(PROBES)}, "
-                           f"defaults: {defaults}")
-    names = (defaults[0], *(name for name in PROBES if name != defaults[0]))
-    for variant in PROBES.values():
+    names = schema_order(probes, "probe variant")
+    for variant in probes.values():
         if variant.section in (*ProbeBase.model_fields, "method", "postprocess"):
-            raise RuntimeError(f"probe variant '{variant.name}': probe.{variant.section} is a shared field; "
-                               "allowed: another section name")
+            raise DeclarationError(f"probe variant '{variant.name}': probe.{variant.section} is a shared field; "
+                                   "allowed: another section name")
     sections = {v.section: (v.params, Field(default_factory=v.params, json_schema_extra={"owner": v.name}))
-                for v in sorted(PROBES.values(), key=lambda v: v.name != defaults[0]) if v.section is not None}
+                for v in sorted(probes.values(), key=lambda v: v.name != names[0]) if v.section is not None}
     variants = "; ".join(f"{v.name}: {v.display or v.name} (reads {', '.join(v.reads) or 'no shared param'})"
-                         for v in (PROBES[name] for name in names))
+                         for v in (probes[name] for name in names))
     posts = "; ".join(f"{p.name}: {p.display or p.name}{' (binary tasks)' if p.binary else ''}"
-                      for p in POSTPROCESSINGS.values())
+                      for p in postprocessings.values())
     return create_model(
-        "ProbeParams", __base__=ProbeBase, __module__=__name__,
+        "ProbeParams", __base__=ProbeBase, __module__="debias.schema",
         method=(Literal[names], Field(names[0], description=variants,  # type: ignore[valid-type]
                                       json_schema_extra={"shared": [f"probe.{key}" for key in ProbeBase.model_fields],
-                                                         "reads": {v.name: list(v.reads) for v in PROBES.values()},
-                                                         "needs_attribute": [v.name for v in PROBES.values()
+                                                         "reads": {v.name: list(v.reads) for v in probes.values()},
+                                                         "needs_attribute": [v.name for v in probes.values()
                                                                              if v.needs_attribute]})),
         **sections,
-        postprocess=(Literal[(NO_POSTPROCESS, *POSTPROCESSINGS)],  # type: ignore[valid-type]
-                     Field(NO_POSTPROCESS, description=f"{NO_POSTPROCESS}: the probe alone; {posts}; reported "
+        postprocess=(Literal[(no_postprocess, *postprocessings)],  # type: ignore[valid-type]
+                     Field(no_postprocess, description=f"{no_postprocess}: the probe alone; {posts}; reported "
                                                        "beside the probe",
-                           json_schema_extra={"needs_attribute": [p.name for p in POSTPROCESSINGS.values()
-                                                                  if p.needs_attribute]})))
+                           json_schema_extra={"needs_attribute": [p.name for p in postprocessings.values()
+                                                                  if p.needs_attribute],
+                                              "binary": [p.name for p in postprocessings.values() if p.binary]})))

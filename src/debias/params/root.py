@@ -1,4 +1,7 @@
-"""The whole schema (:class:`Params`: every section and the checks across sections) and its loading."""
+"""The root of the schema (:class:`Params`: every section and the checks across sections) and what reading,
+describing and flattening params needs. The sections built from the registries (``groups``, ``stage2``, ``probe``)
+are their bases here; :mod:`debias.schema` builds them from the declarations, completes :class:`Params` with them and
+validates and loads params.yaml."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import difflib
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
@@ -15,16 +18,14 @@ from debias.params.base import Section, show
 from debias.params.bias import BiasParams
 from debias.params.data import DataParams
 from debias.params.evaluate import EvaluateParams
+from debias.params.groups import GroupsBase
 from debias.params.health import HealthParams
 from debias.params.loss import LossParams
 from debias.params.model import ModelParams, has_batchnorm
 from debias.params.optim import NEEDS_INFERRED_GROUPS, NEEDS_TRUE_GROUPS, OptimParams, Selection
+from debias.params.probe import ProbeBase
 from debias.params.report import ReportParams
-
-if TYPE_CHECKING:  # built from the registered methods once the package is loaded (debias.params sets them here)
-    from debias.params.groups import GroupsParams
-    from debias.params.probe import ProbeParams
-    from debias.params.stage2 import Stage2Params
+from debias.params.stage2 import STAGE2_DEFAULTS, Stage2Base
 
 # Source / protocol combinations that make no sense (Params._protocol_fits_source).
 PHOTO_SOURCES = ("imagefolder", "waterbirds", "celeba")  # carry their own attribute
@@ -35,16 +36,19 @@ MIN_IMAGE_SIZE = {"lenet5": 16}  # smallest image side an encoder can take (LeNe
 
 
 class Params(Section):
+    """Every section and the checks across them; ``groups``, ``stage2`` and ``probe`` hold their bases here, the
+    schema (:func:`debias.schema.schema`) replaces them with the sections built from the registries. The type of
+    params in every signature; validate with :func:`debias.schema.validate`."""
+
     seed: int = Field(0, ge=0, lt=2**31)
     data: DataParams = Field(default_factory=DataParams)
     bias: BiasParams = Field(default_factory=BiasParams)
     model: ModelParams = Field(default_factory=ModelParams)
     erm: OptimParams = Field(default_factory=OptimParams)
-    groups: GroupsParams = Field(default_factory=lambda: GroupsParams())
-    stage2: Stage2Params = Field(default_factory=lambda: Stage2Params(
-        optimizer="sgd", lr=1e-3, momentum=0.9, weight_decay=1e-4, epochs=3, selection="best_worst_group"))
+    groups: GroupsBase = Field(default_factory=GroupsBase)
+    stage2: Stage2Base = Field(default_factory=lambda: Stage2Base(**STAGE2_DEFAULTS))
     loss: LossParams = Field(default_factory=LossParams)
-    probe: ProbeParams = Field(default_factory=lambda: ProbeParams())
+    probe: ProbeBase = Field(default_factory=ProbeBase)
     evaluate: EvaluateParams = Field(default_factory=EvaluateParams)
     report: ReportParams = Field(default_factory=ReportParams)
     health: HealthParams = Field(default_factory=HealthParams)
@@ -221,15 +225,12 @@ def _describe(error: dict[str, Any], model: type[BaseModel]) -> str:
     return f"{key} = {show(value)}: {message}" + (f"; allowed: {allowed}" if allowed else "")
 
 
-def validate(raw: dict[str, Any]) -> Params:
-    """Validate a params mapping; raise :class:`ParamsError` listing every problem (at most 20)."""
-    try:
-        return Params.model_validate(raw or {})
-    except ValidationError as exc:
-        errors = exc.errors()
-        problems = [_describe(err, Params) for err in errors[:20]]
-        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
-        raise ParamsError("invalid params.yaml:\n  - " + "\n  - ".join(problems) + more) from None
+def problems(exc: ValidationError, model: type[BaseModel]) -> str:
+    """A pydantic ValidationError of ``model`` as ParamsError's text: one line per problem (at most 20)."""
+    errors = exc.errors()
+    lines = [_describe(err, model) for err in errors[:20]]
+    more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+    return "invalid params.yaml:\n  - " + "\n  - ".join(lines) + more
 
 
 def read_yaml(path: Path) -> Any:
@@ -248,17 +249,6 @@ def read_yaml(path: Path) -> Any:
     except Exception as exc:  # ruamel's YAMLError, DuplicateKeyError, ...
         lines = [line for line in str(exc).splitlines() if line.strip()][:6]
         raise ParamsError(f"{path} is not valid YAML ({type(exc).__name__}): " + " | ".join(l.strip() for l in lines)[:600]) from None
-
-
-def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and validate ``params.yaml``; a missing or malformed file is a ParamsError."""
-    path = Path(path)
-    if not path.exists():
-        raise ParamsError(f"{path} not found: run the stage from the repository root")
-    raw = read_yaml(path)
-    if raw is not None and not isinstance(raw, dict):
-        raise ParamsError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
-    return validate(raw or {})
 
 
 def section(params: Params, dotted: str) -> Any:

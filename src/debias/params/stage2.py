@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import Field
 
-from debias.params.base import Section
+from debias.core.errors import DeclarationError
+from debias.params.base import Section, schema_order
 from debias.params.model import HeadInput
 from debias.params.optim import OptimParams
-
-
-
 
 
 class HeadParams(Section):
@@ -27,10 +26,6 @@ class HeadParams(Section):
                              "accuracies in 3 of 3 seeds, benchmarks/results/head_warm_start.md); false: from zero")
     tolerance: float = Field(1e-7, gt=0, le=1, description="stop once every gradient entry is below it (L-BFGS's "
                              "tolerance_grad; torch's default 1e-7)")
-
-
-
-
 
 
 class TabularViewParams(Section):
@@ -50,32 +45,33 @@ class SpeedParams(Section):
 
 
 # Fields every stage-2 method shares; each method's own section (stage2.<section>) is declared by the method
-# (debias.training.methods.registry) and joins Stage2Params when the package is loaded (debias.params).
+# (debias.training.methods.registry) and joins Stage2Params when the schema is built (debias.schema).
 STAGE2_SHARED_FIELDS = ("head", "speed", "tabular_view", *OptimParams.model_fields)
+# stage2's defaults where they differ from erm's (OptimParams): CNC's optimiser (App. D.2.4)
+STAGE2_DEFAULTS: dict[str, Any] = {"optimizer": "sgd", "lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4, "epochs": 3,
+                                   "selection": "best_worst_group"}
 
 
-def stage2_model() -> type[OptimParams]:
-    """Stage2Params: the optimiser fields, ``method`` allowing exactly the registered methods (the one declared
-    the schema default first), ``head``, ``speed``, each method's own params section as the field
-    ``stage2.<section>``, then ``tabular_view``."""
+class Stage2Base(OptimParams):
+    """The ``stage2`` section's base: the optimiser fields; ``method``, ``head``, ``speed``, the methods' own sections
+    and ``tabular_view`` join it in :func:`stage2_model`."""
+
+
+def stage2_model(methods: Mapping[str, Any]) -> type[Stage2Base]:
+    """Stage2Params from the registered ``methods`` (name -> MethodSpec): the optimiser fields, ``method`` allowing
+    exactly the registered methods (the one declared the schema default first), ``head``, ``speed``, each method's
+    own params section as the field ``stage2.<section>``, then ``tabular_view``."""
     from pydantic import create_model
 
-    from debias.training.methods.registry import import_declarations
-
-    methods = import_declarations()
-    defaults = [name for name, spec in methods.items() if spec.schema_default]
-    if len(defaults) != 1:
-        raise RuntimeError(f"exactly one stage-2 method must be the schema default; registered: {sorted(methods)}, "
-                           f"defaults: {defaults}")
-    names = (defaults[0], *(name for name in methods if name != defaults[0]))
+    names = schema_order(methods, "stage-2 method")
     for spec in methods.values():
         if spec.section in (*STAGE2_SHARED_FIELDS, "method"):
-            raise RuntimeError(f"stage-2 method '{spec.name}': stage2.{spec.section} is a field every method shares; "
-                               "allowed: another section name")
+            raise DeclarationError(f"stage-2 method '{spec.name}': stage2.{spec.section} is a field every method "
+                                   "shares; allowed: another section name")
     sections = {spec.section: (spec.params, Field(default_factory=spec.params))
-                for spec in sorted(methods.values(), key=lambda s: s.name != defaults[0]) if spec.section is not None}
-    return create_model("Stage2Params", __base__=OptimParams, __module__=__name__,
-                        method=(Literal[names], defaults[0]),  # type: ignore[valid-type]
+                for spec in sorted(methods.values(), key=lambda s: s.name != names[0]) if spec.section is not None}
+    return create_model("Stage2Params", __base__=Stage2Base, __module__="debias.schema",
+                        method=(Literal[names], names[0]),  # type: ignore[valid-type]
                         head=(HeadParams, Field(default_factory=HeadParams)),
                         speed=(SpeedParams, Field(default_factory=SpeedParams)), **sections,
                         tabular_view=(TabularViewParams, Field(default_factory=TabularViewParams)))

@@ -1,7 +1,7 @@
 """The report's params tables: what this run changed against the committed params.yaml, and where the committed
 params depart from the papers' settings (the schema's defaults) with the reason params.yaml's comment gives.
 
-Both list only params that apply to the run (:mod:`debias.params.applicability`). The committed file is
+Both list only params that apply to the run (:mod:`debias.schema.applicability`). The committed file is
 ``git show HEAD:params.yaml`` in the report's root; outside git (an exported tree) or without a commit the first
 table says it cannot be built.
 """
@@ -16,8 +16,9 @@ from typing import Any
 
 import yaml
 
-from debias.params import Params, as_dict, flatten, validate
-from debias.params.applicability import RunContext, applies
+from debias.params import Params, as_dict, flatten
+from debias.schema import schema, validate
+from debias.schema.applicability import RunContext, applies
 
 PARAMS_FILE = "params.yaml"
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
@@ -126,5 +127,5 @@ def departures(committed: Params, text: str, context: RunContext) -> tuple[list[
     """Where the committed params depart from the schema defaults (the papers' settings), each with the reason
     from the committed file's comments; and the departing keys that do not apply to the run."""
     comments = yaml_comments(text)
-    found, skipped = differing(committed, Params(), context)
+    found, skipped = differing(committed, schema()(), context)
     return [ParamChange(c.key, c.value, c.base, reason(c.key, comments)) for c in found], skipped

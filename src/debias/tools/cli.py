@@ -6,24 +6,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from debias.params import ParamsError, load_params
+from debias.params import ParamsError
+from debias.schema import load_params
 
 DESCRIPTION = ("debias: tools around the DVC pipeline (the pipeline itself runs with dvc repro and dvc exp run). "
                'Run "debias COMMAND --help" for the options of a command.')
 
 
 def check_params(path: str, label: str | None = None) -> int:
+    from debias.core.errors import DeclarationError
     from debias.data.sources.checks import DataSourceError, check_source
 
     try:
         params = load_params(path)
         check_source(params)  # the files the source reads, and params that need the class count (cheap)
-    except (ParamsError, DataSourceError) as exc:
+    except (ParamsError, DataSourceError, DeclarationError) as exc:  # a broken method module too: one line
         print(f"{label}: {exc}" if label else exc, file=sys.stderr)
         return 2
     print(f"{label or path}: valid (source={params.data.source}, protocol={params.bias.protocol}, "
           f"model={params.model.name}, groups={params.groups.method}, stage2={params.stage2.method})")
-    from debias.params.applicability import RunContext, weak_warnings
+    from debias.schema.applicability import RunContext, weak_warnings
 
     for message in weak_warnings(RunContext(params)):  # valid, but a param that weighs almost nothing: say so
         print(f"{label or path}: WARNING {message}")

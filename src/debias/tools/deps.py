@@ -21,8 +21,8 @@ every file of the repository it reaches: the entrypoint, ``src/debias/**.py`` (e
   bytes with the fork server on and off.
 - **Packages**: importing ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py``, so every file reached brings
   its parent packages' ``__init__.py`` (those of a module found by :data:`DISCOVERED` included).
-- **The params schema** (:mod:`debias.params`, one module per section): a stage depends on the modules of the
-  sections it reads (its ``params:`` in dvc.yaml, the modules of the section classes the code imports by name,
+- **The params schema** (:mod:`debias.params`, one module per section, completed and loaded by :mod:`debias.schema`):
+  a stage depends on the modules of the sections it reads (its ``params:`` in dvc.yaml, the modules of the section classes the code imports by name,
   every section for a stage that depends on params.yaml whole) plus the shared ones (:data:`PARAMS_COMMON`),
   not on every section: a change to ``loss``'s schema reruns the stages that read ``loss``.
 
@@ -86,6 +86,7 @@ SIDE_CHANNELS: dict[str, str] = {
 HARNESS_LEAVES = ("debias.harness.memory",)
 
 PARAMS = "debias.params"
+SCHEMA = "debias.schema"  # the whole schema built from the sections and the registries: a face, as the package
 # The schema's modules every stage that loads params depends on: the package (re-exports), the Section base and
 # the root (the Params model with its checks across sections, and the loading every stage runs).
 PARAMS_COMMON = ("debias.params.base", "debias.params.root")
@@ -225,9 +226,10 @@ def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = (
         if path in seen:
             continue
         seen.add(path)
-        if path.name == "__init__.py" and path.parent == root / SOURCE_ROOT / Path(*PARAMS.split(".")):
+        if path.name == "__init__.py" and path.parent in (root / SOURCE_ROOT / Path(*PARAMS.split(".")),
+                                                          root / SOURCE_ROOT / Path(*SCHEMA.split("."))):
             todo += [f for name in PARAMS_COMMON if (f := module_file(name, root)) is not None]
-            continue  # the package only re-exports: which sections count is decided by name, not by its imports
+            continue  # the package re-exports, the schema assembles: which sections count is decided by name
         own = module_name(path, root) if path.is_relative_to(root / SOURCE_ROOT) else ""
         if own in HARNESS_LEAVES:
             continue

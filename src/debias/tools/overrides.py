@@ -93,15 +93,17 @@ def _override_key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~").strip()
 
 
-def refusal(exc: BaseException, overrides: list[str]) -> str:
+def refusal(exc: BaseException, overrides: list[str], params_file: str = "params.yaml") -> str:
     """DVC's refusal of ``overrides`` as one line. A key params.yaml does not hold (DVC sets only existing keys
     without ``+``) starts the line, with the closest known key: ``unknown parameter 'loss.epsiln'; did you mean
     'loss.epsilon'? (-S loss.epsiln=0.3; ...)``, never OmegaConf's ``Key ... is not in struct`` internals. The key
-    named is the override's whole key (``lss.epsilon``, where OmegaConf names only the missing section ``lss``)."""
+    named is the override's whole key (``lss.epsilon``, where OmegaConf names only the missing section ``lss``). A key
+    the schema has but ``params_file`` leaves out (a method's section not stated) is said to be so, with how to add
+    it, never "did you mean" itself."""
     import difflib
     import re
 
-    from debias.params import Params, _valid_keys
+    from debias.schema import valid_keys
 
     given = f"-S {' -S '.join(overrides)}"
     found = re.search(r"full_key: (\S+)", _cause(exc))
@@ -110,7 +112,11 @@ def refusal(exc: BaseException, overrides: list[str]) -> str:
     keys = [_override_key(o) for o in overrides]
     key = next((k for k in keys if k == found[1]), None) or next(
         (k for k in keys if k.startswith(found[1] + ".")), found[1])
-    close = difflib.get_close_matches(key, _valid_keys(Params), n=1, cutoff=0.6)
+    known = valid_keys()
+    if key in known:  # a param of the schema the file leaves out: nothing to suggest but stating it
+        return (f"'{key}' is a parameter {params_file} does not state ({given}); add it to {params_file}, or set it "
+                f"with -S +{key}=VALUE")
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     return (f"unknown parameter '{key}'" + (f"; did you mean '{close[0]}'?" if close else "")
             + f" ({given}; +key=value adds a key params.yaml does not hold)")
 
@@ -133,7 +139,7 @@ def override_files(path: str | Path, items: list[str]) -> Iterator[list[tuple[li
             try:
                 apply_overrides(copy, overrides)
             except Exception as exc:  # DVC's InvalidArgumentError around hydra's ConfigCompositionException
-                results.append((overrides, ParamsError(refusal(exc, overrides))))
+                results.append((overrides, ParamsError(refusal(exc, overrides, path.name))))
                 continue
             results.append((overrides, copy))
         yield results

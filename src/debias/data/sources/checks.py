@@ -110,12 +110,11 @@ SOURCE_CHECKS: dict[str, Callable[[Params], str]] = {"imagefolder": check_imagef
 
 
 def check_postprocess(params: Params) -> str | None:
-    """A ``probe.postprocess`` registered as binary-only on a task known not to be binary is refused."""
-    from debias.evaluation.variants import postprocessing
-
+    """A ``probe.postprocess`` registered as binary-only on a task known not to be binary is refused (the schema's
+    ``postprocess`` field lists them: :func:`debias.params.probe.probe_model`)."""
     name = params.probe.postprocess
-    post = postprocessing(name)
-    if post is None or not post.binary:
+    field = type(params.probe).model_fields["postprocess"]
+    if name not in (field.json_schema_extra or {}).get("binary", ()):  # type: ignore[union-attr]
         return None
     classes = class_count(params)
     if classes is not None and classes != 2:

@@ -185,7 +185,8 @@ def _workspace_params() -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        from debias.params import as_dict, load_params
+        from debias.params import as_dict
+        from debias.schema import load_params
 
         return as_dict(load_params(path))
     except Exception:

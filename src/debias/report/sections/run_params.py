@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from debias.params import Params
-from debias.params.applicability import RunContext
+from debias.schema.applicability import RunContext
 from debias.report import params_table
 from debias.report.document import Block, Heading, Section, Table, Text, show
 from debias.report.inputs import ReportInputs

@@ -79,7 +79,7 @@ def log_to_mlflow(comparison: Comparison, written: dict[str, Path], root: Path) 
 def workspace_report_params(root: Path) -> ReportParams:
     """The ``report`` section of ``root``'s params.yaml (the intervals' level; the page states it), the schema's
     defaults where the file is missing or does not validate."""
-    from debias.params import load_params
+    from debias.schema import load_params
 
     try:
         return load_params(root / "params.yaml").report

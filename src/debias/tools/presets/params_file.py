@@ -233,7 +233,7 @@ def plan_apply(text: str, preset: Preset, sets: dict[str, Any] | None = None, wh
     validated, nothing written.
 
     Raises PresetError when the composition fails the schema or the rewritten text would not read back as it."""
-    from debias.params import validate
+    from debias.schema import validate
 
     base = _load_yaml(text, where) or {}
     if not isinstance(base, dict):

@@ -257,7 +257,8 @@ def check_grid(root: Path, jobs: list[Job], upstream: str | None = None) -> list
     """Every job's params (params.yaml with its overrides) checked against the schema and its targets against
     dvc.yaml, all before any launch; returns the merged params of each job. Raises :class:`SweepError` listing
     every problem."""
-    from debias.params import ParamsError, read_yaml, validate
+    from debias.params import ParamsError, read_yaml
+    from debias.schema import validate
 
     if not jobs:
         raise SweepError("the grid is empty: give -S KEY=V1,V2 (and --seeds) or --file")

@@ -28,8 +28,8 @@ method gets and the helpers the families share), ``views`` (augmented views by t
 ``dcl`` and ``hcl``), ``head`` (the per-epoch linear head of methods that learn no classifier themselves) and
 ``run`` (:func:`train_stage2`: builds the registered method, trains it, writes the stage's outputs).
 
-This package's ``__init__`` stays light (the params schema imports it to find the declarations); the training
-names below are imported from their modules on first use.
+This package's ``__init__`` stays light (every declaration imports the registry through it, and the params schema
+imports the registry); the training names below are imported from their modules on first use.
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import debias.params  # noqa: F401  (building the schema imports every declaration: METHODS is complete)
-from debias.training.methods.registry import (METHODS, MethodSpec, head_trained_methods, method_spec,
+from debias.training.methods.registry import (MethodSpec, discover, head_trained_methods, method_spec,
                                               register_method, register_module)
 
 _LAZY = {"Stage2Inputs": "base", "Stage2Setup": "base", "setup_method": "base", "fit_head": "head",
@@ -49,7 +48,10 @@ __all__ = ["METHODS", "MethodSpec", "head_trained_methods", "method_spec", "regi
 
 
 def __getattr__(name: str) -> Any:
-    """The training names (torch) imported on first use: ``from debias.training.methods import train_stage2``."""
+    """The training names (torch) imported on first use: ``from debias.training.methods import train_stage2``;
+    ``METHODS``: every registered method, the declarations imported first (:func:`registry.discover`)."""
+    if name == "METHODS":
+        return discover()
     if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,36 +3,36 @@
 A method family is one subpackage of :mod:`debias.training.methods` whose ``__init__.py`` (the family's
 declaration: pydantic and this module only, no torch) calls :func:`register_method` once per method, and whose
 ``train.py`` holds the training code the declaration names by ``"module:function"`` (imported when the method
-runs). :func:`discover` imports every such subpackage, the modules named in the ``DEBIAS_METHODS`` environment
-variable (comma-separated, for a method kept outside the package) and the ``debias.methods`` entry points of
-installed distributions (a method shipped as its own package). The params schema (:mod:`debias.params`) is
-built from the registry when it is first imported: each method's params section becomes the field
-``stage2.<section>``, and ``stage2.method`` allows exactly the registered names. docs/extending.md walks through
-adding one.
+runs). :func:`discover` imports the modules named in the ``DEBIAS_METHODS`` environment variable
+(comma-separated, for a method kept outside the package), the ``debias.methods`` entry points of installed
+distributions (a method shipped as its own package) and every such subpackage
+(:func:`debias.core.declarations.import_declarations`). The params schema (:mod:`debias.schema`) is built from the
+registry: each method's params section becomes the field ``stage2.<section>``, and ``stage2.method`` allows exactly
+the registered names. docs/extending.md walks through adding one.
 
 Nothing outside a method's own package branches on its name: the orchestration reads the :class:`MethodSpec`.
 """
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from debias.core.declarations import check_section, import_declarations as import_packages, resolve
+from debias.core.declarations import (ENTRY_POINT_GROUP, ENV_VAR, check_section,  # noqa: F401  (re-exported)
+                                      import_declarations as import_packages, register_module, resolve)
 
-# This module imports nothing else of debias (the params schema and the memory check import it): ``Params`` below is
-# debias.params.Params, ``Section`` debias.params.Section, ``StepPlan`` debias.core.resources.StepPlan.
+# This module imports nothing of debias above core (the params schema and the memory check import it): ``Params``
+# below is debias.params.Params, ``Section`` debias.params.Section, ``StepPlan`` debias.core.resources.StepPlan.
 Params = Section = StepPlan = Any
 
 PACKAGE = "debias.training.methods"
-ENV_VAR = "DEBIAS_METHODS"  # modules that register methods from outside the package, comma-separated
-ENTRY_POINT_GROUP = "debias.methods"
 
 TemperatureFn = Callable[[Params], tuple[str, float]]  # (dotted param key, its value)
 MemoryPlanFn = Callable[[Params, int], StepPlan]  # (params, training points) -> one training step's plan
+
+
+NO_PLAN = object()  # MethodSpec.memory_plan not given: refused (a method states its plan, None included)
 
 
 def _no_erm_weights(params: Params) -> bool:
@@ -49,7 +49,7 @@ class MethodSpec:
     the section, e.g. ``"num_positives"``; tests/test_param_sources.py checks them). ``reads``: shared param
     prefixes the method reads besides its own section and ``stage2.*`` (e.g. ``"loss."``), for applicability.
     ``memory_plan``: the images and pairwise matrices of one training step (:class:`debias.core.resources.StepPlan`; None:
-    ``stage2.batch_size`` images, no pairwise matrices, as ERM); ``memory_advice``: the params to lower after a real out-of-memory error. ``fairkl_weight``: lambda of FairKL
+    ``stage2.batch_size`` images, no pairwise matrices, as ERM; every method states it, None included); ``memory_advice``: the params to lower after a real out-of-memory error. ``fairkl_weight``: lambda of FairKL
     as the method applies it (None: the method has no FairKL term). ``needs_erm_weights``: whether stage 2 starts
     from stage 1's weights under these params.
     """
@@ -65,7 +65,7 @@ class MethodSpec:
     params: type[Section] | None = None
     sources: dict[str, str] = field(default_factory=dict)
     reads: tuple[str, ...] = ()
-    memory_plan: MemoryPlanFn | None = None
+    memory_plan: MemoryPlanFn | None | object = NO_PLAN
     memory_advice: tuple[str, ...] = ("stage2.batch_size",)
     fairkl_weight: Callable[[Params], float] | None = None
     epsilon_key: str | None = None  # the param of the margin its contrastive term reads (loss.epsilon, ...), if any
@@ -91,6 +91,9 @@ def register_method(name: str, setup: Callable[[Any], Any] | str, **facts: Any) 
     if name in METHODS:
         raise ValueError(f"stage-2 method '{name}' is registered twice")
     spec = MethodSpec(name, setup, **facts)
+    if spec.memory_plan is NO_PLAN:
+        raise ValueError(f"stage-2 method '{name}' declares no memory_plan; allowed: a function (params, n_train) -> "
+                         "StepPlan, or None for stage2.batch_size images and no pairwise matrices (docs/extending.md)")
     check_section(f"stage-2 method '{name}'", "stage2", spec, METHODS.values())
     METHODS[name] = spec
     return spec
@@ -100,45 +103,13 @@ _discovered = False
 
 
 def discover() -> dict[str, MethodSpec]:
-    """Every registered method: the schema imports the declarations when it is built, so this imports
-    :mod:`debias.params` (by name: the schema imports this module)."""
-    importlib.import_module("debias.params")
-    return METHODS
-
-
-def import_declarations() -> dict[str, MethodSpec]:
-    """Import every method declaration once (the package's subpackages, ``DEBIAS_METHODS``, entry points); called
-    by :mod:`debias.params` while it builds the schema."""
+    """Every registered method: the extension modules (``DEBIAS_METHODS``, entry points) and every subpackage of
+    :data:`PACKAGE` imported once; a broken one is a DeclarationError naming it."""
     global _discovered
-    if _discovered:
-        return METHODS
-    _discovered = True
-    import_packages(PACKAGE, packages=True)
-    for module in filter(None, (part.strip() for part in os.environ.get(ENV_VAR, "").split(","))):
-        register_module(module)
-    from importlib.metadata import entry_points
-
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        register_module(entry.value)
+    if not _discovered:
+        import_packages(PACKAGE, packages=True)
+        _discovered = True
     return METHODS
-
-
-def register_module(module: str) -> None:
-    """Import ``module``, whose top level registers its methods; a clear error when it cannot be imported.
-
-    Call it before :mod:`debias.params` is first imported (the schema is built then), or name the module in
-    ``DEBIAS_METHODS``; stage processes read that variable."""
-    import sys
-
-    if getattr(sys.modules.get("debias.params"), "Stage2Params", None) is not None and module not in sys.modules:
-        raise RuntimeError(f"register_module('{module}') after the params schema was built; name it in "
-                           f"{ENV_VAR} (read when debias.params is first imported) instead")
-    try:
-        importlib.import_module(module)
-    except ImportError as exc:
-        raise ImportError(f"{ENV_VAR} names '{module}', which cannot be imported ({exc}); allowed: a module on "
-                          "PYTHONPATH that registers stage-2 methods, group-inference methods or probe variants "
-                          "(docs/extending.md)") from exc
 
 
 def method_spec(name: str) -> MethodSpec:

@@ -24,7 +24,7 @@ from debias.core.stage_run import StageRun
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import HeadParams, Params
-from debias.params.applicability import RunContext, weak_warnings
+from debias.schema.applicability import RunContext, weak_warnings
 from debias.training.loop import finish, fit, resume_key
 from debias.training.methods.base import Stage2Inputs, setup_method
 from debias.training.methods.head import head_validator

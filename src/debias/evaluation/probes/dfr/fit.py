@@ -36,7 +36,7 @@ from sklearn.preprocessing import StandardScaler
 from debias.core import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import predict_labels, select_c, split_report, stratified_halves
-from debias.params import ProbeParams
+from debias.params import ProbeBase
 
 
 def balanced_subset(groups: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -75,7 +75,7 @@ def averaged(heads: list[LogisticRegression], scaler: StandardScaler | None) -> 
     return make_pipeline(*([scaler] if scaler is not None else []), head)
 
 
-def dfr_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
+def dfr_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeBase,
               seed: int) -> tuple[dict, Pipeline, torch.Tensor]:
     """Tune ``C`` on validation halves, refit on balanced subsets of all of validation; ``(report, classifier,
     selection indices into val)``. The report has the keys of the logistic probe's plus ``method``, ``retrains``

@@ -12,10 +12,10 @@ from sklearn.pipeline import Pipeline
 from debias.core import progress
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import fit_logistic, predict_labels, select_c, split_report, stratified_halves
-from debias.params import ProbeParams
+from debias.params import ProbeBase
 
 
-def logistic_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeParams,
+def logistic_probe(features: Mapping[str, torch.Tensor], splits: Mapping[str, BiasedSplit], params: ProbeBase,
                    seed: int) -> tuple[dict, Pipeline, torch.Tensor]:
     """The logistic probe's report, the chosen classifier and the validation indices that chose it."""
     val = splits["val"]

@@ -20,6 +20,7 @@ SOURCES: dict[str, str] = {
                 "tried {10, 100, 1000} and used ~1100 at CMNIST* 0.995, benchmarks/fullsize.yaml)",
 }
 
-register_method("erm", f"{__name__}.train:erm_method", display="ERM", head_trained=True)
+# memory_plan None: a step forwards stage2.batch_size images (JTT's pool is drawn in such batches), no B x B matrix
+register_method("erm", f"{__name__}.train:erm_method", display="ERM", head_trained=True, memory_plan=None)
 register_method("jtt", f"{__name__}.train:jtt_method", display="JTT", head_trained=True, section="jtt",
-                params=JTTParams, sources=SOURCES)
+                params=JTTParams, sources=SOURCES, memory_plan=None)

@@ -1,4 +1,4 @@
-"""Where every parameter's default comes from: one line per leaf of the params schema (src/debias/params/).
+"""Where every parameter's default comes from: one line per leaf of the params schema (src/debias/params/ and the sections the registries declare).
 
 A method's own section carries its sources in the method's declaration: a stage-2 method's (``stage2.cnc``, ...:
 ``register_method(..., sources=...)``, src/debias/training/methods/), a group-inference method's (``groups.cluster``,

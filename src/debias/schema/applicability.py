@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from debias.params import PATH_SOURCES, PRETRAINABLE, TABULAR_SOURCES, Params
+from debias.schema import schema
 from debias.training.methods.registry import method_sections, method_spec
 
 
@@ -74,7 +75,7 @@ def _declared_rules() -> dict[str, Rule]:
     ``reads``, a shared param applies under the variants that read it. Read from the schema, not from the
     registries, so a stage that asks about other params does not depend on every variant's declaration."""
     rules: dict[str, Rule] = {}
-    for top, info in Params.model_fields.items():
+    for top, info in schema().model_fields.items():
         model = info.annotation
         if not (isinstance(model, type) and issubclass(model, BaseModel)) or "method" not in model.model_fields:
             continue
@@ -97,7 +98,8 @@ def _head_fitted(c: RunContext) -> bool:
     return not method_spec(c.params.stage2.method).head_trained
 
 
-RULES: dict[str, Rule] = {
+# The prefixes whose rules do not depend on the registered variants; :func:`rules` adds those built from them.
+FIXED_RULES: dict[str, Rule] = {
     "data.path": _source(*PATH_SOURCES),
     "data.mnist_val_size": _source("mnist", "fashion_mnist"),
     "data.imagefolder.": _source("imagefolder"),
@@ -110,26 +112,36 @@ RULES: dict[str, Rule] = {
     "bias.corruption.": _protocol("corruption"),
     "model.pretrained": lambda c: c.params.model.name in PRETRAINABLE,
     "model.mlp.": lambda c: c.params.model.name == "mlp" or c.params.data.source in TABULAR_SOURCES,
-    **_declared_rules(),  # groups.<section>., probe.<section>., probe.train_split, ...
-    **{f"stage2.{section}.": _section_owner(section) for section in method_sections()},
     "stage2.head.": _head_fitted,
     "stage2.tabular_view.": lambda c: (_method_reads("stage2.tabular_view.")(c)
                                        and c.params.data.source in TABULAR_SOURCES),
     "loss.": _method_reads("loss."),
 }
+_RULES: dict[str, Rule] = {}
+
+
+def rules() -> dict[str, Rule]:
+    """The registry of ``param prefix -> predicate``: :data:`FIXED_RULES` with those of the registered variants'
+    sections (``groups.<section>.``, ``probe.<section>.``, ``probe.train_split``, ``stage2.<section>.``), built on
+    first use (the declarations imported then, inside the caller's error handling)."""
+    if not _RULES:
+        _RULES.update(FIXED_RULES)
+        _RULES.update(_declared_rules())
+        _RULES.update({f"stage2.{section}.": _section_owner(section) for section in method_sections()})
+    return _RULES
 
 
 def rule_for(key: str) -> str | None:
     """The longest registered prefix of the dotted ``key`` (a prefix ending in '.' names a section; one without,
     a single param), None when no rule covers it."""
-    matches = [p for p in RULES if (key.startswith(p) if p.endswith(".") else key == p)]
+    matches = [p for p in rules() if (key.startswith(p) if p.endswith(".") else key == p)]
     return max(matches, key=len) if matches else None
 
 
 def applies(key: str, context: RunContext) -> bool:
     """Whether the param ``key`` has any effect on a run in ``context``."""
     prefix = rule_for(key)
-    return True if prefix is None else bool(RULES[prefix](context))
+    return True if prefix is None else bool(rules()[prefix](context))
 
 
 # Below this share of the stage-2 loss's total weight a term (and every param that enters only it) counts as
