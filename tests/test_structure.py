@@ -157,32 +157,6 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("tools",),
 )
 
-# Research code still reaching up into the harness for progress lines (harness.progress), memory step plans
-# (harness.memory.StepPlan) and the stage-run handle (harness.tracking.StageRun): these move out of the harness in
-# separate work (the harness around the research, not below it). Exactly these edges are exempt from the floor rule
-# until then; the list shrinks, never grows.
-HARNESS_EDGES_BEING_MOVED: frozenset[tuple[str, str]] = frozenset(
-    (module, target)
-    for module, targets in {
-        "debias.evaluation.probe": ("debias.harness.progress",),
-        "debias.evaluation.probes.dfr.fit": ("debias.harness.progress",),
-        "debias.evaluation.probes.logistic.fit": ("debias.harness.progress",),
-        "debias.evaluation.representation": ("debias.harness.progress",),
-        "debias.groups.clustering": ("debias.harness.progress",),
-        "debias.training.loop": ("debias.harness.progress",),
-        "debias.training.erm": ("debias.harness.memory", "debias.harness.tracking"),
-        "debias.training.outputs": ("debias.harness.tracking",),
-        "debias.training.methods.run": ("debias.harness.memory", "debias.harness.tracking"),
-        "debias.training.methods.cnc": ("debias.harness.memory",),
-        "debias.training.methods.dclhcl": ("debias.harness.memory",),
-        "debias.training.methods.lff": ("debias.harness.memory",),
-        "debias.training.methods.selfsup": ("debias.harness.memory",),
-        "debias.training.methods.supcon": ("debias.harness.memory",),
-        "debias.report.collect": ("debias.harness.tracking",),
-        "debias.report.sections.provenance": ("debias.harness.tracking",),
-    }.items()
-    for target in (*targets, "debias.harness")  # the harness package, which importing its modules runs
-)
 
 
 def floor(module: str) -> int:
@@ -224,13 +198,9 @@ def test_no_import_cycle_counting_the_packages_an_import_runs() -> None:
 
 
 def test_no_import_runs_from_a_lower_floor_to_a_higher_one() -> None:
-    graph = {module: {t for t in targets if (module, t) not in HARNESS_EDGES_BEING_MOVED}
-             for module, targets in RUNTIME_GRAPH.items()}
-    upward = upward_imports(graph)
+    upward = upward_imports(RUNTIME_GRAPH)
     assert not upward, "imports from a lower floor to a higher one (FLOORS in tests/test_structure.py):\n  " + \
         "\n  ".join(upward)
-    stale = sorted(f"{m} -> {t}" for m, t in HARNESS_EDGES_BEING_MOVED if t not in RUNTIME_GRAPH.get(m, set()))
-    assert not stale, f"HARNESS_EDGES_BEING_MOVED lists imports that are gone (remove them): {stale}"
 
 
 def test_the_params_sections_import_nothing_above_core() -> None:

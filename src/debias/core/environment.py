@@ -9,9 +9,13 @@ and the report say when the runs they show side by side differ in them.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
 # The recorded keys, in the order they are shown, with their names in words.
@@ -73,3 +77,14 @@ def environment_differences(runs: dict[str, dict[str, Any] | None]) -> list[str]
         if len(values) > 1:
             lines.append(f"{words}: " + ", ".join(f"{value} ({', '.join(labels)})" for value, labels in values.items()))
     return lines
+
+
+def git_commit(root: "Path") -> str | None:
+    """The commit the run belongs to: DVC's experiment baseline, else ``git rev-parse HEAD``."""
+    if os.environ.get("DVC_EXP_BASELINE_REV"):
+        return os.environ["DVC_EXP_BASELINE_REV"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None

@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from debias.core.environment import git_commit  # noqa: F401  (re-exported: tracking tags runs with it)
 from debias.core.errors import TrackingError
 from debias.core.paths import repo_root
 
@@ -37,17 +38,6 @@ def tracking_mode() -> str:
     if mode not in TRACKING_MODES:
         raise TrackingError(f"DEBIAS_TRACKING = '{mode}'; allowed: {', '.join(TRACKING_MODES)}")
     return mode
-
-
-def git_commit(root: Path) -> str | None:
-    """The commit the run belongs to: DVC's experiment baseline, else ``git rev-parse HEAD``."""
-    if os.environ.get("DVC_EXP_BASELINE_REV"):
-        return os.environ["DVC_EXP_BASELINE_REV"]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from debias.core import paths
-from debias.harness.tracking import git_commit
+from debias.core.environment import git_commit
 from debias.params import Params
 from debias.report.document import Block, Heading, Section, Table, Text, num
 from debias.report.inputs import ReportInputs
