@@ -238,6 +238,12 @@ def table(rows: list[dict[str, str]], command: str) -> str:
              "t-interval. Worst-group ranks nothing (one cell's worst group holds 17-119 test images), but a "
              "candidate whose paired worst-group interval excludes 0 is shown worse and is not chosen.",
              f"- Simplicity order (the tie-break): {', '.join(SIMPLICITY)}.", ""]
+    counts = {c: len({(r["protocol"], r["palette"], r["seed"]) for r in rows if r["candidate"] == c})
+              for c in dict.fromkeys(r["candidate"] for r in rows)}
+    partial = {c: n for c, n in counts.items() if n < len(cells)}
+    if partial:
+        lines[-1:-1] = [f"- Not every cell ran for: {', '.join(f'{c} ({n} of {len(cells)})' for c, n in partial.items())}."
+                        " Its mean is over its own cells; every paired Δ is over the cells both candidates have."]
     for rule in RULES:
         ranked = ranking(rows, rule)
         if not ranked:

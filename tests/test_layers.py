@@ -145,7 +145,7 @@ def _probe_inputs() -> tuple[dict, dict]:
 def test_the_probes_compute_the_same_with_a_reporter_or_none(variant: str) -> None:
     """The C grids (and DFR's retrains) loop over plain lists: the report and the chosen classifier are the same
     whether a reporter listens or not, and the reporter hears every point of the grid."""
-    from debias.params import ProbeParams
+    from debias.schema import ProbeParams
 
     splits, features = _probe_inputs()
     if variant == "logistic":
