@@ -252,15 +252,18 @@ def table(rows: list[dict[str, str]], command: str) -> str:
         degenerate = {c: sum(int(r["degenerate"]) for r in rows if r["rule"] == rule and r["candidate"] == c)
                       for c in worst}
         best = ranked[0]["candidate"]
-        lines += [f"## Selection rule `{rule}`", "", "| candidate | cells | test unbiased (95 % CI) | paired Δ to "
-                  f"{best} | test worst-group (95 % CI) | paired Δ worst-group | degenerate selections |",
-                  "|---|---|---|---|---|---|---|"]
+        # where the top candidate ran on fewer cells, the differences to the best with every cell are shown too
+        full = next((r["candidate"] for r in ranked if r["cells"] == len(cells)), best)
+        refs = [best] if full == best else [best, full]
+        header = "".join(f" paired Δ to {ref} | paired Δ worst-group to {ref} |" for ref in refs)
+        lines += [f"## Selection rule `{rule}`", "", "| candidate | cells | test unbiased (95 % CI) | test worst-group "
+                  f"(95 % CI) |{header} degenerate selections |", "|---|---|---|---|" + "---|---|" * len(refs) + "---|"]
         for r in ranked:
             c = r["candidate"]
-            deltas = ["best" if c == best else "{:+.1f} [{:+.1f}, {:+.1f}]".format(*paired(rows, rule, m, c, best))
-                      for m in ("test_unbiased", "test_worst")]
-            lines.append(f"| {c} | {r['cells']} | {fmt_ci(r['ci'])} | {deltas[0]} | {fmt_ci(worst[c]['ci'])} | "
-                         f"{deltas[1]} | {degenerate[c]} of {r['cells']} |")
+            deltas = ["best" if c == ref else "{:+.1f} [{:+.1f}, {:+.1f}]".format(*paired(rows, rule, m, c, ref))
+                      for ref in refs for m in ("test_unbiased", "test_worst")]
+            lines.append(f"| {c} | {r['cells']} | {fmt_ci(r['ci'])} | {fmt_ci(worst[c]['ci'])} | "
+                         + " | ".join(deltas) + f" | {degenerate[c]} of {r['cells']} |")
         lines += ["", f"Chosen under `{rule}` (the winner, or the simplest candidate not shown worse on either "
                   f"number): **{choice(rows, rule)}**.", ""]
     candidates = [c for c in SIMPLICITY if any(r["candidate"] == c for r in rows)]
