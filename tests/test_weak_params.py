@@ -14,7 +14,8 @@ from debias.schema.applicability import NEGLIGIBLE_SHARE, RunContext, loss_weigh
 from debias.training.methods.supcon.train import objective
 from tests.conftest import committed_text
 
-RELEASED_SMALL_ALPHA = {"variant": "released", "alpha": 0.03, "weight": 0.5}  # the earlier default objective
+RELEASED_SMALL_ALPHA = {"variant": "released", "alpha": 0.03, "weight": 0.5}  # the committed default objective
+KL_ALPHA_1 = {"variant": "kl", "alpha": 1.0, "weight": 0.5}  # Eq. 11 with the contrastive term at full weight
 # The stage-2 loss on one fixed batch, and its gradient, must move by more than this fraction between ε 0.25 and 0.5
 # (ratios of float64 values on the same batch; the default moves by ~2-3 %, the earlier objective by ~0.04 %).
 EPSILON_EFFECT = 0.01
@@ -79,9 +80,11 @@ def test_epsilon_under_the_released_objective_at_alpha_003_is_warned() -> None:
     assert reason is not None and "0.26%" in reason and "loss.alpha" in reason
     (message,) = weak_warnings(old)
     assert message.startswith("negligible-param: loss.epsilon = ")
-    # the term weighs enough: no warning (alpha 1 under either objective; the committed default)
-    for loss in ({"variant": "released", "alpha": 1.0}, {"variant": "kl", "alpha": 1.0}, {}):
+    # the term weighs enough: no warning (alpha 1 under either objective)
+    for loss in ({"variant": "released", "alpha": 1.0}, KL_ALPHA_1):
         assert weak_warnings(RunContext(validate(committed(**loss)))) == [], loss
+    # the committed default is the released objective at alpha 0.03: its epsilon is warned
+    assert weak_warnings(RunContext(validate(committed()))) == weak_warnings(old)
     # eps_supcon's own epsilon is judged for eps_supcon; loss.epsilon is not read there
     raw = committed(**RELEASED_SMALL_ALPHA)
     raw["stage2"]["method"] = "eps_supcon"
@@ -100,25 +103,29 @@ def test_check_params_prints_the_warning_and_still_passes(tmp_path, capsys) -> N
     assert cli_main(["check-params", str(path)]) == 0
     out = capsys.readouterr().out
     assert "WARNING negligible-param: loss.epsilon = 0.5" in out
-    path.write_text(committed_text("params.yaml"))
+    path.write_text(yaml.safe_dump(committed(**KL_ALPHA_1)))
     assert cli_main(["check-params", str(path)]) == 0
     assert "negligible-param" not in capsys.readouterr().out
+    path.write_text(committed_text("params.yaml"))  # the default says so of itself
+    assert cli_main(["check-params", str(path)]) == 0
+    assert "WARNING negligible-param: loss.epsilon = 0.5" in capsys.readouterr().out
 
 
-def test_epsilon_changes_the_default_stage2_loss() -> None:
-    """The committed objective: ε 0.25 and 0.5 give stage-2 losses (and gradients) apart by more than EPSILON_EFFECT
-    on a fixed batch; the earlier default (released, alpha 0.03) did not (the check can fail)."""
-    loss, gradient = relative_change(committed())
+def test_epsilon_changes_the_stage2_loss_only_where_its_term_weighs() -> None:
+    """kl at alpha 1: ε 0.25 and 0.5 give stage-2 losses (and gradients) apart by more than EPSILON_EFFECT on a fixed
+    batch; the committed default (released, alpha 0.03) does not, as its negligible-param warning says."""
+    loss, gradient = relative_change(committed(**KL_ALPHA_1))
     assert loss > EPSILON_EFFECT and gradient > EPSILON_EFFECT, (loss, gradient)
-    loss, gradient = relative_change(committed(**RELEASED_SMALL_ALPHA))
-    assert loss < EPSILON_EFFECT and gradient < EPSILON_EFFECT, (loss, gradient)
+    for objective in (RELEASED_SMALL_ALPHA, {}):
+        loss, gradient = relative_change(committed(**objective))
+        assert loss < EPSILON_EFFECT and gradient < EPSILON_EFFECT, (objective, loss, gradient)
     assert NEGLIGIBLE_SHARE == EPSILON_EFFECT  # the warning's threshold is the effect this test calls visible
 
 
-@pytest.mark.parametrize("loss,warned", [(RELEASED_SMALL_ALPHA, True), ({}, False)])
+@pytest.mark.parametrize("loss,warned", [(RELEASED_SMALL_ALPHA, True), (KL_ALPHA_1, False)])
 def test_a_negligible_param_is_a_warning_of_the_stage_2_run(tmp_path, loss, warned) -> None:
     """The run itself records ``negligible-param`` among train_contrastive's warnings (so the report, MLflow and
-    ``debias compare`` show it as they show every stage warning); the committed default's ε weighs enough."""
+    ``debias compare`` show it as they show every stage warning); under kl at alpha 1 ε weighs enough."""
     import json
 
     from debias.harness.tracking import StageRun
