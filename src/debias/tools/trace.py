@@ -193,6 +193,13 @@ def _inside(path: str, root: Path) -> str | None:
     return os.path.relpath(real, base) if real == base or real.startswith(base + os.sep) else None
 
 
+# Loading params assembles the whole schema from every registry (debias.schema imports each method's, group
+# method's and probe's declarations through debias.core.declarations): what is imported on that path builds the
+# schema of sections a stage may not read, and the stage's own code deps are derived from its imports
+# (debias.tools.deps), which name the declarations it does use.
+SCHEMA_ASSEMBLY = {"debias.schema", "debias.core.declarations"}
+
+
 def unread_sections(stage: dict[str, Any], root: Path) -> set[str]:
     """The params section modules a stage does not read (:func:`debias.tools.deps.stage_sections`): loading params
     imports every section, and what a section's module imports to build its schema (a registry's declarations)
@@ -259,8 +266,8 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         if found is None:
             continue  # a name tried on import (``from a import b`` asks for ``a.b``) that is no module
         rel = str(found.relative_to(root))
-        if rel in deps or is_side_channel(module) or (unread & {module, *stack}):
-            continue  # a dep, a side channel, or imported by the schema of a params section the stage does not read
+        if rel in deps or is_side_channel(module) or (unread & {module, *stack}) or (SCHEMA_ASSEMBLY & {*stack}):
+            continue  # a dep, a side channel, or imported to build the schema of params the stage does not read
         problems.append(f"{name} imports {module} ({rel}{', for ' + stack[0] if stack else ''}), which is neither "
                         "among its deps in dvc.yaml nor a side channel (debias.tools.deps.SIDE_CHANNELS)")
     return problems
