@@ -47,7 +47,7 @@ def test_each_rule_keeps_its_own_epoch_where_they_disagree() -> None:
     assert best(rows, "best_worst_inferred_group") == 3
     assert best(rows, "last") == 4
     assert picks_by_rule(rows) == {"last": 4, "best_worst_group": 1, "best_worst_class": 2,
-                                   "best_worst_inferred_group": 3}
+                                   "best_worst_inferred_group": 3, "best_unbiased": 1}
 
 
 def test_the_selection_block_names_the_rule_and_what_every_rule_would_have_kept() -> None:
@@ -139,7 +139,7 @@ def test_the_epoch_loop_keeps_the_rules_epoch_and_its_weights(selection: str, ep
     assert result.selected_epoch == epoch and result.selection["rule"] == selection
     assert float(result.selected_state["model"]["bias"]) == epoch
     assert result.selection["picks"] == {"last": 4, "best_worst_group": 1, "best_worst_class": 2,
-                                         "best_worst_inferred_group": 3}
+                                         "best_worst_inferred_group": 3, "best_unbiased": 1}
     # every other rule's model is kept with its own epoch's weights (also where the selection moved on from it)
     assert sorted(result.pick_states) == sorted({1, 2, 3, 4} - {epoch})
     assert all(float(state["model"]["bias"]) == e for e, state in result.pick_states.items())
@@ -267,5 +267,5 @@ def test_the_reports_selection_table_names_every_rules_epoch(tmp_path) -> None:
     section = warnings_section(tmp_path)
     table = next(b for b in section.blocks if getattr(b, "headers", None) and "each rule's epoch" in b.headers)
     assert table.rows[0][1] == "best_worst_class" and table.rows[0][2] == "2"
-    assert table.rows[0][-1] == "last 4, best_worst_group 1, best_worst_class 2, best_worst_inferred_group 3"
+    assert table.rows[0][-1] == "last 4, best_worst_group 1, best_worst_class 2, best_worst_inferred_group 3, best_unbiased 1"
     assert picks_text(None) == "n/a"

@@ -117,8 +117,9 @@ def _group_methods() -> list[str]:
 
 
 def _probe_methods() -> list[str]:
-    from debias.evaluation.variants import PROBES
+    from debias.evaluation.variants import PROBES, import_declarations
 
+    import_declarations()  # the registry fills as its declarations are imported
     return sorted(PROBES)
 
 
