@@ -121,7 +121,9 @@ def test_every_stage_runs_and_writes_its_outputs(pipeline) -> None:
     assert payload["meta"]["method"] == "eps_supinfonce" and payload["options"]["feature_activation"] == "tanh"
     stage2_metrics = json.loads((clone / "reports/metrics/stage2_train.json").read_text())
     assert stage2_metrics["method"] == "eps_supinfonce" and 0 <= stage2_metrics["test"]["worst_group"] <= 1
-    assert stage2_metrics["selection"]["rule"] == "best_worst_group" and isinstance(stage2_metrics["warnings"], list)
+    committed = yaml.safe_load((clone / "params.yaml").read_text())
+    assert stage2_metrics["selection"]["rule"] == committed["stage2"]["selection"]
+    assert isinstance(stage2_metrics["warnings"], list)
     fairkl = json.loads((clone / "reports/metrics/stage2_train_info.json").read_text())["fairkl"]
     assert len(fairkl["epochs"]) == TINY["stage2"]["epochs"] and 0 <= fairkl["pos_active"] <= 1
     probe = json.loads((clone / "reports/metrics/probe.json").read_text())
