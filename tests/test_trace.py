@@ -22,6 +22,7 @@ import yaml
 
 from debias.tools.trace import changed_files, check_stage, read_trace, snapshot
 from tests.conftest import REPO, copy_worktree
+from tests.faults.conftest import deep_update
 
 HOOK = REPO / "tests" / "trace_hook"
 STAGES = ["source", "download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
@@ -34,16 +35,6 @@ TINY: dict = {
     "probe": {"c_grid": [1.0], "max_iter": 50, "dfr": {"c_grid": [1.0], "retrains": 2}},
     "evaluate": {"splits": ["test"], "mi_max_iter": 20, "umap": {"max_points": 60}},
 }
-
-
-def deep_update(base: dict, changes: dict) -> dict:
-    """Merge nested ``changes`` into ``base`` (in place) and return it."""
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            deep_update(base[key], value)
-        else:
-            base[key] = copy.deepcopy(value)
-    return base
 
 
 class TracedClone:
