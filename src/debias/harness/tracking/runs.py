@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from debias.core.errors import TrackingError
+from debias.core.errors import ParamsError, TrackingError
 from debias.core.io import save_json
 from debias.core.paths import repo_root
 from debias.harness.forkserver import LAUNCHER_VARIABLE
@@ -184,13 +184,14 @@ def _workspace_params() -> dict[str, Any] | None:
     path = Path.cwd() / "params.yaml"
     if not path.exists():
         return None
-    try:
-        from debias.params import as_dict
-        from debias.schema import load_params
+    from debias.params import as_dict
+    from debias.schema import validate
 
-        return as_dict(load_params(path))
-    except Exception:
-        return read_yaml_file(path)
+    written = read_yaml_file(path)
+    try:  # the schema's defaults filled in; completeness is the stage's own check, not the tracker's
+        return as_dict(validate(written or {}))
+    except ParamsError:  # an invalid file fails its stage with the error; the parent keeps what it says
+        return written
 
 
 @contextlib.contextmanager
