@@ -341,7 +341,8 @@ def main(argv: list[str] | None = None) -> None:
         tasks = [(cell, candidate) for candidate in args.candidates for cell in cells
                  if (cell[0], cell[1], str(cell[2]), candidate) not in done]
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            for future in [pool.submit(prepare, workdir, *cell, npz, args.threads) for cell in cells]:
+            needed = sorted({cell for cell, _ in tasks}, key=cells.index)  # a finished cell's upstream is not rerun
+            for future in [pool.submit(prepare, workdir, *cell, npz, args.threads) for cell in needed]:
                 future.result()  # the upstreams first, two at once
             for future in [pool.submit(run_one, task) for task in tasks]:
                 future.result()
