@@ -213,3 +213,20 @@ def test_the_cuda_graph_gives_the_eager_steps(method: str) -> None:
             torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"step {number}, {key}: {m}")
     for key in weights_a:
         torch.testing.assert_close(weights_b[key], weights_a[key], rtol=1e-5, atol=1e-6, msg=lambda m: f"{key}: {m}")
+
+
+@pytest.mark.parametrize("name, flag", [("adam", "capturable"), ("sgd", "fused")])
+def test_a_graph_safe_optimiser_holds_its_learning_rate_in_one_tensor_the_schedule_fills(name: str, flag: str) -> None:
+    """The graph reads the learning rate from a fixed address: the schedule must change that tensor in place."""
+    from debias.training.loop import build_optimizer, build_scheduler
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = build_optimizer([weight], name, 0.1, 0.9, 0.0, graph_device=torch.device("cpu"))
+    group = optimizer.param_groups[0]
+    rate = group["lr"]
+    assert isinstance(rate, torch.Tensor) and rate.dim() == 0 and group[flag] is True
+    scheduler = build_scheduler(optimizer, [1], 0.1)
+    scheduler.step()
+    assert group["lr"] is rate and float(rate) == pytest.approx(0.01, rel=1e-6)  # float32 of 0.1 * 0.1
+    plain = build_optimizer([weight], name, 0.1, 0.9, 0.0).param_groups[0]
+    assert plain["lr"] == 0.1 and not plain.get(flag)
