@@ -9,7 +9,11 @@ device (named in every row), wall seconds, training steps per second (the traini
 the params and the training-set size, over the stage's wall time), the device's peak memory and its idle fraction
 while the stage ran (CUDA: sampled every ``--sample-ms`` by ``nvidia-smi``; other devices: empty), and for the
 training stages their kept model's test accuracies. ``--parallel N`` runs N rows at once on the device (more
-throughput; their timings share it, column ``concurrent``). OUT.csv and OUT.md are rewritten after each row.
+throughput; their timings share it, column ``concurrent``). OUT.csv and OUT.md are rewritten after each row; the
+last row (setting, method and seed ``all``, stage ``table``) is the whole table's: its wall time from the first
+row's start to the last row's end, its training steps and their rate, the device's peak memory and idle fraction
+sampled over the whole table (one ``nvidia-smi`` sampler for the run), and the stage walls summed (the time one
+row after another would take at these rates), in OUT.md's notes.
 
     python benchmarks/gpu.py --raw DIR [--device cuda] [--settings cmnist_0995 ...] [--methods cnc ...]
         [--seeds 0 1 2] [--parallel 3] [--until evaluate] [--set stage2.epochs=1 ...]
@@ -101,6 +105,23 @@ class DeviceMonitor:
         return max(m for _, m in self.samples), sum(u == 0 for u, _ in self.samples) / len(self.samples)
 
 
+TABLE = "all"  # setting, method and seed of the whole table's row; its stage is "table"
+
+
+def table_row(rows: list[dict[str, Any]], wall: float, monitor: DeviceMonitor, device: str,
+              parallel: int) -> dict[str, Any]:
+    """The whole table's row: ``wall`` (first row's start to last row's end), the rows' training steps and their rate
+    over ``wall``, the peak memory and idle fraction of ``monitor`` (sampled over the whole table; None off CUDA),
+    ``parallel`` rows at once; ``exit``: the first failing stage's status, else 0."""
+    steps = sum(row["steps"] or 0 for row in rows)
+    peak, idle = monitor.summary()
+    return {"device": device, "setting": TABLE, "method": TABLE, "seed": TABLE, "stage": "table",
+            "wall_s": round(wall, 2), "steps": steps or None, "steps_per_s": round(steps / wall, 2) if steps else None,
+            "peak_memory_mib": peak, "idle_fraction": None if idle is None else round(idle, 3),
+            "concurrent": parallel, "test_avg": None, "test_unbiased": None, "test_worst_group": None,
+            "exit": next((row["exit"] for row in rows if row["exit"] != 0), 0)}
+
+
 def training_steps(params: Any, stage: str, n_train: int) -> int | None:
     """Optimiser steps a training stage takes: ERM and minibatch methods ceil(N / batch) per epoch (JTT's pool and
     GroupDRO's draws: as many points as the pool; JTT approximated by N), CNC its batches / accumulation."""
@@ -181,7 +202,20 @@ def device_name(device: str) -> str:
     return f"{device}: {os.cpu_count()} cores"
 
 
-def write(out: Path, rows: list[dict[str, Any]], notes: list[str]) -> None:
+def table_note(rows: list[dict[str, Any]], table: dict[str, Any]) -> str:
+    """The whole table in words: rows, wall time against the stage walls summed, idle fraction."""
+    runs = {(row["setting"], row["method"], row["seed"]) for row in rows}
+    summed = sum(row["wall_s"] for row in rows)
+    idle = "not sampled (CUDA only)" if table["idle_fraction"] is None else f"{table['idle_fraction']:.1%}"
+    return (f"Whole table: {len(runs)} row(s) of {len(rows)} stage(s), {table['concurrent']} at once: "
+            f"{table['wall_s']} s wall (stage walls summed: {round(summed, 2)} s, "
+            f"{summed / table['wall_s'] if table['wall_s'] else 0:.2f}x); device idle over the table: {idle}")
+
+
+def write(out: Path, rows: list[dict[str, Any]], notes: list[str], table: dict[str, Any] | None = None) -> None:
+    """OUT.csv and OUT.md: ``notes``, the rows, and the whole table's row (``table``) last where given."""
+    notes = notes + ([table_note(rows, table)] if table is not None else [])
+    rows = rows + ([table] if table is not None else [])
     with open(out.with_suffix(".csv"), "w", newline="") as handle:
         handle.write("".join(f"# {n}\n" for n in notes))
         writer = csv.DictWriter(handle, fieldnames=FIELDS)
@@ -279,10 +313,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(args.parallel) as pool:  # threads only wait on the stages' processes
+    table_started = time.perf_counter()
+    with DeviceMonitor(args.device, args.sample_ms) as table_monitor, \
+            ThreadPoolExecutor(args.parallel) as pool:  # threads only wait on the stages' processes
         for future in [pool.submit(one, setting, method, seed, raw_params)
                        for setting, method, raw_params in plan for seed in args.seeds]:
             future.result()
+    table_wall = time.perf_counter() - table_started
+    write(args.out, rows, notes, table_row(rows, table_wall, table_monitor, args.device_name, args.parallel))
     if args.work is None:
         shutil.rmtree(root, ignore_errors=True)
     print(args.out.with_suffix(".md").read_text())

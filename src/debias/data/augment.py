@@ -22,20 +22,38 @@ def random_shift(x: torch.Tensor, max_shift: int, generator: torch.Generator) ->
     Feature vectors ``[N,F]`` have no pixels to shift: they are returned unchanged (a warning says
     that the shift, e.g. ``erm.augment_shift``, is ignored), so image-only defaults do not fail on tabular data.
 
-    One ``gather`` from the zero-padded images along their flattened pixels (4x faster on CPU than
-    advanced indexing with broadcast row and column indices, with the same result).
+    The draws (:func:`shift_draws`, on the generator's device) then :func:`shifted`: one ``gather`` from the
+    zero-padded images along their flattened pixels (4x faster on CPU than advanced indexing with broadcast row and
+    column indices, with the same result).
     """
+    draws = shift_draws(x.shape, max_shift, generator)
+    return x if draws is None else shifted(x, *(d.to(x.device, non_blocking=True) for d in draws), max_shift)
+
+
+def shift_draws(shape: Sequence[int], max_shift: int,
+                generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The offsets :func:`random_shift` draws for a batch of ``shape``: ``(dy, dx)``, each ``[N]`` int64 in
+    ``0 .. 2 max_shift`` from ``generator`` (dy first); None where nothing is shifted (``max_shift`` 0, or feature
+    vectors ``[N,F]``: with the warning that the shift is ignored). A captured training step draws them outside its
+    graph (:mod:`debias.training.captured`) and applies them with :func:`shifted` inside."""
     if max_shift == 0:
-        return x
-    if x.ndim == 2:
+        return None
+    if len(shape) == 2:
         warnings.warn(f"a random shift of {max_shift} pixels (augment_shift / max_shift) is image-only: "
-                      "ignored for feature vectors", stacklevel=2)
-        return x
+                      "ignored for feature vectors", stacklevel=3)
+        return None
+    n = shape[0]
+    dy = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator)
+    dx = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator)
+    return dy, dx
+
+
+def shifted(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, max_shift: int) -> torch.Tensor:
+    """Images ``x`` ``[N,C,H,W]`` translated by ``(dy, dx) - max_shift`` each (``dy``, ``dx``: ``[N]`` int64 on
+    ``x``'s device, :func:`shift_draws`), zero-filled; no host sync, fixed shapes."""
     n, c, h, w = x.shape
     padded = F.pad(x, (max_shift, max_shift, max_shift, max_shift))
     width = w + 2 * max_shift
-    dy = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator).to(x.device, non_blocking=True)
-    dx = torch.randint(0, 2 * max_shift + 1, (n,), generator=generator).to(x.device, non_blocking=True)
     pixels = (torch.arange(h, device=x.device)[:, None] * width + torch.arange(w, device=x.device)[None, :]).flatten()
     index = (dy * width + dx)[:, None] + pixels[None, :]  # [n, h*w] flat positions in the padded image
     return padded.flatten(2).gather(2, index[:, None, :].expand(n, c, h * w)).view(n, c, h, w)

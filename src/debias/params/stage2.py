@@ -42,6 +42,10 @@ class SpeedParams(Section):
                                               "its features cast back to float32 for the losses and the head (ours)")
     compile: bool = Field(False, description="torch.compile the encoder in place (ours; the first steps compile)")
     channels_last: bool = Field(False, description="convolution weights in channels-last memory format (ours)")
+    step: Literal["eager", "cuda_graph"] = Field(
+        "eager", description="eager: the training step launched op by op (the CPU path); cuda_graph: captured once per "
+        "batch shape as a CUDA graph and replayed (CUDA only; the methods whose declaration says capturable; "
+        "debias.training.captured) (ours)")
 
 
 # Fields every stage-2 method shares; each method's own section (stage2.<section>) is declared by the method

@@ -182,6 +182,10 @@ SOURCES: dict[str, str] = {
                             "s first epoch (benchmarks/results/speed_settings.md); GPU not measured",
     "stage2.speed.channels_last": "ours: off (default false): channels-last measured 0.95x steps/s on the CPU "
                                   "(benchmarks/results/speed_settings.md); GPU not measured",
+    "stage2.speed.step": "ours: eager (default), the only path on the CPU; the eager step split for capture kept the "
+                         "CPU's stage-2 steps/s (eps-SupInfoNCE + FairKL before / after: 0.957 steps/s, 0.999 steps per "
+                         "CPU-second; benchmarks/results/captured_step.md); cuda_graph "
+                         "not measured on a GPU",
     "stage2.tabular_view.corruption_rate": "paper: SCARF: corruption rate (default 0.6)",
     # ----------------------------------------------------------------------------------------------- loss
     "loss.temperature": "paper: SupCon / FairKL (default 0.1; FairKL debiasing/main_infonce.py --temp 0.1)",

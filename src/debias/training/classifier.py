@@ -18,9 +18,10 @@ from torch import nn
 from debias.core import distributed
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.progress import advance
-from debias.data.augment import random_shift
+from debias.data.augment import shift_draws, shifted
 from debias.data.store import BiasedSplit
 from debias.metrics import accuracy_report, needs_bias_labels, scalars
+from debias.training.captured import EagerStep, StepInputs, StepOutputs, StepRunner
 from debias.training.loop import GeneratorTask, StepMetrics, cut_batches, gather_rows, on_device, to_device
 from debias.training.selection import label_free_scalars
 
@@ -82,7 +83,10 @@ def validator(model: nn.Module, split: BiasedSplit, batch_size: int, device: tor
 
 
 class ClassifierTask(GeneratorTask):
-    """One epoch = the shuffled ``pool`` in minibatches, cross-entropy, one optimizer step per batch."""
+    """One epoch = the shuffled ``pool`` in minibatches, cross-entropy, one optimizer step per batch.
+
+    The step is split for :mod:`debias.training.captured`: :meth:`step_inputs` (the batch's indices and its shift
+    draws) and :meth:`step_compute` (the device work); ``runner`` runs it (eager unless replaced)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, train: BiasedSplit, batch_size: int,
                  generator: torch.Generator, device: torch.device, pool: torch.Tensor | None = None,
@@ -93,6 +97,32 @@ class ClassifierTask(GeneratorTask):
         self.pool = torch.arange(len(train)) if pool is None else pool
         self.train = on_device(train, device)  # batches are gathered by index on the device
         self.progress = progress
+        self.runner: StepRunner = EagerStep(self.step_compute)
+
+    def step_inputs(self, index: torch.Tensor) -> StepInputs:
+        """The batch's indices (on the training data's device) and its shift draws, on the device."""
+        draws = shift_draws((len(index), *self.train.x.shape[1:]), self.augment_shift, self.generator)
+        if draws is None:
+            return {"index": index}
+        return {"index": index, "dy": to_device(draws[0], self.train.x.device),
+                "dx": to_device(draws[1], self.train.x.device)}
+
+    def step_compute(self, inputs: StepInputs) -> StepOutputs:
+        """Gather and shift the global batch, forward this rank's shard, cross-entropy, one optimiser step; returns
+        the batch's mean loss (``loss``), its sum (``loss_sum``) and its correct predictions (``correct``)."""
+        index = inputs["index"]
+        x = gather_rows(self.train.x, index)
+        if "dy" in inputs:
+            x = shifted(x, inputs["dy"], inputs["dx"], self.augment_shift)
+        x = to_device(x[distributed.shard_slice(len(index))], self.device)
+        y = to_device(self.train.y[index], self.device)
+        logits = distributed.all_gather_rows(self.model(x), len(index))
+        loss = F.cross_entropy(logits, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        distributed.sum_gradients(self.optimizer)
+        self.optimizer.step()
+        return {"loss": loss.detach(), "loss_sum": loss.detach() * len(index), "correct": (logits.argmax(1) == y).sum()}
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         order = self.pool[torch.randperm(len(self.pool), generator=self.generator)]
@@ -100,17 +130,9 @@ class ClassifierTask(GeneratorTask):
         seen = 0
         batches = cut_batches(order.to(self.train.x.device, non_blocking=True), self.batch_size)  # one copy to the data
         for step, index in enumerate(batches):
-            x = random_shift(gather_rows(self.train.x, index), self.augment_shift, self.generator)  # the global batch
-            x = to_device(x[distributed.shard_slice(len(index))], self.device)
-            y = to_device(self.train.y[index], self.device)
-            logits = distributed.all_gather_rows(self.model(x), len(index))
-            loss = F.cross_entropy(logits, y)
-            metrics.watch(loss, step)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            distributed.sum_gradients(self.optimizer)
-            self.optimizer.step()
-            metrics.add(loss=loss.detach() * len(index), correct=(logits.argmax(1) == y).sum())
+            out = self.runner(self.step_inputs(index))
+            metrics.watch(out["loss"], step)
+            metrics.add(loss=out["loss_sum"], correct=out["correct"])
             seen += len(index)
             if self.progress:
                 advance(f"epoch {epoch}", step + 1, len(batches), unit="batch")

@@ -461,12 +461,22 @@ def finish(state_path: str | Path | None) -> None:
         Path(state_path).unlink(missing_ok=True)
 
 
-def build_optimizer(parameters: Any, name: str, lr: float, momentum: float, weight_decay: float) -> torch.optim.Optimizer:
-    """``sgd`` (with momentum) or ``adam``, from params."""
+def build_optimizer(parameters: Any, name: str, lr: float, momentum: float, weight_decay: float,
+                    graph_device: torch.device | None = None) -> torch.optim.Optimizer:
+    """``sgd`` (with momentum) or ``adam``, from params.
+
+    ``graph_device`` (a CUDA device): built to be captured in a CUDA graph (:mod:`debias.training.captured`): the
+    learning rate a 0-dim tensor there (a scheduler ``fill_``s it, so the graph reads the new rate), Adam with
+    ``capturable=True`` (its step counters on the device), SGD ``fused`` (the implementation that takes a tensor
+    learning rate without reading it back to the host); the same update rule."""
+    rate: float | torch.Tensor = lr if graph_device is None else torch.tensor(lr, device=graph_device)
+    graph = graph_device is not None
     if name == "sgd":
-        return torch.optim.SGD(parameters, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        return torch.optim.SGD(parameters, lr=rate, momentum=momentum, weight_decay=weight_decay,
+                               **({"fused": True} if graph else {}))
     if name == "adam":
-        return torch.optim.Adam(parameters, lr=lr, weight_decay=weight_decay)
+        return torch.optim.Adam(parameters, lr=rate, weight_decay=weight_decay,
+                                **({"capturable": True} if graph else {}))
     raise ValueError(f"optimizer = '{name}'; allowed: sgd, adam")
 
 

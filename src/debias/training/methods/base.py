@@ -15,13 +15,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from debias.core import progress
+from debias.core import distributed, progress
+from debias.data.augment import shift_draws, shifted
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params, SpeedParams
+from debias.training.captured import (CUDA_GRAPH, EAGER, EagerStep, StepInputs, StepOutputs, StepRunner,
+                                      check_capturable, step_runner)
 from debias.training.methods.registry import METHODS, MethodSpec, head_trained_methods, method_spec  # noqa: F401
 from debias.training.loop import (GeneratorTask, StepMetrics, build_optimizer, build_scheduler, cut_batches,
-                                  device_batches, gather_rows, on_device, to_device)  # noqa: F401  (the last three: methods' helpers)
+                                  device_batches, fits_on_device, gather_rows, on_device, to_device)  # noqa: F401  (the last three: methods' helpers)
 
 
 @dataclass
@@ -64,8 +67,17 @@ MethodFn = Callable[[Stage2Inputs], Stage2Setup]
 
 
 def setup_method(inputs: Stage2Inputs) -> Stage2Setup:
-    """Build the task of ``stage2.method`` from the registry."""
-    return method_spec(inputs.params.stage2.method).setup_fn()(inputs)
+    """Build the task of ``stage2.method`` from the registry, its step run by ``stage2.speed.step``'s runner
+    (:mod:`debias.training.captured`; a ``ParamsError`` before any work where the step cannot be captured)."""
+    spec = method_spec(inputs.params.stage2.method)
+    speed = inputs.params.stage2.speed
+    check_capturable(speed.step, spec.name, spec.capturable, spec.capture_note, inputs.device,
+                     distributed.world_size(), fits_on_device(inputs.splits["train"], inputs.device), speed.autocast,
+                     speed.compile)
+    setup = spec.setup_fn()(inputs)
+    if speed.step != EAGER:
+        setup.task.runner = step_runner(speed.step, setup.task.step_compute, inputs.device)
+    return setup
 
 
 def fresh_model(inputs: Stage2Inputs) -> Network:
@@ -105,7 +117,8 @@ def class_prior(tau_plus: float | None, n_classes: int, name: str) -> float:
 def stage2_optimiser(inputs: Stage2Inputs, parameters: Any) -> tuple[torch.optim.Optimizer, Any | None]:
     """The optimiser and lr schedule of ``params.stage2`` over ``parameters``."""
     s2 = inputs.params.stage2
-    optimizer = build_optimizer(parameters, s2.optimizer, s2.lr, s2.momentum, s2.weight_decay)
+    graph_device = inputs.device if s2.speed.step == CUDA_GRAPH else None  # graph-safe (build_optimizer)
+    optimizer = build_optimizer(parameters, s2.optimizer, s2.lr, s2.momentum, s2.weight_decay, graph_device)
     return optimizer, build_scheduler(optimizer, s2.lr_milestones, s2.lr_gamma)
 
 
@@ -136,10 +149,38 @@ def epoch_steps(batches: list[torch.Tensor], epoch: int,
 class StepTask(GeneratorTask):
     """A task whose epoch is ``self.batches()`` (default: one shuffled pass in ``stage2.batch_size`` batches), each
     given to ``self.step(index, step)`` (returning that step's scalars as tensors, ``loss`` among them; the index on
-    the training data's device); needs ``train``, ``params``, ``generator`` and ``device``."""
+    the training data's device); needs ``train``, ``params``, ``generator`` and ``device``.
+
+    ``step`` is ``self.runner(self.step_inputs(index))``: a subclass writes :meth:`step_inputs` (the batch's indices
+    and host-side draws) and :meth:`step_compute` (the device work), as :mod:`debias.training.captured` describes;
+    ``runner`` is :class:`~debias.training.captured.EagerStep` unless ``stage2.speed.step`` replaces it."""
+
+    runner: StepRunner | None = None
 
     def batches(self) -> list[torch.Tensor]:
         return shuffled_batches(len(self.train), self.params.stage2.batch_size, self.generator)
+
+    def step_inputs(self, index: torch.Tensor) -> StepInputs:
+        """The batch's indices and its shift draws (``stage2.augment_shift``), on the training data's device."""
+        draws = shift_draws((len(index), *self.train.x.shape[1:]), self.params.stage2.augment_shift, self.generator)
+        if draws is None:
+            return {"index": index}
+        return {"index": index, "dy": to_device(draws[0], self.train.x.device),
+                "dx": to_device(draws[1], self.train.x.device)}
+
+    def batch_images(self, inputs: StepInputs) -> torch.Tensor:
+        """The global batch's images, gathered and shifted by the drawn offsets, this rank's shard on the device."""
+        index = inputs["index"]
+        x = gather_rows(self.train.x, index)
+        if "dy" in inputs:
+            x = shifted(x, inputs["dy"], inputs["dx"], self.params.stage2.augment_shift)
+        return to_device(x[distributed.shard_slice(len(index))], self.device)
+
+    def step(self, index: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
+        """One training step on the rows ``index`` (``step``: its number in the epoch, unused by the device work)."""
+        if self.runner is None:
+            self.runner = EagerStep(self.step_compute)
+        return self.runner(self.step_inputs(index))
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
         metrics = Progress()

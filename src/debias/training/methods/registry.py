@@ -51,7 +51,9 @@ class MethodSpec:
     ``memory_plan``: the images and pairwise matrices of one training step (:class:`debias.core.resources.StepPlan`; None:
     ``stage2.batch_size`` images, no pairwise matrices, as ERM; every method states it, None included); ``memory_advice``: the params to lower after a real out-of-memory error. ``fairkl_weight``: lambda of FairKL
     as the method applies it (None: the method has no FairKL term). ``needs_erm_weights``: whether stage 2 starts
-    from stage 1's weights under these params.
+    from stage 1's weights under these params. ``capturable``: its task's step is split into host draws and device work
+    (:mod:`debias.training.captured`), so ``stage2.speed.step: cuda_graph`` may capture it; ``capture_note`` says why
+    a method's step is not (the refusal quotes it).
     """
 
     name: str
@@ -70,6 +72,10 @@ class MethodSpec:
     fairkl_weight: Callable[[Params], float] | None = None
     epsilon_key: str | None = None  # the param of the margin its contrastive term reads (loss.epsilon, ...), if any
     needs_erm_weights: Callable[[Params], bool] = _no_erm_weights
+    # whether the method's task splits its step into host draws and device work (debias.training.captured), so
+    # stage2.speed.step: cuda_graph can capture it; capture_note: why not, where it is not
+    capturable: bool = False
+    capture_note: str = "the method does not declare its step capturable (MethodSpec.capturable)"
 
     def setup_fn(self) -> Callable[[Any], Any]:
         """The setup function, imported on first use when given as ``"module:function"``."""

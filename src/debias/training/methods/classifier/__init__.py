@@ -21,6 +21,7 @@ SOURCES: dict[str, str] = {
 }
 
 # memory_plan None: a step forwards stage2.batch_size images (JTT's pool is drawn in such batches), no B x B matrix
-register_method("erm", f"{__name__}.train:erm_method", display="ERM", head_trained=True, memory_plan=None)
+register_method("erm", f"{__name__}.train:erm_method", display="ERM", head_trained=True, memory_plan=None,
+                capturable=True)
 register_method("jtt", f"{__name__}.train:jtt_method", display="JTT", head_trained=True, section="jtt",
-                params=JTTParams, sources=SOURCES, memory_plan=None)
+                params=JTTParams, sources=SOURCES, memory_plan=None, capturable=True)

@@ -92,4 +92,7 @@ register_method("cnc", f"{__name__}.train:cnc_method", display="CNC", schema_def
                 temperature=lambda p: ("stage2.cnc.temperature", p.stage2.cnc.temperature),
                 section="cnc", params=CNCParams, sources=SOURCES, memory_plan=memory_plan,
                 memory_advice=("stage2.cnc.forward_chunk", "stage2.cnc.num_positives", "stage2.cnc.num_negatives"),
-                needs_erm_weights=lambda p: p.stage2.cnc.init == "erm")
+                needs_erm_weights=lambda p: p.stage2.cnc.init == "erm",
+                capture_note="a step's stage2.cnc.accumulation contrastive batches are drawn by the host-side sampler and "
+                             "forwarded in a Python loop of stage2.cnc.forward_chunk passes, with the epoch_sum head "
+                             "gradient kept across steps; the step is not split into host draws and device work")

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from debias.params import MIN_TEMPERATURE, Section
 from debias.training.methods.registry import register_method
+from debias.training.methods.selfsup import VIEWS_NOTE
 
 if TYPE_CHECKING:
     from debias.core.resources import StepPlan
@@ -61,8 +62,8 @@ DCL, HCL = "dcl", "hcl"
 register_method(DCL, f"{__name__}.train:dcl_method", display="DCL",
                 temperature=lambda p: ("stage2.dcl.temperature", p.stage2.dcl.temperature),
                 section="dcl", params=DCLParams, sources=DCL_SOURCES, reads=("stage2.tabular_view.",),
-                memory_plan=memory_plan)
+                memory_plan=memory_plan, capture_note=VIEWS_NOTE)
 register_method(HCL, f"{__name__}.train:hcl_method", display="HCL",
                 temperature=lambda p: ("stage2.hcl.temperature", p.stage2.hcl.temperature),
                 section="hcl", params=HCLParams, sources=HCL_SOURCES, reads=("stage2.tabular_view.",),
-                memory_plan=memory_plan)
+                memory_plan=memory_plan, capture_note=VIEWS_NOTE)

@@ -26,4 +26,4 @@ SOURCES: dict[str, str] = {
 
 # memory_plan None: a step forwards stage2.batch_size images, no B x B matrix
 register_method("groupdro", f"{__name__}.train:groupdro_method", display="GroupDRO", head_trained=True,
-                section="groupdro", params=GroupDROParams, sources=SOURCES, memory_plan=None)
+                section="groupdro", params=GroupDROParams, sources=SOURCES, memory_plan=None, capturable=True)

@@ -25,13 +25,12 @@ import torch.nn.functional as F
 
 from debias import losses
 from debias.core import distributed
-from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, gather_rows,
-                                          group_balanced_batches, on_device, stage2_optimiser,
-                                          to_device)
+from debias.training.captured import StepInputs, StepOutputs
+from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, group_balanced_batches,
+                                          on_device, stage2_optimiser, to_device)
 
 
 def compact_groups(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +68,13 @@ class GroupDROTask(StepTask):
 
     @q.setter
     def q(self, value: torch.Tensor) -> None:
-        self._q = value.clone() if not hasattr(self, "_counts") else value.to(self._counts.device, self._counts.dtype)
+        """Set the weights in place once the device copy exists (a captured step reads that buffer)."""
+        if not hasattr(self, "_counts"):
+            self._q = value.clone()
+        elif not hasattr(self, "_q") or self._q.device != self._counts.device:
+            self._q = value.to(self._counts.device, self._counts.dtype).clone()
+        else:
+            self._q.copy_(value)
 
     def extra_state(self) -> dict[str, Any]:
         return {**super().extra_state(), "q": self.q.clone()}
@@ -78,18 +83,18 @@ class GroupDROTask(StepTask):
         super().load_extra_state(state)
         self.q = state["q"].clone()
 
-    def step(self, index: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
-        """Update ``q`` from the batch's group losses, then one optimiser step on ``sum_g q_g L_g``."""
+    def step_compute(self, inputs: StepInputs) -> StepOutputs:
+        """Update ``q`` (in place) from the batch's group losses, then one optimiser step on ``sum_g q_g L_g``."""
         dro = self.params.stage2.groupdro
-        x = random_shift(gather_rows(self.train.x, index), self.params.stage2.augment_shift, self.generator)
-        x = to_device(x[distributed.shard_slice(len(index))], self.device)
+        index = inputs["index"]
+        x = self.batch_images(inputs)
         y = to_device(self.train.y[index], self.device)
         groups = to_device(self._groups[index], self.device)
         logits = distributed.all_gather_rows(self.model(x), len(index))
         per_sample = F.cross_entropy(logits, y, reduction="none")
         group_losses, batch_counts = losses.group_mean_losses(per_sample, groups, self.n_groups)
-        self._q = losses.group_dro_weights(self._q, group_losses.detach(), self._counts, dro.step_size, dro.adjustment,
-                                           batch_counts=batch_counts)
+        self._q.copy_(losses.group_dro_weights(self._q, group_losses.detach(), self._counts, dro.step_size,
+                                               dro.adjustment, batch_counts=batch_counts))
         loss = losses.group_dro_loss(per_sample, groups, self._q)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -35,4 +35,4 @@ def memory_plan(params: Params, n_train: int) -> StepPlan:
 
 
 register_method("lff", f"{__name__}.train:lff_method", display="LfF", head_trained=True, section="lff",
-                params=LfFParams, sources=SOURCES, memory_plan=memory_plan)
+                params=LfFParams, sources=SOURCES, memory_plan=memory_plan, capturable=True)

@@ -28,12 +28,12 @@ from torch import nn
 from debias import losses
 from debias.core import distributed
 from debias.core.errors import NEEDS_BIAS_LABELS
-from debias.data.augment import random_shift
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, gather_rows, on_device,
-                                          stage2_optimiser, to_device)
+from debias.training.captured import StepInputs, StepOutputs
+from debias.training.methods.base import (Stage2Inputs, Stage2Setup, StepTask, fresh_model, on_device, stage2_optimiser,
+                                          to_device)
 
 
 class LossEMA:
@@ -68,9 +68,9 @@ class LossEMA:
         return {"value": self.value.cpu().clone(), "seen": self.seen.cpu().clone()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        device = self.value.device
-        self.value = state["value"].to(device, self.value.dtype).clone()
-        self.seen = state["seen"].to(device).clone()
+        """Restore the averages in place (a captured step reads these buffers)."""
+        self.value.copy_(state["value"])
+        self.seen.copy_(state["seen"])
 
 
 class LfFTask(StepTask):
@@ -97,10 +97,11 @@ class LfFTask(StepTask):
         self.ema_biased.load_state_dict(state["ema_biased"])
         self.ema_debiased.load_state_dict(state["ema_debiased"])
 
-    def step(self, index: torch.Tensor, step: int) -> dict[str, torch.Tensor]:
-        """One optimiser step on the rows ``index``; returns the batch's loss parts (detached)."""
-        x = random_shift(gather_rows(self.train.x, index), self.params.stage2.augment_shift, self.generator)
-        x = to_device(x[distributed.shard_slice(len(index))], self.device)
+    def step_compute(self, inputs: StepInputs) -> StepOutputs:
+        """One optimiser step on the rows ``inputs["index"]`` (the averages updated in place); returns the batch's loss
+        parts (detached)."""
+        index = inputs["index"]
+        x = self.batch_images(inputs)
         y = to_device(self.train.y[index], self.device)
         logits_b = distributed.all_gather_rows(self.biased(x), len(index))
         logits_d = distributed.all_gather_rows(self.model(x), len(index))

@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from debias.core.resources import StepPlan
     from debias.params import Params
 
+# Why the two-view methods (wcl here; dcl, hcl) declare no capturable step (stage2.speed.step: cuda_graph)
+VIEWS_NOTE = ("SimCLR's views draw each image's crop, colour and grayscale parameters on the host inside the augmentation "
+              "(debias.data.augment.simclr_view), interleaved with the device work; the step is not split into host "
+              "draws and device work")
+
 
 class WCLParams(Section):
     """Difficulty-weighted contrastive learning (Sec. 5.2) with a jointly trained triplet encoder."""
@@ -58,4 +63,4 @@ def memory_plan(params: Params, n_train: int) -> StepPlan:
 register_method("wcl", f"{__name__}.train:wcl_method", display="WCL",
                 temperature=lambda p: ("stage2.wcl.temperature", p.stage2.wcl.temperature),
                 section="wcl", params=WCLParams, sources=SOURCES, reads=("stage2.tabular_view.",),
-                memory_plan=memory_plan)
+                memory_plan=memory_plan, capture_note=VIEWS_NOTE)

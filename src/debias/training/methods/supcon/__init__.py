@@ -45,6 +45,6 @@ for _name, _display in METHODS.items():
     # positive orthant, so no two samples can be pushed more than 90 degrees apart).
     register_method(_name, f"{__name__}.train:contrastive_method", display=_display,
                     temperature=lambda p: ("loss.temperature", p.loss.temperature), feature_activation="tanh",
-                    reads=("loss.",), memory_plan=_memory_plan(_name),
+                    reads=("loss.",), memory_plan=_memory_plan(_name), capturable=True,
                     fairkl_weight=lambda p, method=_name: fairkl_weight(p, method),
                     epsilon_key={EPS_SUPCON: "loss.eps_supcon.epsilon", SUPCON: None}.get(_name, "loss.epsilon"))

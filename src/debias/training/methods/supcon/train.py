@@ -32,10 +32,11 @@ import torch
 
 from debias import losses
 from debias.core import distributed, health
-from debias.data.augment import random_shift
+from debias.data.augment import shift_draws, shifted
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
+from debias.training.captured import EagerStep, StepInputs, StepOutputs, StepRunner
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, gather_rows,
                                           normalise, on_device, shuffled_batches, stage2_optimiser,
@@ -130,6 +131,7 @@ class ContrastiveTask(GeneratorTask):
         self.params, self.generator, self.device = params, generator, device
         self.method = params.stage2.method
         self.fairkl_on = fairkl_weight(params, self.method) > 0
+        self.runner: StepRunner = EagerStep(self.step_compute)  # stage2.speed.step's runner replaces it
 
     def batches(self) -> list[torch.Tensor]:
         fairkl = self.params.loss.fairkl
@@ -138,27 +140,43 @@ class ContrastiveTask(GeneratorTask):
             return stratified_batches(self.minority, batch_size, fairkl.minority_per_batch, self.generator)
         return shuffled_batches(len(self.train), batch_size, self.generator)
 
+    def step_inputs(self, index: torch.Tensor) -> StepInputs:
+        """The batch's indices and its shift draws, on the training data's device (:mod:`debias.training.captured`)."""
+        draws = shift_draws((len(index), *self.train.x.shape[1:]), self.params.stage2.augment_shift, self.generator)
+        if draws is None:
+            return {"index": index}
+        return {"index": index, "dy": to_device(draws[0], self.train.x.device),
+                "dx": to_device(draws[1], self.train.x.device)}
+
+    def step_compute(self, inputs: StepInputs) -> StepOutputs:
+        """One optimiser step on the batch ``inputs`` describes; returns its loss, terms and FairKL activity."""
+        index = inputs["index"]
+        x = gather_rows(self.train.x, index)
+        if "dy" in inputs:
+            x = shifted(x, inputs["dy"], inputs["dx"], self.params.stage2.augment_shift)
+        x = to_device(x[distributed.shard_slice(len(index))], self.device)
+        y = to_device(self.train.y[index], self.device)
+        z = self.model.embed(x)
+        zn = distributed.all_gather_rows(normalise(z), len(index))
+        bias = to_device(self.bias[index], self.device) if self.fairkl_on else None
+        loss, terms = objective(zn, y, bias, self.method, self.params)
+        parts: dict[str, Any] = {name: term.detach() for name, term in terms.items()}
+        if bias is not None:
+            parts.update(fairkl_activity(y, bias))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        distributed.sum_gradients(self.optimizer)
+        self.optimizer.step()
+        return {"loss": loss.detach(), **parts}
+
     def train_epoch(self, epoch: int) -> dict[str, float]:
         progress = Progress()
         for step, index in epoch_steps(self.batches(), epoch, self.train.x.device):
             if len(index) < 2:
                 continue  # a single sample has no pair
-            x = random_shift(gather_rows(self.train.x, index), self.params.stage2.augment_shift, self.generator)
-            x = to_device(x[distributed.shard_slice(len(index))], self.device)
-            y = to_device(self.train.y[index], self.device)
-            z = self.model.embed(x)
-            zn = distributed.all_gather_rows(normalise(z), len(index))
-            bias = to_device(self.bias[index], self.device) if self.fairkl_on else None
-            loss, terms = objective(zn, y, bias, self.method, self.params)
-            parts: dict[str, Any] = {name: term.detach() for name, term in terms.items()}
-            if bias is not None:
-                parts.update(fairkl_activity(y, bias))
-            progress.watch(loss, step)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            distributed.sum_gradients(self.optimizer)
-            self.optimizer.step()
-            progress.add(loss=loss.detach(), **parts)
+            out = self.runner(self.step_inputs(index))
+            progress.watch(out["loss"], step)
+            progress.add(**out)
         return progress.means()
 
 
