@@ -44,6 +44,7 @@ from typing import Any, Protocol
 import torch
 
 from debias.core.errors import ParamsError
+from debias.data.augment import shift_draws
 
 StepInputs = dict[str, torch.Tensor]
 StepOutputs = dict[str, torch.Tensor]
@@ -57,6 +58,17 @@ STEP_MODES = (EAGER, CUDA_GRAPH)
 # on a side stream before capturing; lazy initialisation (optimiser state, cuBLAS handles, autograd's streams) happens
 # in the first, the other two follow the documented recipe.
 WARMUP_STEPS = 3
+
+
+def shift_inputs(index: torch.Tensor, images: torch.Tensor, max_shift: int, generator: torch.Generator) -> StepInputs:
+    """A step's inputs: the batch's ``index`` and, where ``images`` (the training data) are shifted by up to
+    ``max_shift`` pixels, the offsets ``dy``, ``dx`` drawn from ``generator`` (:func:`~debias.data.augment.shift_draws`)
+    and copied without a sync to ``images``' device."""
+    draws = shift_draws((len(index), *images.shape[1:]), max_shift, generator)
+    if draws is None:
+        return {"index": index}
+    return {"index": index, "dy": draws[0].to(images.device, non_blocking=True),
+            "dx": draws[1].to(images.device, non_blocking=True)}
 
 
 class SplitStep(Protocol):

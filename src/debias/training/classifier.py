@@ -18,10 +18,10 @@ from torch import nn
 from debias.core import distributed
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.progress import advance
-from debias.data.augment import shift_draws, shifted
+from debias.data.augment import shifted
 from debias.data.store import BiasedSplit
 from debias.metrics import accuracy_report, needs_bias_labels, scalars
-from debias.training.captured import EagerStep, StepInputs, StepOutputs, StepRunner
+from debias.training.captured import EagerStep, StepInputs, StepOutputs, StepRunner, shift_inputs
 from debias.training.loop import GeneratorTask, StepMetrics, cut_batches, gather_rows, on_device, to_device
 from debias.training.selection import label_free_scalars
 
@@ -101,11 +101,7 @@ class ClassifierTask(GeneratorTask):
 
     def step_inputs(self, index: torch.Tensor) -> StepInputs:
         """The batch's indices (on the training data's device) and its shift draws, on the device."""
-        draws = shift_draws((len(index), *self.train.x.shape[1:]), self.augment_shift, self.generator)
-        if draws is None:
-            return {"index": index}
-        return {"index": index, "dy": to_device(draws[0], self.train.x.device),
-                "dx": to_device(draws[1], self.train.x.device)}
+        return shift_inputs(index, self.train.x, self.augment_shift, self.generator)
 
     def step_compute(self, inputs: StepInputs) -> StepOutputs:
         """Gather and shift the global batch, forward this rank's shard, cross-entropy, one optimiser step; returns

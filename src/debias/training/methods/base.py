@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from debias.core import distributed, progress
-from debias.data.augment import shift_draws, shifted
+from debias.data.augment import shifted
 from debias.data.store import BiasedSplit
 from debias.models import Network, build_model
 from debias.params import Params, SpeedParams
-from debias.training.captured import (CUDA_GRAPH, EAGER, EagerStep, StepInputs, StepOutputs, StepRunner,
+from debias.training.captured import (CUDA_GRAPH, EAGER, EagerStep, StepInputs, StepOutputs, StepRunner, shift_inputs,
                                       check_capturable, step_runner)
 from debias.training.methods.registry import METHODS, MethodSpec, head_trained_methods, method_spec  # noqa: F401
 from debias.training.loop import (GeneratorTask, StepMetrics, build_optimizer, build_scheduler, cut_batches,
@@ -162,11 +162,7 @@ class StepTask(GeneratorTask):
 
     def step_inputs(self, index: torch.Tensor) -> StepInputs:
         """The batch's indices and its shift draws (``stage2.augment_shift``), on the training data's device."""
-        draws = shift_draws((len(index), *self.train.x.shape[1:]), self.params.stage2.augment_shift, self.generator)
-        if draws is None:
-            return {"index": index}
-        return {"index": index, "dy": to_device(draws[0], self.train.x.device),
-                "dx": to_device(draws[1], self.train.x.device)}
+        return shift_inputs(index, self.train.x, self.params.stage2.augment_shift, self.generator)
 
     def batch_images(self, inputs: StepInputs) -> torch.Tensor:
         """The global batch's images, gathered and shifted by the drawn offsets, this rank's shard on the device."""

@@ -32,11 +32,11 @@ import torch
 
 from debias import losses
 from debias.core import distributed, health
-from debias.data.augment import shift_draws, shifted
+from debias.data.augment import shifted
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import Params
-from debias.training.captured import EagerStep, StepInputs, StepOutputs, StepRunner
+from debias.training.captured import EagerStep, StepInputs, StepOutputs, StepRunner, shift_inputs
 from debias.training.loop import GeneratorTask
 from debias.training.methods.base import (Progress, Stage2Inputs, Stage2Setup, epoch_steps, fresh_model, gather_rows,
                                           normalise, on_device, shuffled_batches, stage2_optimiser,
@@ -142,11 +142,7 @@ class ContrastiveTask(GeneratorTask):
 
     def step_inputs(self, index: torch.Tensor) -> StepInputs:
         """The batch's indices and its shift draws, on the training data's device (:mod:`debias.training.captured`)."""
-        draws = shift_draws((len(index), *self.train.x.shape[1:]), self.params.stage2.augment_shift, self.generator)
-        if draws is None:
-            return {"index": index}
-        return {"index": index, "dy": to_device(draws[0], self.train.x.device),
-                "dx": to_device(draws[1], self.train.x.device)}
+        return shift_inputs(index, self.train.x, self.params.stage2.augment_shift, self.generator)
 
     def step_compute(self, inputs: StepInputs) -> StepOutputs:
         """One optimiser step on the batch ``inputs`` describes; returns its loss, terms and FairKL activity."""
