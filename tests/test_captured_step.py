@@ -230,3 +230,19 @@ def test_a_graph_safe_optimiser_holds_its_learning_rate_in_one_tensor_the_schedu
     assert group["lr"] is rate and float(rate) == pytest.approx(0.01, rel=1e-6)  # float32 of 0.1 * 0.1
     plain = build_optimizer([weight], name, 0.1, 0.9, 0.0).param_groups[0]
     assert plain["lr"] == 0.1 and not plain.get(flag)
+
+
+def test_erm_step_cuda_graph_is_refused_on_the_cpu_before_any_work(tmp_path, monkeypatch) -> None:
+    """``erm.step: cuda_graph`` on the CPU: a ParamsError naming erm.step, before training writes any output."""
+    monkeypatch.setenv("DEBIAS_DEVICE", "cpu")  # the CPU on a CUDA machine too
+    from debias.harness.tracking import StageRun
+    from debias.training.erm import train_erm
+    from debias.training.outputs import StageOutputs
+
+    out = StageOutputs(model=tmp_path / "model.pt", embeddings_dir=tmp_path / "embeddings",
+                       metrics=tmp_path / "metrics.json", curves=tmp_path / "curves.csv", resume=tmp_path / "state.pt")
+    splits = {"train": tiny_split(N_TRAIN), "val": tiny_split(60, seed=1), "test": tiny_split(60, seed=2)}
+    params = validate({"erm": {"epochs": 1, "batch_size": BATCH, "step": "cuda_graph"}})
+    with pytest.raises(ParamsError, match=r"erm\.step = cuda_graph cannot run: this run trains on cpu.*allowed: eager"):
+        train_erm(splits, "lenet5", params.erm, 0, StageRun(None, None), out)
+    assert not any(tmp_path.iterdir())

@@ -37,7 +37,7 @@ from debias.params.evaluate import EvaluateParams, UMAPParams  # noqa: F401
 from debias.params.groups import GroupsBase  # noqa: F401
 from debias.params.health import HealthParams  # noqa: F401
 from debias.params.loss import EpsSupConParams, FairKLParams, LossParams  # noqa: F401
-from debias.params.optim import OptimParams  # noqa: F401
+from debias.params.optim import ErmParams, OptimParams  # noqa: F401
 from debias.params.probe import _positive_distinct, ProbeBase  # noqa: F401
 from debias.params.report import ReportParams  # noqa: F401
 from debias.params.stage2 import (  # noqa: F401

@@ -1,4 +1,4 @@
-"""The optimiser settings shared by ``erm`` and ``stage2`` (``erm`` is exactly these)."""
+"""The optimiser settings shared by ``erm`` and ``stage2`` (``erm``: these and how its step runs)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ from debias.params.base import Section, show
 Selection = Literal["last", "best_worst_group", "best_worst_class", "best_worst_inferred_group", "best_unbiased"]
 NEEDS_INFERRED_GROUPS = ("best_worst_inferred_group",)
 NEEDS_TRUE_GROUPS = ("best_worst_group", "best_unbiased")  # rules reading the true groups: refused for data without bias labels
+# How a training step runs (debias.training.captured): op by op, or captured once per batch shape as a CUDA graph.
+StepMode = Literal["eager", "cuda_graph"]
+STEP_DESCRIPTION = ("eager: the training step launched op by op (the CPU path); cuda_graph: captured once per batch "
+                    "shape as a CUDA graph and replayed (CUDA only; debias.training.captured) (ours)")
 
 
 class OptimParams(Section):
@@ -40,3 +44,9 @@ class OptimParams(Section):
             raise ValueError(f"lr_milestones {show(late)} never take effect with epochs = {self.epochs}; "
                              f"allowed: epochs 1 .. {self.epochs - 1}")
         return self
+
+
+class ErmParams(OptimParams):
+    """The ``erm`` section: the optimiser settings and how the training step runs."""
+
+    step: StepMode = Field("eager", description=STEP_DESCRIPTION)

@@ -22,7 +22,7 @@ from debias.params.groups import GroupsBase
 from debias.params.health import HealthParams
 from debias.params.loss import LossParams
 from debias.params.model import ModelParams, has_batchnorm
-from debias.params.optim import NEEDS_INFERRED_GROUPS, NEEDS_TRUE_GROUPS, OptimParams, Selection
+from debias.params.optim import NEEDS_INFERRED_GROUPS, NEEDS_TRUE_GROUPS, ErmParams, Selection
 from debias.params.probe import ProbeBase
 from debias.params.report import ReportParams
 from debias.params.stage2 import STAGE2_DEFAULTS, Stage2Base
@@ -44,7 +44,7 @@ class Params(Section):
     data: DataParams = Field(default_factory=DataParams)
     bias: BiasParams = Field(default_factory=BiasParams)
     model: ModelParams = Field(default_factory=ModelParams)
-    erm: OptimParams = Field(default_factory=OptimParams)
+    erm: ErmParams = Field(default_factory=ErmParams)
     groups: GroupsBase = Field(default_factory=GroupsBase)
     stage2: Stage2Base = Field(default_factory=lambda: Stage2Base(**STAGE2_DEFAULTS))
     loss: LossParams = Field(default_factory=LossParams)

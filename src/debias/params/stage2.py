@@ -10,7 +10,7 @@ from pydantic import Field
 from debias.core.errors import DeclarationError
 from debias.params.base import Section, schema_order
 from debias.params.model import HeadInput
-from debias.params.optim import OptimParams
+from debias.params.optim import STEP_DESCRIPTION, OptimParams, StepMode
 
 
 class HeadParams(Section):
@@ -42,10 +42,7 @@ class SpeedParams(Section):
                                               "its features cast back to float32 for the losses and the head (ours)")
     compile: bool = Field(False, description="torch.compile the encoder in place (ours; the first steps compile)")
     channels_last: bool = Field(False, description="convolution weights in channels-last memory format (ours)")
-    step: Literal["eager", "cuda_graph"] = Field(
-        "eager", description="eager: the training step launched op by op (the CPU path); cuda_graph: captured once per "
-        "batch shape as a CUDA graph and replayed (CUDA only; the methods whose declaration says capturable; "
-        "debias.training.captured) (ours)")
+    step: StepMode = Field("eager", description=STEP_DESCRIPTION + "; the methods whose declaration says capturable")
 
 
 # Fields every stage-2 method shares; each method's own section (stage2.<section>) is declared by the method

@@ -134,6 +134,9 @@ SOURCES: dict[str, str] = {
     "erm.augment_shift": "code: CNC's code trains on random crops (schema default 0: off); params.yaml 2 (ours: a "
                          "random shift of up to 2 px; not measured against 0)",
     # ----------------------------------------------------------------------------------------------- groups
+    "erm.step": "ours: eager (default), the only path on the CPU; ERM's split step before / after: 0.945 steps/s, "
+                "0.954 steps per CPU-second, inside the run's own spread (benchmarks/results/captured_step.md); "
+                "cuda_graph not measured on a GPU",
     "groups.method": "paper: CNC App. D.2.3 (schema default pred; clusters chosen for all datasets in D.2.4); "
                      "params.yaml cluster (ours: the tool's card, README)",
     # ----------------------------------------------------------------------------------------------- stage 2

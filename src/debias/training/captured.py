@@ -1,4 +1,5 @@
-"""A training step launched once: captured as a CUDA graph and replayed (``stage2.speed.step: cuda_graph``), and the
+"""A training step launched once: captured as a CUDA graph and replayed (``stage2.speed.step`` or ``erm.step``:
+``cuda_graph``), and the
 eager step every other setting (and the CPU) runs.
 
 A capturable task splits its step in two (:class:`SplitStep`):
@@ -113,7 +114,7 @@ class CapturedStep:
     def __init__(self, compute: Compute, device: torch.device, capture: bool = True,
                  warmup: int = WARMUP_STEPS) -> None:
         if capture and device.type != "cuda":
-            raise ParamsError(f"stage2.speed.step = {CUDA_GRAPH} needs a CUDA device; this run trains on "
+            raise ParamsError(f"a step of {CUDA_GRAPH} (stage2.speed.step, erm.step) needs a CUDA device; this run trains on "
                               f"{device.type}; allowed there: {EAGER}")
         if warmup < 1:
             raise ValueError(f"warmup = {warmup}: a slot needs at least one eager call before its capture "
@@ -176,23 +177,24 @@ StepRunner = Callable[[StepInputs], StepOutputs]
 
 
 def step_runner(mode: str, compute: Compute, device: torch.device) -> StepRunner:
-    """The runner of ``stage2.speed.step`` (:data:`STEP_RUNNERS`) for a task's ``step_compute`` on ``device``."""
+    """The runner of ``mode`` (``stage2.speed.step``, ``erm.step``; :data:`STEP_RUNNERS`) for a task's
+    ``step_compute`` on ``device``."""
     if mode not in STEP_RUNNERS:
-        raise ParamsError(f"stage2.speed.step = '{mode}'; allowed: {', '.join(STEP_RUNNERS)}")
+        raise ParamsError(f"step = '{mode}' (stage2.speed.step, erm.step); allowed: {', '.join(STEP_RUNNERS)}")
     return STEP_RUNNERS[mode](compute, device)
 
 
-# stage2.speed.step -> the runner of a task's step
+# stage2.speed.step / erm.step -> the runner of a task's step
 STEP_RUNNERS: dict[str, Callable[[Compute, torch.device], StepRunner]] = {
     EAGER: lambda compute, device: EagerStep(compute),
     CUDA_GRAPH: lambda compute, device: CapturedStep(compute, device),
 }
 
 
-def check_capturable(mode: str, method: str, capturable: bool, reason: str, device: torch.device,
-                     world_size: int, data_on_device: bool, autocast: str, compiled: bool) -> None:
-    """Refuse ``stage2.speed.step = cuda_graph`` where the step cannot be captured, saying why and what is allowed
-    (see the module docstring); nothing for ``eager``."""
+def check_capturable(key: str, mode: str, method: str, capturable: bool, reason: str, device: torch.device,
+                     world_size: int, data_on_device: bool, autocast: str = "none", compiled: bool = False) -> None:
+    """Refuse ``key = cuda_graph`` (``stage2.speed.step``, ``erm.step``) where the step cannot be captured, saying why
+    and what is allowed (see the module docstring); nothing for ``eager``."""
     if mode == EAGER:
         return
     problems = []
@@ -212,5 +214,5 @@ def check_capturable(mode: str, method: str, capturable: bool, reason: str, devi
         problems.append("stage2.speed.compile = true: a compiled encoder is not combined with a captured step; "
                         "allowed with cuda_graph: false")
     if problems:
-        raise ParamsError(f"stage2.speed.step = {mode} cannot run: {'; '.join(problems)}; allowed: {EAGER} "
+        raise ParamsError(f"{key} = {mode} cannot run: {'; '.join(problems)}; allowed: {EAGER} "
                           f"(the default)")

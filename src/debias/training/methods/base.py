@@ -71,7 +71,7 @@ def setup_method(inputs: Stage2Inputs) -> Stage2Setup:
     (:mod:`debias.training.captured`; a ``ParamsError`` before any work where the step cannot be captured)."""
     spec = method_spec(inputs.params.stage2.method)
     speed = inputs.params.stage2.speed
-    check_capturable(speed.step, spec.name, spec.capturable, spec.capture_note, inputs.device,
+    check_capturable("stage2.speed.step", speed.step, spec.name, spec.capturable, spec.capture_note, inputs.device,
                      distributed.world_size(), fits_on_device(inputs.splits["train"], inputs.device), speed.autocast,
                      speed.compile)
     setup = spec.setup_fn()(inputs)
