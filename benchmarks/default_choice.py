@@ -35,6 +35,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import scipy.stats
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -81,8 +82,7 @@ SIMPLICITY = ["eps_supinfonce", "kl_a1_l05", "kl_a1_l075", "released_a003_l05", 
 RULES = ("best_worst_group", "best_unbiased", "last")
 FIELDS = ["protocol", "palette", "seed", "candidate", "rule", "epoch", "degenerate", "val_worst", "val_unbiased",
           "test_avg", "test_unbiased", "test_worst", "test_worst_n", "seconds"]
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131}  # Student t, two-sided 95 %, by degrees of freedom
+FULL_COMMAND = "python benchmarks/default_choice.py --npz mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2"
 
 
 def cell_params(protocol: str, palette: str, seed: int, npz: Path) -> dict[str, Any]:
@@ -152,7 +152,7 @@ def interval(values: list[float]) -> tuple[float, float, float]:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, math.nan, math.nan
-    half = T_975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    half = float(scipy.stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 
@@ -223,12 +223,48 @@ def choice(rows: list[dict[str, str]], rule: str) -> str:
     return min(inside, key=lambda c: SIMPLICITY.index(c))
 
 
+def current_default(root: Path = ROOT) -> str | None:
+    """The candidate whose settings params.yaml holds now (its objective: stage2.method and the loss keys the
+    candidates set), None when it is none of them."""
+    params = yaml.safe_load((root / "params.yaml").read_text())
+
+    def value(key: str) -> Any:
+        node: Any = params
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    method = value("stage2.method")
+    for name, sets in CANDIDATES.items():
+        wanted = {"stage2.method": STAGE2["stage2.method"], **sets}
+        if wanted["stage2.method"] == method and (method == "cnc" or all(
+                value(key) == wanted_value for key, wanted_value in sets.items())):
+            return name
+    return None
+
+
+def cost_table(rows: list[dict[str, str]], candidates: list[str], reference: str) -> list[str]:
+    """Stage 2's wall time per candidate (seconds: median and range over its cells) and, paired by cell, ``reference``'s
+    time over the candidate's (median, range; a rough cost: two runs shared the 2 cores and the machine's load varied)."""
+    seconds = {(r["protocol"], r["palette"], r["seed"], r["candidate"]): float(r["seconds"]) for r in rows}
+    lines = ["## Stage-2 wall time (two runs at once on 2 cores, under a varying load: a rough cost)", "",
+             f"| candidate | seconds, median | seconds, range | {reference}'s time over this one's, paired: median [range] |",
+             "|---|---|---|---|"]
+    for c in candidates:
+        own = {k[:3]: v for k, v in seconds.items() if k[3] == c}
+        ratios = [seconds[(*cell, reference)] / v for cell, v in own.items() if (*cell, reference) in seconds]
+        lines.append(f"| {c} | {statistics.median(own.values()):.0f} | {min(own.values()):.0f}–{max(own.values()):.0f}"
+                     f" | {statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}] |")
+    return lines + [""]
+
+
 def table(rows: list[dict[str, str]], command: str) -> str:
     """The Markdown results: the ranking per rule (test unbiased and worst-group, pooled), the degenerate selections,
     and every cell."""
     cells = sorted({(r["protocol"], r["palette"], r["seed"]) for r in rows})
     lines = ["# Stage 2's default objective: candidates x seeds x palettes x protocols", "",
-             f"- Command (SCRATCH: any empty folder; mnist10k.npz from the datasets folder): `{command}`",
+             f"- Command (SCRATCH: any empty folder; mnist10k.npz from the datasets folder): `{FULL_COMMAND}` (it "
+             f"resumes from this CSV; this file was last written by `{command}`)",
              f"- Date: {dt.date.today().isoformat()}; {platform.machine()} CPU, 1 torch thread per run, 2 runs at once",
              f"- Cells: {len(cells)} (protocol x palette x seed): CMNIST* p_corr 0.96 and Biased-MNIST rho 0.96 on "
              "mnist10k (5,999 training images), each with the papers' palette and another; the default's cluster "
@@ -252,9 +288,10 @@ def table(rows: list[dict[str, str]], command: str) -> str:
         degenerate = {c: sum(int(r["degenerate"]) for r in rows if r["rule"] == rule and r["candidate"] == c)
                       for c in worst}
         best = ranked[0]["candidate"]
-        # where the top candidate ran on fewer cells, the differences to the best with every cell are shown too
+        # where the top candidate ran on fewer cells, the differences to the best with every cell are shown too, and
+        # the differences to params.yaml's current default where it is another candidate
         full = next((r["candidate"] for r in ranked if r["cells"] == len(cells)), best)
-        refs = [best] if full == best else [best, full]
+        refs = list(dict.fromkeys(c for c in (best, full, current_default()) if c is not None))
         header = "".join(f" paired Δ to {ref} | paired Δ worst-group to {ref} |" for ref in refs)
         lines += [f"## Selection rule `{rule}`", "", "| candidate | cells | test unbiased (95 % CI) | test worst-group "
                   f"(95 % CI) |{header} degenerate selections |", "|---|---|---|---|" + "---|---|" * len(refs) + "---|"]
@@ -267,6 +304,7 @@ def table(rows: list[dict[str, str]], command: str) -> str:
         lines += ["", f"Chosen under `{rule}` (the winner, or the simplest candidate not shown worse on either "
                   f"number): **{choice(rows, rule)}**.", ""]
     candidates = [c for c in SIMPLICITY if any(r["candidate"] == c for r in rows)]
+    lines += cost_table(rows, candidates, choice(rows, "best_unbiased"))
     lines += ["## Selection rules compared: best_unbiased against best_worst_group, the same runs", "",
               "| candidate | paired Δ test unbiased | paired Δ test worst-group | degenerate selections "
               "(best_worst_group → best_unbiased) |", "|---|---|---|---|"]
