@@ -91,6 +91,7 @@ def test_an_epoch_with_one_forward_per_step_trains_the_same_weights_as_per_batch
     assert math.isfinite(first["train/loss"]) and math.isfinite(second["train/loss"])
 
 
+@pytest.mark.slow
 def test_with_batchnorm_one_forward_normalises_over_the_whole_group() -> None:
     """A BatchNorm encoder (resnet18) sees the group's batch statistics in one pass, one batch's per batch: the
     gradients differ; ``forward_chunk: 1`` is the per-batch path."""

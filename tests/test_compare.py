@@ -222,6 +222,7 @@ def test_out_that_is_a_file_or_unwritable_is_one_line(tmp_path: Path, capsys) ->
     assert not (tmp_path / "ok").exists()  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_out_on_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
     import subprocess
     import sys

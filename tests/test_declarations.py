@@ -71,6 +71,7 @@ def _assert_one_line(done: subprocess.CompletedProcess, kind: str) -> None:
     assert len(error) == 1 and BROKEN[kind][1] in error[0], done.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", STAGES)
 def test_a_broken_method_module_ends_every_stage_with_one_line(tmp_path: Path, stage: str) -> None:
     done = _run_broken(tmp_path, "syntax", [sys.executable, str(REPO / "pipeline" / f"{stage}.py")])

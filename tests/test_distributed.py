@@ -284,6 +284,7 @@ def _curves(path: Path) -> list[dict[str, float]]:
     return [{k: float(v) for k, v in zip(keys, row.split(",")) if v} for row in rows]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_two_processes_train_like_one(name: str, runs: dict[int, Path]) -> None:
     one, two = runs[1] / "rank0" / name, runs[2] / "rank0" / name

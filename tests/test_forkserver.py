@@ -114,6 +114,7 @@ def report(done: subprocess.CompletedProcess) -> dict:
     return json.loads(done.stdout.splitlines()[0])
 
 
+@pytest.mark.slow
 def test_a_stage_is_forked_with_the_launcher_s_arguments_folder_environment_and_streams(server) -> None:
     root, env = server
     launcher = subprocess.Popen([*PIN, sys.executable, "-m", "debias.harness.launch", "--single", "probe.py", "a", "b c"],
@@ -263,6 +264,7 @@ def _start_server(cwd: Path, env: dict) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_stage_outputs_are_the_same_bytes_with_and_without_the_fork_server(server, tmp_path) -> None:
     from tests.faults.conftest import make_workspace, stage_env
 

@@ -203,6 +203,7 @@ def test_exact_knn_lists_each_point_first_then_its_nearest() -> None:
 UMAP_ON_BLOBS = pytest.mark.filterwarnings("ignore:Graph is not fully connected")  # separate blobs: expected
 
 
+@pytest.mark.slow
 @UMAP_ON_BLOBS
 @pytest.mark.parametrize("algorithm", ["kmeans", "gmm"])
 def test_cluster_method_recovers_blobs_through_umap(algorithm: str) -> None:

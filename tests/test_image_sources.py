@@ -283,6 +283,7 @@ def write_linked_folder(tmp_path):
     return root, tables / "meta.csv", table
 
 
+@pytest.mark.slow
 def test_the_fingerprint_follows_links_dot_dot_paths_and_a_table_elsewhere(tmp_path) -> None:
     """The source stage's fingerprint (pipeline/source.py, run for real) changes when an image behind a linked
     folder, an image outside the root or the table elsewhere changes, and not for a file the table does not name."""

@@ -39,6 +39,7 @@ def test_an_override_to_the_same_value_leaves_the_file_byte_identical(tmp_path) 
     assert path.read_text() == text
 
 
+@pytest.mark.slow
 def test_presets_still_rewrite_the_file_in_place() -> None:
     """The presets set values where they stand, DVC's empty nulls included (wcl-adult sets stage2.wcl.tau_plus)."""
     text = committed_text("params.yaml")

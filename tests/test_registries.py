@@ -202,6 +202,7 @@ print(json.dumps({
 '''
 
 
+@pytest.mark.slow
 def test_a_probe_variant_from_a_temporary_module_probes(tmp_path) -> None:
     facts = _run(tmp_path, "nearest_probe", PROBE_MODULE, PROBE_RUN)
     assert facts["registered"] == ["dfr", "logistic", "nearest"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 
 def test_seed_everything_sets_deterministic_algorithms_without_importing_inductor() -> None:
     code = ("import sys, torch; from debias.core.runtime import seed_everything; seed_everything(0); "
@@ -14,6 +16,7 @@ def test_seed_everything_sets_deterministic_algorithms_without_importing_inducto
     assert out == ["True", "True", "False"]
 
 
+@pytest.mark.slow
 def test_debias_threads_caps_torch_and_every_blas_and_openmp_pool() -> None:
     """Pools loaded before configure_threads (numpy's) and after it (scipy's, scikit-learn's) get the cap."""
     import os

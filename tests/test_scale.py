@@ -5,6 +5,7 @@ from __future__ import annotations
 from math import ceil
 
 import numpy as np
+import pytest
 import torch
 
 from debias.groups import embedding
@@ -27,6 +28,7 @@ def test_knn_graph_is_exact_up_to_the_limit_and_nn_descent_above(monkeypatch) ->
     assert embedding.EXACT_KNN_MAX_POINTS >= 10_000  # every pipeline below that keeps its exact, unchanged graph
 
 
+@pytest.mark.slow
 def test_nn_descent_graph_is_seeded_and_nearly_exact() -> None:
     points = _blobs(800)
     index, distance = embedding.nndescent_knn(points, 10, seed=3)

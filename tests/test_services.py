@@ -92,6 +92,7 @@ def test_down_never_signals_the_pid_of_a_stale_postmaster_pid(tmp_path: Path, fo
         in done.stdout
 
 
+@pytest.mark.slow
 def test_down_stops_a_process_that_still_is_the_recorded_one(tmp_path: Path) -> None:
     # the positive case with a real process group: its identity recorded as `up` records mlflow server's
     server = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from debias.core.lazy import lazy_callable, lazy_module
 from tests.conftest import REPO
 
@@ -30,6 +32,7 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_a_finished_stage_process_ends_without_teardown_only_as_its_own_script(tmp_path) -> None:
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
     (tmp_path / "download.py").write_text(STAGE_SCRIPT)

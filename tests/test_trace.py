@@ -86,6 +86,7 @@ def default_pipeline(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedCl
     return clone, {name: clone.run(name) for name in STAGES}
 
 
+@pytest.mark.slow
 def test_every_stage_of_the_default_pipeline_reads_its_deps_and_writes_its_outs(default_pipeline) -> None:
     _, found = default_pipeline
     problems = [problem for name in STAGES for problem in found[name]]

@@ -110,6 +110,7 @@ def _log_one(root: str, index: int) -> None:
         run.log_metrics({"value": float(index)})
 
 
+@pytest.mark.slow
 def test_concurrent_loggers_on_a_fresh_store_lose_no_run(tmp_path) -> None:
     """Two processes creating and writing the same new SQLite store at once: both runs are kept."""
     from mlflow.tracking import MlflowClient

@@ -113,6 +113,7 @@ def test_shipped_params_pass() -> None:
 # --------------------------------------------------------------------------- debias check-params
 
 
+@pytest.mark.slow
 def test_check_params_command_rejects_a_typo_and_accepts_the_fix(tmp_path: Path) -> None:
     params = shipped_params()
     params["loss"]["epsilion"] = params["loss"].pop("epsilon")

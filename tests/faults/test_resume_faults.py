@@ -192,6 +192,7 @@ def runs(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
                    "rerun": reruns[name]} for name in CONFIGS}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_killed_mid_epoch_resumes_to_the_uninterrupted_result(name: str, runs, data_dir: Path) -> None:
     case = runs[name]

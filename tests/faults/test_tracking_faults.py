@@ -140,6 +140,7 @@ print("worker finished", flush=True)
 """
 
 
+@pytest.mark.slow
 def test_two_stage_processes_writing_one_sqlite_store_lose_nothing(tmp_path: Path, mlflow_template: Path) -> None:
     """Two stage processes (as two queued ``dvc exp run`` tasks: DVC_ROOT is the main repository)
     each run 3 stages into the same SQLite store, at the same time; the experiment does not exist
