@@ -617,10 +617,11 @@ def test_a_forked_stage_has_a_session_and_so_a_cpu_share_of_its_own(server, tmp_
     assert seen["groups"][0] is None or seen["groups"][0] != seen["groups"][1]
 
 
-def test_the_server_s_identity_follows_the_launcher_s_pin_and_hard_limits(tmp_path) -> None:
+def test_the_server_s_identity_follows_the_launcher_s_pin_and_hard_limits() -> None:
     if not PIN or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs taskset and two usable CPUs")
-    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    runtime = Path(tempfile.mkdtemp(prefix="dfs", dir="/tmp"))  # short: a socket path holds < 108 bytes (not tmp_path's)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
 
     def where(*prefix: str) -> str:
         return subprocess.run([*prefix, sys.executable, "-m", "debias.harness.forkserver", "--where"], env=env,
