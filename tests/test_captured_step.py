@@ -87,16 +87,9 @@ def train(method: str, runner_of, epochs: int = 3, device: torch.device = torch.
 def _epoch_unchecked_read(task, epoch: int) -> dict[str, float]:
     """``task.train_epoch`` with the epoch's one metrics read (after its last step) outside the sync check."""
     from debias.training.loop import StepMetrics
+    from tests.test_sync_free import read_unchecked
 
     read = StepMetrics.read
-
-    def read_unchecked(self):
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return read(self)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
     StepMetrics.read = read_unchecked
     try:
         return task.train_epoch(epoch)

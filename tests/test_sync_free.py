@@ -129,19 +129,22 @@ def test_a_non_finite_loss_is_reported_once_per_epoch_with_its_first_step(fold: 
     assert fine.means() == {"train/loss": pytest.approx(7 / 3), "train/count": 1.0}
 
 
+_read = StepMetrics.read
+
+
+def read_unchecked(self: StepMetrics) -> dict[str, float]:
+    """``StepMetrics.read`` (the epoch's one host read, after its last step) outside the sync check around it."""
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        return _read(self)
+    finally:
+        torch.cuda.set_sync_debug_mode("error")
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_a_cuda_epoch_never_synchronises_inside_a_step(method: str, monkeypatch) -> None:
     """Every step of an epoch under ``torch.cuda.set_sync_debug_mode("error")``; only the epoch's metrics are read."""
-    read = StepMetrics.read
-
-    def read_unchecked(self):
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return read(self)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
     monkeypatch.setattr(StepMetrics, "read", read_unchecked)
     setup = setup_method(stage2_inputs(method, 128, torch.device("cuda")))
     setup.task.train_epoch(0)  # lazy initialisations (cuBLAS handles, optimiser state) outside the check
