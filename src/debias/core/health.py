@@ -31,6 +31,8 @@ CODES: dict[str, str] = {
     "fragile-selection": "the kept epoch tied another epoch's validation number (worst-group, worst-class or "
                          "worst-inferred-group accuracy) and the tie-breaks chose, or beat it by only one or two images "
                          "of that group or class: the choice rests on noise, and so do the kept epoch's numbers",
+    "unread-param": "a param changed where the run does not read it (another method's, source's or protocol's): "
+                    "the change has no effect",
     "negligible-param": "a param that applies to the run but enters a term weighing under 1 % of the loss "
                         "(debias check-params): changing it changes almost nothing",
     "collapsed-representation": "the L2-normalised features are nearly identical",

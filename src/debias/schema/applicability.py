@@ -11,6 +11,9 @@ effective weight is below :data:`NEGLIGIBLE_SHARE` of the loss's total weight (e
 released FairKL objective at alpha 0.03: the eps-SupInfoNCE term weighs alpha^2 * tau/0.07 = 0.0013 against
 FairKL's lambda 0.5, 0.26 %). :func:`weak` says why; ``debias check-params`` prints a ``negligible-param`` warning
 for each such param (:func:`weak_warnings`), and any other view of params (compare) reads the same functions.
+A param changed where it does not apply at all (``loss.epsilon`` under CNC) is ``unread-param``
+(:func:`unread_warnings`): check-params says so for its ``-S`` keys, the report for the keys changed against the
+committed params.yaml, compare for a param that differs between experiments none of which reads it.
 
 ``protocol`` is the protocol the run resolved (``data/biased/summary.json``); with ``bias.protocol: auto`` and
 no summary it is unknown (None) and the protocol sections are all kept.
@@ -143,6 +146,35 @@ def applies(key: str, context: RunContext) -> bool:
     prefix = rule_for(key)
     return True if prefix is None else bool(rules()[prefix](context))
 
+
+
+# The setting that decides whether a param of each top-level section applies (:func:`unread`'s message).
+DECIDED_BY = {"data": "data.source", "bias": "bias.protocol", "model": "model.name", "groups": "groups.method",
+              "stage2": "stage2.method", "loss": "stage2.method", "probe": "probe.method"}
+
+
+def unread(key: str, context: RunContext) -> str | None:
+    """Why the param ``key`` has no effect at all on a run in ``context`` (it does not apply), else None."""
+    if applies(key, context):
+        return None
+    decider = DECIDED_BY.get(key.split(".")[0])
+    if decider is None:
+        return "this run's source, protocol, model and methods do not read it"
+    value = context.params
+    for part in decider.split("."):
+        value = getattr(value, part)
+    return (f"not read under {decider} {value}: changing it changes nothing in this run (a stage that declares it "
+            "reruns and gives the same results)")
+
+
+def unread_warnings(context: RunContext, changed: dict[str, object]) -> list[str]:
+    """``unread-param: KEY = VALUE: ...`` for each changed ``key -> value`` that does not apply to the run."""
+    found = []
+    for key, value in changed.items():
+        reason = unread(key, context)
+        if reason is not None:
+            found.append(f"unread-param: {key} = {value}: {reason}")
+    return found
 
 # Below this share of the stage-2 loss's total weight a term (and every param that enters only it) counts as
 # negligible (ours: the issue's rule of thumb, 1 %).

@@ -166,7 +166,8 @@ SOURCES: dict[str, str] = {
                             "with the earlier objective a shift of 2 px measured 76.2 / 22.2 / 75.1 % against 0's "
                             "82.4 / 46.2 / 82.1 (params.yaml stage2.epochs comment), not re-measured under the "
                             "current objective",
-    "stage2.method": "paper: CNC (schema default cnc); params.yaml eps_supinfonce (ours: the tool's card, README)",
+    "stage2.method": "paper: CNC (default cnc); the winner of benchmarks/results/default_choice.md (12 cells: +2.6 "
+                     "[+1.2, +4.1] points of test unbiased accuracy over the best of the supcon family)",
     "stage2.head.weight_decay": "ours: 1e-4 L2 on the per-epoch linear head (default 1e-4), scikit-learn's C = 1 "
                                 "ridge order (not tuned); FairKL trains its linear classifier separately too (App. "
                                 "B.2)",

@@ -13,7 +13,9 @@ DESCRIPTION = ("debias: tools around the DVC pipeline (the pipeline itself runs 
                'Run "debias COMMAND --help" for the options of a command.')
 
 
-def check_params(path: str, label: str | None = None) -> int:
+def check_params(path: str, label: str | None = None, changed: dict[str, str] | None = None) -> int:
+    """Validate the params file ``path`` (0, or 2 with one line naming the problem); warn of each param that weighs
+    almost nothing (negligible-param) and of each ``changed`` one (the ``-S`` keys) the run does not read."""
     from debias.core.errors import DeclarationError
     from debias.data.sources.checks import DataSourceError, check_source
 
@@ -25,9 +27,11 @@ def check_params(path: str, label: str | None = None) -> int:
         return 2
     print(f"{label or path}: valid (source={params.data.source}, protocol={params.bias.protocol}, "
           f"model={params.model.name}, groups={params.groups.method}, stage2={params.stage2.method})")
-    from debias.schema.applicability import RunContext, weak_warnings
+    from debias.schema.applicability import RunContext, unread_warnings, weak_warnings
 
-    for message in weak_warnings(RunContext(params)):  # valid, but a param that weighs almost nothing: say so
+    context = RunContext(params)
+    # valid, but a -S param the run does not read, or one that weighs almost nothing: say so
+    for message in unread_warnings(context, changed or {}) + weak_warnings(context):
         print(f"{label or path}: WARNING {message}")
     return 0
 
@@ -46,7 +50,8 @@ def check_overrides(path: str, items: list[str]) -> int:
                     print(applied, file=sys.stderr)
                     codes.append(2)
                 else:
-                    codes.append(check_params(str(applied), label))
+                    changed = dict(item.lstrip("+~").partition("=")[::2] for item in overrides)
+                    codes.append(check_params(str(applied), label, changed))
     except ParamsError as exc:
         print(exc, file=sys.stderr)
         return 2
