@@ -1,4 +1,5 @@
-"""A param that applies but weighs almost nothing is warned about; the default objective gives ε real weight."""
+"""A param that applies but weighs almost nothing is warned about (negligible-param), as is one changed where the run does
+not read it (unread-param): the supcon family's default objective gives ε almost no weight, the default CNC none."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ EPSILON_EFFECT = 0.01
 
 
 def committed(**loss: object) -> dict:
-    """The committed params.yaml as a dict, ``loss`` keys (alpha, variant, weight, epsilon) replaced."""
+    """The committed params.yaml as a dict with stage 2 eps-SupInfoNCE (the method ε is the margin of), ``loss`` keys
+    (alpha, variant, weight, epsilon) replaced."""
     raw = yaml.safe_load(committed_text("params.yaml"))
     raw = copy.deepcopy(raw)
+    raw["stage2"]["method"] = "eps_supinfonce"
     for key, value in loss.items():
         if key in ("variant", "weight"):
             raw["loss"]["fairkl"][key] = value
@@ -83,7 +86,7 @@ def test_epsilon_under_the_released_objective_at_alpha_003_is_warned() -> None:
     # the term weighs enough: no warning (alpha 1 under either objective)
     for loss in ({"variant": "released", "alpha": 1.0}, KL_ALPHA_1):
         assert weak_warnings(RunContext(validate(committed(**loss)))) == [], loss
-    # the committed default is the released objective at alpha 0.03: its epsilon is warned
+    # the committed supcon-family objective is the released one at alpha 0.03: its epsilon is warned
     assert weak_warnings(RunContext(validate(committed()))) == weak_warnings(old)
     # eps_supcon's own epsilon is judged for eps_supcon; loss.epsilon is not read there
     raw = committed(**RELEASED_SMALL_ALPHA)
@@ -106,9 +109,55 @@ def test_check_params_prints_the_warning_and_still_passes(tmp_path, capsys) -> N
     path.write_text(yaml.safe_dump(committed(**KL_ALPHA_1)))
     assert cli_main(["check-params", str(path)]) == 0
     assert "negligible-param" not in capsys.readouterr().out
-    path.write_text(committed_text("params.yaml"))  # the default says so of itself
+    path.write_text(yaml.safe_dump(committed()))  # the committed supcon-family objective says so of itself
     assert cli_main(["check-params", str(path)]) == 0
     assert "WARNING negligible-param: loss.epsilon = 0.5" in capsys.readouterr().out
+
+
+def test_a_param_the_run_does_not_read_is_an_unread_param_warning(tmp_path, capsys) -> None:
+    """``-S loss.epsilon=...`` under CNC (which reads no ``loss.*``) is valid but warned as unread-param by check-params
+    and by the report (against the committed params.yaml); a param the run reads, or ε under eps-SupInfoNCE, is not."""
+    from debias.schema.applicability import unread, unread_warnings
+    from debias.tools.cli import main as cli_main
+
+    raw = committed()
+    raw["stage2"]["method"] = "cnc"
+    cnc = RunContext(validate(raw))
+    assert "stage2.method cnc" in unread("loss.epsilon", cnc)
+    assert unread("stage2.cnc.temperature", cnc) is None and unread("loss.epsilon", RunContext(validate(committed()))) is None
+    assert unread_warnings(cnc, {"loss.epsilon": 0.25, "stage2.cnc.temperature": 0.1}) == [
+        f"unread-param: loss.epsilon = 0.25: {unread('loss.epsilon', cnc)}"]
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert cli_main(["check-params", str(path), "-S", "loss.epsilon=0.25", "-S", "stage2.cnc.temperature=0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING unread-param: loss.epsilon = 0.25: not read under stage2.method cnc" in out
+    assert "unread-param: stage2.cnc" not in out
+    path.write_text(yaml.safe_dump(committed()))
+    assert cli_main(["check-params", str(path), "-S", "loss.epsilon=0.25"]) == 0
+    assert "unread-param" not in capsys.readouterr().out
+
+
+def test_the_report_warns_of_a_changed_param_the_run_does_not_read(tmp_path) -> None:
+    """The report's own warnings (the Warnings section, the report stage's MLflow run): the params this run changed
+    against the committed params.yaml and does not read; none without a commit to compare with."""
+    import subprocess
+
+    from debias.report.build import params_warnings
+
+    raw = committed()
+    raw["stage2"]["method"] = "cnc"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert params_warnings(tmp_path, validate(raw)) == []  # no git: nothing to compare with
+    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "committed"]):
+        subprocess.run(command, cwd=tmp_path, check=True)
+    assert params_warnings(tmp_path, validate(raw)) == []  # the committed params as they are
+    changed = copy.deepcopy(raw)
+    changed["loss"]["epsilon"] = 0.25
+    changed["stage2"]["cnc"]["temperature"] = 0.1
+    (found,) = params_warnings(tmp_path, validate(changed))
+    assert found.startswith("unread-param: loss.epsilon = 0.25: not read under stage2.method cnc"), found
 
 
 def test_epsilon_changes_the_stage2_loss_only_where_its_term_weighs() -> None:

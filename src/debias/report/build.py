@@ -47,3 +47,12 @@ def build_report(root: Path, params: Params, run_id: str | None = None) -> list[
     with atomic_path(html_path) as tmp:
         tmp.write_text(render_html(params.report.title, sections, root), encoding="utf-8")
     return [md_path, html_path, *written]
+
+
+def params_warnings(root: Path, params: Params) -> list[str]:
+    """The report's own warnings: each param this run changed against the committed params.yaml and does not read
+    (``unread-param``; the Warnings section lists them first)."""
+    from debias.report import params_table
+    from debias.report.sections.run_params import run_context
+
+    return params_table.unread_changes(params, root, run_context(load_inputs(root), params))

@@ -3,6 +3,7 @@ seed (mean ± sample standard deviation over the seeds, ranked, with a Welch t-t
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -171,6 +172,40 @@ def environment_notes(experiments: list[Experiment]) -> list[str]:
         if lines:
             notes.append(f"WARNING the experiments' {label} models were trained under different settings that change "
                          f"numbers: {'; '.join(lines)}")
+    return notes
+
+
+def _typed(value: Any) -> Any:
+    """A param as DVC (typed) or MLflow (text) gives it, typed: ``'0.25'`` -> 0.25, ``'[1, 2]'`` -> [1, 2]."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def unread_notes(experiments: list[Experiment], keys: list[str]) -> list[str]:
+    """A warning per param of ``keys`` that differs between the experiments but that none of them reads
+    (``loss.epsilon`` between CNC runs): their differences cannot come from it. Experiments whose params the
+    schema refuses (another version's) are not judged."""
+    from debias.core.errors import ParamsError
+    from debias.core.trees import unflatten
+    from debias.schema import validate
+    from debias.schema.applicability import RunContext, unread
+
+    contexts = []
+    for experiment in experiments:
+        try:
+            contexts.append(RunContext(validate(unflatten({k: _typed(v) for k, v in experiment.params.items()}))))
+        except ParamsError:
+            return []
+    notes = []
+    for key in keys:
+        reasons = [unread(key, context) for context in contexts]
+        if contexts and all(reasons):
+            notes.append(f"WARNING unread-param: {key} differs between the experiments, but none of them reads it "
+                         f"({reasons[0].split(':')[0]}): their differences do not come from it")
     return notes
 
 
@@ -418,6 +453,7 @@ def build_comparison(experiments: list[Experiment], all_experiments: list[Experi
                   f"({row['experiments']})" for _, row in groups.iloc[ranked:].iterrows()]
     notes += [f"{e.name}: {missing_reason(e)}" for e in experiments if e.stale]
     notes += environment_notes(experiments)
+    notes += unread_notes(experiments, group_params)
     others = [e for e in (all_experiments or []) if not comparable(e)]
     return Comparison(experiments, params, group_params, frame, groups, differences(frame, groups, group_params),
                       others, source, filters, notes, ranked)
