@@ -411,7 +411,7 @@ def test_the_report_opens_on_the_headline_card(pipeline) -> None:
 
 def test_after_repro_then_an_experiment_compare_shows_the_baseline_beside_it(pipeline, tmp_path: Path,
                                                                              monkeypatch) -> None:
-    """README's canonical flow, `dvc repro` then `dvc exp run -S loss.epsilon=...` in the workspace: the committed
+    """README's canonical flow, `dvc repro` then `dvc exp run -S stage2.cnc.temperature=...` in the workspace: the committed
     dvc.lock names outputs computed elsewhere and the workspace now holds the experiment's, yet compare shows the
     baseline's results (this machine's `dvc repro` run, from MLflow) beside the experiment, says where they come
     from, and never hints at rerunning the workspace's own params as the baseline. Runs last: it changes the
@@ -422,19 +422,19 @@ def test_after_repro_then_an_experiment_compare_shows_the_baseline_beside_it(pip
     clone, _ = pipeline
     [repro_run] = [r for r in _runs(clone, "tags.`debias.kind` = 'pipeline'")
                    if r.data.tags.get("debias.params_diff") == collect.BASELINE_DIFF]
-    dvc(clone, "exp", "run", "-S", "loss.epsilon=0.3", "-n", "eps03")
+    dvc(clone, "exp", "run", "-S", "stage2.cnc.temperature=0.1", "-n", "temp01")
     monkeypatch.setenv("DEBIAS_TRACKING", "required")
     comparison, _, text = compare(clone, out=tmp_path / "page", param_filters=["report.dpi=110"])
     frame = comparison.frame.set_index("experiment")
     [baseline] = [e for e in comparison.experiments if e.kind == "baseline"]
-    assert {baseline.name, "eps03"} <= set(frame.index)
+    assert {baseline.name, "temp01"} <= set(frame.index)
     assert frame.loc[baseline.name, "s2_worst"] == pytest.approx(repro_run.data.metrics["s2_worst"])
-    assert frame.loc["eps03", "s2_worst"] == pytest.approx(
+    assert frame.loc["temp01", "s2_worst"] == pytest.approx(
         json.loads((clone / "reports/metrics/train_contrastive.json").read_text())["s2_worst"])
-    assert "loss.epsilon" in comparison.params and frame.loc[baseline.name, "loss.epsilon"] != "0.3"
+    assert "stage2.cnc.temperature" in comparison.params and frame.loc[baseline.name, "stage2.cnc.temperature"] != "0.1"
     assert f"results of this machine's pipeline run {repro_run.info.run_id} in MLflow" in " ".join(text.split())
     # without MLflow the baseline has no results, and its fix reruns the baseline's params, not the workspace's
     [dvc_baseline] = [e for e in collect.from_dvc(clone) if e.kind == "baseline"]
     committed = yaml.safe_load(subprocess.run(["git", "show", "HEAD:params.yaml"], cwd=clone, capture_output=True,
-                                              text=True, check=True).stdout)["loss"]["epsilon"]
-    assert dvc_baseline.fix == f"dvc exp run -S loss.epsilon={committed}", dvc_baseline.fix
+                                              text=True, check=True).stdout)["stage2"]["cnc"]["temperature"]
+    assert dvc_baseline.fix == f"dvc exp run -S stage2.cnc.temperature={committed}", dvc_baseline.fix

@@ -27,7 +27,7 @@ from tests.faults.conftest import deep_update
 HOOK = REPO / "tests" / "trace_hook"
 STAGES = ["source", "download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
           "evaluate", "report"]
-# Tiny sizes: one or two epochs on 120 images per split; the default methods (cluster groups, eps-SupInfoNCE).
+# Tiny sizes: one or two epochs on 120 images per split; the default methods (cluster groups, CNC).
 TINY: dict = {
     "data": {"max_per_split": 120},
     "erm": {"epochs": 2},
