@@ -18,7 +18,7 @@ def changed_lines(before: str, after: str) -> list[str]:
 
 @pytest.mark.parametrize("override, old, new", [
     ("loss.epsilon=0.25", "  epsilon: 0.5 ", "  epsilon: 0.25 "),
-    ("stage2.method=cnc", "  method: eps_supinfonce", "  method: cnc"),
+    ("stage2.method=eps_supinfonce", "  method: cnc", "  method: eps_supinfonce"),
     ("data.path=data/external/mnist10k.npz", "  path: ", "  path: data/external/mnist10k.npz"),
 ])
 def test_one_override_changes_one_line(tmp_path, override: str, old: str, new: str) -> None:

@@ -140,11 +140,14 @@ SOURCES: dict[str, str] = {
     "groups.method": "paper: CNC App. D.2.3 (schema default pred; clusters chosen for all datasets in D.2.4); "
                      "params.yaml cluster (ours: the tool's card, README)",
     # ----------------------------------------------------------------------------------------------- stage 2
-    "stage2.optimizer": "paper: CNC App. D.2.4 (schema default sgd); params.yaml adam (FairKL App. B.2.1, the default "
-                        "method's paper)",
+    "stage2.optimizer": "paper: CNC App. D.2.4 (schema default sgd); params.yaml adam (FairKL App. B.2.1; ours for CNC: "
+                        "the setting the default-choice table ran every candidate with, CNC included, "
+                        "benchmarks/results/default_choice.md; CNC's SGD on those cells not measured; the cnc-* "
+                        "presets set it)",
     "stage2.lr": "paper: CNC App. D.2.4 and FairKL App. B.2.1 (default 1e-3)",
     "stage2.momentum": "paper: CNC App. D.2.4 (default 0.9; unused by Adam)",
-    "stage2.weight_decay": "paper: CNC App. D.2.4 (schema default 1e-4); params.yaml 1e-5 (FairKL App. B.2.1)",
+    "stage2.weight_decay": "paper: CNC App. D.2.4 (schema default 1e-4); params.yaml 1e-5 (FairKL App. B.2.1, with "
+                           "Adam as the default-choice table ran CNC)",
     "stage2.batch_size": "paper: CNC App. D.2.4's batch is 2M + 2N, its ERM's 32 (schema default 32); params.yaml 256 "
                          "(FairKL App. B.2.1; WCL Sec. 6.1: 128)",
     "stage2.epochs": "paper: CNC App. D.2.4 (schema default 3); params.yaml 30 (ours: the epochs every candidate of "
