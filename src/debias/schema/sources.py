@@ -255,7 +255,8 @@ SOURCES: dict[str, str] = {
     "report.min_group_n": "ours: the usual n >= 30 rule of thumb for a binomial proportion (default 30); a smaller "
                           "worst group is marked, not hidden (display only)",
     # ----------------------------------------------------------------------------------------------- health
-    "health.loss_spike": "ours: the default run's stage-2 loss rose by 31 % and 27 % of its fall at epochs 14 and 16 "
+    "health.loss_spike": "ours: an eps-SupInfoNCE + FairKL run's stage-2 loss on the default data rose by 31 % and "
+                         "27 % of its fall at epochs 14 and 16 "
                          "(its other rises <= 1 %): 0.25 flags those and not the noise (default 0.25)",
     "health.loss_end": "ours: 0.25 of the fall above the minimum at the last epoch (default 0.25), the spike "
                        "threshold's scale",
