@@ -4,8 +4,8 @@
   twice, a params section owned twice, a default without its source, no memory plan) ends every stage, download
   included, and check-params with one line naming the module and what is wrong, exit 2, no traceback.
 - A params file that leaves out a registered variant's section (``stage2.cnc``) or a registry's ``method`` is
-  refused naming it: the schema's defaults (anchor fraction 1.0, accumulation 32; ``stage2.method`` cnc where the
-  file's comment calls eps_supinfonce the default) would otherwise run unseen.
+  refused naming it: the schema's defaults (anchor fraction 1.0 and accumulation 32 where the file's comment says
+  0.1 and 1) would otherwise run unseen.
 - The lists of methods people read (params.yaml's comments, docs/methods.md) are the registry's.
 """
 
