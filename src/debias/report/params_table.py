@@ -16,9 +16,9 @@ from typing import Any
 
 import yaml
 
+from debias.core.errors import ParamsError
 from debias.params import Params, as_dict, flatten
 from debias.schema import schema, validate
-from debias.core.errors import ParamsError
 from debias.schema.applicability import RunContext, applies, unread_warnings
 
 PARAMS_FILE = "params.yaml"
@@ -136,11 +136,11 @@ def unread_changes(params: Params, root: Path, context: RunContext) -> list[str]
     """``unread-param`` warnings for the params this run changed against the committed params.yaml that it does not
     read (``-S loss.epsilon=...`` under CNC); none where the committed file cannot be read."""
     text, _ = committed_text(root)
-    try:
-        committed = committed_params(text) if text is not None else None
-    except ParamsError:
+    if text is None:
         return []
-    if committed is None:
+    try:
+        committed = committed_params(text)
+    except ParamsError:
         return []
     values = flatten(as_dict(params))
     return unread_warnings(context, {key: values[key] for key in differing(params, committed, context)[1]})

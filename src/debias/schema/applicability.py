@@ -147,34 +147,31 @@ def applies(key: str, context: RunContext) -> bool:
     return True if prefix is None else bool(rules()[prefix](context))
 
 
-
 # The setting that decides whether a param of each top-level section applies (:func:`unread`'s message).
 DECIDED_BY = {"data": "data.source", "bias": "bias.protocol", "model": "model.name", "groups": "groups.method",
               "stage2": "stage2.method", "loss": "stage2.method", "probe": "probe.method"}
 
 
 def unread(key: str, context: RunContext) -> str | None:
-    """Why the param ``key`` has no effect at all on a run in ``context`` (it does not apply), else None."""
+    """Which setting leaves the param ``key`` unread in ``context`` (``'not read under stage2.method cnc'``); None
+    when it applies."""
     if applies(key, context):
         return None
     decider = DECIDED_BY.get(key.split(".")[0])
     if decider is None:
-        return "this run's source, protocol, model and methods do not read it"
+        return "not read by this run's source, protocol, model or methods"
     value = context.params
     for part in decider.split("."):
         value = getattr(value, part)
-    return (f"not read under {decider} {value}: changing it changes nothing in this run (a stage that declares it "
-            "reruns and gives the same results)")
+    return f"not read under {decider} {value}"
 
 
 def unread_warnings(context: RunContext, changed: dict[str, object]) -> list[str]:
     """``unread-param: KEY = VALUE: ...`` for each changed ``key -> value`` that does not apply to the run."""
-    found = []
-    for key, value in changed.items():
-        reason = unread(key, context)
-        if reason is not None:
-            found.append(f"unread-param: {key} = {value}: {reason}")
-    return found
+    reasons = {key: unread(key, context) for key in changed}
+    return [f"unread-param: {key} = {value}: {reasons[key]}: changing it changes nothing in this run (a stage that "
+            "declares it reruns and gives the same results)" for key, value in changed.items() if reasons[key]]
+
 
 # Below this share of the stage-2 loss's total weight a term (and every param that enters only it) counts as
 # negligible (ours: the issue's rule of thumb, 1 %).

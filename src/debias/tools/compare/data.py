@@ -205,7 +205,7 @@ def unread_notes(experiments: list[Experiment], keys: list[str]) -> list[str]:
         reasons = [unread(key, context) for context in contexts]
         if contexts and all(reasons):
             notes.append(f"WARNING unread-param: {key} differs between the experiments, but none of them reads it "
-                         f"({reasons[0].split(':')[0]}): their differences do not come from it")
+                         f"({reasons[0]}): their differences do not come from it")
     return notes
 
 
