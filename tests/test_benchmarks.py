@@ -29,6 +29,7 @@ def _plan(seeds=(0, 1, 2), forced=None):
     return quality.plan(CONFIG, list(CONFIG["settings"]), list(seeds), list(CONFIG["methods"]), forced)
 
 
+@pytest.mark.slow
 def test_plan_is_seed_major_with_each_upstream_before_its_methods() -> None:
     jobs = _plan()
     per_seed = len(CONFIG["settings"]) * (1 + len(CONFIG["methods"]))
@@ -131,6 +132,7 @@ def test_set_overrides_parse_as_yaml_into_nested_keys() -> None:
         quality.parse_sets(["=3"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", [None, "cpu"])
 def test_fullsize_profiles_plan_experiments_that_pass_the_params_schema(profile) -> None:
     config = quality.apply_profile(yaml.safe_load((REPO / "benchmarks" / "fullsize.yaml").read_text()), profile)

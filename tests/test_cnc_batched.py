@@ -82,6 +82,7 @@ def test_one_forward_over_the_accumulated_batches_gives_the_per_batch_gradient(f
     assert any(g.abs().max() > 0 for g in grouped)
 
 
+@pytest.mark.slow
 def test_an_epoch_with_one_forward_per_step_trains_the_same_weights_as_per_batch_forwards(float64) -> None:
     grouped, per_batch = cnc_setup(forward_chunk=K), cnc_setup(forward_chunk=1)
     assert len(grouped.task.sampler) >= 2 * K  # several optimiser steps

@@ -108,6 +108,7 @@ def test_terminal_table_is_at_most_160_characters_and_shows_mean_and_std(sweep) 
     assert "61.0±11.0" in text  # the stage-2 worst-group column is never the one dropped
 
 
+@pytest.mark.slow
 def test_the_page_is_self_contained_with_every_figure(sweep, tmp_path: Path) -> None:
     comparison = compare_data.build_comparison(compare_data.select(sweep), sweep)
     for run in comparison.experiments:
@@ -181,6 +182,7 @@ def _page(sweep: list[Experiment]) -> compare_data.Comparison:
     return compare_data.build_comparison(compare_data.select(sweep), sweep)
 
 
+@pytest.mark.slow
 def test_out_replaces_only_what_compare_wrote_there(sweep, tmp_path: Path) -> None:
     """A user's own figure in --out/figures survives; a figure an earlier comparison wrote and this one does not is
     removed; a file of the page's names that compare did not write (a pipeline report's index.html) is refused."""
@@ -271,6 +273,7 @@ def test_a_metric_that_is_not_a_number_is_left_out_of_the_mean_with_a_note(sweep
     assert rejected_values({"a": True, "b": None, "c": 1.0}) == {"a": "True", "b": "None"}
 
 
+@pytest.mark.slow
 def test_the_page_opens_on_a_headline_card_with_each_seeds_worst_group(sweep, tmp_path: Path) -> None:
     """ERM vs stage 2 for the best group (mean ± std over its 3 seeds), the worst group named with n and its Wilson
     interval per seed, the warnings linked and the next step, before every other section."""
@@ -309,6 +312,7 @@ def _everything(comparison: compare_data.Comparison, out: Path) -> str:
                       written["groups"].read_text(encoding="utf-8")])
 
 
+@pytest.mark.slow
 def test_a_run_without_metrics_is_listed_with_its_reason_and_never_ranked(tmp_path: Path) -> None:
     """README's flow: the baseline commit's outputs are not in this clone's cache (only the data's numbers came
     back), one experiment has results. The baseline is listed as without results, with why and `dvc exp run`; the
@@ -336,6 +340,7 @@ def test_a_run_without_metrics_is_listed_with_its_reason_and_never_ranked(tmp_pa
     assert "best by" not in text and "+nan" not in text
 
 
+@pytest.mark.slow
 def test_a_group_without_the_rank_metric_is_listed_but_not_ranked_or_tested(tmp_path: Path) -> None:
     """Two groups, one of which has ERM's numbers only (its stage 2 blank): it stays in the tables, is named as not
     ranked, and no difference, t-test or 'best' is drawn from a single ranked group."""
@@ -498,6 +503,7 @@ def test_the_verdict_pairs_seeds_and_calls_a_best_only_on_evidence() -> None:
     assert "not distinguishable (the interval holds 0)" in text
 
 
+@pytest.mark.slow
 def test_the_page_headline_says_highest_mean_without_evidence(tmp_path: Path) -> None:
     runs = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.6, 0.4, 0.2]})
     comparison = compare_data.build_comparison(runs, runs)

@@ -79,11 +79,13 @@ def test_a_broken_method_module_ends_every_stage_with_one_line(tmp_path: Path, s
     assert not (tmp_path / "data").exists()  # refused before any work
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(BROKEN))
 def test_each_way_a_declaration_breaks_is_named_by_download(tmp_path: Path, kind: str) -> None:
     _assert_one_line(_run_broken(tmp_path, kind, [sys.executable, str(REPO / "pipeline" / "download.py")]), kind)
 
 
+@pytest.mark.slow
 def test_a_broken_method_module_is_named_by_check_params(tmp_path: Path) -> None:
     check = [sys.executable, "-m", "debias.tools.cli", "check-params", "params.yaml"]
     _assert_one_line(_run_broken(tmp_path, "twice", check), "twice")

@@ -148,6 +148,7 @@ def gradient_results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return json.loads(result_file.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharded_gather_and_gradient_sum_give_the_single_process_gradient(case: str, gradient_results) -> None:
     per_rank = [results[case] for results in gradient_results]
@@ -308,6 +309,7 @@ def test_two_processes_train_like_one(name: str, runs: dict[int, Path]) -> None:
         assert deviation < WEIGHT_RTOL, (key, deviation)
 
 
+@pytest.mark.slow
 def test_only_rank_0_writes(runs: dict[int, Path]) -> None:
     rank0, rank1 = runs[2] / "rank0", runs[2] / "rank1"
     assert [p for p in rank1.rglob("*")] == []  # rank 1 wrote nothing: no output, record or resume state

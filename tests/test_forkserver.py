@@ -135,6 +135,7 @@ def test_a_stage_is_forked_with_the_launcher_s_arguments_folder_environment_and_
     assert err.strip().endswith("to stderr")
 
 
+@pytest.mark.slow
 def test_exit_codes_uncaught_errors_and_exit_messages_come_back(server) -> None:
     root, env = server
     assert launch(root, env, ["exit", "3"]).returncode == 3
@@ -174,6 +175,7 @@ def _sleeping_stage(root: Path, env: dict, marker: Path) -> tuple[subprocess.Pop
     return launcher, stage
 
 
+@pytest.mark.slow
 def test_a_signal_to_the_launcher_reaches_the_stage_and_the_launcher_dies_of_it(server, tmp_path) -> None:
     root, env = server
     launcher, stage = _sleeping_stage(root, env, tmp_path / "pid")
@@ -182,6 +184,7 @@ def test_a_signal_to_the_launcher_reaches_the_stage_and_the_launcher_dies_of_it(
     assert _gone(stage)
 
 
+@pytest.mark.slow
 def test_a_killed_launcher_takes_its_stage_with_it(server, tmp_path) -> None:
     root, env = server
     launcher, stage = _sleeping_stage(root, env, tmp_path / "pid")
@@ -211,6 +214,7 @@ def test_a_fork_that_cannot_take_over_the_launcher_s_state_reports_that_nothing_
     assert "could not take over" in ended["error"] and "status" not in ended
 
 
+@pytest.mark.slow
 def test_a_server_that_gave_up_is_not_started_again(tmp_path) -> None:
     runtime = Path(tempfile.mkdtemp(prefix="dfs", dir="/tmp"))
     (tmp_path / "probe.py").write_text(PROBE)
@@ -227,6 +231,7 @@ def test_a_server_that_gave_up_is_not_started_again(tmp_path) -> None:
     _stop_servers([path])
 
 
+@pytest.mark.slow
 def test_a_launcher_on_other_cpus_is_not_forked_by_this_server(server) -> None:
     """The server's thread pools were sized for its own (pinned) CPUs: a launcher free to run on every CPU runs its
     stage itself (here with its own server marked as failed, so that it starts none) rather than in that fork."""
@@ -245,6 +250,7 @@ def test_a_launcher_on_other_cpus_is_not_forked_by_this_server(server) -> None:
     assert launcher.returncode == 0 and json.loads(out.splitlines()[0])["pid"] == launcher.pid  # its own process
 
 
+@pytest.mark.slow
 def test_switched_off_the_launcher_runs_the_stage_itself(server) -> None:
     root, env = server
     launcher = subprocess.Popen([*PIN, sys.executable, "-m", "debias.harness.launch", "--single", "probe.py"], cwd=root,
@@ -312,6 +318,7 @@ def test_idle_lifetime_setting_is_checked() -> None:
             forkserver.idle_seconds({"DEBIAS_FORKSERVER_IDLE": bad})
 
 
+@pytest.mark.slow
 def test_a_bad_idle_lifetime_stops_the_launcher_with_one_message(server) -> None:
     root, env = server
     done = launch(root, {**env, "DEBIAS_FORKSERVER_IDLE": "soon"}, [])
@@ -452,6 +459,7 @@ def _both(server, tmp_path: Path, words_of, act=None, **popen) -> dict[str, Outc
     return outcomes
 
 
+@pytest.mark.slow
 def test_nohup_keeps_a_forked_stage_alive_through_a_hang_up(server, tmp_path) -> None:
     def hang_up(process, _stage, _launcher):
         os.killpg(process.pid, signal.SIGHUP)  # the session's hang-up reaches its whole process group
@@ -467,6 +475,7 @@ def test_nohup_keeps_a_forked_stage_alive_through_a_hang_up(server, tmp_path) ->
     assert outcomes["1"].same_as(outcomes["0"]), (outcomes["1"], outcomes["0"])
 
 
+@pytest.mark.slow
 def test_signals_ignored_by_a_background_job_stay_ignored(server, tmp_path) -> None:
     def interrupt(_process, _stage, launcher):  # a script's `cmd &` runs cmd with SIGINT and SIGQUIT ignored
         os.kill(launcher, signal.SIGINT)
@@ -511,6 +520,7 @@ def _stop_signals_reach_this_process_group() -> bool:
         child.wait()
 
 
+@pytest.mark.slow
 def test_ctrl_z_stops_the_stage_and_fg_continues_it(server, tmp_path) -> None:
     if not _stop_signals_reach_this_process_group():
         pytest.skip("SIGTSTP stops no process in this orphaned process group (POSIX): no plain process to compare with")
@@ -527,6 +537,7 @@ def test_ctrl_z_stops_the_stage_and_fg_continues_it(server, tmp_path) -> None:
     assert outcomes["1"].same_as(outcomes["0"]), (outcomes["1"], outcomes["0"])
 
 
+@pytest.mark.slow
 def test_a_stage_killed_with_its_launcher_writes_nothing_more(server, tmp_path) -> None:
     def kill(process, stage, _launcher):
         process.kill()  # SIGKILL: nothing can pass it on
@@ -539,6 +550,7 @@ def test_a_stage_killed_with_its_launcher_writes_nothing_more(server, tmp_path) 
     assert outcomes["1"].same_as(outcomes["0"]), (outcomes["1"], outcomes["0"])
 
 
+@pytest.mark.slow
 def test_a_stage_whose_watcher_is_killed_dies_and_its_launcher_says_so(server, tmp_path) -> None:
     seen = {}
 
@@ -555,6 +567,7 @@ def test_a_stage_whose_watcher_is_killed_dies_and_its_launcher_says_so(server, t
     assert "output.txt" not in outcome.files  # the go came after its death: nothing written
 
 
+@pytest.mark.slow
 def test_an_address_space_limit_runs_the_stage_as_its_own_process(server, tmp_path) -> None:
     root, env = server
     before = sorted(Path(env["XDG_RUNTIME_DIR"]).glob("debias/*"))
@@ -567,6 +580,7 @@ def test_an_address_space_limit_runs_the_stage_as_its_own_process(server, tmp_pa
     assert sorted(Path(env["XDG_RUNTIME_DIR"]).glob("debias/*")) == before  # and no server started under the limit
 
 
+@pytest.mark.slow
 def test_thread_pools_random_state_and_names_are_a_new_process_s(server, tmp_path) -> None:
     """Pinned by ``taskset``, the forked stage's torch, OpenMP, OpenBLAS and numba pools are sized as a new process
     sizes them; its command line and name are ``python probe.py ...``; its global random state (NumPy's, torch's)
@@ -597,6 +611,7 @@ def _autogroup(pid: int) -> str | None:
         return None
 
 
+@pytest.mark.slow
 def test_a_forked_stage_has_a_session_and_so_a_cpu_share_of_its_own(server, tmp_path) -> None:
     """A plain stage shares only its launcher's session; a forked one must not share the server's, where the kernel
     shares CPU time by session (autogroup) and every stage the server forked would split one share. Its watcher
@@ -677,6 +692,7 @@ def test_the_server_is_off_by_default_where_cuda_is_visible(monkeypatch) -> None
     assert not protocol.enabled({}) and protocol.enabled({"CUDA_VISIBLE_DEVICES": ""})
 
 
+@pytest.mark.slow
 def test_a_forked_stage_trains_on_the_cuda_device_as_a_plain_one(server, tmp_path) -> None:
     """The check that would let the server on by default where CUDA is visible (it is off there until it passes)."""
     torch = pytest.importorskip("torch")

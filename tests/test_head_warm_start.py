@@ -44,6 +44,7 @@ def run(warm_start: bool, monkeypatch) -> tuple[object, list[int], torch.Tensor]
     return result, iterations, logits
 
 
+@pytest.mark.slow
 def test_a_warm_started_head_selects_the_same_epoch_with_the_same_metrics(monkeypatch) -> None:
     cold, _, cold_logits = run(False, monkeypatch)
     warm, _, warm_logits = run(True, monkeypatch)

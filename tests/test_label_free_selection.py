@@ -217,6 +217,7 @@ def test_stage_2_selects_by_the_validation_splits_inferred_groups_and_refuses_wi
     assert all(row["val/worst_inferred_group"] == row["val/worst_group"] for row in rows)
 
 
+@pytest.mark.slow
 def test_each_rules_test_numbers_are_those_of_a_run_that_selects_by_it(tmp_path) -> None:
     """The selection block's ``picks_test``: what every rule's model gives on test, from one run; a run selecting by
     that rule itself (same seed, deterministic training) reports the same test numbers for its kept model."""

@@ -85,6 +85,7 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_a_method_from_a_temporary_package_and_its_params_section_trains_a_tiny_stage_2(tmp_path) -> None:
     """docs/extending.md's walk-through, block by block: a package outside the repository (no file of it edited) and
     one params.yaml section make a method that validates, applies, plans its memory, trains and writes stage 2's
@@ -110,6 +111,7 @@ def test_a_method_from_a_temporary_package_and_its_params_section_trains_a_tiny_
     assert (out / "stage2.pt").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_the_walk_through_without_its_params_section_is_refused_naming_it(tmp_path) -> None:
     write_walk_through(tmp_path)
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
@@ -121,6 +123,7 @@ def test_the_walk_through_without_its_params_section_is_refused_naming_it(tmp_pa
                                     "method, which would run on the schema's defaults unseen" in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_a_method_outside_the_registry_is_refused_naming_the_registered_ones(tmp_path) -> None:
     code = "from debias.schema import validate; validate({'stage2': {'method': 'focal', 'focal': {'gamma': 1.0}}})"
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
@@ -179,6 +182,7 @@ def test_a_methods_name_is_quoted_in_at_most_two_modules() -> None:
     assert modules["cnc"] >= {"src/debias/training/methods/cnc/__init__.py"}  # the walk finds its declaration
 
 
+@pytest.mark.slow
 def test_no_chain_of_method_names_outside_the_method_packages() -> None:
     """No ``stage2.method == '<name>'`` / ``method in (...)`` comparison outside the method packages (erm is also
     stage 1's model, whose checkpoints the probe tells apart by that name)."""

@@ -40,6 +40,7 @@ def inputs(method: str, inferred: torch.Tensor | None = None, **overrides) -> St
                         seed_everything(0), inferred_group=train.y * 3 + inferred)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_lowers_its_loss(method: str) -> None:
     setup = setup_method(inputs(method))
@@ -184,6 +185,7 @@ def test_jtt_upweights_errors_and_needs_some() -> None:
         setup_method(inputs("jtt", inferred=train.y.clone()))
 
 
+@pytest.mark.slow
 def test_fit_head_learns_a_linear_rule_on_frozen_features() -> None:
     setup = setup_method(inputs("supcon"))
     for epoch in range(4):
@@ -212,6 +214,7 @@ def _cnc_run(state_path, interrupt_at: int | None = None):
     return setup.model, result
 
 
+@pytest.mark.slow
 def test_cnc_resumes_with_its_sampler_state(tmp_path) -> None:
     reference, ref = _cnc_run(None)
     with pytest.raises(KeyboardInterrupt):

@@ -136,6 +136,7 @@ def _fake_hub_weights(tmp_path, monkeypatch, name: str) -> dict:
     return state
 
 
+@pytest.mark.slow
 def test_pretrained_weights_come_from_the_hub_cache_with_imagenet_statistics(tmp_path, monkeypatch) -> None:
     import torch.hub
 
@@ -266,6 +267,7 @@ def test_cifar_stem_is_a_3x3_stride_1_convolution_without_max_pool() -> None:
                                                                              "conv1.weight": torch.Size([64, 3, 3, 3])}
 
 
+@pytest.mark.slow
 def test_auto_stem_is_cifar_up_to_64_px_from_scratch_and_left_out_of_the_options() -> None:
     from debias.models import ResNet18
 
@@ -320,6 +322,7 @@ def test_normalization_leaves_feature_vectors_alone() -> None:
     assert torch.equal(model.normalise(x), x)
 
 
+@pytest.mark.slow
 def test_initial_weights_must_have_the_same_stem_and_statistics(tmp_path) -> None:
     from debias.core.errors import StaleInputError
     from debias.models import load_initial_weights

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 from debias.data.store import BiasedSplit, save_split
@@ -62,6 +63,7 @@ def test_without_a_bias_attribute_the_share_is_left_out() -> None:
     assert fig.axes[0].get_title(loc="left") == "class 0, inferred group 0: n = 20, ERM 100.0 %"
 
 
+@pytest.mark.slow
 def test_the_report_section_draws_the_montage_and_names_every_group(tmp_path) -> None:
     from debias.report.artifacts import FIGURE_FILES, draw_discovered
     from debias.report.inputs import load_inputs

@@ -135,6 +135,7 @@ def test_yaml_true_selects_the_oracle_group_method() -> None:
     assert validate(yaml.safe_load("groups: {method: true}")).groups.method == "true"
 
 
+@pytest.mark.slow
 def test_check_params_with_overrides_validates_each_value_and_leaves_the_file_untouched(tmp_path, capsys) -> None:
     import os
     import subprocess

@@ -50,6 +50,7 @@ def spurious_world(n: int, seed: int, p_aligned: float) -> tuple[torch.Tensor, B
     return z, split_of(y, a)
 
 
+@pytest.mark.slow
 def test_dfr_retrains_on_balanced_validation_and_beats_the_biased_fit() -> None:
     train_z, train = spurious_world(600, 0, 0.98)
     val_z, val = spurious_world(400, 1, 0.5)
@@ -85,6 +86,7 @@ def test_dfr_fits_more_than_two_classes() -> None:
     assert dfr["method"] == "dfr" and dfr["test"]["avg"] > 0.9
 
 
+@pytest.mark.slow
 def test_equalized_odds_post_processing_finds_the_obvious_thresholds() -> None:
     # Scores separate the classes perfectly within each group, at different places: group 0 at 0.5, group 1 at
     # 0.72. One threshold (0.5) gives group 1 every negative as positive (FPR 1 against 0); per-group

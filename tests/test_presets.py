@@ -158,6 +158,7 @@ def _workspace(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_apply_keeps_every_byte_but_the_changed_values(tmp_path, capsys) -> None:
     path = _workspace(tmp_path)
     before = path.read_text()
@@ -194,6 +195,7 @@ def test_apply_appends_a_key_params_yaml_lacks_to_its_section() -> None:
     assert out == "stage2:\n  lr_milestones: [26, 53]  # none\n  cnc: {temperature: 0.05, init: erm}\n"
 
 
+@pytest.mark.slow
 def test_dry_run_and_print_set_write_nothing(tmp_path, capsys) -> None:
     path = _workspace(tmp_path)
     before = path.read_bytes()
@@ -273,6 +275,7 @@ def test_a_malformed_preset_file_is_refused(tmp_path, monkeypatch) -> None:
         presets.load("y")
 
 
+@pytest.mark.slow
 def test_a_key_params_yaml_lacks_lands_after_its_sections_last_value_even_a_wrapped_list() -> None:
     text = committed_text("params.yaml")
     out = presets.rewrite(text, {"bias": {"background": {"probe_key": 1}}})
@@ -320,6 +323,7 @@ def _one_line_error(capsys) -> str:
     return err
 
 
+@pytest.mark.slow
 def test_apply_writes_through_a_symlinked_params_yaml_to_its_target(tmp_path, capsys) -> None:
     team = tmp_path / "team"
     team.mkdir()
@@ -361,6 +365,7 @@ def test_a_repeated_key_is_one_line_and_writes_nothing(tmp_path, capsys) -> None
     assert path.read_bytes() == before
 
 
+@pytest.mark.slow
 def test_a_read_only_or_immutable_params_yaml_is_one_line_and_left_as_it_was(tmp_path, capsys) -> None:
     import subprocess
 
@@ -383,6 +388,7 @@ def test_a_read_only_or_immutable_params_yaml_is_one_line_and_left_as_it_was(tmp
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["params.yaml"]
 
 
+@pytest.mark.slow
 def test_errors_name_the_file_given_with_params_not_params_yaml(tmp_path, capsys) -> None:
     """--params other.yaml: a repeated key, a section in flow style, a list instead of a mapping, values that do not
     validate and anchors the change would break are each reported against other.yaml."""

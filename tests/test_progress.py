@@ -63,6 +63,7 @@ def epoch_lines(text: str) -> list[re.Match]:
     return [match for line in lines if (match := EPOCH_LINE.match(line))]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_training_stage_prints_one_line_per_epoch_under_a_terminal(tmp_path: Path) -> None:
     folder = stage_folder(tmp_path)
@@ -74,6 +75,7 @@ def test_a_training_stage_prints_one_line_per_epoch_under_a_terminal(tmp_path: P
     assert (folder / "reports" / "metrics" / "erm.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_training_stage_log_has_epoch_lines_and_no_carriage_returns(tmp_path: Path) -> None:
     folder = stage_folder(tmp_path)

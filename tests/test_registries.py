@@ -68,6 +68,7 @@ def _run(tmp_path: Path, module: str, text: str, run: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_group_method_from_a_temporary_module_infers_groups(tmp_path) -> None:
     facts = _run(tmp_path, "parity_groups", doc_block("parity_groups.py"), GROUP_RUN)
     assert facts["registered"] == ["cluster", "parity", "pred", "soft", "true"]
@@ -255,6 +256,7 @@ def test_a_probe_variants_name_is_quoted_in_at_most_two_modules() -> None:
     assert modules["dfr"] >= {"src/debias/evaluation/probes/dfr/__init__.py"}
 
 
+@pytest.mark.slow
 def test_no_chain_of_probe_variant_names_outside_their_packages() -> None:
     from debias.evaluation.variants import POSTPROCESSINGS, PROBES
 

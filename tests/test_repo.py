@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import yaml
 
 from debias.core import paths
@@ -65,6 +66,7 @@ def readme_section_commands(title: str) -> list[str]:
     return commands
 
 
+@pytest.mark.slow
 def test_readme_own_data_block_runs_as_written_on_the_example_folder(tmp_path) -> None:
     """README's "Your own data" commands, verbatim but for the folder's path: `debias example-folder` writes the
     folder, `debias check-params` with README's -S accepts it (exit 0, source imagefolder), and `dvc exp run` there
@@ -118,6 +120,7 @@ def test_stage_outputs_are_the_paths_the_code_writes() -> None:
     assert not any(re.search(r"/(work|home|root|tmp)/", line) for line in committed_text("params.yaml").splitlines())
 
 
+@pytest.mark.slow
 def test_every_stage_depends_on_exactly_the_code_its_entrypoint_imports() -> None:
     """dvc.yaml's code deps are derived from the imports (`debias deps --write`): a stage never keeps a stale
     result after a change to code it runs, and lists no file it does not run."""

@@ -170,6 +170,7 @@ def page_refs(text: str) -> _Refs:
     return parser
 
 
+@pytest.mark.slow
 def test_every_section_heading_is_in_markdown_and_html(built) -> None:
     root, written = built
     md, page = (root / REPORT_MD).read_text(), (root / REPORT_HTML).read_text()
@@ -232,6 +233,7 @@ def test_provenance_names_stage_runs_wall_times_and_the_experiment(built) -> Non
     assert "infer_groups_timings" not in md  # reports/runs/ also holds step timings: not a stage
 
 
+@pytest.mark.slow
 def test_warnings_come_first_with_the_selection_blocks(built, without_stage2: Path) -> None:
     root, _ = built
     md, page = (root / REPORT_MD).read_text(), (root / REPORT_HTML).read_text()
@@ -336,6 +338,7 @@ def test_paper_matching_needs_protocol_and_method() -> None:
     assert paper.method_key("eps_supinfonce", 0.0) == "eps_supinfonce"
 
 
+@pytest.mark.slow
 def test_entrypoint_builds_the_report_in_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from debias.harness.tracking import StageRun
 

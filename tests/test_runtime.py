@@ -8,6 +8,7 @@ import sys
 import pytest
 
 
+@pytest.mark.slow
 def test_seed_everything_sets_deterministic_algorithms_without_importing_inductor() -> None:
     code = ("import sys, torch; from debias.core.runtime import seed_everything; seed_everything(0); "
             "print(torch.are_deterministic_algorithms_enabled(), "

@@ -55,6 +55,7 @@ def write_record(folder: Path, **fields) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_down_leaves_a_foreign_group_alive_when_the_recorded_pid_was_reused(tmp_path: Path, foreign_group) -> None:
     # the identity mlflow server had when `up` recorded it; the pid now belongs to the foreign bash
     crashed = {"pid": foreign_group.pid, "start": 1, "boot": services.boot_id(),
@@ -70,6 +71,7 @@ def test_down_leaves_a_foreign_group_alive_when_the_recorded_pid_was_reused(tmp_
     assert json.loads(path.read_text())["mlflow_pid"] is None  # the stale record is gone
 
 
+@pytest.mark.slow
 def test_down_leaves_it_alive_with_a_record_written_before_identities_were_kept(tmp_path: Path, foreign_group) -> None:
     path = write_record(tmp_path / "svc", mlflow_pid=foreign_group.pid)  # no mlflow_process: an older record
     done = cli("down", "--dir", str(tmp_path / "svc"))
@@ -80,6 +82,7 @@ def test_down_leaves_it_alive_with_a_record_written_before_identities_were_kept(
     assert json.loads(path.read_text())["mlflow_pid"] is None
 
 
+@pytest.mark.slow
 def test_down_never_signals_the_pid_of_a_stale_postmaster_pid(tmp_path: Path, foreign_group) -> None:
     folder = tmp_path / "svc"
     (folder / "postgres").mkdir(parents=True)

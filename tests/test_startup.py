@@ -52,6 +52,7 @@ def test_a_finished_stage_process_ends_without_teardown_only_as_its_own_script(t
     assert "after main" in done.stdout and "caller goes on" in done.stdout
 
 
+@pytest.mark.slow
 def test_registry_groups_and_tracking_import_no_pandas_sklearn_or_mlflow() -> None:
     heavy = "('pandas', 'sklearn', 'scipy', 'mlflow', 'matplotlib', 'umap')"
     code = ("import sys, debias.data.sources, debias.harness.tracking, debias.harness.stage; "

@@ -102,6 +102,7 @@ def sweep_cli(repo: Path, *args: str, timeout: float = 120) -> subprocess.Comple
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["..", ".", "../elsewhere", "a/b", "-rf", ".hidden", "a..b"])
 def test_a_sweep_name_that_is_not_one_safe_path_component_writes_nothing(repo: Path, name: str) -> None:
     before = sorted(p.relative_to(repo.parent) for p in repo.parent.rglob("*") if ".git" not in p.parts)
@@ -114,6 +115,7 @@ def test_a_sweep_name_that_is_not_one_safe_path_component_writes_nothing(repo: P
     assert status.returncode == 2 and f"sweep name {name!r}" in status.stderr
 
 
+@pytest.mark.slow
 def test_a_huge_range_is_counted_and_refused_at_once_unless_max_points_raises_the_cap(repo: Path) -> None:
     import time
 
@@ -133,6 +135,7 @@ def test_a_huge_range_is_counted_and_refused_at_once_unless_max_points_raises_th
         grid.grid("g", {"loss.epsilon": [0, 1, 2]}, max_points=2)
 
 
+@pytest.mark.slow
 def test_the_number_of_experiments_is_printed_before_they_are_validated(repo: Path) -> None:
     done = sweep_cli(repo, "--name", "count", "--max-points", "4", "-S", "loss.epsilon=0.1,oops", "--seeds", "0", "1")
     assert done.returncode == 2 and "was not launched" in done.stderr  # an invalid value: stops at validation

@@ -91,6 +91,7 @@ def epoch_reads(method: str, n: int) -> collections.Counter[str]:
     return reads.ops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_no_step_reads_from_the_device(method: str) -> None:
     """A method's epoch reads the device a fixed number of times (its metrics, once), whatever its length."""

@@ -371,6 +371,7 @@ def test_given_keeps_feature_vectors_and_colour_protocols_refuse_them(tmp_path, 
         inject_bias(splits, BiasParams(protocol="foreground"), seed=0, source="compas")
 
 
+@pytest.mark.slow
 def test_compas_through_the_data_stages_and_erm_with_every_other_default(tmp_path, monkeypatch, capsys) -> None:
     """data.source=compas and nothing else changed (lenet5, augment_shift 2, protocol auto): the stages run."""
     workspace = make_workspace(tmp_path / "ws", {"data": {"source": "compas", "tabular": {"verify_sha256": False}},

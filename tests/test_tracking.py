@@ -128,6 +128,7 @@ def test_concurrent_loggers_on_a_fresh_store_lose_no_run(tmp_path) -> None:
     assert sorted(r.data.metrics["value"] for r in runs) == [0.0, 1.0]
 
 
+@pytest.mark.slow
 def test_a_logged_model_has_a_signature_an_input_example_and_loads_without_pickle(tmp_path, monkeypatch,
                                                                                   mlflow_template) -> None:
     """StageRun.log_model: an MLflow 3 logged model (search_logged_models finds it, READY, linked to its run and

@@ -98,6 +98,7 @@ def test_epsilon_under_the_released_objective_at_alpha_003_is_warned() -> None:
     assert weak_warnings(RunContext(validate(raw))) == []
 
 
+@pytest.mark.slow
 def test_check_params_prints_the_warning_and_still_passes(tmp_path, capsys) -> None:
     from debias.tools.cli import main as cli_main
 

@@ -113,6 +113,7 @@ def test_a_truncated_file_is_reported_not_loaded(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- SIGKILL mid-write
 
 
+@pytest.mark.slow
 def test_sigkill_mid_write_keeps_the_previous_file_and_the_next_write_sweeps_the_temp(tmp_path: Path) -> None:
     driver = write_driver(tmp_path, "big_writer.py", BIG_WRITER)
     target = tmp_path / "data" / "biased" / "train.pt"

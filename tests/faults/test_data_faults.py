@@ -189,6 +189,7 @@ def test_an_attribute_that_is_not_an_index_fails_given_clearly(tmp_path: Path, m
 # --------------------------------------------------------------------------- a group absent from a split
 
 
+@pytest.mark.slow
 def test_a_group_absent_from_every_split_is_listed_and_skipped(tmp_path: Path, monkeypatch, capsys) -> None:
     """``given`` attribute where class 0 never has attribute 2: group (0, 2) is empty in every split.
 

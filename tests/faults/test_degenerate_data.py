@@ -45,6 +45,7 @@ def npz_workspace(root: Path, arrays: dict[str, np.ndarray], bias: dict | None =
 # --------------------------------------------------------------------------- labels class_digits leaves out
 
 
+@pytest.mark.slow
 def test_labels_outside_class_digits_are_refused_naming_the_param_and_the_labels(tmp_path: Path, monkeypatch,
                                                                                capsys) -> None:
     x, y = tiny_grey_digits(n_per_class=12, classes=10)
@@ -61,6 +62,7 @@ def test_labels_outside_class_digits_are_refused_naming_the_param_and_the_labels
     assert not (workspace / "data/biased/summary.json").exists()
 
 
+@pytest.mark.slow
 def test_check_params_refuses_digit_pairs_that_leave_digits_out(tmp_path: Path) -> None:
     workspace = make_workspace(tmp_path / "ws", {"bias": {"foreground": {"class_digits": [[0, 1], [2, 3]]}}})
     checked = check_params(workspace)
@@ -85,6 +87,7 @@ def test_a_label_far_out_of_range_is_refused_without_sizing_a_table_by_it(tmp_pa
 # --------------------------------------------------------------------------- one class
 
 
+@pytest.mark.slow
 def test_an_npz_of_one_class_is_refused_by_check_params_and_download(tmp_path: Path, monkeypatch, capsys) -> None:
     x, _ = tiny_grey_digits(n_per_class=12)
     workspace = npz_workspace(tmp_path, {"x": x, "y": np.full(len(x), 3)}, {"protocol": "background"})
@@ -108,6 +111,7 @@ def shapes_folder(root: Path, **columns: object) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("column, role, key, allowed", [
     ("y", "y", "data.imagefolder.label_column", "at least 2 classes"),
     ("place", "a", "data.imagefolder.attribute_column", "at least 2 values of the bias attribute"),
@@ -132,6 +136,7 @@ def test_an_image_folder_of_one_class_or_one_attribute_value_is_refused_before_d
 # --------------------------------------------------------------------------- one attribute value
 
 
+@pytest.mark.slow
 def test_an_npz_attribute_of_one_value_is_refused_by_check_params_and_download(tmp_path: Path, monkeypatch,
                                                                                 capsys) -> None:
     x, y = tiny_grey_digits(n_per_class=12)

@@ -131,6 +131,7 @@ def test_check_params_command_rejects_a_typo_and_accepts_the_fix(tmp_path: Path)
     assert done.returncode == 0 and "valid" in done.stdout, done
 
 
+@pytest.mark.slow
 def test_check_params_command_on_a_missing_and_a_malformed_file(tmp_path: Path) -> None:
     done = subprocess.run([PYTHON, "-m", "debias.tools.cli", "check-params", str(tmp_path / "nope.yaml")],
                           capture_output=True, text=True, check=False, env=stage_env(), timeout=60)

@@ -19,6 +19,7 @@ def broken_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           {"data": {"source": "imagefolder", "imagefolder": {"root": "/nonexistent/folder"}}})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variable", ["DEBIAS_THREADS", "DEBIAS_NPROC"])
 def test_a_setting_with_a_non_ascii_digit_is_named(tmp_path: Path, variable: str) -> None:
     """'²'.isdigit() is True in Python and int('²') fails: the message names the variable, no traceback."""
@@ -38,12 +39,14 @@ def test_a_setting_with_a_non_ascii_digit_is_named(tmp_path: Path, variable: str
     assert "ValueError: DEBIAS_NPROC = '²'; allowed: a whole number >= 1" in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_a_failed_stage_run_by_hand_keeps_its_outputs_and_says_so(broken_source: Path) -> None:
     done = run_stage(broken_source, "download")
     assert_clean_failure(done, "data.imagefolder.root = '/nonexistent/folder' is not a folder", stage="download")
     assert "DVC removed" not in done.stderr  # not run by DVC: nothing was removed
 
 
+@pytest.mark.slow
 def test_a_failed_stage_under_dvc_says_dvc_removed_the_outputs_and_how_to_restore(broken_source: Path) -> None:
     """DVC sets $DVC_STAGE for every stage command and removes the stage's outputs before running it (checked
     with dvc itself in test_silent_results_faults.py::test_dvc_checkout_brings_back_the_outputs_a_failed_stage_lost)."""
@@ -53,6 +56,7 @@ def test_a_failed_stage_under_dvc_says_dvc_removed_the_outputs_and_how_to_restor
     assert "intact" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_section_check_names_its_keys_once(tmp_path: Path) -> None:
     workspace = make_workspace(tmp_path / "ws", {"data": {"tabular": {"val_fraction": 0.5, "test_fraction": 0.45}}})
     done = run_stage(workspace, "download")

@@ -202,6 +202,7 @@ def test_a_class_emptied_by_max_per_split_is_refused_naming_it(tmp_path: Path, m
     assert not (ws / "data/raw/splits.pt").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("text", "fragments"), [
     ("erm:\n  lr: true\n", ["erm.lr = True: a boolean where a number is expected"]),
     ("erm:\n  lr: 0.1\nerm:\n  lr: 0.2\n", ["DuplicateKeyError", 'duplicate key "erm"']),
@@ -220,6 +221,7 @@ def test_check_params_refuses_what_dvc_or_the_experiment_would_not_survive(text:
         assert fragment in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_an_alias_bomb_in_params_yaml_gives_a_short_message_through_a_stage(tmp_path: Path) -> None:
     """Nine lines of YAML aliases name 10^9 values; the stage's one message stays short (it was 28 MB)."""
     ws = make_workspace(tmp_path / "ws")

@@ -55,6 +55,7 @@ def test_check_gives_up_at_once_on_a_refused_connection() -> None:
     assert time.monotonic() - started < 2
 
 
+@pytest.mark.slow
 def test_check_gives_up_within_its_timeout_on_a_silent_server() -> None:
     with black_hole_server() as uri:
         started = time.monotonic()
@@ -92,6 +93,7 @@ def stage_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {name: (workspaces[name], cases[name]["MLFLOW_TRACKING_URI"], *results[name]) for name in cases}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["refused", "silent", "unusable-sqlite"])
 def test_unusable_store_fails_the_stage_fast_naming_the_uri(name: str, stage_results) -> None:
     workspace, uri, done, seconds = stage_results[name]
@@ -103,6 +105,7 @@ def test_unusable_store_fails_the_stage_fast_naming_the_uri(name: str, stage_res
     assert not (workspace / "reports/runs/download.json").exists()
 
 
+@pytest.mark.slow
 def test_optional_tracking_runs_the_stage_and_says_nothing_was_logged(stage_results) -> None:
     workspace, uri, done, _ = stage_results["optional"]
     assert done.returncode == 0, done.stderr

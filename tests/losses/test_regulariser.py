@@ -34,6 +34,7 @@ FAIRKL_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(FAIRKL_CASES))
 @pytest.mark.parametrize("variant", ["kl", "mean"])
 def test_fairkl_matches_reference(case, variant):
