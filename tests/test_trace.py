@@ -4,17 +4,20 @@ logs every file opened with its mode, renamed, removed or listed and every ``deb
 (:func:`debias.tools.trace.check_stage`): every file read is a dep or a declared environment file, every file
 written is an out or declared as none (NOT_OUTS), every project module imported is a dep or a side channel.
 
-Always run: the default pipeline, every stage once. Behind ``slow``: every stage-2 method, group-inference method
-and probe variant (each rerunning its own stage on the default pipeline's upstream outputs) and a whole pipeline on
-an image folder without bias labels.
+All behind ``slow``: the default pipeline, every stage once, and beside it a whole pipeline on an image folder
+without bias labels; then every stage-2 method, group-inference method and probe variant, each rerunning its own
+stage on the default pipeline's upstream outputs. Each stage is one single-threaded process, so the fixtures run
+two at a time (the machine's two cores).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -80,10 +83,51 @@ class TracedClone:
                            self.external())
 
 
+def _trace_all(clone: TracedClone) -> dict[str, list[str]]:
+    """Every stage of ``clone`` run in order, traced; the violations by stage."""
+    return {name: clone.run(name) for name in STAGES}
+
+
+def _trace_image_folder(root: Path) -> list[str]:
+    """A pipeline on an image folder (external files: read by source and download alone, through the fingerprint)
+    without its attribute column: the no-bias-labels path of every stage, label-free selection rules."""
+    from debias.tools.cli import main as cli_main
+
+    folder = root / "shapes"
+    assert cli_main(["example-folder", str(folder), "--n-train", "32", "--n-eval", "16", "--size", "16",
+                     "--no-attribute"]) == 0
+    clone = TracedClone(root / "repo", {
+        "data": {"source": "imagefolder", "image_size": 16, "max_per_split": None,
+                 "imagefolder": {"root": str(folder), "attribute_column": None}},
+        "erm": {"selection": "best_worst_class"}, "stage2": {"selection": "best_worst_inferred_group"}})
+    return [problem for problems in _trace_all(clone).values() for problem in problems]
+
+
+def _selected(request: pytest.FixtureRequest, names: set[str] | dict) -> list[pytest.Item]:
+    """This module's selected tests among ``names`` (by function name), in the session's order."""
+    return [item for item in request.session.items
+            if getattr(item, "module", None) is request.module and getattr(item, "originalname", "") in names]
+
+
+IMAGE_FOLDER_TEST = "test_a_pipeline_on_an_image_folder_without_bias_labels_reads_its_deps_and_writes_its_outs"
+
+
 @pytest.fixture(scope="module")
-def default_pipeline(tmp_path_factory: pytest.TempPathFactory) -> tuple[TracedClone, dict[str, list[str]]]:
-    clone = TracedClone(tmp_path_factory.mktemp("trace") / "repo")
-    return clone, {name: clone.run(name) for name in STAGES}
+def pipelines(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The default pipeline and, when its test is selected, the image-folder one, traced side by side: each stage is
+    one single-threaded process, so the two pipelines take the machine's two cores."""
+    pool = ThreadPoolExecutor(max_workers=2)
+    default = TracedClone(tmp_path_factory.mktemp("trace") / "repo")
+    futures = {"default": pool.submit(lambda: (default, _trace_all(default)))}
+    if _selected(request, {IMAGE_FOLDER_TEST}):
+        futures["image_folder"] = pool.submit(_trace_image_folder, tmp_path_factory.mktemp("trace-folder"))
+    yield futures
+    pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module")
+def default_pipeline(pipelines) -> tuple[TracedClone, dict[str, list[str]]]:
+    return pipelines["default"].result()
 
 
 @pytest.mark.slow
@@ -115,46 +159,62 @@ def _probe_methods() -> list[str]:
     return sorted(PROBES)
 
 
+# each variant test: the stage it reruns and the params section whose ``method`` it sets
+VARIANT_TESTS = {
+    "test_every_stage2_method_reads_its_deps_and_writes_its_outs": ("train_contrastive", "stage2"),
+    "test_every_group_method_reads_its_deps_and_writes_its_outs": ("infer_groups", "groups"),
+    "test_every_probe_variant_reads_its_deps_and_writes_its_outs": ("linear_probe", "probe"),
+}
+
+
+@pytest.fixture(scope="module")
+def variant_problems(request: pytest.FixtureRequest, default_pipeline) -> dict[tuple[str, str], list[str]]:
+    """Each selected variant's stage rerun (one epoch) on the default pipeline's upstream outputs, traced; its
+    violations by (stage, method). Two at a time, on the clone and a copy of it (one core each), each copy taking
+    every other variant in the tests' order."""
+    clone, _ = default_pipeline
+    jobs = [(*VARIANT_TESTS[item.originalname], item.callspec.params["method"])
+            for item in _selected(request, VARIANT_TESTS)]
+    copy_root = clone.root.parent / f"{clone.root.name}-copy"
+    shutil.copytree(clone.root, copy_root, symlinks=True)
+    twin = copy.copy(clone)
+    twin.root, twin.runs = copy_root, 0
+
+    def work(worker: TracedClone, share: list[tuple[str, str, str]]) -> dict[tuple[str, str], list[str]]:
+        found = {}
+        for stage, section, method in share:
+            worker.set_params({section: {"method": method}})
+            found[(stage, method)] = worker.run(stage)
+        return found
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        halves = [pool.submit(work, worker, jobs[i::2]) for i, worker in enumerate((clone, twin))]
+        return {key: problems for half in halves for key, problems in half.result().items()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", _stage2_methods())
-def test_every_stage2_method_reads_its_deps_and_writes_its_outs(default_pipeline, method: str) -> None:
+def test_every_stage2_method_reads_its_deps_and_writes_its_outs(variant_problems, method: str) -> None:
     """train_contrastive with each registered method, on the default pipeline's upstream outputs (one epoch)."""
-    clone, _ = default_pipeline
-    clone.set_params({"stage2": {"method": method}})
-    problems = clone.run("train_contrastive")
+    problems = variant_problems[("train_contrastive", method)]
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", _group_methods())
-def test_every_group_method_reads_its_deps_and_writes_its_outs(default_pipeline, method: str) -> None:
-    clone, _ = default_pipeline
-    clone.set_params({"groups": {"method": method}})
-    problems = clone.run("infer_groups")
+def test_every_group_method_reads_its_deps_and_writes_its_outs(variant_problems, method: str) -> None:
+    problems = variant_problems[("infer_groups", method)]
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", _probe_methods())
-def test_every_probe_variant_reads_its_deps_and_writes_its_outs(default_pipeline, method: str) -> None:
-    clone, _ = default_pipeline
-    clone.set_params({"probe": {"method": method}})
-    problems = clone.run("linear_probe")
+def test_every_probe_variant_reads_its_deps_and_writes_its_outs(variant_problems, method: str) -> None:
+    problems = variant_problems[("linear_probe", method)]
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.slow
-def test_a_pipeline_on_an_image_folder_without_bias_labels_reads_its_deps_and_writes_its_outs(tmp_path: Path) -> None:
-    """An image folder (external files: read by source and download alone, through the fingerprint) without its
-    attribute column: the no-bias-labels path of every stage, label-free selection rules."""
-    from debias.tools.cli import main as cli_main
-
-    folder = tmp_path / "shapes"
-    assert cli_main(["example-folder", str(folder), "--n-train", "32", "--n-eval", "16", "--size", "16",
-                     "--no-attribute"]) == 0
-    clone = TracedClone(tmp_path / "repo", {
-        "data": {"source": "imagefolder", "image_size": 16, "max_per_split": None,
-                 "imagefolder": {"root": str(folder), "attribute_column": None}},
-        "erm": {"selection": "best_worst_class"}, "stage2": {"selection": "best_worst_inferred_group"}})
-    problems = [problem for name in STAGES for problem in clone.run(name)]
+def test_a_pipeline_on_an_image_folder_without_bias_labels_reads_its_deps_and_writes_its_outs(pipelines) -> None:
+    problems = pipelines["image_folder"].result()
     assert not problems, "\n".join(problems)
