@@ -108,12 +108,37 @@ def test_down_stops_a_process_that_still_is_the_recorded_one(tmp_path: Path) -> 
         assert done.returncode == 0, done.stderr
         assert f"stopped mlflow server (pid {server.pid})" in done.stdout
         server.wait(timeout=10)
-        with pytest.raises(ProcessLookupError):  # the whole group, its sleep included
-            os.killpg(server.pid, 0)
+        # no process of the group runs, its sleep included (ended: gone, or a zombie its new parent has yet to reap)
+        assert not services.group_runs(server.pid)
     finally:
         if server.poll() is None:
             os.killpg(server.pid, 9)
             server.wait()
+
+
+@pytest.mark.timeout(120)
+def test_a_group_whose_process_exited_unreaped_runs_no_more_and_is_stopped_at_once() -> None:
+    """A zombie (exited, not yet reaped by its parent, here this process) can still be signalled but runs no more:
+    stop_process returns instead of waiting out its timeout, then SIGKILLing nothing."""
+    exited = subprocess.Popen(["true"], start_new_session=True)
+    running = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        stat = Path(f"/proc/{exited.pid}/stat")
+        for _ in range(200):
+            if stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+                break
+            time.sleep(0.05)
+        os.killpg(exited.pid, 0)  # the group can still be signalled
+        assert not services.group_runs(exited.pid)
+        assert services.group_runs(running.pid)
+        services.stop_process(exited.pid, timeout_s=600)  # counting the zombie, this would wait 600 s
+        services.stop_process(running.pid)
+        assert running.wait(timeout=20) == -15  # SIGTERM ended it
+    finally:
+        for process in (exited, running):
+            if process.poll() is None:
+                process.kill()
+            process.wait()
 
 
 def test_a_reused_pid_is_told_apart_by_start_time_and_command_line() -> None:

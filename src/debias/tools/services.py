@@ -243,17 +243,36 @@ def start_mlflow(folder: Path, backend: str, port: int, timeout_s: float = HEALT
     raise ServicesError(f"mlflow server did not answer on {uri} within {timeout_s:.0f} s ({folder / 'mlflow.log'})")
 
 
+def group_runs(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs. A member that exited and waits for its parent to reap it (a
+    zombie: state ``Z`` in /proc/<pid>/stat) runs no more, though the group can still be signalled; without /proc,
+    whether it can be signalled."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    if not can_identify():
+        return True
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[-1].split()[:3]  # after the command name
+        except (OSError, ValueError):
+            continue  # ended while listed
+        if int(group) == pgid and state != "Z":
+            return True
+    return False
+
+
 def stop_process(pid: int, timeout_s: float = 20.0) -> None:
-    """SIGTERM the process group of ``pid`` (mlflow server and its workers), SIGKILL after ``timeout_s``."""
+    """SIGTERM the process group of ``pid`` (mlflow server and its workers), SIGKILL after ``timeout_s``; done once
+    no process of the group runs (:func:`group_runs`)."""
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
+        if not group_runs(pid):
             return
         time.sleep(0.3)
     os.killpg(pid, signal.SIGKILL)
