@@ -102,3 +102,15 @@ def copy_worktree(target: Path) -> Path:
     (target / "dvc.lock").unlink(missing_ok=True)
     (target / "params.yaml").write_text(committed_text("params.yaml"))
     return target
+
+
+def unlabelled_image_folder(folder: Path, n_train: int) -> dict:
+    """`debias example-folder` at 16 px without its attribute column (``n_train`` training images, 16 per evaluation
+    split) written to ``folder``; returns the params changes that run a pipeline on it with label-free selection."""
+    from debias.tools.cli import main as cli_main
+
+    assert cli_main(["example-folder", str(folder), "--n-train", str(n_train), "--n-eval", "16", "--size", "16",
+                     "--no-attribute"]) == 0
+    return {"data": {"source": "imagefolder", "image_size": 16, "max_per_split": None,
+                     "imagefolder": {"root": str(folder), "attribute_column": None}},
+            "erm": {"selection": "best_worst_class"}, "stage2": {"selection": "best_worst_inferred_group"}}

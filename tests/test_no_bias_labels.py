@@ -207,17 +207,11 @@ def test_the_whole_pipeline_runs_on_an_image_folder_without_bias_labels(tmp_path
     """`dvc repro` on a tiny example folder written without its attribute column: every stage completes; the
     report, `debias compare` and the headline metrics say which numbers need bias labels and show none of them
     as a number; per-class accuracy and the inferred groups are there."""
-    from debias.tools.cli import main as cli_main
     from debias.tools.compare import compare
+    from tests.conftest import unlabelled_image_folder
     from tests.faults.conftest import dvc, make_clone
 
-    folder = tmp_path / "shapes"
-    assert cli_main(["example-folder", str(folder), "--n-train", "48", "--n-eval", "16", "--size", "16",
-                     "--no-attribute"]) == 0
-    clone = make_clone(tmp_path / "clone", {
-        "data": {"source": "imagefolder", "image_size": 16, "max_per_split": None,
-                 "imagefolder": {"root": str(folder), "attribute_column": None}},
-        "erm": {"selection": "best_worst_class"}, "stage2": {"selection": "best_worst_inferred_group"}})
+    clone = make_clone(tmp_path / "clone", unlabelled_image_folder(tmp_path / "shapes", n_train=48))
     done = dvc(clone, "repro", timeout=900)
     assert "[inject_bias] none (bias.protocol = auto)" in done.stdout + done.stderr
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from debias.tools.trace import changed_files, check_stage, read_trace, snapshot
-from tests.conftest import REPO, copy_worktree
+from tests.conftest import REPO, copy_worktree, unlabelled_image_folder
 from tests.faults.conftest import deep_update
 
 HOOK = REPO / "tests" / "trace_hook"
@@ -91,15 +91,7 @@ def _trace_all(clone: TracedClone) -> dict[str, list[str]]:
 def _trace_image_folder(root: Path) -> list[str]:
     """A pipeline on an image folder (external files: read by source and download alone, through the fingerprint)
     without its attribute column: the no-bias-labels path of every stage, label-free selection rules."""
-    from debias.tools.cli import main as cli_main
-
-    folder = root / "shapes"
-    assert cli_main(["example-folder", str(folder), "--n-train", "32", "--n-eval", "16", "--size", "16",
-                     "--no-attribute"]) == 0
-    clone = TracedClone(root / "repo", {
-        "data": {"source": "imagefolder", "image_size": 16, "max_per_split": None,
-                 "imagefolder": {"root": str(folder), "attribute_column": None}},
-        "erm": {"selection": "best_worst_class"}, "stage2": {"selection": "best_worst_inferred_group"}})
+    clone = TracedClone(root / "repo", unlabelled_image_folder(root / "shapes", n_train=32))
     return [problem for problems in _trace_all(clone).values() for problem in problems]
 
 
