@@ -249,6 +249,29 @@ def parent_runs(tracking_uri: str, experiment: str) -> list:
     return client.search_runs([found.experiment_id], max_results=1000)
 
 
+def group_commands(pgid: int) -> list[str]:
+    """The command lines of the running processes of process group ``pgid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, group = stat.read_text().rsplit(")", 1)[-1].split()[:3]
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, ValueError):
+            continue  # ended while listed
+        if int(group) == pgid and state != "Z":
+            found.append(command)
+    return found
+
+
+def test_the_mlflow_server_runs_without_mlflow_s_job_runner(shared_services) -> None:
+    """`services up` leaves MLflow's job runner off (huey consumer processes for GenAI jobs debias never submits)."""
+    pid = int(shared_services["mlflow_pid"])
+    time.sleep(3)  # MLflow starts its job runner from a thread right after the server process
+    commands = group_commands(os.getpgid(pid))
+    assert any("mlflow" in command and "server" in command for command in commands), commands
+    assert not any("huey" in command for command in commands), commands
+
+
 def test_a_cancelled_task_is_reported_with_its_log_and_resume_finishes_it(swept) -> None:
     text = swept["status_after_kill"]
     line = next(line for line in text.splitlines() if line.split()[:1] == [swept["victim"]])

@@ -265,14 +265,23 @@ class BackgroundRepro:
     """``dvc repro`` of the whole pipeline in two fresh clones, running in the background."""
 
     def __init__(self, root: Path, changes: dict) -> None:
-        self.clones = [make_clone(root / f"clone-{i}", changes) for i in range(2)]
+        self.root, self.changes = root, changes
+        self.clones: list[Path] = []
+        self.processes: list[subprocess.Popen] = []
+        self._results: list[subprocess.CompletedProcess] | None = None
+
+    def start(self) -> None:
+        """Start both runs (once)."""
+        if self.processes:
+            return
+        self.clones = [make_clone(self.root / f"clone-{i}", self.changes) for i in range(2)]
         self.processes = [subprocess.Popen(["dvc", "repro"], cwd=clone, env=stage_env(DVC_NO_ANALYTICS="1"),
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                            start_new_session=True)  # its own process group: see stop()
                           for clone in self.clones]
-        self._results: list[subprocess.CompletedProcess] | None = None
 
     def results(self, timeout: float = 900) -> list[subprocess.CompletedProcess]:
+        self.start()
         if self._results is None:
             self._results = []
             for clone, process in zip(self.clones, self.processes):
@@ -296,12 +305,15 @@ DETERMINISM_CHANGES = {"groups": {"method": "pred"}}
 def determinism_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """Start the determinism test's two pipeline runs (the suite's longest wait, mostly one core each)
     as the session begins, so they overlap the other fault tests; the determinism module (named to
-    run last) collects them. Nothing starts when that module is not selected."""
+    run last) collects them. Nothing starts when that module is not selected. Under pytest-xdist every
+    worker collects every test, so a worker starts them only when the module asks (in the one worker it runs on)."""
     selected = any(getattr(getattr(item, "module", None), "__name__", "").endswith(DETERMINISM_MODULE)
                    for item in request.session.items)
     if not selected:
         yield None
         return
     runs = BackgroundRepro(tmp_path_factory.mktemp("determinism"), DETERMINISM_CHANGES)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        runs.start()
     yield runs
     runs.stop()

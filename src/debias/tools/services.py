@@ -5,7 +5,9 @@
   on the machine should share it; a team's server gets a password in its URI instead).
 - ``mlflow server --backend-store-uri postgresql+psycopg://... --serve-artifacts --artifacts-destination
   <dir>/artifacts`` on 127.0.0.1: every stage of every experiment logs there (``MLFLOW_TRACKING_URI``), and the
-  clients upload artifacts through the server, so no node needs the artifact folder mounted.
+  clients upload artifacts through the server, so no node needs the artifact folder mounted. MLflow's job runner
+  (huey consumer processes for its GenAI jobs, which debias never submits) is off unless
+  ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION`` is set.
 - A DVC remote, ``<dir>/dvc-remote``: the run-cache and the experiments' outputs that ``debias sweep``'s SLURM
   tasks share (``--dvc-remote``).
 
@@ -226,7 +228,8 @@ def start_mlflow(folder: Path, backend: str, port: int, timeout_s: float = HEALT
     if healthy(uri):
         raise ServicesError(f"something already answers on {uri}: `debias services down`, or choose --mlflow-port PORT")
     log = open(folder / "mlflow.log", "ab")
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+    env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, "MLFLOW_DISABLE_TELEMETRY": "true",
+           "DO_NOT_TRACK": "true"}
     process = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend, "--serve-artifacts",
          "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
