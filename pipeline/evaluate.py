@@ -11,7 +11,6 @@ os.environ.setdefault("NUMBA_CACHE_DIR", str(Path("~/.cache/debias/numba").expan
 
 from debias.core import paths  # noqa: E402
 from debias.core.io import save_json, save_torch  # noqa: E402
-from debias.core.io import save_json, save_torch  # noqa: E402
 from debias.core.runtime import pick_device, seed_everything  # noqa: E402
 from debias.data.store import load_splits  # noqa: E402
 from debias.evaluation.probe import flat_scalars, load_encoders  # noqa: E402

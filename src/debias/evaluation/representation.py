@@ -25,16 +25,15 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from debias.core import progress
-from debias.groups.embedding import umap_fit
 import torch.nn.functional as F
 from scipy.special import xlogy
 
+from debias.core import progress
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.data.store import BiasedSplit
 from debias.evaluation.linear import fit_logistic, predict_proba, stratified_halves
 from debias.evaluation.probe import FEATURE_BATCH, FrozenEncoder, encode
+from debias.groups.embedding import umap_fit
 from debias.metrics import PAIR_KINDS
 from debias.params import EvaluateParams, UMAPParams
 
