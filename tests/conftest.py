@@ -34,6 +34,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """With ``-n N``, each test file runs whole on one worker, so its module fixtures (a pipeline run, a SLURM sweep)
+    are made once; a ``--dist`` other than xdist's default ``load`` is left to xdist."""
+    if config.getoption("dist") != "load":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    return LoadFileScheduling(config, log)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test inherits a tracking store, a DVC root or a device choice from the shell."""
