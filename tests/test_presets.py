@@ -195,6 +195,24 @@ def test_apply_appends_a_key_params_yaml_lacks_to_its_section() -> None:
     assert out == "stage2:\n  lr_milestones: [26, 53]  # none\n  cnc: {temperature: 0.05, init: erm}\n"
 
 
+def test_replacements_share_one_parse_and_land_in_place_from_the_end_backwards(monkeypatch) -> None:
+    """Two values on one flow line, a block list that grows, a DVC null and a scalar below it: all placed by one
+    parse (applied last line first); an insertion parses again."""
+    from debias.tools.presets import params_file
+
+    text = ("a: {x: 1, y: 22}  # flow\nlist:\n- 1\n- 2\nempty:   # DVC's null\nlast: 5\n")
+    parses = []
+    load = params_file._load_yaml
+    monkeypatch.setattr(params_file, "_load_yaml", lambda *args, **kw: parses.append(kw.get("typ")) or load(*args, **kw))
+    out = presets.rewrite(text, {"a": {"x": 100, "y": 2}, "list": [7, 8, 9], "empty": 0.5, "last": 6})
+    assert out == "a: {x: 100, y: 2}  # flow\nlist:\n- 7\n- 8\n- 9\nempty: 0.5  # DVC's null\nlast: 6\n"
+    assert parses == ["rt"]
+    parses.clear()
+    out = presets.rewrite(text, {"a": {"x": 3}, "new": {"k": 1}, "last": 7})
+    assert out == "a: {x: 3, y: 22}  # flow\nlist:\n- 1\n- 2\nempty:   # DVC's null\nlast: 7\nnew:\n  k: 1\n"
+    assert parses == ["rt", "rt", "rt"]  # a's replacement; the insertion; last's replacement after it
+
+
 @pytest.mark.slow
 def test_dry_run_and_print_set_write_nothing(tmp_path, capsys) -> None:
     path = _workspace(tmp_path)

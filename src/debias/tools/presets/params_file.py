@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,49 +149,84 @@ def _block_body(key: str, value: Any, indent: int) -> list[str]:
 def rewrite(text: str, changes: dict[str, Any], where: str = "params.yaml") -> str:
     """``text`` (a YAML mapping in block style) with the leaves of ``changes`` set: existing values are replaced
     where they stand, missing keys are appended to their section; every other byte stays. ``where`` names the
-    file in errors."""
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    file in errors.
+
+    One parse places every replacement up to the next missing key; they are applied from the end of the file
+    backwards, so each keeps the place the parse gave it. An insertion moves lines, so the text is parsed again
+    after each."""
+    from ruamel.yaml.comments import CommentedMap
 
     lines = text.split("\n")
-    for dotted, value in flatten(changes).items():
+    pending = list(flatten(changes).items())
+    while pending:
         doc = _load_yaml("\n".join(lines), f"{where} as rewritten", typ="rt")
         if doc is None:
             doc = CommentedMap()
-        parts = dotted.split(".")
-        node, path = doc, []
-        for depth, part in enumerate(parts):
-            last = depth == len(parts) - 1
-            if not isinstance(node, CommentedMap):
-                raise PresetError(f"{where}: {'.'.join(path)} is not a mapping, cannot set {dotted}")
-            if part not in node:
-                rest = unflatten({".".join(parts[depth + 1:]): value}) if not last else value
-                if node is doc:
-                    insert_at, indent = len(lines) - (1 if lines and lines[-1] == "" else 0), 0
-                else:
-                    if node.fa.flow_style():
-                        raise PresetError(f"{where}: {'.'.join(path)} is written in flow style {{...}}; "
-                                          f"set {dotted} there by hand")
-                    insert_at = _subtree_last_line(node, lines, where) + 1
-                    indent = node.lc.key(next(iter(node)))[1] if len(node) else 2 * depth
-                lines[insert_at:insert_at] = _block_lines(part, rest, indent)
+        edits: list[tuple[tuple[int, int], Callable[[], None]]] = []
+        for dotted, value in pending:
+            node, parts, depth = _walk(doc, dotted, where)
+            if parts[depth] not in node:
                 break
-            if last:
-                child = node[part]
-                vl, vc = node.lc.value(part)
-                if child is None and _empty_value(lines, node.lc.key(part), part) is not None:
-                    at = _empty_value(lines, node.lc.key(part), part)  # `key:` written empty (DVC's null)
-                    _replace(lines, at, at, " " + flow_dump(value))
-                    break
-                if isinstance(child, (CommentedMap, CommentedSeq)) and not _starts_flow(lines, vl, vc):
-                    kl, kc = node.lc.key(part)  # a block collection (as dvc exp run -S writes lists): its lines anew
-                    lines[kl + 1:_subtree_last_line(child, lines, where) + 1] = _block_body(part, value, kc)
-                    break
-                end = _value_end(lines, vl, vc, bool(node.fa.flow_style()), where)
-                _replace(lines, (vl, vc), end, flow_dump(value))
-                break
-            path.append(part)
-            node = node[part]
+            edits.append(_replacement(node, parts[depth], value, lines, where))
+        if edits:
+            for _, apply in sorted(edits, key=lambda edit: edit[0], reverse=True):
+                apply()
+            pending = pending[len(edits):]
+        else:
+            dotted, value = pending.pop(0)
+            _insert(doc, *_walk(doc, dotted, where), value, lines, where)
     return "\n".join(lines)
+
+
+def _walk(doc: Any, dotted: str, where: str) -> tuple[Any, list[str], int]:
+    """``(node, parts, depth)``: the mapping holding the leaf ``dotted`` (``parts[depth]`` is its last part), or the
+    one where its first missing part ``parts[depth]`` goes."""
+    from ruamel.yaml.comments import CommentedMap
+
+    parts = dotted.split(".")
+    node = doc
+    for depth, part in enumerate(parts):
+        if not isinstance(node, CommentedMap):
+            raise PresetError(f"{where}: {'.'.join(parts[:depth])} is not a mapping, cannot set {dotted}")
+        if part not in node or depth == len(parts) - 1:
+            return node, parts, depth
+        node = node[part]
+    raise AssertionError("unreachable: the loop returns at the last part")
+
+
+def _insert(doc: Any, node: Any, parts: list[str], depth: int, value: Any, lines: list[str], where: str) -> None:
+    """Append the missing ``parts[depth]`` (with the rest of the path under it, then ``value``) to ``node``."""
+    rest = unflatten({".".join(parts[depth + 1:]): value}) if depth < len(parts) - 1 else value
+    if node is doc:
+        insert_at, indent = len(lines) - (1 if lines and lines[-1] == "" else 0), 0
+    else:
+        if node.fa.flow_style():
+            raise PresetError(f"{where}: {'.'.join(parts[:depth])} is written in flow style {{...}}; "
+                              f"set {'.'.join(parts)} there by hand")
+        insert_at = _subtree_last_line(node, lines, where) + 1
+        indent = node.lc.key(next(iter(node)))[1] if len(node) else 2 * depth
+    lines[insert_at:insert_at] = _block_lines(parts[depth], rest, indent)
+
+
+def _replacement(node: Any, key: str, value: Any, lines: list[str],
+                 where: str) -> tuple[tuple[int, int], Callable[[], None]]:
+    """Where the value of ``node[key]`` starts, and the edit of ``lines`` that writes ``value`` in its place."""
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    child = node[key]
+    vl, vc = node.lc.value(key)
+    empty = _empty_value(lines, node.lc.key(key), key) if child is None else None
+    if empty is not None:  # `key:` written empty (DVC's null)
+        return empty, lambda: _replace(lines, empty, empty, " " + flow_dump(value))
+    if isinstance(child, (CommentedMap, CommentedSeq)) and not _starts_flow(lines, vl, vc):
+        kl, kc = node.lc.key(key)  # a block collection (as dvc exp run -S writes lists): its lines anew
+        last = _subtree_last_line(child, lines, where)
+
+        def block() -> None:
+            lines[kl + 1:last + 1] = _block_body(key, value, kc)
+        return (kl + 1, 0), block
+    end = _value_end(lines, vl, vc, bool(node.fa.flow_style()), where)
+    return (vl, vc), lambda: _replace(lines, (vl, vc), end, flow_dump(value))
 
 
 def _load_yaml(text: str, where: str, typ: str = "safe") -> Any:
