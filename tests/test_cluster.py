@@ -250,16 +250,13 @@ def parent_runs(tracking_uri: str, experiment: str) -> list:
 
 
 def group_commands(pgid: int) -> list[str]:
-    """The command lines of the running processes of process group ``pgid`` (from /proc)."""
+    """The command lines of the running processes of process group ``pgid``."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in services.group_members(pgid):
         try:
-            state, _, group = stat.read_text().rsplit(")", 1)[-1].split()[:3]
-            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, ValueError):
-            continue  # ended while listed
-        if int(group) == pgid and state != "Z":
-            found.append(command)
+            found.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # ended since
     return found
 
 

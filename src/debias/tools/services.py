@@ -254,16 +254,20 @@ def group_runs(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
-    if not can_identify():
-        return True
+    return not can_identify() or bool(group_members(pgid))
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids of the processes of group ``pgid`` that run (zombies left out), from /proc."""
+    members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             state, _, group = stat.read_text().rsplit(")", 1)[-1].split()[:3]  # after the command name
         except (OSError, ValueError):
             continue  # ended while listed
         if int(group) == pgid and state != "Z":
-            return True
-    return False
+            members.append(int(stat.parent.name))
+    return members
 
 
 def stop_process(pid: int, timeout_s: float = 20.0) -> None:
