@@ -3,9 +3,12 @@ tiny sizes, under an audit hook (tests/trace_hook/sitecustomize.py, on PYTHONPAT
 logs every file opened with its mode, renamed, removed or listed and every ``debias`` module imported. Per stage
 (:func:`debias.tools.trace.check_stage`): every file read is a dep or a declared environment file, every file
 written is an out or declared as none (NOT_OUTS), every project module imported is a dep or a side channel.
+The commands run as under DVC, each stage forked by the warm fork server (the hook, loaded by the server too, logs
+each forked stage to that stage's log; the server logs nothing) after the first, which starts the server: the
+server's preloaded libraries are imported once per clone, and the project's modules by each stage, as without it.
 
 All behind ``slow``: the default pipeline, every stage once, and beside it a whole pipeline on an image folder
-without bias labels; then every stage-2 method, group-inference method and probe variant, each rerunning its own
+without bias labels (whose outputs also say which numbers need bias labels); then every stage-2 method, group-inference method and probe variant, each rerunning its own
 stage on the default pipeline's upstream outputs. Each stage is one single-threaded process, so the fixtures run
 two at a time (the machine's two cores).
 """
@@ -13,10 +16,13 @@ two at a time (the machine's two cores).
 from __future__ import annotations
 
 import copy
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,8 +49,9 @@ TINY: dict = {
 class TracedClone:
     """A scratch copy of the repository whose stages run as DVC runs them (dvc.yaml's command), traced."""
 
-    def __init__(self, root: Path, changes: dict | None = None) -> None:
+    def __init__(self, root: Path, runtime: Path, changes: dict | None = None) -> None:
         self.root = copy_worktree(root)
+        self.runtime = runtime  # the fork servers' socket folder (XDG_RUNTIME_DIR)
         self.base = deep_update(yaml.safe_load((self.root / "params.yaml").read_text()), TINY)
         self.set_params(changes or {})
         for command in (["git", "init", "-q"], ["git", "add", "-A"],
@@ -52,6 +59,7 @@ class TracedClone:
             subprocess.run(command, cwd=self.root, check=True, capture_output=True)
         self.stages = yaml.safe_load((self.root / "dvc.yaml").read_text())["stages"]
         self.runs = 0
+        self.output = ""  # every stage's stdout and stderr, in order
 
     def set_params(self, changes: dict) -> None:
         """params.yaml: the tiny base with ``changes`` merged in."""
@@ -70,13 +78,15 @@ class TracedClone:
         self.runs += 1
         log = self.root.parent / f"trace-{self.root.name}-{self.runs}-{name}.jsonl"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_", "DEBIAS_"))}
-        env.update(DEBIAS_TRACKING="off", DEBIAS_THREADS="1", DEBIAS_FORKSERVER="0", DEBIAS_TRACE_LOG=str(log),
+        env.update(DEBIAS_TRACKING="off", DEBIAS_THREADS="1", DEBIAS_FORKSERVER_IDLE="60", DEBIAS_TRACE_LOG=str(log),
+                   XDG_RUNTIME_DIR=str(self.runtime),
                    DVC_STAGE=name, DVC_ROOT=str(self.root), PYTHONPATH=os.pathsep.join([str(HOOK), str(self.root / "src")]),
                    PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
         before = snapshot(self.root)
         done = subprocess.run(self.stages[name]["cmd"].split("#", 1)[0], shell=True, cwd=self.root, env=env,
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        self.output += done.stdout + done.stderr
         trace = read_trace(log)
         assert trace.imports or name == "source", f"{name}: the hook logged no import (is {HOOK} on PYTHONPATH?)"
         return check_stage(name, self.stages[name], trace, changed_files(before, snapshot(self.root)), self.root,
@@ -88,11 +98,14 @@ def _trace_all(clone: TracedClone) -> dict[str, list[str]]:
     return {name: clone.run(name) for name in STAGES}
 
 
-def _trace_image_folder(root: Path) -> list[str]:
+IMAGE_FOLDER_TRAIN = 32  # training images of the image-folder pipeline
+
+
+def _trace_image_folder(root: Path, runtime: Path) -> tuple[TracedClone, list[str]]:
     """A pipeline on an image folder (external files: read by source and download alone, through the fingerprint)
     without its attribute column: the no-bias-labels path of every stage, label-free selection rules."""
-    clone = TracedClone(root / "repo", unlabelled_image_folder(root / "shapes", n_train=32))
-    return [problem for problems in _trace_all(clone).values() for problem in problems]
+    clone = TracedClone(root / "repo", runtime, unlabelled_image_folder(root / "shapes", n_train=IMAGE_FOLDER_TRAIN))
+    return clone, [problem for problems in _trace_all(clone).values() for problem in problems]
 
 
 def _selected(request: pytest.FixtureRequest, names: set[str] | dict) -> list[pytest.Item]:
@@ -101,20 +114,26 @@ def _selected(request: pytest.FixtureRequest, names: set[str] | dict) -> list[py
             if getattr(item, "module", None) is request.module and getattr(item, "originalname", "") in names]
 
 
-IMAGE_FOLDER_TEST = "test_a_pipeline_on_an_image_folder_without_bias_labels_reads_its_deps_and_writes_its_outs"
+IMAGE_FOLDER_TESTS = {"test_a_pipeline_on_an_image_folder_without_bias_labels_reads_its_deps_and_writes_its_outs",
+                      "test_a_pipeline_on_an_image_folder_without_bias_labels_says_which_numbers_need_them"}
 
 
 @pytest.fixture(scope="module")
 def pipelines(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """The default pipeline and, when its test is selected, the image-folder one, traced side by side: each stage is
     one single-threaded process, so the two pipelines take the machine's two cores."""
+    from tests.test_forkserver import _stop_servers
+
+    runtime = Path(tempfile.mkdtemp(prefix="dfs", dir="/tmp"))  # short: a socket path holds < 108 bytes
     pool = ThreadPoolExecutor(max_workers=2)
-    default = TracedClone(tmp_path_factory.mktemp("trace") / "repo")
+    default = TracedClone(tmp_path_factory.mktemp("trace") / "repo", runtime)
     futures = {"default": pool.submit(lambda: (default, _trace_all(default)))}
-    if _selected(request, {IMAGE_FOLDER_TEST}):
-        futures["image_folder"] = pool.submit(_trace_image_folder, tmp_path_factory.mktemp("trace-folder"))
+    if _selected(request, IMAGE_FOLDER_TESTS):
+        futures["image_folder"] = pool.submit(_trace_image_folder, tmp_path_factory.mktemp("trace-folder"), runtime)
     yield futures
     pool.shutdown(wait=True)
+    _stop_servers([str(runtime)])
+    shutil.rmtree(runtime, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -208,5 +227,71 @@ def test_every_probe_variant_reads_its_deps_and_writes_its_outs(variant_problems
 
 @pytest.mark.slow
 def test_a_pipeline_on_an_image_folder_without_bias_labels_reads_its_deps_and_writes_its_outs(pipelines) -> None:
-    problems = pipelines["image_folder"].result()
+    _, problems = pipelines["image_folder"].result()
     assert not problems, "\n".join(problems)
+
+
+# --------------------------------------------------------------------------- what it says without bias labels
+
+
+NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+
+
+@pytest.mark.slow
+def test_a_pipeline_on_an_image_folder_without_bias_labels_says_which_numbers_need_them(pipelines,
+                                                                                          tmp_path: Path) -> None:
+    """The image-folder pipeline above (a tiny example folder written without its attribute column): every stage
+    completed; the report, `debias compare` and the headline metrics say which numbers need bias labels and show
+    none of them as a number; per-class accuracy and the inferred groups are there."""
+    from debias.core.errors import NEEDS_BIAS_LABELS
+    from debias.tools.compare import compare
+
+    traced, _ = pipelines["image_folder"].result()
+    clone = traced.root
+    assert "[inject_bias] none (bias.protocol = auto)" in traced.output
+
+    metrics = clone / "reports" / "metrics"
+    headline = {}
+    for stage in ("inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate"):
+        headline.update(json.loads((metrics / f"{stage}.json").read_text()))
+    for key in ("erm_worst", "erm_unbiased", "s2_worst", "s2_unbiased", "probe_erm_worst", "probe_s2_worst",
+                "groups_matched", "groups_recall", "bias_corr", "align_erm", "mi_a_s2"):
+        assert headline[key] == NEEDS_BIAS_LABELS, key
+    assert 0 <= headline["erm_worst_class"] <= headline["erm_avg"] <= 1 and 0 <= headline["s2_worst_class"] <= 1
+    detailed = json.loads((metrics / "stage2_train.json").read_text())["test"]
+    assert detailed["worst_group"] == NEEDS_BIAS_LABELS and detailed["unbiased"] == NEEDS_BIAS_LABELS
+    for path in metrics.glob("*.json"):  # no worst-group or unbiased key anywhere holds a number
+        def walk(value, where):
+            if isinstance(value, dict):
+                for key, inner in value.items():
+                    if re.search(r"worst_group|unbiased|(^|_)worst$", key) and not key.endswith("_n"):
+                        assert not isinstance(inner, (int, float)), f"{path.name}: {where}{key} = {inner}"
+                    walk(inner, f"{where}{key}.")
+        walk(json.loads(path.read_text()), "")
+    selected = json.loads((metrics / "stage2_train.json").read_text())["selection"]
+    assert selected["rule"] == "best_worst_inferred_group" and "best_worst_group" not in selected["picks"]
+    assert set(selected["picks_test"]) == set(selected["picks"])  # every label-free rule's model, tested
+    assert all(row["worst_group"] == NEEDS_BIAS_LABELS and 0 <= row["worst_class"] <= row["avg"]
+               for row in selected["picks_test"].values())
+    assert (clone / "reports" / "figures" / "discovered_groups.png").stat().st_size > 0  # what the groups captured
+    groups = json.loads((metrics / "groups.json").read_text())
+    assert sum(row["n"] for row in groups["inferred_groups"]) == IMAGE_FOLDER_TRAIN  # each image in one group
+
+    report = (clone / "reports" / "report.md").read_text()
+    for row in ("| worst-group % | needs bias labels | needs bias labels |",
+                "| unbiased % (mean over groups) | needs bias labels | needs bias labels |"):
+        assert row in report
+    assert "Accuracy per group (class y, bias attribute a) needs bias labels" in report
+    assert "| y | inferred group | training images n |" in report and "worst-class %" in report
+    html = (clone / "reports" / "report.html").read_text()
+    assert "needs bias labels" in html and not re.search(r">\s*(nan|NaN)\s*<", html)
+    worst_rows = [line for line in report.splitlines() if line.startswith(("| worst-group %", "| unbiased %"))]
+    assert worst_rows and not any(NUMBER.match(cell.strip()) for line in worst_rows for cell in line.split("|")[2:-1])
+
+    comparison, _, text = compare(clone, out=tmp_path / "page", mlflow=False)
+    frame = comparison.frame.set_index("experiment")
+    assert frame.loc["workspace", "s2_worst"] == NEEDS_BIAS_LABELS
+    assert frame.loc["workspace", "erm_worst"] == NEEDS_BIAS_LABELS
+    assert "needs bias labels (the data has no bias attribute; no number): ERM unbiased, ERM worst-group" in " ".join(
+        text.split()) and "nan" not in text.lower().replace("nans", "")
+    assert any(line.startswith("experiment") and " wc " in line for line in text.splitlines())  # worst-class shown

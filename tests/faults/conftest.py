@@ -83,9 +83,22 @@ def stage_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def stage_command(stage: str, env: dict[str, str]) -> list[str]:
+    """How DVC runs ``stage`` (dvc.yaml's ``python -m debias.harness.launch``: forked by the warm fork server, one
+    per worker's environment), or ``python pipeline/<stage>.py`` where ``env`` changes what an import reads (a
+    server of its own would cost more than it saves)."""
+    from debias.harness.forkserver import read_at_import
+
+    if any(read_at_import(name) for name in env):
+        return [PYTHON, f"pipeline/{stage}.py"]
+    return [PYTHON, "-m", "debias.harness.launch", "--single", f"pipeline/{stage}.py"]
+
+
 def run_stage(workspace: Path, stage: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
-    """``python pipeline/<stage>.py`` in ``workspace``; returns the finished process (never raises on rc)."""
-    return subprocess.run([PYTHON, f"pipeline/{stage}.py"], cwd=workspace, env=stage_env(**env),
+    """Stage ``stage`` in ``workspace`` as DVC runs it (:func:`stage_command`); returns the finished process (never
+    raises on rc). The fork server's process is the plain one (tests/test_forkserver.py); the signal and kill tests
+    start ``python pipeline/<stage>.py`` themselves."""
+    return subprocess.run(stage_command(stage, env), cwd=workspace, env=stage_env(**env),
                           capture_output=True, text=True, check=False, timeout=timeout)
 
 

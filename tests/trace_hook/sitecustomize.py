@@ -8,7 +8,9 @@ import json
 import os
 import sys
 
-_LOG_PATH = os.environ.get("DEBIAS_TRACE_LOG")
+_STARTED_WITH = os.environ.get("DEBIAS_TRACE_LOG")
+# A fork server (``python -m debias.harness.forkserver``, started by a traced launcher) holds the hook for its forks
+_SERVER = "debias.harness.forkserver" in getattr(sys, "orig_argv", [])
 _EVENTS = {"open", "os.rename", "os.remove", "os.rmdir", "os.listdir", "os.scandir", "shutil.rmtree",
            "tempfile.mkstemp", "tempfile.mkdtemp", "os.mkdir", "cpython.run_file", "sqlite3.connect"}
 _SKIP = tuple(sorted({os.path.join(os.path.realpath(p), "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}))
@@ -37,16 +39,35 @@ def _stack() -> list[str]:
     return names
 
 
-def _install(log_path: str) -> None:
-    handle = open(log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (open for the process's life)
-    write = handle.write
-    busy = False
+class _Log:
+    """The log of the process's stage: ``$DEBIAS_TRACE_LOG`` read at each event and opened (append) on its first
+    event in each process, so a stage forked by the fork server (which takes the launcher's environment before
+    its script runs) writes to its own stage's log. The fork server itself, and every fork of it that has not
+    taken a stage's environment yet, write nothing: their variable is still the one the server started with."""
+
+    def __init__(self) -> None:
+        self.busy = False  # within the hook: the log's own open is no event of the stage
+        self.key: tuple[int, str] | None = None
+        self.handle = None
+
+    def write(self, record: dict) -> None:
+        path = os.environ.get("DEBIAS_TRACE_LOG")
+        if not path or (_SERVER and path == _STARTED_WITH):
+            return
+        key = (os.getpid(), path)
+        if key != self.key:
+            self.handle = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (for the process's life)
+            self.key = key
+        self.handle.write(json.dumps(record) + "\n")
+
+
+def _install() -> None:
+    log = _Log()
 
     def hook(event: str, args: tuple) -> None:
-        nonlocal busy
-        if event not in _EVENTS or busy:
+        if event not in _EVENTS or log.busy:
             return
-        busy = True
+        log.busy = True
         try:
             record: dict = {"pid": os.getpid(), "event": event}
             if event == "open":
@@ -61,11 +82,11 @@ def _install(log_path: str) -> None:
                 return
             record["paths"] = paths
             record["by"] = (_stack() or [""])[0]
-            write(json.dumps(record) + "\n")
+            log.write(record)
         except Exception:  # never change what the traced process does
             pass
         finally:
-            busy = False
+            log.busy = False
 
     sys.addaudithook(hook)
 
@@ -75,12 +96,18 @@ def _install(log_path: str) -> None:
 
         @staticmethod
         def find_spec(name: str, path: object = None, target: object = None) -> None:
-            if name == "debias" or name.startswith("debias."):
-                write(json.dumps({"pid": os.getpid(), "event": "import", "module": name, "stack": _stack()}) + "\n")
+            if (name == "debias" or name.startswith("debias.")) and not log.busy:
+                log.busy = True
+                try:
+                    log.write({"pid": os.getpid(), "event": "import", "module": name, "stack": _stack()})
+                except Exception:
+                    pass
+                finally:
+                    log.busy = False
             return None
 
     sys.meta_path.insert(0, ImportRecorder)
 
 
-if _LOG_PATH:
-    _install(_LOG_PATH)
+if _STARTED_WITH:
+    _install()
