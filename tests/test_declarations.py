@@ -53,15 +53,29 @@ STAGES = ["source", "download", "inject_bias", "train_erm", "infer_groups", "tra
 def _env(folder: Path, module: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_", "DEBIAS_"))}
     env.update(PYTHONPATH=os.pathsep.join([str(folder), str(REPO / "src"), str(REPO)]), DEBIAS_TRACKING="off",
-               DEBIAS_THREADS="1", DEBIAS_METHODS=module)
+               DEBIAS_THREADS="1", DEBIAS_METHODS=module, DEBIAS_FORKSERVER_IDLE="60")
     return env
 
 
-def _run_broken(tmp_path: Path, kind: str, command: list[str]) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def broken_modules(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder holding every broken module: the same PYTHONPATH for every stage run, so one warm fork server forks
+    them all (``DEBIAS_METHODS``, which picks the module, is read by the stage, not at the server's imports)."""
+    folder = tmp_path_factory.mktemp("broken-modules")
+    for kind, (source, _) in BROKEN.items():
+        (folder / f"broken_{kind}.py").write_text(source)
+    return folder
+
+
+def _run_broken(tmp_path: Path, modules: Path, kind: str, command: list[str]) -> subprocess.CompletedProcess:
     (tmp_path / "params.yaml").write_text(committed_text("params.yaml"))
-    (tmp_path / f"broken_{kind}.py").write_text(BROKEN[kind][0])
-    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=_env(tmp_path, f"broken_{kind}"),
+    return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, env=_env(modules, f"broken_{kind}"),
                           timeout=300)
+
+
+def _stage(stage: str) -> list[str]:
+    """dvc.yaml's command of ``stage`` (the launcher: forked by the warm fork server once one is up)."""
+    return [sys.executable, "-m", "debias.harness.launch", "--single", str(REPO / "pipeline" / f"{stage}.py")]
 
 
 def _assert_one_line(done: subprocess.CompletedProcess, kind: str) -> None:
@@ -73,22 +87,22 @@ def _assert_one_line(done: subprocess.CompletedProcess, kind: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", STAGES)
-def test_a_broken_method_module_ends_every_stage_with_one_line(tmp_path: Path, stage: str) -> None:
-    done = _run_broken(tmp_path, "syntax", [sys.executable, str(REPO / "pipeline" / f"{stage}.py")])
+def test_a_broken_method_module_ends_every_stage_with_one_line(tmp_path: Path, broken_modules: Path, stage: str) -> None:
+    done = _run_broken(tmp_path, broken_modules, "syntax", _stage(stage))
     _assert_one_line(done, "syntax")
     assert not (tmp_path / "data").exists()  # refused before any work
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(BROKEN))
-def test_each_way_a_declaration_breaks_is_named_by_download(tmp_path: Path, kind: str) -> None:
-    _assert_one_line(_run_broken(tmp_path, kind, [sys.executable, str(REPO / "pipeline" / "download.py")]), kind)
+def test_each_way_a_declaration_breaks_is_named_by_download(tmp_path: Path, broken_modules: Path, kind: str) -> None:
+    _assert_one_line(_run_broken(tmp_path, broken_modules, kind, _stage("download")), kind)
 
 
 @pytest.mark.slow
-def test_a_broken_method_module_is_named_by_check_params(tmp_path: Path) -> None:
+def test_a_broken_method_module_is_named_by_check_params(tmp_path: Path, broken_modules: Path) -> None:
     check = [sys.executable, "-m", "debias.tools.cli", "check-params", "params.yaml"]
-    _assert_one_line(_run_broken(tmp_path, "twice", check), "twice")
+    _assert_one_line(_run_broken(tmp_path, broken_modules, "twice", check), "twice")
 
 
 def test_a_broken_module_inside_a_package_is_named_with_its_line(tmp_path: Path, monkeypatch) -> None:

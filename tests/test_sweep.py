@@ -275,7 +275,7 @@ def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resu
                               env=env, capture_output=True, text=True, timeout=900)
 
     done = debias("-S", "loss.epsilon=0.1,0.25", "--seeds", "0", "--upstream", "infer_groups", "--targets",
-                  "train_contrastive", "--jobs", "2", "--poll", "2")
+                  "train_contrastive", "--jobs", "2", "--poll", "5")  # each poll is a `dvc queue status`: ~1.3 s of CPU
     assert done.returncode == 0, done.stdout + done.stderr
     names = {"loc-epsilon0.1-seed0", "loc-epsilon0.25-seed0"}
     state = workspace.load_state(repo, "loc")

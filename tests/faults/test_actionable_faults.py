@@ -31,6 +31,7 @@ from tests.faults.conftest import (
     run_entrypoint_in_process,
     run_stage,
     snapshot,
+    stage_command,
     stage_env,
     wait_for,
     write_params,
@@ -64,9 +65,11 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _start(ws: Path, stage: str, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([PYTHON, f"pipeline/{stage}.py"], cwd=ws, env=stage_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+def _start(ws: Path, stage: str, plain: bool = False, **env: str) -> subprocess.Popen:
+    """The stage as DVC runs it (:func:`stage_command`), or with ``plain`` as ``python pipeline/<stage>.py``."""
+    command = [PYTHON, f"pipeline/{stage}.py"] if plain else stage_command(stage, env)
+    return subprocess.Popen(command, cwd=ws, env=stage_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_default_sigint)
 
 
 def _finish(process: subprocess.Popen) -> subprocess.CompletedProcess:
@@ -191,7 +194,8 @@ def test_ctrl_c_ends_the_run_killed_without_a_traceback(prepared_workspace: Path
     write_params(ws, ENDLESS_ERM)
     store = fresh_store(mlflow_template, ws)
     uri = f"sqlite:///{store}"
-    process = _start(ws, "train_erm", DEBIAS_TRACKING="required", MLFLOW_TRACKING_URI=uri)
+    # a plain process: Ctrl-C reaches the stage itself (the launcher passing it on is tests/test_forkserver.py's)
+    process = _start(ws, "train_erm", plain=True, DEBIAS_TRACKING="required", MLFLOW_TRACKING_URI=uri)
     wait_for(lambda: (ws / "models/.resume/erm.pt").exists(), process, what="the first epoch")
     os.kill(process.pid, signal.SIGINT)
     done = _finish(process)
