@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterable
@@ -83,15 +84,20 @@ def stage_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def stage_command(stage: str, env: dict[str, str]) -> list[str]:
-    """How DVC runs ``stage`` (dvc.yaml's ``python -m debias.harness.launch``: forked by the warm fork server, one
-    per worker's environment), or ``python pipeline/<stage>.py`` where ``env`` changes what an import reads (a
+def script_command(script: str, env: dict[str, str]) -> list[str]:
+    """How DVC runs a stage's ``script`` (dvc.yaml's ``python -m debias.harness.launch``: forked by the warm fork
+    server, one per worker's environment), or ``python SCRIPT`` where ``env`` changes what an import reads (a
     server of its own would cost more than it saves)."""
     from debias.harness.forkserver import read_at_import
 
     if any(read_at_import(name) for name in env):
-        return [PYTHON, f"pipeline/{stage}.py"]
-    return [PYTHON, "-m", "debias.harness.launch", "--single", f"pipeline/{stage}.py"]
+        return [PYTHON, script]
+    return [PYTHON, "-m", "debias.harness.launch", "--single", script]
+
+
+def stage_command(stage: str, env: dict[str, str]) -> list[str]:
+    """:func:`script_command` of ``pipeline/<stage>.py``."""
+    return script_command(f"pipeline/{stage}.py", env)
 
 
 def run_stage(workspace: Path, stage: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
@@ -104,15 +110,18 @@ def run_stage(workspace: Path, stage: str, timeout: float = 180, **env: str) -> 
 
 def run_stages_in_one_process(workspace: Path, stages: Iterable[str], timeout: float = 300,
                               **env: str) -> subprocess.CompletedProcess:
-    """Run several stage entrypoints (as ``__main__``) one after another in one interpreter.
+    """Run several stage entrypoints (as ``__main__``) one after another in one process, forked by the warm fork
+    server as :func:`stage_command` says.
 
     The same code as ``python pipeline/<stage>.py`` for each, without paying the imports once
     per stage; used to prepare workspaces, never for the fault under test.
     """
-    script = "import runpy, sys\n" + "".join(
-        f"runpy.run_path('pipeline/{stage}.py', run_name='__main__')\n" for stage in stages)
-    done = subprocess.run([PYTHON, "-c", script], cwd=workspace, env=stage_env(**env), capture_output=True,
+    runner = Path(tempfile.mkdtemp(prefix="stages-")) / "run_stages.py"  # outside the workspace: no stray file there
+    runner.write_text("import runpy\n" + "".join(
+        f"runpy.run_path('pipeline/{stage}.py', run_name='__main__')\n" for stage in stages))
+    done = subprocess.run(script_command(str(runner), env), cwd=workspace, env=stage_env(**env), capture_output=True,
                           text=True, check=False, timeout=timeout)
+    shutil.rmtree(runner.parent, ignore_errors=True)
     assert done.returncode == 0, f"preparing {list(stages)} failed:\n{done.stdout}\n{done.stderr}"
     return done
 
