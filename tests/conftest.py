@@ -27,21 +27,32 @@ SLOW_FIXTURES = frozenset({"prepared_template", "prepared_workspace", "downloade
                            "npz_clone"})
 
 
+# The longest test files, longest first (seconds on one of two workers: benchmarks/results/suite_time.md): they run
+# first, so that the last files to start are short and both workers end together.
+LONGEST_FIRST = ("tests/test_pipeline.py", "tests/test_cluster.py", "tests/test_sweep.py", "tests/test_trace.py",
+                 "tests/faults/test_silent_results_faults.py", "tests/test_forkserver.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses a :data:`SLOW_FIXTURES` fixture ``slow``."""
+    """Mark every test that uses a :data:`SLOW_FIXTURES` fixture ``slow``; run the :data:`LONGEST_FIRST` files first
+    (each file's tests keep their order)."""
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """With ``-n N``, each test file runs whole on one worker, so its module fixtures (a pipeline run, a SLURM sweep)
-    are made once; a ``--dist`` other than xdist's default ``load`` is left to xdist."""
+    are made once, handed out in the collection's order (:data:`LONGEST_FIRST` first), not xdist's most-tests-first;
+    a ``--dist`` other than xdist's default ``load`` is left to xdist."""
     if config.getoption("dist") != "load":
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    config.option.loadscopereorder = False  # xdist's --no-loadscope-reorder
     return LoadFileScheduling(config, log)
 
 
