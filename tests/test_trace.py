@@ -8,9 +8,9 @@ each forked stage to that stage's log; the server logs nothing) after the first,
 server's preloaded libraries are imported once per clone, and the project's modules by each stage, as without it.
 
 All behind ``slow``: the default pipeline, every stage once, and beside it a whole pipeline on an image folder
-without bias labels (whose outputs also say which numbers need bias labels); then every stage-2 method, group-inference method and probe variant, each rerunning its own
-stage on the default pipeline's upstream outputs. Each stage is one single-threaded process, so the fixtures run
-two at a time (the machine's two cores).
+without bias labels (whose outputs are also checked to say which numbers need bias labels); then every stage-2
+method, group-inference method and probe variant, each rerunning its own stage on the default pipeline's upstream
+outputs. Each stage is one single-threaded process, so the fixtures run two at a time (the machine's two cores).
 """
 
 from __future__ import annotations

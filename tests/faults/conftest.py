@@ -1,9 +1,11 @@
 """Helpers of the fault-injection suite: temporary workspaces and clones, stage subprocesses, snapshots.
 
-Every fault is exercised by doing it: a stage entrypoint runs in a subprocess (``python
-pipeline/<stage>.py``) in a temporary copy of the working tree, is fed bad params or bad
-files, or is killed, and the test checks the exit code, the one-line message on stderr and
-what is left on disk. Nothing is written into the repository itself.
+Every fault is exercised by doing it: a stage entrypoint runs in a subprocess in a temporary copy
+of the working tree, is fed bad params or bad files, or is killed, and the test checks the exit
+code, the one-line message on stderr and what is left on disk. Nothing is written into the
+repository itself. The subprocess is dvc.yaml's command (the launcher, the stage forked by the
+warm fork server, as under DVC), or ``python pipeline/<stage>.py`` where the test is about the
+process itself (a kill, a signal, a limit set on it).
 """
 
 from __future__ import annotations
@@ -102,8 +104,8 @@ def stage_command(stage: str, env: dict[str, str]) -> list[str]:
 
 def run_stage(workspace: Path, stage: str, timeout: float = 180, **env: str) -> subprocess.CompletedProcess:
     """Stage ``stage`` in ``workspace`` as DVC runs it (:func:`stage_command`); returns the finished process (never
-    raises on rc). The fork server's process is the plain one (tests/test_forkserver.py); the signal and kill tests
-    start ``python pipeline/<stage>.py`` themselves."""
+    raises on rc). A forked stage has what the plain process has (tests/test_forkserver.py checks it); the signal
+    and kill tests start ``python pipeline/<stage>.py`` themselves."""
     return subprocess.run(stage_command(stage, env), cwd=workspace, env=stage_env(**env),
                           capture_output=True, text=True, check=False, timeout=timeout)
 
