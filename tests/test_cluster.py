@@ -32,8 +32,9 @@ from debias.tools.sweep import workspace
 pytestmark = pytest.mark.slow
 
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
-EPSILONS = (0.25,)  # one value: the grid's several-value axes and an upstream shared by two experiments are
-# tests/test_sweep.py's (the local launcher); here each task costs a tiny stage 2 on a busy machine
+# One epsilon: a grid of several values and an upstream shared by two experiments are tests/test_sweep.py's (the
+# local launcher); here each task costs a tiny stage 2 on a busy machine.
+EPSILONS = (0.25,)
 SEEDS = (0, 1)
 NAME = "tiny"
 EXPERIMENTS = sorted(f"{NAME}-seed{seed}" for seed in SEEDS)  # one epsilon: an override of each job, not in names
@@ -329,7 +330,7 @@ def test_compare_reads_the_sweep_back_from_the_server_with_each_seed_s_results(s
     assert done.returncode == 0, done.stdout + done.stderr
     text = done.stdout
     assert f"{len(EXPERIMENTS)} experiments (mlflow); params that differ: seed" in text, text
-    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines() if line.split()[:1] in ([n] for n in EXPERIMENTS)}
+    rows = {words[0]: words[1:] for words in map(str.split, text.splitlines()) if words and words[0] in EXPERIMENTS}
     assert sorted(rows) == EXPERIMENTS, text
     for name, cells in rows.items():
         assert cells[0] == name.rsplit("seed", 1)[1] and all(float(cell) >= 0 for cell in cells[1:5]), text

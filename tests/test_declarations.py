@@ -26,6 +26,7 @@ from debias.params import ParamsError
 from debias.schema import load_params
 from debias.tools.cli import main as cli_main
 from tests.conftest import REPO, committed_text
+from tests.faults.conftest import launcher_command
 
 # A module named in DEBIAS_METHODS, broken in each way a declaration can be.
 BROKEN = {
@@ -75,7 +76,7 @@ def _run_broken(tmp_path: Path, modules: Path, kind: str, command: list[str]) ->
 
 def _stage(stage: str) -> list[str]:
     """dvc.yaml's command of ``stage`` (the launcher: forked by the warm fork server once one is up)."""
-    return [sys.executable, "-m", "debias.harness.launch", "--single", str(REPO / "pipeline" / f"{stage}.py")]
+    return launcher_command(str(REPO / "pipeline" / f"{stage}.py"))
 
 
 def _assert_one_line(done: subprocess.CompletedProcess, kind: str) -> None:

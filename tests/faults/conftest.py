@@ -94,6 +94,11 @@ def script_command(script: str, env: dict[str, str]) -> list[str]:
 
     if any(read_at_import(name) for name in env):
         return [PYTHON, script]
+    return launcher_command(script)
+
+
+def launcher_command(script: str) -> list[str]:
+    """dvc.yaml's command of a single-process stage: ``python -m debias.harness.launch --single SCRIPT``."""
     return [PYTHON, "-m", "debias.harness.launch", "--single", script]
 
 
