@@ -574,6 +574,8 @@ def test_tag_values_are_quoted_for_mlflows_filter() -> None:
     assert collect.quoted(collect.BASELINE_DIFF) == "\"none (the baseline's params)\""  # its apostrophe broke it
     with pytest.raises(ValueError, match="both quote characters"):
         collect.quoted("a'b\"c")
+
+
 def test_the_best_groups_seed_count_is_of_the_seeds_that_have_the_rank_metric(sweep) -> None:
     """cnc has 3 experiments, one without a stage-2 worst-group (a NaN left out of the mean): its mean is over 2
     seeds, and the headline and the t-test's counts say 2, not 3."""

@@ -308,6 +308,8 @@ def test_a_sweep_ignores_the_workspaces_dvc_lock_but_not_changed_params(tmp_path
     assert dirty_files(tmp_path) == []
     (tmp_path / "params.yaml").write_text("a: 2\n")
     assert dirty_files(tmp_path) == ["params.yaml"]
+
+
 def test_a_name_too_long_for_a_file_name_is_refused_before_anything_is_written(repo: Path) -> None:
     """A 300-character --name (the folder sweeps/<name>/, the prefix of each experiment's git ref) is one line and
     exit 2, never an OSError; so is an experiment name the values make longer than a file name may be."""
