@@ -126,9 +126,11 @@ def run_stages_in_one_process(workspace: Path, stages: Iterable[str], timeout: f
     runner = Path(tempfile.mkdtemp(prefix="stages-")) / "run_stages.py"  # outside the workspace: no stray file there
     runner.write_text("import runpy\n" + "".join(
         f"runpy.run_path('pipeline/{stage}.py', run_name='__main__')\n" for stage in stages))
-    done = subprocess.run(script_command(str(runner), env), cwd=workspace, env=stage_env(**env), capture_output=True,
-                          text=True, check=False, timeout=timeout)
-    shutil.rmtree(runner.parent, ignore_errors=True)
+    try:
+        done = subprocess.run(script_command(str(runner), env), cwd=workspace, env=stage_env(**env),
+                              capture_output=True, text=True, check=False, timeout=timeout)
+    finally:  # a run past its timeout leaves no runner behind either
+        shutil.rmtree(runner.parent, ignore_errors=True)
     assert done.returncode == 0, f"preparing {list(stages)} failed:\n{done.stdout}\n{done.stderr}"
     return done
 
