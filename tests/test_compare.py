@@ -610,13 +610,16 @@ def test_a_misspelt_param_filter_says_which_key_and_the_closest_one(sweep, tmp_p
 
 
 def test_a_param_none_of_the_experiments_reads_is_an_unread_param_warning() -> None:
-    """ε differing between CNC runs (which read no ``loss.*``) cannot explain their differences: compare says so; between
-    eps-SupInfoNCE runs ε is read, and no such warning is given."""
-    cnc = [experiment(f"cnc-e{epsilon}-s{seed}", seed, "cnc", 0.5 + seed / 10, f"1{seed}", epsilon=epsilon)
-           for epsilon in (0.25, 0.5) for seed in range(3)]
-    notes = compare_data.build_comparison(cnc, cnc).notes
+    """ε differing between SupCon runs (whose loss has no margin) cannot explain their differences: compare says so;
+    between eps-SupInfoNCE runs, and between CNC runs, ε is read, and no such warning is given."""
+    supcon = [experiment(f"supcon-e{epsilon}-s{seed}", seed, "supcon", 0.5 + seed / 10, f"1{seed}", epsilon=epsilon)
+              for epsilon in (0.25, 0.5) for seed in range(3)]
+    notes = compare_data.build_comparison(supcon, supcon).notes
     assert [n for n in notes if "unread-param" in n] == [
         "WARNING unread-param: loss.epsilon differs between the experiments, but none of them reads it (not read under "
-        "stage2.method cnc): their differences do not come from it"]
+        "stage2.method supcon): their differences do not come from it"]
+    cnc = [experiment(f"cnc-e{epsilon}-s{seed}", seed, "cnc", 0.5 + seed / 10, f"1{seed}", epsilon=epsilon)
+           for epsilon in (0.25, 0.5) for seed in range(3)]
+    assert not [n for n in compare_data.build_comparison(cnc, cnc).notes if "unread-param" in n]
     eps = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.3, 0.41, 0.49]})
     assert not [n for n in compare_data.build_comparison(eps, eps).notes if "unread-param" in n]

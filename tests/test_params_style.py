@@ -17,7 +17,7 @@ def changed_lines(before: str, after: str) -> list[str]:
 
 
 @pytest.mark.parametrize("override, old, new", [
-    ("loss.epsilon=0.25", "  epsilon: 0.5 ", "  epsilon: 0.25 "),
+    ("loss.epsilon=0.25", "  epsilon: 0.0", "  epsilon: 0.25"),
     ("stage2.method=eps_supinfonce", "  method: cnc", "  method: eps_supinfonce"),
     ("data.path=data/external/mnist10k.npz", "  path: ", "  path: data/external/mnist10k.npz"),
 ])

@@ -23,11 +23,12 @@ EPSILON_EFFECT = 0.01
 
 
 def committed(**loss: object) -> dict:
-    """The committed params.yaml as a dict with stage 2 eps-SupInfoNCE (the method ε is the margin of), ``loss`` keys
-    (alpha, variant, weight, epsilon) replaced."""
+    """The committed params.yaml as a dict with stage 2 eps-SupInfoNCE at ε 0.5, ``loss`` keys (alpha, variant, weight,
+    epsilon) replaced."""
     raw = yaml.safe_load(committed_text("params.yaml"))
     raw = copy.deepcopy(raw)
     raw["stage2"]["method"] = "eps_supinfonce"
+    raw["loss"]["epsilon"] = 0.5  # FairKL Table 6's eps-SupInfoNCE margin (params.yaml's is the default CNC's)
     for key, value in loss.items():
         if key in ("variant", "weight"):
             raw["loss"]["fairkl"][key] = value
@@ -116,27 +117,44 @@ def test_check_params_prints_the_warning_and_still_passes(tmp_path, capsys) -> N
 
 
 def test_a_param_the_run_does_not_read_is_an_unread_param_warning(tmp_path, capsys) -> None:
-    """``-S loss.epsilon=...`` under CNC (which reads no ``loss.*``) is valid but warned as unread-param by check-params
-    and by the report (against the committed params.yaml); a param the run reads, or ε under eps-SupInfoNCE, is not."""
+    """``-S loss.temperature=...`` under CNC (whose loss reads only ``loss.epsilon`` of ``loss.*``) is valid but warned
+    as unread-param by check-params and by the report (against the committed params.yaml); a param the run reads
+    (ε under CNC and under eps-SupInfoNCE) is not."""
     from debias.schema.applicability import unread, unread_warnings
     from debias.tools.cli import main as cli_main
 
     raw = committed()
     raw["stage2"]["method"] = "cnc"
     cnc = RunContext(validate(raw))
-    assert "stage2.method cnc" in unread("loss.epsilon", cnc)
-    assert unread("stage2.cnc.temperature", cnc) is None and unread("loss.epsilon", RunContext(validate(committed()))) is None
-    (found,) = unread_warnings(cnc, {"loss.epsilon": 0.25, "stage2.cnc.temperature": 0.1})
-    assert found.startswith("unread-param: loss.epsilon = 0.25: not read under stage2.method cnc: changing it"), found
+    assert "stage2.method cnc" in unread("loss.temperature", cnc)
+    assert unread("loss.epsilon", cnc) is None and unread("stage2.cnc.temperature", cnc) is None
+    assert unread("loss.epsilon", RunContext(validate(committed()))) is None
+    (found,) = unread_warnings(cnc, {"loss.temperature": 0.2, "loss.epsilon": 0.25, "stage2.cnc.temperature": 0.1})
+    assert found.startswith("unread-param: loss.temperature = 0.2: not read under stage2.method cnc: changing it"), found
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(raw))
-    assert cli_main(["check-params", str(path), "-S", "loss.epsilon=0.25", "-S", "stage2.cnc.temperature=0.1"]) == 0
+    assert cli_main(["check-params", str(path), "-S", "loss.temperature=0.2", "-S", "loss.epsilon=0.25"]) == 0
     out = capsys.readouterr().out
-    assert "WARNING unread-param: loss.epsilon = 0.25: not read under stage2.method cnc" in out
-    assert "unread-param: stage2.cnc" not in out
+    assert "WARNING unread-param: loss.temperature = 0.2: not read under stage2.method cnc" in out
+    assert "unread-param: loss.epsilon" not in out
     path.write_text(yaml.safe_dump(committed()))
     assert cli_main(["check-params", str(path), "-S", "loss.epsilon=0.25"]) == 0
     assert "unread-param" not in capsys.readouterr().out
+
+
+def test_each_margin_applies_only_where_its_method_reads_it() -> None:
+    """loss.epsilon is the margin of eps_supinfonce and CNC; eps_supcon reads its own (loss.eps_supcon.*), supcon none."""
+    from debias.schema.applicability import applies
+
+    raw = committed()
+    expected = {"eps_supinfonce": (True, False), "cnc": (True, False), "eps_supcon": (False, True),
+                "supcon": (False, False), "wcl": (False, False)}
+    for method, (epsilon, eps_supcon) in expected.items():
+        raw["stage2"]["method"] = method
+        context = RunContext(validate(raw))
+        assert applies("loss.epsilon", context) is epsilon, method
+        assert applies("loss.eps_supcon.epsilon", context) is eps_supcon, method
+        assert applies("loss.eps_supcon.fairkl_weight", context) is eps_supcon, method
 
 
 def test_the_report_warns_of_a_changed_param_the_run_does_not_read(tmp_path) -> None:
@@ -155,10 +173,11 @@ def test_the_report_warns_of_a_changed_param_the_run_does_not_read(tmp_path) -> 
         subprocess.run(command, cwd=tmp_path, check=True)
     assert params_warnings(tmp_path, validate(raw)) == []  # the committed params as they are
     changed = copy.deepcopy(raw)
-    changed["loss"]["epsilon"] = 0.25
+    changed["loss"]["epsilon"] = 0.25  # CNC's margin: read
+    changed["loss"]["temperature"] = 0.2
     changed["stage2"]["cnc"]["temperature"] = 0.1
     (found,) = params_warnings(tmp_path, validate(changed))
-    assert found.startswith("unread-param: loss.epsilon = 0.25: not read under stage2.method cnc"), found
+    assert found.startswith("unread-param: loss.temperature = 0.2: not read under stage2.method cnc"), found
 
 
 def test_epsilon_changes_the_stage2_loss_only_where_its_term_weighs() -> None:

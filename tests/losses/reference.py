@@ -220,12 +220,14 @@ def ref_fairkl_released_linear(z, y, w_same, include_self):
     return -sums["pc"] / max(counts["pc"], 1) + sums["na"] / max(counts["na"], 1)
 
 
-def ref_cnc(anchors, pos, neg, tau):
+def ref_cnc(anchors, pos, neg, tau, eps=0.0):
+    """CNC Eq. 15 with eps-SupCon's margin (FairKL Eq. 5 without its additive eps), term by term:
+    -(1/P) sum_p log( e^{s_ap} / (sum_p' e^{s_ap' - eps} + sum_n e^{s_an}) )."""
     out = []
     for a in anchors:
         sp = [float(a @ p) / tau for p in pos]
         sn = [float(a @ n) / tau for n in neg]
-        den = lse(sp + sn)
+        den = math.log(sum(math.exp(x - eps) for x in sp) + sum(math.exp(x) for x in sn))
         out.append(sum(-(x - den) for x in sp) / len(sp))
     return sum(out) / len(out)
 

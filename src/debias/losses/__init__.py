@@ -39,10 +39,11 @@ Functions (one-line formulas; ``lse`` = log-sum-exp)
 ``released_contrastive(z, y, epsilon, temperature, form)``
     The FairKL authors' released ε-SupInfoNCE / ε-SupCon value, with its ``τ / 0.07`` factor and
     its ``+1e-6`` inside the log, averaged over all anchors (the ``released`` objective's first term).
-``cnc_contrastive(anchor, positives, negatives, temperature)``
-    CNC Eq. 1 / 15: ``l_a = -mean_p log( e^{s_ap} / (sum_{p'} e^{s_ap'} + sum_n e^{s_an}) )``
-    ``= lse([s_ap'; s_an]) - mean_p s_ap``; also batched over K contrastive batches.
-``cnc_two_sided(anchors, positives, negatives, negatives2, temperature)``
+``cnc_contrastive(anchor, positives, negatives, temperature, epsilon=0)``
+    CNC Eq. 1 / 15 with ε-SupCon's margin (FairKL Eq. 5's form; ε = 0: CNC's loss):
+    ``l_a = -mean_p log( e^{s_ap} / (sum_{p'} e^{s_ap' - eps} + sum_n e^{s_an}) )``
+    ``= lse([s_ap' - eps; s_an]) - mean_p s_ap``; also batched over K contrastive batches.
+``cnc_two_sided(anchors, positives, negatives, negatives2, temperature, epsilon=0)``
     CNC Eq. 14: ``L(x_1, {x+}, {x-}) + L(x+_1, {x}, {x'-})`` averaged over contrastive batches.
 ``triplet(anchor, positive, negative=None, tau_plus=0.0)``
     Difficulty paper Eq. 5, batched: ``mean_i [ ||a_i - p_i||^2 - mean_{j != i} ||a_i - a_j||^2 ]``

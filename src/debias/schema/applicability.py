@@ -11,7 +11,7 @@ effective weight is below :data:`NEGLIGIBLE_SHARE` of the loss's total weight (e
 released FairKL objective at alpha 0.03: the eps-SupInfoNCE term weighs alpha^2 * tau/0.07 = 0.0013 against
 FairKL's lambda 0.5, 0.26 %). :func:`weak` says why; ``debias check-params`` prints a ``negligible-param`` warning
 for each such param (:func:`weak_warnings`), and any other view of params (compare) reads the same functions.
-A param changed where it does not apply at all (``loss.epsilon`` under CNC) is ``unread-param``
+A param changed where it does not apply at all (``loss.temperature`` under CNC) is ``unread-param``
 (:func:`unread_warnings`): check-params says so for its ``-S`` keys, the report for the keys changed against the
 committed params.yaml, compare for a param that differs between experiments none of which reads it.
 
@@ -97,6 +97,12 @@ def _method_reads(prefix: str) -> Rule:
     return lambda c: prefix in method_spec(c.params.stage2.method).reads
 
 
+def _margin_of(key: str) -> Rule:
+    """A margin param applies when the running method's contrastive term reads it (``MethodSpec.epsilon_key``):
+    ``loss.epsilon`` under eps_supinfonce and CNC, ``loss.eps_supcon.epsilon`` under eps_supcon, none under supcon."""
+    return lambda c: method_spec(c.params.stage2.method).epsilon_key == key
+
+
 def _head_fitted(c: RunContext) -> bool:
     return not method_spec(c.params.stage2.method).head_trained
 
@@ -119,6 +125,8 @@ FIXED_RULES: dict[str, Rule] = {
     "stage2.tabular_view.": lambda c: (_method_reads("stage2.tabular_view.")(c)
                                        and c.params.data.source in TABULAR_SOURCES),
     "loss.": _method_reads("loss."),
+    "loss.epsilon": _margin_of("loss.epsilon"),
+    "loss.eps_supcon.": _margin_of("loss.eps_supcon.epsilon"),  # eps_supcon's own margin and FairKL lambda
 }
 _RULES: dict[str, Rule] = {}
 

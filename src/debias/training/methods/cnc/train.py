@@ -1,6 +1,6 @@
 """Correct-N-Contrast (CNC App. B): two-sided contrastive batches from inferred bias labels
 (:class:`debias.training.methods.cnc.sampling.CNCBatchSampler`); loss = lambda * cnc_two_sided + (1 - lambda) * CE on every batch
-point; no projection head; ``accumulation`` contrastive batches per optimiser step. Pools smaller than M or N
+point, the contrastive term with ``loss.epsilon``'s margin (ε-SupCon's form; 0: CNC's loss); no projection head; ``accumulation`` contrastive batches per optimiser step. Pools smaller than M or N
 (``stage2.cnc.short_pools``): drawn with replacement (``replace``, with a ``cnc-small-pools`` warning), or M and N
 shrunk to the smallest pool for every batch (``shrink``, the released code's ``adjust_num_pos_neg_``)."""
 
@@ -28,7 +28,8 @@ class CNCTask(GeneratorTask):
     ``stage2.cnc.anchor_fraction`` subset), ``accumulation`` per optimiser step.
 
     A step's loss is the mean over its contrastive batches of
-    lambda * cnc_two_sided(z/|z|) + (1 - lambda) * CE(head(z), y) over every point of the batch.
+    lambda * cnc_two_sided(z/|z|, stage2.cnc.temperature, loss.epsilon) + (1 - lambda) * CE(head(z), y) over every
+    point of the batch.
     The step's batches are drawn (and augmented) at once and forwarded ``forward_chunk`` at a time, gradients
     accumulated: ``forward_chunk >= accumulation`` encodes them in one pass. Every chunk size gives the same
     gradient for an encoder without BatchNorm (LeNet-5; tested); with BatchNorm (ResNets) the batch statistics
@@ -68,7 +69,7 @@ class CNCTask(GeneratorTask):
         z, logits = distributed.all_gather_rows(z, total), distributed.all_gather_rows(logits, total)
         parts = normalise(z).reshape(total // width, width, -1).split(sizes, dim=1)
         contrastive = losses.cnc_two_sided(parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else None,
-                                           self.params.stage2.cnc.temperature)
+                                           self.params.stage2.cnc.temperature, self.params.loss.epsilon)
         return contrastive, F.cross_entropy(logits, y)
 
     def train_epoch(self, epoch: int) -> dict[str, float]:
