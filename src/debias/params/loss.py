@@ -36,12 +36,13 @@ class EpsSupConParams(Section):
 
 
 class LossParams(Section):
-    """The supervised contrastive losses (supcon, eps_supcon, eps_supinfonce) and FairKL; CNC and WCL keep their own
-    temperature in stage2.cnc / stage2.wcl."""
+    """The supervised contrastive losses (supcon, eps_supcon, eps_supinfonce) and FairKL; CNC reads the margin
+    ``epsilon`` only, and CNC and WCL keep their own temperature in stage2.cnc / stage2.wcl."""
 
     temperature: float = Field(0.1, ge=MIN_TEMPERATURE, le=10, description="tau of the supcon family (SupCon and FairKL "
                                "papers: 0.1); s_ij = z_i . z_j / tau (>= MIN_TEMPERATURE: float32)")
-    epsilon: float = Field(0.5, ge=0, le=100, description="epsilon margin (logit units, after division by tau); FairKL "
+    epsilon: float = Field(0.0, ge=0, le=100, description="epsilon margin (logit units, after division by tau) of "
+                           "eps-SupInfoNCE and of CNC's loss (eps-SupCon's form there); 0: none, CNC's own loss; FairKL "
                            "paper Table 6: 0.5 for eps-SupInfoNCE at every rho")
     alpha: float = Field(1.0, ge=0, le=1000, description="weight of the contrastive term (FairKL paper Eq. 11 / "
                          "Table 6: 0.03; with fairkl.variant released the code applies it twice, alpha^2)")

@@ -195,7 +195,8 @@ SOURCES: dict[str, str] = {
     "stage2.tabular_view.corruption_rate": "paper: SCARF: corruption rate (default 0.6)",
     # ----------------------------------------------------------------------------------------------- loss
     "loss.temperature": "paper: SupCon / FairKL (default 0.1; FairKL debiasing/main_infonce.py --temp 0.1)",
-    "loss.epsilon": "paper: FairKL Table 6: eps-SupInfoNCE's eps at every rho (default 0.5)",
+    "loss.epsilon": "paper: CNC Eq. 15 has no margin (default 0: CNC's loss, and eps-SupInfoNCE's limit); FairKL Table "
+                    "6: 0.5 for eps-SupInfoNCE at every rho (the fairkl-bmnist-*-eps-supinfonce presets)",
     "loss.alpha": "paper: FairKL Eq. 11 with the kl variant (schema default 1.0); params.yaml 0.03: FairKL Table 6's, "
                   "in the released objective (which applies it squared), the best of the supcon family in "
                   "benchmarks/results/default_choice.md (12 cells); there the eps term weighs 0.0013 against "
