@@ -11,7 +11,8 @@ memory before training, which draws from the same RNG).
         [--true-groups]
 
 ``WORKSPACE`` holds data/biased and data/groups; ``--params`` (default: WORKSPACE/params.yaml) is read and the
-``-S`` overrides applied (YAML values); ``--true-groups`` uses the true bias attribute as inferred labels (oracle);
+``-S`` overrides applied (YAML values); ``--true-groups`` uses the true bias attribute as inferred labels (oracle),
+``--groups TABLE`` another groups table than ``data/groups/train.parquet`` (another group source's, same split);
 ``--history FILE`` also writes every epoch's numbers as a JSON list (what a selection rule can be replayed on).
 """
 
@@ -54,10 +55,12 @@ def main() -> None:
     parser.add_argument("--params", type=Path)
     parser.add_argument("-S", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--true-groups", action="store_true")
+    parser.add_argument("--groups", type=Path, help="the groups table to read (default: WORKSPACE/data/groups/train.parquet)")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("DEBIAS_THREADS", "1")))
     parser.add_argument("--history", type=Path, help="also write every epoch's numbers here (JSON list)")
     args = parser.parse_args()
     history_file = args.history.resolve() if args.history else None
+    groups_table = args.groups.resolve() if args.groups else GROUPS_TABLE  # resolved before the chdir below
     torch.set_num_threads(args.threads)
     raw = yaml.safe_load((args.params or args.workspace / "params.yaml").read_text())
     for item in args.overrides:
@@ -67,7 +70,7 @@ def main() -> None:
     os.chdir(args.workspace)
     splits = load_splits(Path("data/biased"))
     train = splits["train"]
-    groups = load_groups(GROUPS_TABLE, y=train.y)
+    groups = load_groups(groups_table, y=train.y)
     inferred, minority = groups.inferred_label, groups.minority
     if args.true_groups:
         inferred, minority = train.a.clone(), ~train.aligned.bool()

@@ -1,0 +1,296 @@
+"""Benchmark cells: one (data, protocol, palette, seed) workspace whose upstream stages ran once, and stage-2 runs in
+it keyed by everything that made them (data file, code, params), so a resumed benchmark never reuses a result
+computed from other inputs.
+
+A cell's workspace is a clone of the repository at one commit with the cell's params.yaml; ``dvc repro
+infer_groups`` runs there once per group source, and each source's groups table is kept beside the others
+(``groups-<source>.parquet``). A stage-2 run is ``benchmarks/stage2_epochs.py`` of that clone (the registered
+method's task, per-epoch validation and test), whose per-epoch history is stored with its key; the CPU seconds of
+the run's process (user + system, from ``wait4``: the work done, whatever else the machine runs) and its wall
+seconds are kept with it.
+
+Results CSVs are written whole to a temporary file and renamed over the old one; rows that do not parse (a
+truncated last line) are dropped with a warning instead of being counted as done.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import scipy.stats
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from debias.core.trees import merge  # noqa: E402
+
+#: The upstream recipe of benchmarks/quality.yaml on mnist10k's 10k real digits (5,999 training images, ERM 5 epochs).
+MNIST10K: dict[str, Any] = {
+    "data": {"source": "npz", "val_fraction": 0.15, "test_fraction": 0.25},
+    "model": {"name": "lenet5"},
+    "erm": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0005, "batch_size": 32, "epochs": 5,
+            "selection": "last", "augment_shift": 2},
+}
+PROTOCOLS: dict[str, dict[str, Any]] = {
+    "cmnist": {"bias": {"protocol": "foreground", "foreground": {"p_corr": 0.96}}},
+    "bmnist": {"bias": {"protocol": "background", "background": {"rho": 0.96}}},
+}
+# paper: the papers' palettes (params.yaml's); other: colours no default was tuned on (CMNIST*: matplotlib hsv at
+# 0.1, 0.3, ..., 0.9 instead of 0, 0.2, ..., 0.8; Biased-MNIST: matplotlib's tab10).
+PALETTES: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "other": {"bias": {
+        "foreground": {"colours": [[255, 153, 0], [102, 255, 0], [0, 255, 255], [51, 0, 255], [255, 0, 153]]},
+        "background": {"colours": [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189],
+                                   [140, 86, 75], [227, 119, 194], [127, 127, 127], [188, 189, 34], [23, 190, 207]]}}},
+}
+DATASETS = ("mnist10k", "digits")  # digits: the bundled default data, params.yaml's upstream as shipped
+GROUP_SOURCES = ("cluster", "pred")
+
+
+class BenchmarkError(Exception):
+    """Bad input, named with what is allowed, raised before any training."""
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One data cell. ``data`` mnist10k (the ``protocol`` and ``palette`` apply) or digits (params.yaml's own
+    foreground protocol at p_corr 0.9, the papers' palette: only the seed changes)."""
+
+    data: str
+    protocol: str
+    palette: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.data}-{self.protocol}-{self.palette}-s{self.seed}"
+
+    def overrides(self, npz: Path | None) -> dict[str, Any]:
+        """The params.yaml overrides of this cell."""
+        if self.data == "digits":
+            return {"seed": self.seed, "data": {"source": "digits"}}
+        tree = merge(merge(MNIST10K, PROTOCOLS[self.protocol]), PALETTES[self.palette])
+        return merge(tree, {"seed": self.seed, "data": {"path": str(npz)}})
+
+
+def digits_cell(seed: int) -> Cell:
+    return Cell("digits", "cmnist", "paper", seed)
+
+
+def check_inputs(npz: Path | None, cells: list[Cell], jobs: int, threads: int) -> None:
+    """Refuse what would fail later, before any clone or training: a missing or foreign npz, bad job counts."""
+    if jobs < 1:
+        raise BenchmarkError(f"--jobs = {jobs}: allowed: a whole number >= 1 (runs at once)")
+    if threads < 1:
+        raise BenchmarkError(f"--threads = {threads}: allowed: a whole number >= 1 (torch threads per run)")
+    if any(cell.data == "mnist10k" for cell in cells):
+        if npz is None:
+            raise BenchmarkError("--npz is required for the mnist10k cells (mnist10k.npz of the datasets folder)")
+        if not npz.is_file():
+            raise BenchmarkError(f"--npz {npz}: no such file (expected mnist10k.npz: x uint8 [N, 28, 28], y int)")
+        try:
+            import numpy
+
+            with numpy.load(npz) as archive:
+                missing = [key for key in ("x", "y") if key not in archive.files]
+        except Exception as exc:  # noqa: BLE001 (any unreadable file is refused the same way)
+            raise BenchmarkError(f"--npz {npz}: not a readable .npz ({type(exc).__name__}: {exc})") from None
+        if missing:
+            raise BenchmarkError(f"--npz {npz}: lacks the arrays {missing} (expected x uint8 [N, 28, 28] and y int)")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def code_key(rev: str, root: Path = ROOT) -> str:
+    """The git objects of everything a cell's runs execute or read at ``rev``: the package, the stage entrypoints,
+    dvc.yaml, params.yaml (the values a cell does not override) and the stage-2 runner."""
+    paths = ("src", "pipeline", "dvc.yaml", "params.yaml", "benchmarks/stage2_epochs.py")
+    return hashlib.sha256(" ".join(git("rev-parse", f"{rev}:{path}", cwd=root) for path in paths).encode()).hexdigest()
+
+
+def key_of(*parts: Any) -> str:
+    """A short hash of JSON-able parts (sorted keys): the identity of a cell or a run."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Workspace:
+    cell: Cell
+    path: Path
+    key: str  # data, code and upstream params
+
+    def groups_table(self, source: str) -> Path:
+        return self.path / f"groups-{source}.parquet"
+
+
+def stage_env(path: Path, threads: int) -> dict[str, str]:
+    return {**os.environ, "DEBIAS_THREADS": str(threads), "DEBIAS_TRACKING": "off", "PYTHONPATH": str(path / "src")}
+
+
+def prepare(workdir: Path, cell: Cell, npz: Path | None, rev: str, threads: int, data_key: str) -> Workspace:
+    """The cell's workspace at ``rev`` with each group source's table; reused only when its stored key matches (a
+    workspace of other data, code or params is rebuilt), so nothing stale is read."""
+    path = workdir / cell.name
+    params_tree = cell.overrides(npz)
+    key = key_of(data_key if cell.data == "mnist10k" else "digits", code_key(rev), params_tree, GROUP_SOURCES)
+    stamp = path / "upstream.key"
+    if stamp.exists() and stamp.read_text() == key and all((path / f"groups-{s}.parquet").exists() for s in GROUP_SOURCES):
+        return Workspace(cell, path, key)
+    if path.exists():
+        shutil.rmtree(path)
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(path)], check=True)
+    git("checkout", "-q", rev, cwd=path)
+    params_file = path / "params.yaml"
+    base = yaml.safe_load(params_file.read_text())
+    log = workdir / f"{cell.name}.upstream.log"
+    with log.open("w") as handle:
+        for source in GROUP_SOURCES:
+            params = merge(merge(base, params_tree), {"groups": {"method": source}})
+            params_file.write_text(yaml.safe_dump(params, sort_keys=False, width=1000))
+            done = subprocess.run(["dvc", "repro", "infer_groups"], cwd=path, env=stage_env(path, threads),
+                                  stdout=handle, stderr=subprocess.STDOUT)
+            if done.returncode != 0:
+                raise BenchmarkError(f"{cell.name}: `dvc repro infer_groups` (groups.method {source}) failed with exit "
+                                     f"code {done.returncode}; its output: {log}")
+            shutil.copy(path / "data/groups/train.parquet", path / f"groups-{source}.parquet")
+    stamp.write_text(key)
+    return Workspace(cell, path, key)
+
+
+@dataclass
+class RunResult:
+    history: list[dict[str, float]]
+    cpu_seconds: float
+    wall_seconds: float
+    key: str
+
+
+def _run_measured(command: list[str], env: dict[str, str], log: Path) -> tuple[int, float, float]:
+    """Run ``command``; its exit code, the CPU seconds of its process (and its children, user + system) and the wall
+    seconds."""
+    started = time.perf_counter()
+    with log.open("w") as handle:
+        process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, usage.ru_utime + usage.ru_stime, time.perf_counter() - started
+
+
+def train(workspace: Workspace, name: str, sets: dict[str, Any], group_source: str, threads: int) -> RunResult:
+    """Stage 2 of ``sets`` (dotted params.yaml keys) in ``workspace`` on ``group_source``'s groups: its per-epoch
+    history, reused from an earlier run only when the stored key (workspace key, group source, sets) matches."""
+    key = key_of(workspace.key, group_source, sets)
+    stored = workspace.path / f"history-{name}.json"
+    if stored.exists():
+        try:
+            found = json.loads(stored.read_text())
+            if found.get("key") == key:
+                return RunResult(found["history"], found["cpu_seconds"], found["wall_seconds"], key)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            pass  # unreadable or of another layout: trained again below
+    partial = stored.with_suffix(".tmp")
+    command = [sys.executable, str(workspace.path / "benchmarks/stage2_epochs.py"), str(workspace.path), "--threads",
+               str(threads), "--history", str(partial), "--groups", str(workspace.groups_table(group_source))]
+    for dotted, value in sets.items():
+        command += ["-S", f"{dotted}={json.dumps(value)}"]
+    log = workspace.path / f"stage2-{name}.log"
+    code, cpu, wall = _run_measured(command, stage_env(workspace.path, threads), log)
+    if code != 0:
+        raise BenchmarkError(f"{workspace.cell.name} {name}: stage 2 failed with exit code {code}; its output: {log}")
+    history = json.loads(partial.read_text())
+    stored.write_text(json.dumps({"key": key, "history": history, "cpu_seconds": cpu, "wall_seconds": wall}))
+    partial.unlink()
+    return RunResult(history, cpu, wall, key)
+
+
+# --------------------------------------------------------------------------- results files
+
+
+def read_rows(path: Path, fields: list[str]) -> list[dict[str, str]]:
+    """The complete rows of a results CSV (every field present and non-empty where the header has it); a row that is
+    not (a truncated last line) is dropped, with a warning on stderr."""
+    if not path.exists():
+        return []
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames != fields:
+            raise BenchmarkError(f"{path}: its columns {reader.fieldnames} are not this script's {fields}: move it "
+                                 "away to start a new results file")
+        rows, dropped = [], 0
+        for row in reader:
+            if None in row or any(row.get(field) in (None, "") for field in fields):
+                dropped += 1
+                continue
+            rows.append(row)
+    if dropped:
+        print(f"warning: {path}: {dropped} incomplete row(s) dropped (they are run again)", file=sys.stderr)
+    return rows
+
+
+def write_rows(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> None:
+    """Write the CSV whole to a temporary file beside it, then rename it over ``path`` (never half-written)."""
+    partial = path.with_suffix(path.suffix + ".tmp")
+    with partial.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(partial, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    partial = path.with_suffix(path.suffix + ".tmp")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and the 95 % t-interval of the mean; NaN bounds from fewer than 2 values, and no mean from none."""
+    if not values:
+        return math.nan, math.nan, math.nan
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    half = float(scipy.stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, mean - half, mean + half
+
+
+def fmt_interval(values: tuple[float, float, float], signed: bool = False) -> str:
+    mean, low, high = values
+    if math.isnan(mean):
+        return "–"
+    spec = "+.1f" if signed else ".1f"
+    return f"{mean:{spec}}" if math.isnan(low) else f"{mean:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def excludes_zero(values: tuple[float, float, float]) -> bool:
+    """Whether a paired interval excludes 0 (a difference shown); never from fewer than 2 pairs or a zero width."""
+    mean, low, high = values
+    return not math.isnan(low) and high > low and (low > 0 or high < 0)
