@@ -216,8 +216,8 @@ def train(workspace: Workspace, name: str, sets: dict[str, Any], group_source: s
     partial = stored.with_suffix(".tmp")
     command = [sys.executable, str(workspace.path / "benchmarks/stage2_epochs.py"), str(workspace.path), "--threads",
                str(threads), "--history", str(partial), "--groups", str(workspace.groups_table(group_source))]
-    for dotted, value in sets.items():
-        command += ["-S", f"{dotted}={json.dumps(value)}"]
+    for dotted, value in sets.items():  # YAML's own spelling: 1e-05 would read back as a string, 1.0e-05 does not
+        command += ["-S", f"{dotted}={yaml.safe_dump(value, default_flow_style=True).removesuffix(chr(10) + '...' + chr(10)).strip()}"]
     log = workspace.path / f"stage2-{name}.log"
     code, cpu, wall = _run_measured(command, stage_env(workspace.path, threads), log)
     if code != 0:

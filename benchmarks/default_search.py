@@ -466,11 +466,15 @@ def run_search(args: argparse.Namespace, rev: str, csv_path: Path, md_path: Path
         tasks = [(cell, name) for name in names for cell in chosen_cells if keys[(cell, name)] not in done]
         print(f"{phase}: {len(tasks)} run(s) to do, {len(chosen_cells) * len(names) - len(tasks)} kept", flush=True)
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            needed = sorted({cell for cell, _ in tasks})
-            for future in [pool.submit(workspace, cell) for cell in needed]:
-                future.result()  # the upstreams first
-            for future in [pool.submit(run_one, phase, cell, name) for cell, name in tasks]:
-                future.result()
+            try:
+                needed = sorted({cell for cell, _ in tasks})
+                for future in [pool.submit(workspace, cell) for cell in needed]:
+                    future.result()  # the upstreams first
+                for future in [pool.submit(run_one, phase, cell, name) for cell, name in tasks]:
+                    future.result()
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)  # a failed run stops the search: nothing more starts
+                raise
         cells.write_text(md_path, markdown(rows, all_candidates, command, meta))
 
     # FairKL first in each cell: every cost ratio needs it
