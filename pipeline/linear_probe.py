@@ -5,7 +5,6 @@ Writes reports/metrics/probe.json (scalars) and reports/metrics/probe_groups.jso
 
 from debias.core import paths
 from debias.core.io import save_json
-from debias.core.io import save_json
 from debias.core.runtime import pick_device, seed_everything
 from debias.data.store import load_splits
 from debias.evaluation.probe import flat_scalars, load_encoders, probe_encoders, probe_splits, split_tables

@@ -23,7 +23,7 @@ def run(params: Params, run: StageRun) -> None:
         if rel.name in (REPORT_MD.name, REPORT_HTML.name):  # also on the pipeline's parent run, beside its metrics
             run.log_parent_artifact(path, "report")
     write_plots_template(PLOTS_TEMPLATE)
-    run.log_warnings(params_warnings(Path("."), params))  # the stages log their own; the report, its params'
+    run.log_warnings(params_warnings(Path(".")))  # the stages log their own; the report, every stage's unread params
     run.log_metrics({"report.build_s": time.perf_counter() - started})
     print(f"[report] wrote {REPORT_MD} and {REPORT_HTML} ({Path(REPORT_HTML).stat().st_size / 1e6:.1f} MB) "
           f"with {len(written) - 2} figures/plots in {time.perf_counter() - started:.1f} s")

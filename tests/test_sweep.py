@@ -75,6 +75,18 @@ def test_the_whole_grid_is_checked_before_anything_runs_naming_each_bad_experime
         grid.check_grid(repo, [])
 
 
+def test_the_same_experiment_twice_is_refused_and_unread_keys_are_said_before_anything_runs(repo: Path) -> None:
+    twice = grid.grid("dup", {"stage2.lr": [0.001, 0.001]}, [0])
+    with pytest.raises(grid.SweepError, match=r"experiments dup-0 and dup-1 have the same params \(stage2.lr=0.001, "
+                                              r"seed=0\): give each value once"):
+        grid.check_grid(repo, twice)
+    jobs = grid.grid("u", {"stage2.batch_size": [64, 128], "loss.epsilon": [0.25]}, [0],
+                     {"stage2.method": "cnc"})
+    found = grid.unread_in_grid(jobs, grid.check_grid(repo, jobs))
+    assert [m.split(":")[1].strip() for m in found] == ["stage2.batch_size = 64", "stage2.batch_size = 128"]
+    assert all("not read under stage2.method cnc" in m for m in found)
+
+
 def test_an_invalid_grid_launches_nothing(repo: Path, capsys, monkeypatch) -> None:
     code = cli(["sweep", "--repo", str(repo), "--name", "n", "-S", "loss.epsilon=0.1,oops", "--seeds", "0"])
     assert code == 2

@@ -157,29 +157,6 @@ def test_each_margin_applies_only_where_its_method_reads_it() -> None:
         assert applies("loss.eps_supcon.fairkl_weight", context) is eps_supcon, method
 
 
-def test_the_report_warns_of_a_changed_param_the_run_does_not_read(tmp_path) -> None:
-    """The report's own warnings (the Warnings section, the report stage's MLflow run): the params this run changed
-    against the committed params.yaml and does not read; none without a commit to compare with."""
-    import subprocess
-
-    from debias.report.build import params_warnings
-
-    raw = committed()
-    raw["stage2"]["method"] = "cnc"
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    assert params_warnings(tmp_path, validate(raw)) == []  # no git: nothing to compare with
-    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"],
-                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "committed"]):
-        subprocess.run(command, cwd=tmp_path, check=True)
-    assert params_warnings(tmp_path, validate(raw)) == []  # the committed params as they are
-    changed = copy.deepcopy(raw)
-    changed["loss"]["epsilon"] = 0.25  # CNC's margin: read
-    changed["loss"]["temperature"] = 0.2
-    changed["stage2"]["cnc"]["temperature"] = 0.1
-    (found,) = params_warnings(tmp_path, validate(changed))
-    assert found.startswith("unread-param: loss.temperature = 0.2: not read under stage2.method cnc"), found
-
-
 def test_epsilon_changes_the_stage2_loss_only_where_its_term_weighs() -> None:
     """kl at alpha 1: ε 0.25 and 0.5 give stage-2 losses (and gradients) apart by more than EPSILON_EFFECT on a fixed
     batch; the committed default (released, alpha 0.03) does not, as its negligible-param warning says."""

@@ -287,5 +287,29 @@ def local_warnings(root: Path = Path("."), stages: tuple[str, ...] = STAGES) -> 
     return collect_warnings(stage_documents(_read_local(root), stages))
 
 
+UNREAD_KEY = "unread_params"  # a run record's field: the stage's unread-param warnings (debias.harness.unread)
+
+
+def recorded_unread(root: Path = Path("."), stages: tuple[str, ...] = PIPELINE) -> dict[str, list[str]]:
+    """Stage -> the unread-param warnings its run record kept (the declared params changed since its previous run that
+    it does not read, found as it started); stages without any are left out."""
+    out: dict[str, list[str]] = {}
+    for stage in stages:
+        record = _read_local(root)(paths.RUNS / f"{stage}.json")
+        found = record.get(UNREAD_KEY) if isinstance(record, dict) else None
+        if isinstance(found, list) and found:
+            out[stage] = [str(message) for message in found]
+    return out
+
+
+def run_warnings(root: Path = Path(".")) -> dict[str, list[str]]:
+    """Every warning of the run in the workspace, by stage in pipeline order: those its stages wrote into their metrics
+    files (:func:`local_warnings`) and the unread-param warnings their run records kept (:func:`recorded_unread`)."""
+    local, unread = local_warnings(root), recorded_unread(root)
+    merged = {stage: unread.get(stage, []) + [m for m in local.get(stage, []) if m not in unread.get(stage, [])]
+              for stage in PIPELINE}
+    return {stage: messages for stage, messages in merged.items() if messages}
+
+
 def local_selection(root: Path = Path(".")) -> dict[str, dict[str, Any]]:
     return collect_selection(stage_documents(_read_local(root)))

@@ -3,7 +3,8 @@
 An entrypoint names its stage and the params it reads (exactly those dvc.yaml declares for
 it) and passes a body ``(params, run) -> None``. Before the body starts, the params are
 validated, ``DEBIAS_DEVICE`` is checked and every folder the stage writes into is probed for
-writability, so none of these fails after minutes of work. Failures a user can act on end the
+writability, so none of these fails after minutes of work; and each declared param changed since the stage's last
+run that this run does not read is printed as an ``unread-param`` warning (:mod:`debias.harness.unread`). Failures a user can act on end the
 process with one line naming the cause and what to do, and a non-zero exit code, instead of a
 traceback (``DEBIAS_DEBUG=1`` re-raises):
 
@@ -35,6 +36,8 @@ from typing import TYPE_CHECKING
 
 from debias.core.errors import DebiasError, ParamsError, ResourceError, uncommitted_params_hint
 from debias.core.paths import RUNS
+from debias.core.headline import UNREAD_KEY
+from debias.harness.unread import unread_since_last_run
 from debias.params import Params, as_dict
 from debias.schema import load_params
 
@@ -128,9 +131,10 @@ def publish(stage: str, run: StageRun) -> None:
     for path in stage_outputs(stage):  # small JSON/CSV outputs, for `debias compare --source mlflow`
         if path.suffix in (".json", ".csv") and path.is_file() and path.parent != RUNS and path.stat().st_size < 5e6:
             run.log_artifact(path, f"outputs/{path.parent.as_posix()}")
-    own = local_warnings(stages=(stage,))
+    own = local_warnings(stages=(stage,)).get(stage, []) + list(getattr(run, "notes", {}).get(UNREAD_KEY, []))
     if own:
-        run.set_tags({"debias.warnings": "\n".join(own[stage])[:5000]})
+        run.set_tags({"debias.warnings": "\n".join(own)[:5000]})
+        run.log_metrics({"warnings": float(len(own))})
     stages = upstream_stages(stage)
     if not stages or not run.parent_id:
         return
@@ -215,12 +219,18 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
         params = load_params()
         pick_device()  # a DEBIAS_DEVICE this machine lacks fails here, not after data loading
         configure_threads()
+        unread: list[str] = []
         if distributed.is_main():
             check_writable(stage_outputs(stage))
+            unread = unread_since_last_run(stage, params, STAGE_PARAMS[stage])
+            for message in unread:  # said before the body loads data or trains
+                print(f"[{stage}] WARNING {bounded(message)}", file=sys.stderr, flush=True)
         from debias.harness.tracking import stage_run
 
         with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run, \
                 installed():
+            if unread:
+                run.note(UNREAD_KEY, unread)
             body(params, run)
             if distributed.is_main():
                 publish(stage, run)

@@ -49,10 +49,9 @@ def build_report(root: Path, params: Params, run_id: str | None = None) -> list[
     return [md_path, html_path, *written]
 
 
-def params_warnings(root: Path, params: Params) -> list[str]:
-    """The report's own warnings: each param this run changed against the committed params.yaml and does not read
-    (``unread-param``; the Warnings section lists them first)."""
-    from debias.report import params_table
-    from debias.report.sections.run_params import run_context
+def params_warnings(root: Path) -> list[str]:
+    """The unread-param warnings of the run's stages (each declared param changed since the stage's previous run that
+    the run does not read, as each stage found it when it started; :func:`debias.core.headline.recorded_unread`)."""
+    from debias.core.headline import recorded_unread
 
-    return params_table.unread_changes(params, root, run_context(load_inputs(root), params))
+    return list(dict.fromkeys(m for messages in recorded_unread(root).values() for m in messages))

@@ -16,10 +16,9 @@ from typing import Any
 
 import yaml
 
-from debias.core.errors import ParamsError
 from debias.params import Params, as_dict, flatten
 from debias.schema import schema, validate
-from debias.schema.applicability import RunContext, applies, unread_warnings
+from debias.schema.applicability import RunContext, applies
 
 PARAMS_FILE = "params.yaml"
 _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
@@ -130,17 +129,3 @@ def departures(committed: Params, text: str, context: RunContext) -> tuple[list[
     comments = yaml_comments(text)
     found, skipped = differing(committed, schema()(), context)
     return [ParamChange(c.key, c.value, c.base, reason(c.key, comments)) for c in found], skipped
-
-
-def unread_changes(params: Params, root: Path, context: RunContext) -> list[str]:
-    """``unread-param`` warnings for the params this run changed against the committed params.yaml that it does not
-    read (``-S loss.epsilon=...`` under CNC); none where the committed file cannot be read."""
-    text, _ = committed_text(root)
-    if text is None:
-        return []
-    try:
-        committed = committed_params(text)
-    except ParamsError:
-        return []
-    values = flatten(as_dict(params))
-    return unread_warnings(context, {key: values[key] for key in differing(params, committed, context)[1]})

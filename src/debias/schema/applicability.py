@@ -103,6 +103,11 @@ def _margin_of(key: str) -> Rule:
     return lambda c: method_spec(c.params.stage2.method).epsilon_key == key
 
 
+def _sgd(section: str) -> Rule:
+    """``<section>.momentum`` is read by SGD only (Adam has none: :func:`debias.training.loop.build_optimizer`)."""
+    return lambda c: getattr(c.params, section).optimizer == "sgd"
+
+
 def _head_fitted(c: RunContext) -> bool:
     return not method_spec(c.params.stage2.method).head_trained
 
@@ -124,6 +129,9 @@ FIXED_RULES: dict[str, Rule] = {
     "stage2.head.": _head_fitted,
     "stage2.tabular_view.": lambda c: (_method_reads("stage2.tabular_view.")(c)
                                        and c.params.data.source in TABULAR_SOURCES),
+    "erm.momentum": _sgd("erm"),
+    "stage2.momentum": _sgd("stage2"),
+    "stage2.batch_size": lambda c: method_spec(c.params.stage2.method).reads_batch_size,
     "loss.": _method_reads("loss."),
     "loss.epsilon": _margin_of("loss.epsilon"),
     "loss.eps_supcon.": _margin_of("loss.eps_supcon.epsilon"),  # eps_supcon's own margin and FairKL lambda
@@ -155,9 +163,11 @@ def applies(key: str, context: RunContext) -> bool:
     return True if prefix is None else bool(rules()[prefix](context))
 
 
-# The setting that decides whether a param of each top-level section applies (:func:`unread`'s message).
+# The setting that decides whether a param of each top-level section applies (:func:`unread`'s message), and the
+# rules decided by another setting than their section's.
 DECIDED_BY = {"data": "data.source", "bias": "bias.protocol", "model": "model.name", "groups": "groups.method",
               "stage2": "stage2.method", "loss": "stage2.method", "probe": "probe.method"}
+DECIDED_BY_RULE = {"erm.momentum": "erm.optimizer", "stage2.momentum": "stage2.optimizer"}
 
 
 def unread(key: str, context: RunContext) -> str | None:
@@ -165,7 +175,7 @@ def unread(key: str, context: RunContext) -> str | None:
     when it applies."""
     if applies(key, context):
         return None
-    decider = DECIDED_BY.get(key.split(".")[0])
+    decider = DECIDED_BY_RULE.get(rule_for(key) or "") or DECIDED_BY.get(key.split(".")[0])
     if decider is None:
         return "not read by this run's source, protocol, model or methods"
     value = context.params

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from debias.core.headline import local_warnings
+from debias.core.headline import run_warnings
 from debias.params import Params
 from debias.report import card
 from debias.report.document import Block, Section, Table, Text
@@ -28,7 +28,7 @@ def card_blocks(headers: list[str], rows: list[list[str]], warnings: str, next_l
 
 def headline_section(summaries: dict[str, card.ModelSummary], root: Path, params: Params) -> Section:
     """ERM against stage 2 on the test split, the warnings, and what to look at next."""
-    by_stage = local_warnings(root)
+    by_stage = run_warnings(root)
     headers, rows = card.card_table([summaries["erm"], summaries["stage2"]], params.report.min_group_n,
                                     params.report.confidence)
     found = [(stage, m) for stage, ms in by_stage.items() for m in ms]

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from debias.core.headline import local_selection, local_warnings, warning_code
-from debias.report import params_table
+from debias.core.headline import local_selection, run_warnings, warning_code
 from debias.report.document import Block, Section, Table, Text
-from debias.report.sections import run_params
 from debias.report.sections.base import ReportContext
 
 TITLE = "Warnings"
 
 
-def warnings_section(root: Path, params_warnings: list[str] | None = None) -> Section:
-    """Every stage's warnings (``"warnings"`` in its metrics files) and ``params_warnings`` (a changed param the run
-    does not read), first in the report; and how each training stage chose its model (``"selection"``) where the
-    stage recorded it."""
-    by_stage = ({"params": list(params_warnings)} if params_warnings else {}) | local_warnings(root)
+def warnings_section(root: Path) -> Section:
+    """Every stage's warnings (``"warnings"`` in its metrics files, and the unread params its run record kept), first
+    in the report; and how each training stage chose its model (``"selection"``) where the stage recorded it."""
+    by_stage = run_warnings(root)
     selection = local_selection(root)
     blocks: list[Block] = []
     total = sum(len(messages) for messages in by_stage.values())
@@ -46,5 +43,4 @@ def picks_text(picks: dict[str, int] | None) -> str:
 
 def section(context: ReportContext) -> Section:
     """The warnings of this run's stages and of its params."""
-    params_context = run_params.run_context(context.inputs, context.params)
-    return warnings_section(context.root, params_table.unread_changes(context.params, context.root, params_context))
+    return warnings_section(context.root)

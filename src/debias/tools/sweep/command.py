@@ -13,7 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from debias.tools.sweep.grid import MAX_POINTS, Job, SweepError, check_grid, plan_from_args, upstream_runs
+from debias.tools.sweep.grid import (MAX_POINTS, Job, SweepError, check_grid, plan_from_args, unread_in_grid,
+                                     upstream_runs)
 from debias.tools.sweep.local import run_local
 from debias.tools.sweep.slurm import launch_slurm, result_of
 from debias.tools.sweep.status import mark_stopped_attempts, status_text, statuses, wait
@@ -36,6 +37,8 @@ def launch(root: Path, args: argparse.Namespace) -> int:
                          "shows it, `--resume` reruns what is not done; or choose another --name")
     print(f"[sweep] {name}: {len(jobs)} experiments; validating them against the params schema", flush=True)
     merged = check_grid(root, jobs, upstream)
+    for message in unread_in_grid(jobs, merged):
+        print(f"[sweep] {name}: WARNING {message}", flush=True)
     if args.launcher == "slurm":
         if shutil.which("sbatch") is None:
             raise SweepError("--launcher slurm: sbatch is not on PATH (no SLURM client here)")

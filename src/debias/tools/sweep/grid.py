@@ -268,6 +268,12 @@ def check_grid(root: Path, jobs: list[Job], upstream: str | None = None) -> list
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         problems.append(f"experiment names given twice: {', '.join(duplicates)}")
+    seen: dict[str, str] = {}
+    for job in jobs:  # -S lr=0.001,0.001 or --seeds 0 0: the same experiment twice
+        same = seen.setdefault(json.dumps(job.overrides, sort_keys=True, default=str), job.name)
+        if same != job.name:
+            shown = ", ".join(f"{k}={v}" for k, v in job.overrides.items())
+            problems.append(f"experiments {same} and {job.name} have the same params ({shown}): give each value once")
     for stage in [*(t for job in jobs for t in job.targets), *([upstream] if upstream else [])]:
         if stage not in graph:
             problems.append(f"stage {stage!r} is not in dvc.yaml; stages: {', '.join(graph)}")
@@ -283,6 +289,18 @@ def check_grid(root: Path, jobs: list[Job], upstream: str | None = None) -> list
     if problems:
         raise SweepError("the sweep was not launched; fix these first:\n  - " + "\n  - ".join(dict.fromkeys(problems)))
     return merged
+
+
+def unread_in_grid(jobs: list[Job], merged: list[dict[str, Any]]) -> list[str]:
+    """``unread-param: KEY = VALUE: ...`` for each ``-S`` key of the grid that an experiment does not read (each message
+    once): said before anything runs, as ``debias check-params`` says it."""
+    from debias.schema import validate
+    from debias.schema.applicability import RunContext, unread_warnings
+
+    found: list[str] = []
+    for job, params in zip(jobs, merged):
+        found += unread_warnings(RunContext(validate(params)), job.overrides)
+    return list(dict.fromkeys(found))
 
 
 def upstream_runs(root: Path, jobs: list[Job], merged: list[dict[str, Any]], upstream: str | None) -> list[dict]:

@@ -71,6 +71,7 @@ class MethodSpec:
     memory_advice: tuple[str, ...] = ("stage2.batch_size",)
     fairkl_weight: Callable[[Params], float] | None = None
     epsilon_key: str | None = None  # the param of the margin its contrastive term reads (loss.epsilon, ...), if any
+    reads_batch_size: bool = True  # whether its batches are stage2.batch_size points (CNC's are its own M and N)
     needs_erm_weights: Callable[[Params], bool] = _no_erm_weights
     # whether the method's task splits its step into host draws and device work (debias.training.captured), so
     # stage2.speed.step: cuda_graph can capture it; capture_note: why not, where it is not

@@ -91,6 +91,7 @@ def memory_plan(params: Params, n_train: int) -> StepPlan:
 register_method("cnc", f"{__name__}.train:cnc_method", display="CNC", schema_default=True, head_trained=True,
                 temperature=lambda p: ("stage2.cnc.temperature", p.stage2.cnc.temperature),
                 section="cnc", params=CNCParams, sources=SOURCES, memory_plan=memory_plan, epsilon_key="loss.epsilon",
+                reads_batch_size=False,
                 memory_advice=("stage2.cnc.forward_chunk", "stage2.cnc.num_positives", "stage2.cnc.num_negatives"),
                 needs_erm_weights=lambda p: p.stage2.cnc.init == "erm",
                 capture_note="a step's stage2.cnc.accumulation contrastive batches are drawn by the host-side sampler and "
