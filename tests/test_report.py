@@ -523,3 +523,31 @@ def test_the_warnings_line_counts_each_code_once_with_its_stages() -> None:
     assert card.warnings_line(found) == ("4 warnings: [chance-level](#warnings) × 3 (train_erm, train_contrastive), "
                                          "[weak-groups](#warnings) (infer_groups). Read them before the numbers.")
     assert card.warnings_line([]) == "No warnings."
+
+
+def test_a_group_with_no_training_image_is_named_so_in_the_card_the_heatmap_and_compare(tmp_path) -> None:
+    """A worst group the training split holds no image of is named "no training image" wherever its accuracy is
+    shown: the card's worst group, the results rows (its name), compare's worst group; the heatmap crosses it out."""
+    from debias.report import figures
+    from debias.tools.compare.collect import GROUP_FILES, Experiment
+    from debias.tools.compare.page import worst_groups
+
+    table = {"per_group": [[0.9, 0.0], [0.8, 0.7]], "group_counts": [[10, 5], [10, 10]]}
+    summary = {"splits": {"train": {"group_counts": [[50, 0], [3, 40]]}}}
+    train_counts = card.train_group_counts(summary)
+    summary_of = card.model_summary("stage 2", {"avg": 0.7, "unbiased": 0.6, "worst_group": 0.0}, table, 0.95,
+                                    train_counts)
+    assert summary_of.worst_group.train_n == 0
+    assert card.group_name(summary_of.worst_group) == "y=0, a=1, no training image"
+    _, rows = card.card_table([summary_of], 30, 0.95)
+    assert ["worst group (class y, attribute a)", "y=0, a=1, no training image"] in rows
+    unknown = card.model_summary("stage 2", None, table, 0.95)  # no bias summary: nothing claimed
+    assert unknown.worst_group.train_n is None and card.group_name(unknown.worst_group) == "y=0, a=1"
+    seen = card.model_summary("stage 2", None, {**table, "per_group": [[0.0, 0.5], [0.8, 0.7]]}, 0.95, train_counts)
+    assert card.group_name(seen.worst_group) == "y=0, a=0"  # a group trained on is named as before
+    files = {str(GROUP_FILES["stage2"]): json.dumps({"test": table}), "data/biased/summary.json": json.dumps(summary)}
+    run = Experiment("e", "experiment", {"seed": 0}, {}, reader=lambda path: files.get(str(path)))
+    assert card.group_name(worst_groups(run, 0.95)["stage2"]) == "y=0, a=1, no training image"
+    figures.per_group_heatmaps([("stage 2", table["per_group"], table["group_counts"])], tmp_path / "h.png",
+                               train_counts)
+    assert (tmp_path / "h.png").read_bytes().startswith(PNG_MAGIC)

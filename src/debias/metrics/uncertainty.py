@@ -30,22 +30,28 @@ class GroupAccuracy:
     n: int
     low: float
     high: float
+    train_n: int | None = None  # the group's training images, where known (0: the model never saw the group)
 
     @property
     def correct(self) -> int:
         return round(self.accuracy * self.n)
 
 
-def group_accuracies(per_group: list[list[float | None]], counts: list[list[int]], confidence: float) -> list[GroupAccuracy]:
+def group_accuracies(per_group: list[list[float | None]], counts: list[list[int]], confidence: float,
+                     train_counts: list[list[int]] | None = None) -> list[GroupAccuracy]:
     """Every non-empty group of a per-group table (``accuracy_report``'s ``per_group`` and ``group_counts``) with
-    its Wilson interval; the correct count is ``round(accuracy * n)``, exact for the stored float64 ratios."""
+    its Wilson interval; the correct count is ``round(accuracy * n)``, exact for the stored float64 ratios.
+    ``train_counts``: the training split's group counts (the bias summary's), kept as each group's ``train_n``."""
     found = []
     for y, (row, count_row) in enumerate(zip(per_group, counts)):
         for a, (value, n) in enumerate(zip(row, count_row)):
             if value is None or not n:
                 continue
             low, high = wilson_interval(round(float(value) * int(n)), int(n), confidence)
-            found.append(GroupAccuracy(y, a, float(value), int(n), low, high))
+            train_n = None
+            if train_counts is not None and y < len(train_counts) and a < len(train_counts[y]):
+                train_n = int(train_counts[y][a])
+            found.append(GroupAccuracy(y, a, float(value), int(n), low, high, train_n))
     return found
 
 

@@ -13,6 +13,7 @@ from debias.core.io import atomic_path
 from debias.metrics import group_accuracies, wilson_interval
 from debias.params import Params
 from debias.report import figures
+from debias.report.card import train_group_counts
 from debias.report.inputs import MODELS, ReportInputs
 
 FIGURES_DIR = paths.SAMPLE_GRID.parent
@@ -25,14 +26,6 @@ FIGURE_FILES: dict[str, Path] = {
 }
 PER_GROUP_CSV: dict[str, Path] = {"erm": paths.PLOTS / "per_group_erm.csv", "stage2": paths.PLOTS / "per_group_stage2.csv"}
 PER_GROUP_COLUMNS = ("group", "class", "attribute", "n", "accuracy", "low", "high")
-
-
-def aligned_attributes(summary: dict[str, Any] | None) -> list[int] | None:
-    """Per class, the attribute most frequent in training (the bias-aligned one), None without a summary."""
-    counts = (((summary or {}).get("splits") or {}).get("train") or {}).get("group_counts")
-    if not counts:
-        return None
-    return [max(range(len(row)), key=row.__getitem__) for row in counts]
 
 
 def per_group_rows(table: list[list[float | None]], counts: list[list[int]] | None,
@@ -97,7 +90,7 @@ def draw_figures(inputs: ReportInputs, root: Path, labels: dict[str, str], dpi: 
         figures.placeholder(root / FIGURE_FILES["per_group"], f"accuracy per (class y, bias attribute a): "
                                                                f"{NEEDS_BIAS_LABELS}", dpi)
     elif panels:
-        figures.per_group_heatmaps(panels, root / FIGURE_FILES["per_group"], aligned_attributes(inputs.get("summary")), dpi)
+        figures.per_group_heatmaps(panels, root / FIGURE_FILES["per_group"], train_group_counts(inputs.get("summary")), dpi)
     else:
         figures.placeholder(root / FIGURE_FILES["per_group"], "no per-group accuracy (erm_groups.json missing)", dpi)
     drawn["per_group"] = bool(panels) and not unlabelled

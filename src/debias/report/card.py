@@ -38,9 +38,20 @@ def interval_text(low: float, high: float) -> str:
     return f"[{pct(low)}, {pct(high)}]"
 
 
+NO_TRAINING_IMAGE = "no training image"
+
+
 def group_name(group: GroupAccuracy) -> str:
-    """'y=3, a=1': the group's class and bias attribute."""
-    return f"y={group.y}, a={group.a}"
+    """'y=3, a=1': the group's class and bias attribute; 'y=4, a=0, no training image' where the training split holds
+    none of it (its accuracy measures a combination the model never saw, not what training did to a minority)."""
+    return f"y={group.y}, a={group.a}" + (f", {NO_TRAINING_IMAGE}" if group.train_n == 0 else "")
+
+
+def train_group_counts(summary: dict[str, Any] | None) -> list[list[int]] | None:
+    """The training split's images per (class, attribute) from the bias summary (``data/biased/summary.json``);
+    None without one or without bias labels."""
+    counts = (((summary or {}).get("splits") or {}).get("train") or {}).get("group_counts")
+    return counts if isinstance(counts, list) else None
 
 
 def small(group: GroupAccuracy | None, min_n: int) -> bool:
@@ -80,15 +91,15 @@ class ModelSummary:
 
 
 def model_summary(label: str, accuracy: dict[str, Any] | None, table: dict[str, Any] | None,
-                  confidence: float) -> ModelSummary:
+                  confidence: float, train_counts: list[list[int]] | None = None) -> ModelSummary:
     """From a stage's test accuracies (``erm.json``'s ``test``) and per-group table (``erm_groups.json``'s
-    ``test``); either may be None (the stage did not run)."""
+    ``test``); either may be None (the stage did not run). ``train_counts``: :func:`train_group_counts`."""
     accuracy, table = accuracy or {}, table or {}
     counts = table.get("group_counts") if isinstance(table.get("group_counts"), list) else [table.get("class_counts") or []]
     n = accuracy.get("n") or sum(map(sum, counts or [])) or None  # the metrics file keeps no n
     avg = accuracy.get("avg")
     avg_interval = wilson_interval(round(avg * n), n, confidence) if avg is not None and n else None
-    groups = (tuple(group_accuracies(table["per_group"], table["group_counts"], confidence))
+    groups = (tuple(group_accuracies(table["per_group"], table["group_counts"], confidence, train_counts))
               if isinstance(table.get("per_group"), list) and table.get("group_counts") else ())  # a str: no labels
     return ModelSummary(label, avg, accuracy.get("unbiased"), accuracy.get("worst_group"), n, avg_interval,
                         worst_group_of(list(groups)), groups, accuracy.get("worst_class"))

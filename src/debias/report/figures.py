@@ -135,11 +135,14 @@ def _bare(ax: plt.Axes) -> None:
 
 
 def per_group_heatmaps(panels: list[tuple[str, AccuracyTable, list[list[int]] | None]], path: str | Path,
-                       aligned_attribute: list[int] | None = None, dpi: int = 110) -> None:
+                       train_counts: list[list[int]] | None = None, dpi: int = 110) -> None:
     """Accuracy per (class row, attribute column), one panel per (title, table, counts); empty cells hatched, not 0.
 
-    ``aligned_attribute[c]``: the attribute boxed in row c (the bias-aligned group of class c).
+    ``train_counts``: the training split's images per group: each row's most frequent attribute is boxed in red
+    (the bias-aligned group of the class), and a group with no training image is crossed out and labelled so (its
+    accuracy is of a combination the model never saw).
     """
+    aligned_attribute = [max(range(len(row)), key=row.__getitem__) for row in train_counts] if train_counts else None
     n_rows = max(len(table) for _, table, _ in panels)
     n_cols = max(len(table[0]) for _, table, _ in panels)
     cell = 0.42 if n_cols <= 6 else 0.36
@@ -158,6 +161,10 @@ def per_group_heatmaps(panels: list[tuple[str, AccuracyTable, list[list[int]] | 
             label = f"{100 * value:.0f}"
             if counts is not None and n_cols <= 6:
                 label += f"\nn={counts[r][c]}"
+            if train_counts is not None and r < len(train_counts) and c < len(train_counts[r]) and not train_counts[r][c]:
+                ax.plot([c - 0.45, c + 0.45], [r - 0.45, r + 0.45], color="orange", lw=1.0)
+                ax.plot([c - 0.45, c + 0.45], [r + 0.45, r - 0.45], color="orange", lw=1.0)
+                label += "\nno train" if n_cols <= 6 else ""
             ax.text(c, r, label, ha="center", va="center", fontsize=6 if n_cols <= 6 else 5,
                     color="black" if value > 0.6 else "white")
         if aligned_attribute is not None:

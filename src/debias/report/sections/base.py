@@ -71,8 +71,10 @@ def result_cells(row: ResultRow, worst: GroupAccuracy | None = None, min_n: int 
 
 def model_summaries(inputs: ReportInputs, labels: dict[str, str], confidence: float) -> dict[str, card.ModelSummary]:
     """ERM's and stage 2's test results with their per-group intervals (missing files give empty summaries)."""
+    train_counts = card.train_group_counts(inputs.get("summary"))
     return {model: card.model_summary(labels[model], (inputs.get(model) or {}).get("test"),
-                                      (inputs.get(f"{model}_groups") or {}).get("test"), confidence) for model in MODELS}
+                                      (inputs.get(f"{model}_groups") or {}).get("test"), confidence, train_counts)
+            for model in MODELS}
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,8 @@ def per_group_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[
     if drawn["per_group"]:
         blocks.append(Figure(FIGURE_FILES["per_group"], (
             "Test accuracy (%) per (class y, bias attribute a); hatched: no test image in the group (not 0); red box: "
-            "the bias-aligned attribute of each class (most frequent in training). Also as CSV: "
+            "the bias-aligned attribute of each class (most frequent in training); orange cross: no training image in the "
+            "group (the model never saw that combination). Also as CSV: "
             + ", ".join(str(p) for p in PER_GROUP_CSV.values()) + ".")))
     for model, name in (("erm", "erm_groups"), ("stage2", "stage2_groups")):
         if inputs.get(name) is None:

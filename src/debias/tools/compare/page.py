@@ -35,8 +35,9 @@ PAGE_STYLE = "main { max-width: 1500px; } td, th { white-space: nowrap; }"
 
 def worst_groups(experiment: Experiment, confidence: float) -> dict[str, GroupAccuracy | None]:
     """ERM's and stage 2's worst test group of ``experiment`` (None where its per-group file is missing)."""
+    train_counts = card.train_group_counts(experiment.read_json(paths.BIAS_SUMMARY))
     return {model: card.model_summary(model, None, (experiment.read_json(GROUP_FILES[model]) or {}).get("test"),
-                                      confidence).worst_group for model in GROUP_FILES}
+                                      confidence, train_counts).worst_group for model in GROUP_FILES}
 
 
 def _distinct(values: list[str]) -> str:
@@ -167,7 +168,8 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
     names = ", ".join(e.name for e in chosen)
     heatmaps: list[Block] = [Figure(path, f"Test accuracy (%) per (class y, bias attribute a) of the stage-2 model "
                                     f"(ERM where stage 2 did not run); hatched: no test image; red box: the bias-aligned "
-                                    f"attribute of each class.") for path in figure_paths.get("per_group", [])]
+                                    f"attribute of each class; a cross: no training image (of the first experiment's "
+                                    f"data).") for path in figure_paths.get("per_group", [])]
     curves: list[Block] = [Figure(path, "Validation accuracy per epoch: worst-group (solid) and average (dashed), "
                                   "one colour per experiment; ERM left, stage 2 right.") for path in figure_paths.get("curves", [])]
     missing = figure_paths.get("missing", [])
@@ -212,7 +214,7 @@ def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, l
         figures.group_summary(points, [f"{prefix}_worst", f"{prefix}_unbiased", f"{prefix}_avg"],
                               {k: LABELS[k] for k in LABELS}, path, dpi)
         drawn["groups"].append(path.relative_to(out))
-    panels, aligned = [], None
+    panels, train_counts = [], None
     curves: dict[str, dict[str, dict[str, list[float]]]] = {"ERM": {}, "stage 2": {}}
     for experiment in chosen:
         table = None
@@ -227,10 +229,8 @@ def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, l
             panels.append((experiment.name, table["per_group"], table.get("group_counts")))
         else:
             drawn["missing"].append(f"per-group accuracy of {experiment.name}")
-        if aligned is None:
-            summary = experiment.read_json(paths.BIAS_SUMMARY)
-            counts = (((summary or {}).get("splits") or {}).get("train") or {}).get("group_counts")
-            aligned = [max(range(len(row)), key=row.__getitem__) for row in counts] if counts else None
+        if train_counts is None:
+            train_counts = card.train_group_counts(experiment.read_json(paths.BIAS_SUMMARY))
         for model, title in (("erm", "ERM"), ("stage2", "stage 2")):
             columns = experiment.read_curves(CURVE_FILES[model])
             if columns:
@@ -238,7 +238,7 @@ def draw(comparison: Comparison, out: Path, dpi: int = 100) -> tuple[dict[str, l
     shapes = {(len(t), len(t[0]) if t else 0) for _, t, _ in panels}
     for i in range(0, len(panels), 4):
         path = folder / f"per_group_{i // 4 + 1}.png"
-        figures.per_group_heatmaps(panels[i : i + 4], path, aligned if len(shapes) == 1 else None, dpi)
+        figures.per_group_heatmaps(panels[i : i + 4], path, train_counts if len(shapes) == 1 else None, dpi)
         drawn["per_group"].append(path.relative_to(out))
     if any(curves.values()):
         path = folder / "curves.png"
