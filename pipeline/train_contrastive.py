@@ -13,7 +13,7 @@ from debias.training.outputs import StageOutputs
 
 OUTPUTS = StageOutputs(model=paths.STAGE2_MODEL, embeddings_dir=paths.STAGE2_DIR,
                        metrics=paths.METRICS / "stage2_train.json", curves=paths.PLOTS / "stage2_curves.csv",
-                       resume=paths.RESUME / "stage2.pt")
+                       resume=paths.RESUME_FILES["train_contrastive"])
 
 
 def run(params: Params, run: StageRun) -> None:

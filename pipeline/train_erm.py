@@ -9,7 +9,7 @@ from debias.training.erm import train_erm
 from debias.training.outputs import StageOutputs
 
 OUTPUTS = StageOutputs(model=paths.ERM_MODEL, embeddings_dir=paths.ERM_DIR, metrics=paths.METRICS / "erm.json",
-                       curves=paths.PLOTS / "erm_curves.csv", resume=paths.RESUME / "erm.pt")
+                       curves=paths.PLOTS / "erm_curves.csv", resume=paths.RESUME_FILES["train_erm"])
 
 
 def run(params: Params, run: StageRun) -> None:

@@ -132,6 +132,47 @@ def test_every_stage_depends_on_exactly_the_code_its_entrypoint_imports() -> Non
                                f"{differences}")
 
 
+def lock_code_mismatches(lock_text: str, root) -> list[str]:
+    """Every code dep (src/, pipeline/) of every stage in a dvc.lock text whose recorded md5 is not the file's under
+    ``root`` (DVC 3 hashes a file's bytes), or that dvc.yaml lists and the lock does not."""
+    import hashlib
+
+    lock = yaml.safe_load(lock_text) or {}
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    found = []
+    for name, entry in (lock.get("stages") or {}).items():
+        recorded = {dep["path"]: dep.get("md5") for dep in entry.get("deps") or []}
+        for dep in stages.get(name, {}).get("deps") or []:
+            if not str(dep).startswith(("src/", "pipeline/")):
+                continue
+            path = root / dep
+            actual = hashlib.md5(path.read_bytes()).hexdigest() if path.is_file() else None
+            if recorded.get(dep) != actual:
+                found.append(f"{name}: {dep} (lock {recorded.get(dep, 'missing')}, file {actual})")
+    return found
+
+
+def test_dvc_lock_describes_the_code_it_ships_with() -> None:
+    """A fresh clone's `dvc status` shows no changed code dep: the committed dvc.lock holds every code dep's md5
+    (rerun `dvc repro` and commit dvc.lock after changing a stage's code)."""
+    stale = lock_code_mismatches((REPO / "dvc.lock").read_text(), REPO)
+    assert not stale, "dvc.lock does not describe this code; run `dvc repro` and commit dvc.lock:\n" + "\n".join(stale)
+
+
+def test_a_stale_lock_entry_is_found(tmp_path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src/a.py").write_text("x = 1\n")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"s": {"cmd": "c", "deps": ["src/a.py", "data"]}}}))
+    import hashlib
+
+    good = hashlib.md5(b"x = 1\n").hexdigest()
+    lock = {"schema": "2.0", "stages": {"s": {"cmd": "c", "deps": [{"path": "src/a.py", "md5": good}]}}}
+    assert lock_code_mismatches(yaml.safe_dump(lock), tmp_path) == []
+    (tmp_path / "src/a.py").write_text("x = 2\n")
+    assert lock_code_mismatches(yaml.safe_dump(lock), tmp_path) == [
+        f"s: src/a.py (lock {good}, file {hashlib.md5(b'x = 2' + chr(10).encode()).hexdigest()})"]
+
+
 def test_the_import_walk_follows_lazy_submodule_and_relative_imports(tmp_path) -> None:
     from debias.tools.deps import code_deps
 

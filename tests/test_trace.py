@@ -1,16 +1,19 @@
 """The DVC graph, proven by running it: each stage's command from dvc.yaml, in a scratch copy of the repository at
-tiny sizes, under an audit hook (tests/trace_hook/sitecustomize.py, on PYTHONPATH for these processes only) that
-logs every file opened with its mode, renamed, removed or listed and every ``debias`` module imported. Per stage
-(:func:`debias.tools.trace.check_stage`): every file read is a dep or a declared environment file, every file
-written is an out or declared as none (NOT_OUTS), every project module imported is a dep or a side channel.
-The commands run as under DVC, each stage forked by the warm fork server (the hook, loaded by the server too, logs
-each forked stage to that stage's log; the server logs nothing) after the first, which starts the server: the
-server's preloaded libraries are imported once per clone, and the project's modules by each stage, as without it.
+tiny sizes, under ``strace -f`` (every file any process of the stage opens, probes, renames, removes or runs, by
+whatever library: :func:`debias.tools.trace.read_strace`) and Python's audit hook (tests/trace_hook/sitecustomize.py,
+on PYTHONPATH for these processes only: which ``debias`` module imported which). Per stage
+(:func:`debias.tools.trace.check_stage`): every file read is a dep or a declared environment file, no other stage's
+out is probed, every file written is an out or declared as none (NOT_OUTS), every project module imported is a dep
+or a side channel. The stages run as plain processes (``DEBIAS_FORKSERVER=0``): a stage forked by the warm fork
+server is no child of the traced command.
 
 All behind ``slow``: the default pipeline, every stage once, and beside it a whole pipeline on an image folder
 without bias labels (whose outputs are also checked to say which numbers need bias labels); then every stage-2
 method, group-inference method and probe variant, each rerunning its own stage on the default pipeline's upstream
 outputs. Each stage is one single-threaded process, so the fixtures run two at a time (the machine's two cores).
+Without ``strace`` (CI installs it, .ci/run) these tests skip, naming it. The checker itself is tested without a
+pipeline: reads made through pyarrow, ctypes and a subprocess, a temporary file the stage did not make, a symlink
+out of the repository and a probe of another stage's out are each found.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,11 +33,24 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias.tools.trace import changed_files, check_stage, read_trace, snapshot
+from debias.tools.trace import (changed_files, check_stage, declared, read_hook, read_strace, snapshot,
+                                strace_command)
 from tests.conftest import REPO, copy_worktree, unlabelled_image_folder
 from tests.faults.conftest import deep_update
 
 HOOK = REPO / "tests" / "trace_hook"
+
+
+def _strace_problem() -> str | None:
+    """Why strace cannot trace here (not installed, or ptrace refused in this container), else None."""
+    if shutil.which("strace") is None:
+        return "strace is not installed (apt-get install strace; .ci/run installs it)"
+    done = subprocess.run(["strace", "-f", "-qq", "-o", os.devnull, "true"], capture_output=True, text=True)
+    return None if done.returncode == 0 else f"strace cannot trace here: {done.stderr.strip()[:200]}"
+
+
+STRACE_PROBLEM = _strace_problem()
+pytestmark = pytest.mark.skipif(STRACE_PROBLEM is not None, reason=STRACE_PROBLEM or "")
 STAGES = ["source", "download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
           "evaluate", "report"]
 # Tiny sizes: one or two epochs on 120 images per split; the default methods (cluster groups, CNC).
@@ -60,6 +77,7 @@ class TracedClone:
         self.stages = yaml.safe_load((self.root / "dvc.yaml").read_text())["stages"]
         self.runs = 0
         self.output = ""  # every stage's stdout and stderr, in order
+        self.traces: dict[str, tuple] = {}  # stage -> (trace, files changed, files before) of its last run
 
     def set_params(self, changes: dict) -> None:
         """params.yaml: the tiny base with ``changes`` merged in."""
@@ -74,23 +92,32 @@ class TracedClone:
         return [str(p) for p in external_files(load_params(self.root / "params.yaml").data).values()]
 
     def run(self, name: str) -> list[str]:
-        """Run stage ``name``'s dvc.yaml command under the hook; its violations (:func:`check_stage`)."""
+        """Run stage ``name``'s dvc.yaml command under strace and the hook; its violations (:func:`check_stage`)."""
         self.runs += 1
         log = self.root.parent / f"trace-{self.root.name}-{self.runs}-{name}.jsonl"
+        os_log = log.with_suffix(".strace")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_", "DEBIAS_"))}
-        env.update(DEBIAS_TRACKING="off", DEBIAS_THREADS="1", DEBIAS_FORKSERVER_IDLE="60", DEBIAS_TRACE_LOG=str(log),
+        env.update(DEBIAS_TRACKING="off", DEBIAS_THREADS="1", DEBIAS_FORKSERVER="0", DEBIAS_TRACE_LOG=str(log),
                    XDG_RUNTIME_DIR=str(self.runtime),
                    DVC_STAGE=name, DVC_ROOT=str(self.root), PYTHONPATH=os.pathsep.join([str(HOOK), str(self.root / "src")]),
                    PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
         before = snapshot(self.root)
-        done = subprocess.run(self.stages[name]["cmd"].split("#", 1)[0], shell=True, cwd=self.root, env=env,
-                              capture_output=True, text=True, timeout=600)
+        command = shlex.join(strace_command(os_log)) + " " + self.stages[name]["cmd"].split("#", 1)[0]
+        done = subprocess.run(command, shell=True, cwd=self.root, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         self.output += done.stdout + done.stderr
-        trace = read_trace(log)
+        trace = read_strace(os_log, self.root, ignore=(HOOK,)).merge(read_hook(log))
         assert trace.imports or name == "source", f"{name}: the hook logged no import (is {HOOK} on PYTHONPATH?)"
-        return check_stage(name, self.stages[name], trace, changed_files(before, snapshot(self.root)), self.root,
-                           self.external())
+        assert trace.reads, f"{name}: strace logged no read ({os_log})"
+        self.traces[name] = (trace, changed_files(before, snapshot(self.root)), set(before))
+        return self.check(name, self.stages[name])
+
+    def check(self, name: str, entry: dict) -> list[str]:
+        """The violations of stage ``name``'s last traced run held against the dvc.yaml entry ``entry``."""
+        trace, changed, existed = self.traces[name]
+        others = [out for other, stage in self.stages.items() if other != name for out in declared(stage)[1]]
+        return check_stage(name, entry, trace, changed, self.root, self.external(), existed=existed,
+                           others_outs=others)
 
 
 def _trace_all(clone: TracedClone) -> dict[str, list[str]]:
@@ -146,6 +173,76 @@ def test_every_stage_of_the_default_pipeline_reads_its_deps_and_writes_its_outs(
     _, found = default_pipeline
     problems = [problem for name in STAGES for problem in found[name]]
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_a_dep_left_out_of_dvc_yaml_is_found_whoever_reads_it(default_pipeline) -> None:
+    """data/groups removed from train_contrastive's and report's deps: their reads (pyarrow's C++ reader, in
+    groups/inference.py and report/inputs.py) are violations."""
+    clone, _ = default_pipeline
+    for name in ("train_contrastive", "report"):
+        entry = copy.deepcopy(clone.stages[name])
+        entry["deps"] = [d for d in entry["deps"] if d != "data/groups"]
+        problems = clone.check(name, entry)
+        assert any(p.startswith(f"{name} reads data/groups/") and "not among its deps" in p for p in problems), problems
+
+
+# --------------------------------------------------------------------------- the checker on reads no hook sees
+
+PROBE_SCRIPT = """
+import ctypes, os, subprocess, sys
+import pyarrow.parquet as pq
+root, outside = sys.argv[1], sys.argv[2]
+pq.read_table(os.path.join(root, "data/groups/train.parquet"))                          # pyarrow (C++)
+libc = ctypes.CDLL(None)
+libc.fopen.restype = ctypes.c_void_p
+libc.fclose(ctypes.c_void_p(libc.fopen(os.path.join(root, "data/ctypes.bin").encode(), b"r")))  # ctypes fopen
+subprocess.run(["cat", os.path.join(root, "data/cat.txt")], stdout=subprocess.DEVNULL, check=True)
+subprocess.run([sys.executable, "-I", "-c", f"open({os.path.join(root, 'data/isolated.txt')!r}).read()"], check=True)
+open(os.path.join(root, "data/rplus.txt"), "r+").read()                                 # opened to write, only read
+open(outside).read()                                                                     # a temporary file of others
+open(os.path.join(root, "data/link.txt")).read()                                         # a symlink out of the repo
+os.path.exists(os.path.join(root, "models/stage2.pt"))                                   # another stage's out
+with open(os.path.join(root, "out/own.txt"), "w") as handle:                             # its own out, read back
+    handle.write("x")
+open(os.path.join(root, "out/own.txt")).read()
+"""
+
+
+@pytest.mark.slow
+def test_the_os_trace_sees_reads_of_c_libraries_subprocesses_and_probes(tmp_path: Path) -> None:
+    import pandas as pd
+
+    root, elsewhere = tmp_path / "repo", Path(tempfile.mkdtemp(prefix="not-the-stages-"))
+    (root / "data/groups").mkdir(parents=True)
+    (root / "out").mkdir()
+    pd.DataFrame({"a": [1, 2]}).to_parquet(root / "data/groups/train.parquet")
+    for name in ("ctypes.bin", "cat.txt", "isolated.txt", "rplus.txt"):
+        (root / "data" / name).write_text("x")
+    outside = elsewhere / "left-by-another.txt"
+    outside.write_text("x")
+    target = elsewhere / "linked.txt"
+    target.write_text("x")
+    (root / "data/link.txt").symlink_to(target)
+    log = tmp_path / "probe.strace"
+    before = snapshot(root)
+    subprocess.run([*strace_command(log), sys.executable, "-c", PROBE_SCRIPT, str(root), str(outside)], check=True)
+    trace = read_strace(log, tmp_path)
+    stage = {"deps": ["pipeline/x.py"], "outs": ["out"]}
+    problems = check_stage("x", stage, trace, changed_files(before, snapshot(root)), root, existed=set(before),
+                           others_outs=["models/stage2.pt"])
+    text = "\n".join(problems)
+    for rel in ("data/groups/train.parquet", "data/ctypes.bin", "data/cat.txt", "data/isolated.txt", "data/rplus.txt"):
+        assert f"x reads {rel}, which is not among its deps" in text, (rel, text)
+    assert f"x reads {outside}, outside the repository: a file in a temporary folder the stage did not make" in text
+    assert f"x reads {target}" in text  # the symlink judged by where it points
+    assert "x probes models/stage2.pt (exists / stat), an out of another stage" in text
+    assert "out/own.txt" not in text  # its own out, made and read back
+    declared_stage = {"deps": ["pipeline/x.py", "data"], "outs": ["out"]}
+    remaining = check_stage("x", declared_stage, trace, changed_files(before, snapshot(root)), root,
+                            existed=set(before), others_outs=["models/stage2.pt"])
+    assert not [p for p in remaining if "data/" in p.split(",")[0]], remaining  # declared: no longer a violation
+    shutil.rmtree(elsewhere)
 
 
 # --------------------------------------------------------------------------- every variant (slow)

@@ -15,6 +15,8 @@ METRICS = Path("reports/metrics")
 PLOTS = Path("reports/plots")
 RUNS = Path("reports/runs")
 RESUME = Path("models/.resume")
+# Each training stage's resume state (written during training, read back by the same stage only)
+RESUME_FILES = {"train_erm": RESUME / "erm.pt", "train_contrastive": RESUME / "stage2.pt"}
 
 
 def embeddings_path(directory: Path, split: str) -> Path:

@@ -18,11 +18,9 @@ Machine settings stay out of params.yaml so that DVC does not rerun stages when 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -69,48 +67,13 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def queue_workers(root: str | Path | None = None, cwd: Path | None = None) -> int:
-    """How many of DVC's experiment-queue workers (``dvc queue start -j N``) are alive for this repository, when
-    this process runs inside a queued experiment; 0 otherwise.
-
-    A queued experiment runs in ``<root>/.dvc/tmp/exps/tmpXXXX`` (``dvc exp run --temp``: ``.../exps/standalone/``)
-    with ``$DVC_ROOT`` naming the main repository; each worker is a ``dvc exp queue-worker`` process that DVC
-    records as ``.dvc/tmp/exps/celery/dvc-exp-worker-<n>.json`` (``pid``, ``returncode`` None while it runs) and
-    that runs one experiment at a time. A worker counts while its process is alive and still a queue worker.
-    """
-    root = root or os.environ.get("DVC_ROOT")
-    if not root:
-        return 0
-    exps = (Path(root) / ".dvc" / "tmp" / "exps").resolve()
-    if (cwd or Path.cwd()).resolve().parent != exps:
-        return 0
-    alive = 0
-    for info in (exps / "celery").glob("dvc-exp-worker-*.json"):
-        try:
-            record = json.loads(info.read_text())
-            pid = int(record["pid"])
-            if record.get("returncode") is not None:
-                continue
-            if Path("/proc").is_dir():  # Linux: the pid must still be a queue worker (pids are reused)
-                if b"queue-worker" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    continue
-            else:
-                os.kill(pid, 0)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        alive += 1
-    return alive
-
-
-def default_threads() -> int | None:
-    """The thread count when ``DEBIAS_THREADS`` is unset: cores / queue workers (at least 1) inside a queued
-    experiment with more than one worker alive, else None (each library's default).
-
-    Two queued experiments on 2 cores, each stage taking the libraries' default of one thread per core, ran
-    train_contrastive ~8x slower than alone (75 s against 9 s): 4 busy threads on 2 cores wait on each other.
-    """
-    workers = queue_workers()
-    return max(1, usable_cores() // workers) if workers > 1 else None
+# The thread count of a stage process when DEBIAS_THREADS is unset (ours): one, in `dvc repro`, `dvc exp run`, the
+# queue's experiments and SLURM tasks alike. DVC's run-cache does not key runs on it and it changes the numbers (the
+# order of float sums: ERM's test average 0.3311 at 2 threads, 0.3333 at 1, the same params), so every run of the
+# canonical flow trains at the same count and none restores another's; on 2 cores shared by 2 queued experiments
+# more threads than cores ran train_contrastive ~8x slower (75 s against 9 s). DEBIAS_THREADS sets another count,
+# recorded in every training stage's environment (compare and the report flag runs that differ).
+DEFAULT_THREADS = 1
 
 
 def configure_threads() -> None:
@@ -120,27 +83,19 @@ def configure_threads() -> None:
     with other jobs, one logistic-regression fit of the probe took 9-33 s with 2 BLAS threads (each
     call waits for a descheduled thread) and 0.8 s with 1. Pools already loaded are capped with
     threadpoolctl, later ones through the environment variables they read when they load.
-    Unset, :func:`default_threads` decides (cores / workers in DVC's queue) and the choice is printed.
+    Unset: :data:`DEFAULT_THREADS` (one), the same in every run of the canonical flow.
     """
-    threads = os.environ.get("DEBIAS_THREADS")
-    if not threads:
-        automatic = default_threads()
-        if automatic is None:
-            return
-        threads = str(automatic)
-        print(f"[debias] DEBIAS_THREADS unset: {queue_workers()} DVC queue workers share {usable_cores()} cores, "
-              f"{threads} thread(s) per stage process", file=sys.stderr)
-    if threads:
-        if not (threads.isascii() and threads.isdigit()) or int(threads) < 1:  # '²'.isdigit() is True; int('²') fails
-            raise ValueError(f"DEBIAS_THREADS = '{threads}'; allowed: a whole number >= 1")
-        torch.set_num_threads(int(threads))
-        for name in THREAD_VARIABLES:
-            os.environ[name] = threads
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:  # scikit-learn brings it; without it only the variables apply
-            return
-        threadpool_limits(int(threads))
+    threads = os.environ.get("DEBIAS_THREADS") or str(DEFAULT_THREADS)
+    if not (threads.isascii() and threads.isdigit()) or int(threads) < 1:  # '²'.isdigit() is True; int('²') fails
+        raise ValueError(f"DEBIAS_THREADS = '{threads}'; allowed: a whole number >= 1")
+    torch.set_num_threads(int(threads))
+    for name in THREAD_VARIABLES:
+        os.environ[name] = threads
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # scikit-learn brings it; without it only the variables apply
+        return
+    threadpool_limits(int(threads))
 
 
 def use_deterministic_algorithms() -> None:

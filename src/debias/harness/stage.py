@@ -28,13 +28,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from debias.core.errors import DebiasError, ParamsError, ResourceError, uncommitted_params_hint
+from debias.core.errors import DebiasError, ParamsError, ResourceError, StaleInputError, uncommitted_params_hint
 from debias.core.paths import RUNS
 from debias.core.headline import UNREAD_KEY
 from debias.harness.unread import unread_since_last_run
@@ -146,6 +147,41 @@ def publish(stage: str, run: StageRun) -> None:
     run.log_parent(metrics, tags)
 
 
+def check_params_unchanged(stage: str, params: Params) -> None:
+    """Fail the stage, removing the outputs it wrote, when params.yaml no longer holds the declared params it read as
+    it started: another run in the same workspace (a second ``dvc exp run -S``) wrote its values while this one ran,
+    and DVC would record those beside outputs computed from these (``dvc status`` clean, the model another run's)."""
+    from debias.core.trees import flatten
+
+    keys = STAGE_PARAMS[stage]
+    before = flatten(as_dict(params, keys))
+    try:
+        after = flatten(as_dict(load_params(), keys))
+    except ParamsError as exc:
+        after, invalid = {}, f"; params.yaml is now invalid: {str(exc).splitlines()[0]}"
+    else:
+        invalid = ""
+    changed = [key for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+    if not changed:
+        return
+    removed = []
+    for path in stage_outputs(stage):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(str(path))
+    shown = ", ".join(f"{key} {before.get(key)!r} -> {after.get(key, '(missing)')!r}" for key in changed[:5])
+    raise StaleInputError(
+        f"params.yaml changed while {stage} ran ({shown}{', ...' if len(changed) > 5 else ''}{invalid}): another run "
+        f"in this workspace (a second `dvc exp run -S`?) wrote it. The outputs computed with the values read at the "
+        f"start are removed ({len(removed)}: {', '.join(removed[:4])}{', ...' if len(removed) > 4 else ''}), so none "
+        "stands under params it was not computed with; run one experiment at a time in a workspace, or queue them "
+        "(`dvc exp run --queue`), then rerun")
+
+
 def _fail(who: str, message: str, code: int = 2) -> None:
     text = bounded(message)
     if os.environ.get("DVC_STAGE", "").strip() and "DVC removed" not in text:  # under DVC: the outputs are gone
@@ -233,6 +269,7 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
                 run.note(UNREAD_KEY, unread)
             body(params, run)
             if distributed.is_main():
+                check_params_unchanged(stage, params)
                 publish(stage, run)
         end_stage_process(stage)
     except KeyboardInterrupt:

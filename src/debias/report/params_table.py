@@ -25,7 +25,9 @@ _KEY = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
 
 
 def committed_text(root: Path, name: str = PARAMS_FILE) -> tuple[str | None, str]:
-    """``(text of HEAD:<name>, where it came from)``, or ``(None, why not)`` when git or the commit is missing."""
+    """``(text of HEAD:<name>, where it came from: the command and the commit)``, or ``(None, why not)`` when git or
+    the commit is missing. Git is no dep DVC tracks: the report names the commit, so one built before a later
+    commit says which commit it compared with."""
     try:
         done = subprocess.run(["git", "show", f"HEAD:{name}"], cwd=root, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as error:
@@ -33,7 +35,9 @@ def committed_text(root: Path, name: str = PARAMS_FILE) -> tuple[str | None, str
     if done.returncode != 0:
         last = ((done.stderr or done.stdout).strip().splitlines() or ["no output"])[-1]
         return None, f"`git show HEAD:{name}` failed ({last[:200]})"
-    return done.stdout, f"`git show HEAD:{name}`"
+    commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True,
+                            timeout=60).stdout.strip()
+    return done.stdout, f"`git show HEAD:{name}`, commit {commit}"
 
 
 def _inline_comment(rest: str) -> tuple[str, int | None]:

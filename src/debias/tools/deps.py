@@ -79,11 +79,15 @@ SIDE_CHANNELS: dict[str, str] = {
                              "debias.core.resources, whose calls return nothing (tests/test_layers.py)",
     "debias.harness.progress": "the terminal reporter research code reports to through debias.core.progress; its calls "
                                "return nothing and research loops iterate over their own ranges (tests/test_layers.py)",
+    "debias.harness.unread": "names the declared params changed since the stage's last run (dvc.lock) that the run "
+                             "does not read; prints and records them, returns research code nothing",
 }
 
 # Harness modules that call nothing computing an output either: the walk stops at them (the memory check reads
-# the methods' memory plans, which must not make every stage depend on every method's declaration).
-HARNESS_LEAVES = ("debias.harness.memory",)
+# the methods' memory plans, and the unread-param check the applicability rules, which must not make every stage
+# depend on every method's declaration; the unread-param note a run record keeps is about the change that started
+# that run, which a later edit to the rules does not make wrong).
+HARNESS_LEAVES = ("debias.harness.memory", "debias.harness.unread")
 
 PARAMS = "debias.params"
 SCHEMA = "debias.schema"  # the whole schema built from the sections and the registries: a face, as the package

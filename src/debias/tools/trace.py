@@ -1,44 +1,57 @@
-"""What a stage really read, wrote and imported, held against what dvc.yaml says it depends on and writes.
+"""What a stage really read, wrote, probed, ran and imported, held against what dvc.yaml says it depends on and writes.
 
-A traced stage process (tests/trace_hook/sitecustomize.py, through ``sys.addaudithook``) appends one JSON line per
-file opened (with its mode), renamed, removed, listed or made, and per ``debias`` module imported, to a log. What
-it left on disk is the difference of two :func:`snapshot` calls of the repository around the stage. :func:`check_stage`
-turns both into the stage's violations, each a sentence naming the file or module:
+Files are traced at the OS level: the stage's command runs under ``strace -f`` (:func:`strace_command`), so every
+open, stat, rename, removal, folder made and program run of every process of the stage counts, whatever library
+makes it (pyarrow's C++ readers, a ctypes ``fopen``, ``torch.from_file``, a ``cat`` or ``python -I`` subprocess).
+:func:`read_strace` turns the log into a :class:`Trace`. Python's audit hook (tests/trace_hook/sitecustomize.py) adds
+what the OS does not see: which ``debias`` module imported which (:func:`read_hook`), so code deps are judged by the
+imports, and which module opened a file (named in the messages). What the stage left on disk is the difference of
+two :func:`snapshot` calls of the repository around it. :func:`check_stage` turns all of it into the stage's
+violations, each a sentence naming the file or module:
 
-- every file read inside the repository is a dep of the stage, lies under one, is one of its own outs, or is a
-  declared environment file (:data:`ENVIRONMENT`); outside it, every file read lies under the interpreter (left out
-  by the hook), ``/proc``, ``/dev``, ``/sys``, a temporary folder, the data source's external files (stages
-  depending on their fingerprint ``data/source.json`` only) or an :data:`ENVIRONMENT` entry;
+- every file read inside the repository that existed before the stage is a dep of the stage, lies under one, is its
+  own resume state (:data:`debias.core.paths.RESUME_FILES`) or a declared environment file (:data:`ENVIRONMENT`);
+  the real path decides (a symlink in the repository to a file elsewhere is judged by where it points); outside the
+  repository, every file read lies under the interpreter, ``/proc``, ``/dev``, ``/sys``, a declared environment entry,
+  the data source's external files (stages depending on their fingerprint ``data/source.json`` only), or a temporary
+  folder, and there only when the stage itself made the file;
+- no file or folder inside the repository that another stage writes is probed (``stat``, ``exists``, ``access``)
+  unless it is among the stage's deps or outs: a probe's answer shapes what the stage does as a read would;
 - every file the stage created, changed or deleted in the repository is one of its outs or lies under one, or is
   declared as no out with the reason (:data:`NOT_OUTS`); outside it, it wrote only into temporary folders or
   :data:`ENVIRONMENT` entries marked writable;
+- every program it ran from the repository is a dep;
 - every ``debias`` module imported is a dep of the stage or a side channel (:data:`debias.tools.deps.SIDE_CHANNELS`):
   a harness module that is neither counts as handing values into the outputs.
-Code files (``src/``, ``pipeline/``) are judged by the imports, not by their reads; the import machinery's listing of
-the folders on ``sys.path`` is no read.
+Code files (``src/``, ``pipeline/``, their ``__pycache__``) are judged by the imports, not by their reads.
 """
 
 from __future__ import annotations
 
+import codecs
 import fnmatch
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from debias.tools.deps import is_side_channel, module_file
+from debias.core.paths import RESUME, RESUME_FILES
+from debias.tools.deps import HARNESS_LEAVES, is_side_channel, module_file
 
 # Files (repository-relative; a trailing / is a folder and everything under it; fnmatch patterns) a stage may create,
 # change or delete that are not outs, each with the reason DVC need not know them.
 NOT_OUTS: dict[str, str] = {
-    "models/.resume/": "a training stage's resume state: written during training, deleted when the stage succeeds; "
-                       "a failed stage leaves it for its next run of the same stage to resume from (read back then "
-                       "only)",
+    f"{RESUME.as_posix()}/": "a training stage's resume state: written during training, deleted when the stage "
+                             "succeeds; a failed stage leaves it for its next run of the same stage to resume from "
+                             "(read back by that stage only: RESUME_FILES)",
     "*/__pycache__/*": "the interpreter's bytecode cache of the code deps",
-    "mlflow.db": "the MLflow store (harness tracking): git- and DVC-ignored, shared by every run",
-    "mlruns/": "MLflow's artifact store (harness tracking): git- and DVC-ignored, shared by every run",
+    "mlflow.db": "the MLflow store (harness tracking, written only; never read back into an output): git- and "
+                 "DVC-ignored, shared by every run",
+    "mlflow.db-journal": "SQLite's journal of the MLflow store",
+    "mlruns/": "MLflow's artifact store (harness tracking, written only): git- and DVC-ignored, shared by every run",
 }
 
 # Files read outside the stage's deps (repository-relative, or absolute / ~-relative outside it) that shape no output
@@ -48,6 +61,8 @@ ENVIRONMENT: dict[str, str] = {
                    "keys (debias.harness.stage.STAGE_PARAMS), which DVC tracks",
     "dvc.yaml": "the stage runner reads the stage's declared outs to check they are writable and to log them; DVC "
                 "reruns a stage whose entry changes",
+    "dvc.lock": "the stage runner reads the params DVC recorded for the stage's last run, to name the changed ones "
+                "this run does not read (unread-param, debias.harness.unread); no computed value depends on it",
     ".dvc/": "DVC's own configuration, read to find the repository root",
     "/etc/": "the system's configuration (time zone, users, host names, shared-library cache, SSL certificates)",
     "/usr/share/": "system data: fonts, time-zone and locale tables",
@@ -66,6 +81,17 @@ ENVIRONMENT: dict[str, str] = {
     "~/.cache/fontconfig/": "writable: fontconfig's font cache",
 }
 
+# What one stage alone may read besides ENVIRONMENT, each with the reason.
+STAGE_ENVIRONMENT: dict[str, dict[str, str]] = {
+    "report": {
+        ".git/": "`git show HEAD:params.yaml` (debias.report.params_table.committed_text): the params section shows "
+                 "this run's params against the committed ones and names the commit it compared with, so a report "
+                 "older than a later commit says which commit it means",
+        "~/.gitconfig": "git's own settings, read by that `git show`",
+        "~/.config/git/": "git's own settings, read by that `git show`",
+    },
+}
+
 MACHINE_FOLDERS = ("/proc/", "/dev/", "/sys/")
 CODE_FOLDERS = ("src/", "pipeline/")
 
@@ -78,29 +104,25 @@ class Trace:
     writes: set[str] = field(default_factory=set)  # created, written, renamed or removed
     by: dict[str, str] = field(default_factory=dict)  # path -> the innermost debias module that first touched it
     listed: set[str] = field(default_factory=set)
+    probed: set[str] = field(default_factory=set)  # stat, lstat, access, readlink: what exists, and what it is
+    made: set[str] = field(default_factory=set)  # files whose first event made them new (O_EXCL / O_TRUNC, a rename)
     imports: dict[str, list[str]] = field(default_factory=dict)  # module -> the debias modules on the stack then
-    scripts: set[str] = field(default_factory=set)  # files run as __main__
+    scripts: set[str] = field(default_factory=set)  # files run as __main__ or as a program (execve)
+
+    def merge(self, other: Trace) -> Trace:
+        """The union of two traces of the same stage (the OS trace's files and the hook's imports)."""
+        for name in ("reads", "writes", "listed", "probed", "made", "scripts"):
+            getattr(self, name).update(getattr(other, name))
+        for path, who in other.by.items():
+            self.by.setdefault(path, who)
+        for module, stack in other.imports.items():
+            self.imports.setdefault(module, stack)
+        return self
 
 
-def is_write(mode: str | None, flags: int | None) -> bool:
-    """Whether an ``open`` audit event writes: a mode with w, a, x or +, or (``os.open``) flags asking to write."""
-    if mode is not None:
-        return any(c in mode for c in "wax+")
-    return bool((flags or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
-
-
-def is_read(mode: str | None, flags: int | None) -> bool:
-    """Whether an ``open`` audit event reads: a mode with r or +, or flags that are not write-only."""
-    if mode is not None:
-        return "r" in mode or "+" in mode
-    flags = flags or 0
-    if flags & os.O_TRUNC or (flags & os.O_CREAT and flags & os.O_EXCL):  # emptied, or made new: nothing to read
-        return False
-    return (flags & os.O_ACCMODE) != os.O_WRONLY
-
-
-def read_trace(path: Path) -> Trace:
-    """The :class:`Trace` of a hook's log (every process of the stage; a missing log is an empty trace)."""
+def read_hook(path: Path) -> Trace:
+    """What the audit hook's log adds to the OS trace: the ``debias`` modules imported (with the stack), the files
+    run as ``__main__``, and which module touched each file first (a missing log is an empty trace)."""
     trace = Trace()
     if not path.exists():
         return trace
@@ -112,24 +134,143 @@ def read_trace(path: Path) -> Trace:
         event, paths = record["event"], record.get("paths") or []
         for path in paths:
             if path:
-                trace.by.setdefault(path, record.get("by") or "?")
+                trace.by.setdefault(os.path.realpath(path), record.get("by") or "?")
         if event == "import":
             trace.imports.setdefault(record["module"], record.get("stack") or [])
         elif event == "cpython.run_file":
             trace.scripts.update(paths)
-        elif event == "open":
-            if os.path.isdir(paths[0]):
-                trace.listed.add(paths[0])
+    return trace
+
+
+# ----------------------------------------------------------------------------------------------- the OS trace
+
+#: The system calls :func:`strace_command` traces: every way a process reaches a file by its name.
+SYSCALLS = ("open", "openat", "openat2", "creat", "truncate", "rename", "renameat", "renameat2", "link", "linkat",
+            "symlink", "symlinkat", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "execve", "execveat", "stat",
+            "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat")
+
+
+def strace_command(log: Path) -> list[str]:
+    """The prefix that runs a command under ``strace`` following every child, logging :data:`SYSCALLS` to ``log`` with
+    file descriptors annotated by their paths (``-y``: a relative name is resolved against its directory's)."""
+    return ["strace", "-f", "-qq", "-y", "-e", "trace=" + ",".join(SYSCALLS), "-e", "signal=none", "-o", str(log)]
+
+
+_CALL = re.compile(r"^(?P<pid>\d+) +(?P<name>\w+)\((?P<args>.*)\) += (?P<result>.*)$")
+_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"(\.\.\.)?')
+_DIRFD = re.compile(r"^\s*(?:AT_FDCWD|-?\d+)<(?P<dir>(?:[^>\\]|\\.)*)>")
+_RESULT_PATH = re.compile(r"^-?\d+<(?P<path>(?:[^>\\]|\\.)*)>")
+_WRITE_FLAGS = ("O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND")
+
+
+def _decode(text: str) -> str:
+    """A string as strace prints it (C escapes) back to the path."""
+    if "\\" not in text:
+        return text
+    return codecs.escape_decode(text.encode("latin-1"))[0].decode("utf-8", "surrogateescape")
+
+
+def _strings(args: str) -> list[tuple[str, int, int]]:
+    """The quoted strings of an argument list with their spans (a string cut short by strace ends in ``...``)."""
+    return [(_decode(m.group(1)), m.start(), m.end()) for m in _STRING.finditer(args)]
+
+
+def _dirfd(args: str, start: int) -> str | None:
+    """The path of the ``*at`` call's directory argument just before the string at ``start`` (``AT_FDCWD</cwd>``)."""
+    parts = args[:start].rstrip().rstrip(",").rsplit(",", 1)
+    match = _DIRFD.match(parts[-1]) if parts and parts[-1].strip() else None
+    return _decode(match.group("dir")) if match else None
+
+
+def _calls(lines: list[str]) -> list[tuple[str, str, str, str]]:
+    """(pid, name, args, result) of every complete call, an ``<unfinished ...>`` call joined with its ``resumed``
+    line."""
+    pending: dict[str, str] = {}
+    calls = []
+    for line in lines:
+        pid, _, rest = line.partition(" ")
+        rest = rest.lstrip()
+        if rest.endswith("<unfinished ...>"):
+            pending[pid] = rest[: -len("<unfinished ...>")].rstrip()
+            continue
+        if rest.startswith("<..."):
+            head = pending.pop(pid, None)
+            if head is None:
                 continue
-            if is_read(record.get("mode"), record.get("flags")):
-                trace.reads.add(paths[0])
-            if is_write(record.get("mode"), record.get("flags")):
+            rest = head + rest.split("resumed>", 1)[1]
+        match = _CALL.match(f"{pid} {rest}")
+        if match:
+            calls.append((pid, match.group("name"), match.group("args"), match.group("result")))
+    return calls
+
+
+def read_strace(path: Path, cwd: Path, ignore: tuple[Path, ...] = ()) -> Trace:
+    """The :class:`Trace` of an strace log of :func:`strace_command` (every process of the stage): reads and writes
+    from successful opens (by their flags; ``O_DIRECTORY``: a listing), the real path the kernel opened; renames,
+    links, removals and folders made as writes; stats, accesses and link reads (failed ones too: a missing file is
+    an answer) as probes; programs run. A file whose first event created it afresh (``O_EXCL`` or ``O_TRUNC``, the
+    target of a rename) is the stage's own (:attr:`Trace.made`). A relative name is resolved against its ``*at``
+    call's directory, else against its process's working folder (the last ``AT_FDCWD`` strace showed for it, ``cwd``
+    before any); files under ``ignore`` (the tracer's own) are left out."""
+    trace = Trace()
+    if not path.exists():
+        return trace
+    seen: set[str] = set()
+    cwds: dict[str, str] = {}
+    skipped = tuple(os.path.join(os.path.realpath(folder), "") for folder in ignore)
+
+    def first(target: str, fresh: bool) -> None:
+        if target not in seen:
+            seen.add(target)
+            if fresh:
+                trace.made.add(target)
+
+    for pid, name, args, result in _calls(path.read_text(encoding="utf-8", errors="surrogateescape").splitlines()):
+        ok = not result.startswith("-1")
+        here = _DIRFD.match(args)
+        if here and args.lstrip().startswith("AT_FDCWD"):
+            cwds[pid] = _decode(here.group("dir"))
+        strings = _strings(args)
+        if not strings:
+            continue
+        paths = []
+        for text, start, _ in strings:
+            base = _dirfd(args, start) or cwds.get(pid) or str(cwd)
+            paths.append(os.path.normpath(text if text.startswith("/") else os.path.join(base, text)))
+        if skipped and os.path.realpath(paths[0]).startswith(skipped):
+            continue
+        if name in ("open", "openat", "openat2", "creat"):
+            if not ok:
+                continue
+            found = _RESULT_PATH.match(result)
+            real = os.path.normpath(_decode(found.group("path"))) if found else paths[0]
+            flags = args[strings[0][2]:]
+            if "O_DIRECTORY" in flags:
+                trace.listed.add(real)
+                continue
+            writes = name == "creat" or any(flag in flags for flag in _WRITE_FLAGS)
+            reads = "O_WRONLY" not in flags and name != "creat"
+            first(real, name == "creat" or "O_EXCL" in flags or "O_TRUNC" in flags)
+            if reads:
+                trace.reads.add(real)
+            if writes:
+                trace.writes.add(real)
+        elif name in ("rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat"):
+            if ok:
+                target = paths[-1] if name != "symlink" else paths[1]
+                first(target, True)
+                trace.writes.update(paths if not name.startswith("symlink") else [target])
+        elif name in ("unlink", "unlinkat", "rmdir", "mkdir", "mkdirat", "truncate"):
+            if ok:
+                first(paths[0], name.startswith("mkdir"))
                 trace.writes.add(paths[0])
-        elif event in ("os.listdir", "os.scandir"):
-            trace.listed.add(paths[0])
-        elif event in ("os.rename", "tempfile.mkstemp", "tempfile.mkdtemp", "os.mkdir", "os.remove", "os.rmdir",
-                       "shutil.rmtree", "sqlite3.connect"):
-            trace.writes.update(p for p in paths if p)
+        elif name in ("execve", "execveat"):
+            if ok:
+                trace.scripts.add(os.path.realpath(paths[0]))
+        else:  # stat, lstat, newfstatat, statx, access, faccessat, faccessat2, readlink, readlinkat
+            if args.lstrip().startswith('""') or strings[0][0] == "":  # fstat of a descriptor (AT_EMPTY_PATH)
+                continue
+            trace.probed.add(paths[0])
     return trace
 
 
@@ -169,10 +310,11 @@ def under(path: str, entries: list[str] | tuple[str, ...]) -> bool:
     return False
 
 
-def _environment(root: Path) -> tuple[list[str], list[str]]:
-    """:data:`ENVIRONMENT`'s entries as paths (absolute outside ``root``, relative inside): all, and the writable."""
+def _environment(root: Path, stage: str = "") -> tuple[list[str], list[str]]:
+    """:data:`ENVIRONMENT`'s entries and ``stage``'s :data:`STAGE_ENVIRONMENT` as paths (absolute outside ``root``,
+    relative inside): all, and the writable."""
     entries, writable = [], []
-    for entry, reason in ENVIRONMENT.items():
+    for entry, reason in {**ENVIRONMENT, **STAGE_ENVIRONMENT.get(stage, {})}.items():
         path = os.path.expanduser(entry) + ("/" if entry.endswith("/") and entry.startswith("~") else "")
         entries.append(path)
         if reason.startswith("writable:"):
@@ -210,37 +352,49 @@ def unread_sections(stage: dict[str, Any], root: Path) -> set[str]:
 
 
 def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str], root: Path,
-                external: list[str] = ()) -> list[str]:
+                external: list[str] = (), existed: set[str] | None = None,
+                others_outs: list[str] = ()) -> list[str]:
     """The violations of stage ``name`` (its dvc.yaml entry ``stage``) by what it did: ``trace`` (its processes'
-    events), ``changed`` (files it created, changed or deleted under ``root``, :func:`changed_files`) and
-    ``external`` (absolute paths of the data source's external files); an empty list when the graph holds."""
+    events), ``changed`` (files it created, changed or deleted under ``root``, :func:`changed_files`), ``external``
+    (absolute paths of the data source's external files), ``existed`` (the repository's files before the stage,
+    :func:`snapshot`'s keys: a file read that was not there is one the stage made) and ``others_outs`` (every other
+    stage's outs: probing them is reading them); an empty list when the graph holds."""
     deps, outs = declared(stage)
-    environment, writable = _environment(root)
+    environment, writable = _environment(root, name)
     inside_environment = [e for e in environment if not os.path.isabs(e)]
     outside_environment = [e for e in environment if os.path.isabs(e) or e.startswith("*")]
+    own_resume = [RESUME_FILES[name].as_posix()] if name in RESUME_FILES else []
     temporary = temporary_folders()
     fingerprinted = "data/source.json" in deps or name == "source"
+    skip = _interpreter_folders()
     problems: list[str] = []
 
-    def allowed_outside(path: str, entries: list[str]) -> bool:
+    def allowed_outside(path: str, entries: list[str], own_temporary: bool) -> bool:
         real = os.path.realpath(path)
-        return (real.startswith(MACHINE_FOLDERS) or real.startswith(temporary) or under(real, entries)
-                or under(path, entries) or (fingerprinted and under(real, list(external))))
+        return (real.startswith(MACHINE_FOLDERS) or real.startswith(skip) or under(real, entries)
+                or under(path, entries) or (fingerprinted and under(real, list(external)))
+                or (own_temporary and real.startswith(temporary)))
 
     def who(path: str) -> str:
         return f" (in {trace.by[path]})" if trace.by.get(path) else ""
 
-    for path in sorted(trace.reads - trace.writes):  # a file the stage made itself (a temporary) is no input
-        rel = _inside(path, root)
+    def code(rel: str) -> bool:
+        return rel.startswith(CODE_FOLDERS) and (rel.endswith((".py", ".pyc")) or "/__pycache__" in rel)
+
+    for path in sorted(trace.reads):
+        real = os.path.realpath(path)
+        rel = _inside(real, root)
         if rel is None:
-            if not allowed_outside(path, outside_environment):
-                problems.append(f"{name} reads {path}{who(path)}, outside the repository: neither a temporary "
-                                "folder nor a declared environment file (ENVIRONMENT)")
+            made_here = path in trace.made or real in trace.made
+            if not allowed_outside(real, outside_environment, made_here):
+                where = ("a file in a temporary folder the stage did not make" if real.startswith(temporary)
+                         else "neither a temporary file of its own nor a declared environment file (ENVIRONMENT)")
+                problems.append(f"{name} reads {real}{who(real)}, outside the repository: {where}")
             continue
-        if rel.startswith(CODE_FOLDERS) and rel.endswith((".py", ".pyc")):
-            continue  # code: judged by the imports below
-        if not (under(rel, deps) or under(rel, outs) or under(rel, inside_environment) or under(rel, list(NOT_OUTS))):
-            problems.append(f"{name} reads {rel}{who(path)}, which is not among its deps in dvc.yaml")
+        if code(rel) or (existed is not None and rel not in existed):
+            continue  # code: judged by the imports below; a file the stage made itself is no input
+        if not (under(rel, deps) or under(rel, outs) or under(rel, inside_environment) or under(rel, own_resume)):
+            problems.append(f"{name} reads {rel}{who(real)}, which is not among its deps in dvc.yaml")
     for path in sorted(trace.listed):
         rel = _inside(path, root)
         if rel is None or rel == "." or rel.startswith(CODE_FOLDERS) or rel in ("src", "pipeline"):
@@ -248,17 +402,24 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         if not (under(rel, deps) or under(rel, outs) or under(rel, inside_environment) or under(rel, list(NOT_OUTS))
                 or any(d.startswith(rel.rstrip("/") + "/") for d in (*deps, *outs))):
             problems.append(f"{name} lists the folder {rel}{who(path)}, which is not among its deps in dvc.yaml")
+    for path in sorted(trace.probed):
+        rel = _inside(path, root)
+        if rel is None or rel == "." or code(rel):
+            continue
+        if under(rel, list(others_outs)) and not (under(rel, deps) or under(rel, outs) or under(rel, own_resume)):
+            problems.append(f"{name} probes {rel}{who(path)} (exists / stat), an out of another stage that is not "
+                            "among its deps in dvc.yaml")
     for rel in sorted(changed):
         if not (under(rel, outs) or under(rel, list(NOT_OUTS))):
             problems.append(f"{name} writes {rel}, which is not among its outs in dvc.yaml nor declared as no out "
                             "(NOT_OUTS)")
     for path in sorted(trace.writes):
-        if _inside(path, root) is None and not allowed_outside(path, writable):
+        if _inside(path, root) is None and not allowed_outside(path, writable, True):
             problems.append(f"{name} writes {path}{who(path)}, outside the repository: neither a temporary folder "
                             "nor a writable environment entry (ENVIRONMENT)")
     for script in sorted(trace.scripts):
         rel = _inside(script, root)
-        if rel is not None and rel not in deps:
+        if rel is not None and rel not in deps and not code(rel):
             problems.append(f"{name} runs {rel}, which is not among its deps in dvc.yaml")
     unread = unread_sections(stage, root)
     for module, stack in sorted(trace.imports.items()):
@@ -266,8 +427,19 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         if found is None:
             continue  # a name tried on import (``from a import b`` asks for ``a.b``) that is no module
         rel = str(found.relative_to(root))
-        if rel in deps or is_side_channel(module) or (unread & {module, *stack}) or (SCHEMA_ASSEMBLY & {*stack}):
-            continue  # a dep, a side channel, or imported to build the schema of params the stage does not read
+        if (rel in deps or is_side_channel(module) or (unread & {module, *stack}) or (SCHEMA_ASSEMBLY & {*stack})
+                or set(HARNESS_LEAVES) & {*stack}):
+            continue  # a dep, a side channel, imported to build the schema of params the stage does not read, or by
+            # a harness leaf (whose imports compute no output: debias.tools.deps.HARNESS_LEAVES)
         problems.append(f"{name} imports {module} ({rel}{', for ' + stack[0] if stack else ''}), which is neither "
                         "among its deps in dvc.yaml nor a side channel (debias.tools.deps.SIDE_CHANNELS)")
     return problems
+
+
+def _interpreter_folders() -> tuple[str, ...]:
+    """The interpreter's and its installed packages' folders (never a stage's deps)."""
+    import sys
+    import sysconfig
+
+    folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values()}
+    return tuple(sorted({os.path.join(os.path.realpath(f), "") for f in folders if f}))
