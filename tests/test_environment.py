@@ -4,8 +4,10 @@ metrics, and ``debias compare`` and the report warn when the runs they put side 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import pytest
 import torch
 
 from debias.core.environment import ENVIRONMENT_KEYS, environment_differences, environment_tags, numbers_environment
@@ -13,7 +15,7 @@ from debias.core.headline import DETAILED
 from debias.tools.compare.collect import Experiment
 from debias.tools.compare import data as compare_data, terminal as compare_terminal
 
-ONE_THREAD = {"threads": 1, "processes": 1, "device": "cpu", "torch": "2.5.0", "build": "cpu"}
+ONE_THREAD = {"threads": 1, "processes": 1, "device": "cpu", "torch": "2.5.0", "build": "cpu", "cpu": "AVX2"}
 
 
 def test_this_process_records_its_threads_processes_device_and_torch_build() -> None:
@@ -24,7 +26,9 @@ def test_this_process_records_its_threads_processes_device_and_torch_build() -> 
     finally:
         torch.set_num_threads(threads)
     assert found == {"threads": 1, "processes": 1, "device": "cpu", "torch": torch.__version__,
-                     "build": f"cuda {torch.version.cuda}" if torch.version.cuda else found["build"]}
+                     "build": f"cuda {torch.version.cuda}" if torch.version.cuda else found["build"],
+                     "cpu": torch.backends.cpu.get_cpu_capability()}
+    assert type(found["torch"]) is str  # a plain str: resume states load weights-only
     assert list(found) == list(ENVIRONMENT_KEYS)
     assert environment_tags(found)["debias.env.threads"] == "1"
 
@@ -73,3 +77,31 @@ def test_the_report_warns_when_erm_and_stage2_were_trained_under_other_settings(
     [note] = environment_notes(inputs(ONE_THREAD, dict(ONE_THREAD, device="mps")))
     assert note.text == ("WARNING ERM and stage 2 were trained under different settings that change numbers: "
                          "device: cpu (ERM), mps (stage 2).")
+
+
+@pytest.mark.slow
+def test_an_isa_override_is_recorded(tmp_path) -> None:
+    """ATEN_CPU_CAPABILITY=default picks torch's plain kernels, which round sums otherwise: the recorded environment
+    says so (a run-cache entry or a compared run of another instruction set is then named)."""
+    import subprocess
+    import sys
+
+    code = "import torch; from debias.core.environment import numbers_environment as n; print(n(torch.device('cpu'))['cpu'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "ATEN_CPU_CAPABILITY": "default"})
+    assert done.stdout.strip() == "DEFAULT"
+    assert numbers_environment(torch.device("cpu"))["cpu"] == torch.backends.cpu.get_cpu_capability()
+
+
+def test_a_run_resumed_under_other_settings_lists_every_process_and_is_warned() -> None:
+    from debias.training.loop import FitResult
+    from debias.training.outputs import resumed_environment_warnings
+
+    first = {"epochs": [0, 3], **ONE_THREAD}
+    second = {"epochs": [4, 9], **dict(ONE_THREAD, threads=2)}
+    resumed = FitResult([], 0, {}, resumed_from=4, trained_by=[first, second])
+    (found,) = resumed_environment_warnings(resumed)
+    assert found.startswith("mixed-environment: this run resumed an interrupted one under other settings")
+    assert "torch threads: 1 (epochs 0-3), 2 (epochs 4-9)" in found
+    same = FitResult([], 0, {}, resumed_from=4, trained_by=[first, {**first, "epochs": [4, 9]}])
+    assert resumed_environment_warnings(same) == []

@@ -319,6 +319,35 @@ def scripted_run(epochs: int, state, interrupt_at: int | None = None):
     return fit(task, optimizer, epochs, validate, state_path=state, state_key={"params": "k"})
 
 
+def _shape_changed(saved) -> None:
+    saved["modules"]["model"]["weight"] = torch.zeros(2, 2)
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    (lambda s: s.update(history=[{"loss": 1.0} for _ in s["history"]]),
+     "it does not fit this run (ValueError: its history has epochs without their number)"),
+    (_shape_changed, "it does not fit this run (RuntimeError: Error(s) in loading state_dict for"),
+    (lambda s: s["optimizer"].update(param_groups=[]),
+     "it does not fit this run (ValueError: loaded state dict has a different number of parameter groups"),
+])
+def test_a_resume_state_that_does_not_load_is_named_and_training_starts_over_from_fresh_weights(tmp_path, change,
+                                                                                              problem) -> None:
+    """The right key but content of another layout (history entries without their epoch, a tensor of another shape,
+    an optimizer without parameter groups): a warning names the file and what failed, anything half-loaded is put
+    back, and the run trains every epoch exactly as an uninterrupted one (no traceback on every rerun)."""
+    state = tmp_path / "resume.pt"
+    fresh = scripted_run(4, None)
+    with pytest.raises(Interrupt):
+        scripted_run(4, state, interrupt_at=2)
+    _tampered(state, change)
+    with pytest.warns(UserWarning) as caught:
+        result = scripted_run(4, state)
+    (message,) = [str(w.message) for w in caught if "resume state" in str(w.message)]
+    assert message.startswith(f"ignoring the resume state {state}: {problem}") and message.endswith("; training starts over")
+    assert result.resumed_from is None and result.history == fresh.history
+    assert float(result.selected_state["model"]["weight"]) == float(fresh.selected_state["model"]["weight"])
+
+
 @pytest.mark.parametrize(("change", "problem"), [
     (lambda s: s.pop("history"), "it lacks history"),
     (lambda s: s.update(epoch=500), "it claims epoch 500 done, and this run has epochs 0 .. 3"),

@@ -25,6 +25,7 @@ ENVIRONMENT_KEYS: dict[str, str] = {
     "device": "device",
     "torch": "torch version",
     "build": "torch build",
+    "cpu": "CPU kernels (torch's instruction set: ATEN_CPU_CAPABILITY)",
 }
 KEY = "environment"  # the metrics files' field
 
@@ -50,13 +51,21 @@ def device_name(device: "torch.device") -> str:
 
 def numbers_environment(device: "torch.device") -> dict[str, Any]:
     """The settings this process trains under (:data:`ENVIRONMENT_KEYS`): torch's thread count, the training
-    processes (torchrun's world size), the device, the torch version and build."""
+    processes (torchrun's world size), the device, the torch version and build, and the CPU kernels torch picked
+    (its instruction set, which ``ATEN_CPU_CAPABILITY`` overrides: another rounds sums differently)."""
     import torch
 
     from debias.core.distributed import world_size
 
     return {"threads": torch.get_num_threads(), "processes": world_size(), "device": device_name(device),
-            "torch": torch.__version__, "build": torch_build()}
+            "torch": str(torch.__version__), "build": torch_build(), "cpu": str(torch.backends.cpu.get_cpu_capability())}
+
+
+def trained_by_lines(trained_by: list[dict[str, Any]]) -> list[str]:
+    """Where the processes that trained one run (a resumed run: several, each with its ``epochs``) differ in what
+    shapes the numbers: ``'torch threads: 2 (epochs 0-3), 1 (epochs 4-9)'``; empty when they agree."""
+    return environment_differences({f"epochs {e['epochs'][0]}-{e['epochs'][1]}": e for e in trained_by
+                                    if isinstance(e, dict) and "epochs" in e})
 
 
 def environment_tags(environment: dict[str, Any]) -> dict[str, str]:

@@ -42,6 +42,8 @@ CODES: dict[str, str] = {
     "weak-groups": "the inferred minority misses most bias-conflicting points or is mostly others",
     "unstable-training": "the training loss jumped back up after it had fallen (or ended well above its minimum): "
                          "the kept epoch may sit on a spike; lower the learning rate or look at the loss curve",
+    "mixed-environment": "a resumed run was trained by processes with different thread counts, CPU kernels, devices "
+                         "or torch builds: its numbers are none of theirs alone",
 }
 
 

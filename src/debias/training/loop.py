@@ -43,6 +43,7 @@ from torch import nn
 
 from debias.core import distributed
 from debias.core import progress
+from debias.core.environment import numbers_environment
 from debias.core.errors import TrainingDiverged
 from debias.core.fingerprint import code_version, digest, tensor_digest
 from debias.core.io import CorruptFileError, load_torch, save_torch
@@ -292,6 +293,9 @@ class FitResult:
     # epoch -> module states of every other rule's pick (selection["picks"]) than the selected epoch, so the stage can
     # say what each rule's model gives on test (RulePicks)
     pick_states: dict[int, dict[str, dict[str, torch.Tensor]]] = field(default_factory=dict)
+    # every process that trained the run: its epochs ([first, last]) and its environment
+    # (debias.core.environment.numbers_environment); more than one when it resumed an interrupted run
+    trained_by: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -371,6 +375,7 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
     best_epoch, best_score, best_state = -1, None, None
     picks = RulePicks()
     start, resumed_from = 0, None
+    trained_by: list[dict[str, Any]] = []
     state_path = Path(state_path) if state_path else None
 
     state_key = state_key or {}
@@ -389,25 +394,40 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
             warnings.warn(f"ignoring the resume state {state_path}: {problem}; training starts over")
             saved = None
         if saved is not None and not differs:
-            for name, module in task.modules().items():
-                module.load_state_dict(saved["modules"][name])
-            optimizer.load_state_dict(saved["optimizer"])
-            if scheduler is not None and saved.get("scheduler") is not None:
-                scheduler.load_state_dict(saved["scheduler"])
-            task.load_extra_state(saved["task"])
-            _set_rng_state(saved["rng"])
-            history = saved["history"]
-            best_epoch, best_state = saved["best_epoch"], saved["best_state"]
-            best_score = None if saved["best_score"] is None else tuple(saved["best_score"])
-            picks = RulePicks.restored(saved.get("rule_picks"))
-            start = resumed_from = saved["epoch"] + 1
-            if distributed.is_main():
-                print(f"[{label}] resuming an interrupted run from epoch {start} ({state_path}: same params, "
-                      f"training data and code)", flush=True)
+            fresh = (_module_states(task), copy.deepcopy(optimizer.state_dict()), _rng_state(),
+                     None if scheduler is None else scheduler.state_dict(), task.extra_state())
+            try:
+                for name, module in task.modules().items():
+                    module.load_state_dict(saved["modules"][name])
+                optimizer.load_state_dict(saved["optimizer"])
+                if scheduler is not None and saved.get("scheduler") is not None:
+                    scheduler.load_state_dict(saved["scheduler"])
+                task.load_extra_state(saved["task"])
+                _set_rng_state(saved["rng"])
+                history = list(saved["history"])
+                if any(not isinstance(row, dict) or "epoch" not in row for row in history):
+                    raise ValueError("its history has epochs without their number")
+                best_epoch, best_state = saved["best_epoch"], saved["best_state"]
+                best_score = None if saved["best_score"] is None else tuple(saved["best_score"])
+                picks = RulePicks.restored(saved.get("rule_picks"))
+                trained_by = list(saved.get("trained_by") or [{"epochs": [0, saved["epoch"]]}])
+            except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:  # a state of another layout
+                _restore_fresh(task, optimizer, scheduler, fresh)
+                history, best_epoch, best_score, best_state, picks = [], -1, None, None, RulePicks()
+                trained_by = []
+                reason = " ".join(str(exc).split())[:300]
+                warnings.warn(f"ignoring the resume state {state_path}: it does not fit this run ({type(exc).__name__}: "
+                              f"{reason}); training starts over")
+            else:
+                start = resumed_from = saved["epoch"] + 1
+                if distributed.is_main():
+                    print(f"[{label}] resuming an interrupted run from epoch {start} ({state_path}: same params, "
+                          f"training data and code)", flush=True)
     distributed.agree(start, "the epoch to resume from (every rank reads rank 0's resume state)")
     distributed.broadcast_modules(task.modules().values())
 
     loop_started = time.monotonic()
+    here = {"epochs": [start, epochs - 1], **numbers_environment(_device_of(task))}
     for epoch in range(start, epochs):
         epoch_started = time.monotonic()
         for module in task.modules().values():
@@ -447,12 +467,35 @@ def fit(task: Task, optimizer: torch.optim.Optimizer, epochs: int, validate: Cal
                 "task": task.extra_state(), "rng": _rng_state(), "history": history,
                 "best_epoch": best_epoch, "best_score": None if best_score is None else list(best_score),
                 "best_state": best_state, "rule_picks": picks.saved(),
+                "trained_by": [*trained_by, {**here, "epochs": [start, epoch]}],
             }, kind="resume-state")
 
     assert best_state is not None, "fit ran no epoch"
     block = describe_selection(history, best_epoch, selection)
     states = {e: picks.states[e] for e in set(block["picks"].values()) if e in picks.states}
-    return FitResult(history, best_epoch, best_state, resumed_from, selection=block, pick_states=states)
+    return FitResult(history, best_epoch, best_state, resumed_from, selection=block, pick_states=states,
+                     trained_by=[*trained_by, here])
+
+
+def _device_of(task: Task) -> torch.device:
+    """The device the task's modules train on (the CPU when they hold no parameter)."""
+    for module in task.modules().values():
+        for parameter in module.parameters():
+            return parameter.device
+    return torch.device("cpu")
+
+
+def _restore_fresh(task: Task, optimizer: torch.optim.Optimizer, scheduler: Any | None, fresh: tuple) -> None:
+    """Put back the modules, optimizer, random streams, scheduler and task state a failed resume may have half
+    replaced (:func:`fit`): training then starts over exactly as without a resume state."""
+    modules, optimizer_state, rng, scheduler_state, task_state = fresh
+    for name, module in task.modules().items():
+        module.load_state_dict(modules[name])
+    optimizer.load_state_dict(optimizer_state)
+    _set_rng_state(rng)
+    if scheduler is not None:
+        scheduler.load_state_dict(scheduler_state)
+    task.load_extra_state(task_state)
 
 
 def finish(state_path: str | Path | None) -> None:

@@ -11,7 +11,7 @@ from torch import nn
 
 from debias.core import health
 from debias.core.environment import KEY as ENVIRONMENT_KEY
-from debias.core.environment import environment_tags, numbers_environment
+from debias.core.environment import environment_tags, numbers_environment, trained_by_lines
 from debias.core.io import CorruptFileError, atomic_path, load_torch, save_json, save_torch
 from debias.core.paths import embeddings_path
 from debias.core.stage_run import StageRun
@@ -121,6 +121,16 @@ def fragile_text(epoch: int, selection: dict) -> str:
             "kept epoch is not shown to be better than the others")
 
 
+def resumed_environment_warnings(result: FitResult) -> list[str]:
+    """A ``mixed-environment`` warning when the processes that trained a resumed run differ in what shapes the numbers
+    (thread count, CPU kernels, device, torch): the run is none of them alone (``trained_by`` lists each)."""
+    lines = trained_by_lines(result.trained_by)
+    if not lines:
+        return []
+    return [health.warning("mixed-environment", "this run resumed an interrupted one under other settings, so its "
+                           "numbers are neither's: " + "; ".join(lines) + " (rerun it whole to compare it with others)")]
+
+
 def instability_warnings(result: FitResult, thresholds: HealthParams) -> list[str]:
     """An ``unstable-training`` warning when the per-epoch training loss spiked or ended high (``health.*``)."""
     found = health.instability_warning([row["train/loss"] for row in result.history if "train/loss" in row],
@@ -169,13 +179,13 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     picked = rule_test_reports(model, result, splits["test"], eval_batch_size, device)
     model.load_state_dict(result.selected_state["model"])
     found = (list(warnings or []) + selection_warnings(result)
-             + instability_warnings(result, thresholds or HealthParams()))
+             + instability_warnings(result, thresholds or HealthParams()) + resumed_environment_warnings(result))
     reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device, health=found)
     picked[result.selected_epoch] = reports["test"]
     result.selection["picks_test"] = picks_test(result.selection.get("picks", {}), picked)
     environment = numbers_environment(device)  # what shapes the numbers besides the params
     metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {}), "selection": result.selection,
-               "warnings": found, ENVIRONMENT_KEY: environment}
+               "warnings": found, ENVIRONMENT_KEY: environment, "trained_by": result.trained_by}
     metrics.update({split: metrics_entry(report) for split, report in reports.items()})
     save_json(out.metrics, metrics)
     save_json(out.metrics.with_name(f"{out.metrics.stem}_groups.json"),
