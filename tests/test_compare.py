@@ -591,7 +591,8 @@ def test_the_best_groups_seed_count_is_of_the_seeds_that_have_the_rank_metric(sw
     assert difference["n"] == (2, 2)  # cnc-s0 and cnc-s2 against eps and eps-s1
     text = " ".join(compare_terminal.terminal_text(comparison).split())
     assert "stage2.method=cnc (60.0 ± 14.1 %, 2 seeds of 3: the other lacks it)" in text
-    assert difference["pairs"] == 2  # seeds 0 and 1 in both groups; cnc-s1 (no metric) pairs as NaN, left out
+    # seeds 0 and 1 in both groups, but cnc-s1 has no metric: one pair, said as one (not the 2 seeds in common)
+    assert difference["pairs"] == 1 and difference["verdict"] == "unpaired"
 
 
 def test_a_misspelt_param_filter_says_which_key_and_the_closest_one(sweep, tmp_path: Path, monkeypatch) -> None:
@@ -623,3 +624,34 @@ def test_a_param_none_of_the_experiments_reads_is_an_unread_param_warning() -> N
     assert not [n for n in compare_data.build_comparison(cnc, cnc).notes if "unread-param" in n]
     eps = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.3, 0.41, 0.49]})
     assert not [n for n in compare_data.build_comparison(eps, eps).notes if "unread-param" in n]
+
+
+def test_two_seeds_or_a_zero_width_interval_are_no_evidence_and_no_best() -> None:
+    """Worst-group accuracy is quantised: two seeds whose differences are equal give a zero-width interval that
+    excludes 0. That is no evidence and names no "best"; neither do 2 seeds however they differ; 3 seeds with
+    differences of some spread that exclude 0 are."""
+    for values, expected in (({0.25: [0.5, 0.6], 0.5: [0.3, 0.4]}, "too few seeds"),
+                             ({0.25: [0.5, 0.6, 0.7], 0.5: [0.3, 0.4, 0.5]}, "not distinguishable"),
+                             ({0.25: [0.5, 0.62, 0.7], 0.5: [0.3, 0.4, 0.51]}, "evidence")):
+        runs = eps_seeds(values)
+        comparison = compare_data.build_comparison(runs, runs)
+        (difference,) = comparison.differences
+        assert difference["verdict"] == expected, (values, difference)
+        assert compare_data.evidence_of_best(comparison.differences) is (expected == "evidence")
+        text = " ".join(compare_terminal.terminal_text(comparison).split())
+        if expected == "too few seeds":
+            assert "no verdict: 2 seeds (evidence needs 3 or more)" in text and "evidence of" not in text
+        elif expected == "not distinguishable":
+            assert "every seed differs by the same amount" in text and "evidence of" not in text
+
+
+def test_a_workspace_whose_results_are_blanked_as_stale_is_nobodys_twin(sweep) -> None:
+    """The workspace after `git checkout params.yaml` holds the committed params and another run's outputs, which
+    compare blanks as stale: it is not "the same params and results" as the sweep's run of those params."""
+    workspace = next(e for e in sweep if e.kind == "workspace")
+    twin = next(e for e in sweep if e.name == "cnc-s2")
+    assert compare_data.duplicates([twin, workspace]) == [(workspace, twin)]  # the same run again: shown once
+    workspace.stale = {"train_contrastive": "ran with stage2.cnc.temperature=0.1 (the experiment's: 0.05)"}
+    workspace.metrics = {}
+    assert compare_data.duplicates([twin, workspace]) == []
+    assert not [n for n in compare_data.duplicate_notes([twin, workspace]) if "holds the same" in n]

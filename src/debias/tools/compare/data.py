@@ -97,15 +97,21 @@ KIND_PREFERENCE = {"experiment": 0, "mlflow": 1, "baseline": 2, "workspace": 3}
 
 def duplicates(experiments: list[Experiment]) -> list[tuple[Experiment, Experiment]]:
     """``(left out, kept)`` for each run that is another's again: the same params and the same value of every
-    headline metric both have (a file written by a newer version may add keys); a named experiment is kept before
-    the baseline commit before the workspace."""
+    headline metric both have (a file written by a newer version may add keys; at least one shared, and neither
+    run's results blanked as stale: a workspace whose params.yaml was restored while its outputs are another run's
+    is no one's twin); a named experiment is kept before the baseline commit before the workspace."""
     kept: list[Experiment] = []
     dropped: list[tuple[Experiment, Experiment]] = []
     for experiment in sorted(experiments, key=lambda e: KIND_PREFERENCE.get(e.kind, 9)):
         params = {k: param_text(v) for k, v in experiment.params.items()}
-        twin = next((other for other in kept if params == {k: param_text(v) for k, v in other.params.items()}
-                     and all(experiment.metrics[k] == other.metrics[k]
-                             for k in set(experiment.metrics) & set(other.metrics))), None)
+
+        def same_run(other: Experiment) -> bool:
+            shared = set(experiment.metrics) & set(other.metrics)  # none shared (a stale run's blanked): no claim
+            return (bool(shared) and not experiment.stale and not other.stale
+                    and params == {k: param_text(v) for k, v in other.params.items()}
+                    and all(experiment.metrics[k] == other.metrics[k] for k in shared))
+
+        twin = next((other for other in kept if same_run(other)), None)
         if twin is None:
             kept.append(experiment)
         else:
@@ -307,10 +313,15 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 DATA_PREFIXES = ("data.", "bias.")
 
 
+def valid_pairs(pairs: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The seed-matched pairs where both numbers exist (a NaN on either side drops the pair)."""
+    return [(a, b) for a, b in pairs if not (math.isnan(a) or math.isnan(b))]
+
+
 def paired_interval(pairs: list[tuple[float, float]]) -> tuple[float, float, float] | None:
     """Mean of ``a - b`` over seed-matched pairs with its two-sided 95 % t-interval (Student t, n - 1 degrees of
     freedom); None with fewer than two pairs."""
-    diffs = [a - b for a, b in pairs if not (math.isnan(a) or math.isnan(b))]
+    diffs = [a - b for a, b in valid_pairs(pairs)]
     if len(diffs) < 2:
         return None
     mean = sum(diffs) / len(diffs)
@@ -325,13 +336,21 @@ def paired_interval(pairs: list[tuple[float, float]]) -> tuple[float, float, flo
     return mean, mean - half, mean + half
 
 
-def verdict(interval: tuple[float, float, float] | None) -> str:
-    """``evidence`` when the paired 95 % interval excludes 0, ``not distinguishable`` when it holds 0, ``unpaired``
-    with fewer than two seeds in common."""
+ZERO_WIDTH = 1e-9  # points: an interval narrower is equal differences up to float rounding (0.3 - 0.5 vs 0.4 - 0.6)
+MIN_EVIDENCE_PAIRS = 3  # the project's rule: a quality claim rests on >= 3 seeds (debias.report.card.QUALITY_SEEDS)
+
+
+def verdict(interval: tuple[float, float, float] | None, pairs: int) -> str:
+    """``evidence`` when the paired 95 % interval over ``pairs`` seeds (at least :data:`MIN_EVIDENCE_PAIRS`) has a
+    width and excludes 0; ``not distinguishable`` when it holds 0, or has no width (every seed differs by the same
+    amount: accuracies on a few images are quantised, so two equal differences are no evidence); ``too few seeds``
+    with 2; ``unpaired`` with fewer than two seeds in common."""
     if interval is None:
         return "unpaired"
     _, low, high = interval
-    return "evidence" if low > 0 or high < 0 else "not distinguishable"
+    if pairs < MIN_EVIDENCE_PAIRS:
+        return "too few seeds"
+    return "evidence" if high - low > ZERO_WIDTH and (low > 0 or high < 0) else "not distinguishable"
 
 
 def data_family(row: pd.Series | dict, group_params: list[str]) -> str:
@@ -369,7 +388,7 @@ def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[st
         interval = None
         if SEED in frame:
             by_seed = dict(zip(theirs[SEED], theirs[rank]))
-            pairs = [(float(v), float(by_seed[s])) for s, v in zip(mine[SEED], mine[rank]) if s in by_seed]
+            pairs = valid_pairs([(float(v), float(by_seed[s])) for s, v in zip(mine[SEED], mine[rank]) if s in by_seed])
             found = paired_interval(pairs)
             interval = None if found is None else tuple(100 * x for x in found)
             n_pairs = len(pairs)
@@ -380,7 +399,7 @@ def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[st
                     "difference": 100 * (row[f"{rank}_mean"] - best[f"{rank}_mean"]),
                     "p": welch(theirs[rank].tolist(), mine[rank].tolist()),
                     "n": (int(theirs[rank].notna().sum()), int(mine[rank].notna().sum())),
-                    "paired": interval, "pairs": n_pairs, "verdict": verdict(interval)})
+                    "paired": interval, "pairs": n_pairs, "verdict": verdict(interval, n_pairs)})
     return out
 
 

@@ -10,8 +10,8 @@ import pandas as pd
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import LABELS
 from debias.tools.compare.collect import Experiment
-from debias.tools.compare.data import (METRICS, Comparison, data_family, evidence_of_best, fmt, fmt_mean_std, group_label,
-                                       metric_present)
+from debias.tools.compare.data import (METRICS, MIN_EVIDENCE_PAIRS, ZERO_WIDTH, Comparison, data_family,
+                                       evidence_of_best, fmt, fmt_mean_std, group_label, metric_present)
 
 MAX_WIDTH = 160  # terminal table, characters
 LEGEND = ("test split; accuracies in %: avg = sample-weighted, unb = unbiased (mean over groups), wg = worst-group, "
@@ -181,9 +181,12 @@ def difference_line(d: dict) -> str:
                "-S 'seed=0,1,2')")
     else:
         mean, low, high = d["paired"]
-        how = (f"paired by seed ({d['pairs']} seeds): {mean:+.1f} points, 95 % interval [{low:+.1f}, {high:+.1f}]: "
-               + ("evidence of a difference" if d["verdict"] == "evidence" else
-                  "not distinguishable (the interval holds 0)"))
+        reason = {"evidence": "evidence of a difference",
+                  "too few seeds": f"no verdict: {d['pairs']} seeds (evidence needs {MIN_EVIDENCE_PAIRS} or more)",
+                  "not distinguishable": ("not distinguishable (the interval holds 0)" if high - low > ZERO_WIDTH else
+                                          "not distinguishable (every seed differs by the same amount: an interval "
+                                          "without width is no evidence)")}[d["verdict"]]
+        how = f"paired by seed ({d['pairs']} seeds): {mean:+.1f} points, 95 % interval [{low:+.1f}, {high:+.1f}]: {reason}"
     return f"  {d['group']} vs {d['best']}: {d['difference']:+.1f} points in the means; {how}"
 
 
