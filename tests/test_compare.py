@@ -655,3 +655,25 @@ def test_a_workspace_whose_results_are_blanked_as_stale_is_nobodys_twin(sweep) -
     workspace.metrics = {}
     assert compare_data.duplicates([twin, workspace]) == []
     assert not [n for n in compare_data.duplicate_notes([twin, workspace]) if "holds the same" in n]
+
+
+def test_a_sweep_is_compared_alone_when_named(tmp_path: Path, monkeypatch) -> None:
+    """--sweep NAME keeps the experiments of that sweep's plan: another experiment (README's ε run beside the
+    temperature sweep) is not folded into its comparison as a third group."""
+    from debias.tools.compare import collect
+    from debias.tools.compare import compare
+    from debias.tools.sweep.workspace import SWEEPS
+
+    runs = eps_seeds({0.25: [0.5, 0.62, 0.7], 0.5: [0.3, 0.4, 0.51]})
+    other = experiment("eps-alone", 0, "cnc", 0.9, "30", epsilon=1.0)
+    monkeypatch.setattr(collect, "from_dvc", lambda root: [*runs, other])
+    plan = tmp_path / SWEEPS / "eps" / "sweep.json"
+    plan.parent.mkdir(parents=True)
+    plan.write_text(json.dumps({"name": "eps", "jobs": [{"name": e.name} for e in runs]}))
+    comparison, _, text = compare(tmp_path, mlflow=False, sweep="eps", out=tmp_path / "page")
+    assert {e.name for e in comparison.experiments} == {e.name for e in runs}
+    assert "--sweep eps" in comparison.filters and "eps-alone" not in text
+    everything, _, _ = compare(tmp_path, mlflow=False, out=tmp_path / "page")
+    assert "eps-alone" in {e.name for e in everything.experiments}
+    with pytest.raises(ValueError, match="no sweep named 'temp'"):
+        compare(tmp_path, mlflow=False, sweep="temp", out=tmp_path / "page")

@@ -110,7 +110,8 @@ def compare(args: argparse.Namespace) -> int:
     root = repo_root()
     try:
         _, _, text = run_compare(root, args.source, args.method, args.param, args.last, tags,
-                                 Path(args.out) if args.out else None, mlflow=not args.no_mlflow, max_width=args.width)
+                                 Path(args.out) if args.out else None, mlflow=not args.no_mlflow, max_width=args.width,
+                                 sweep=args.sweep)
     except (ValueError, RuntimeError, DebiasError) as exc:
         print(f"debias compare: {exc}", file=sys.stderr)
         return 2
@@ -223,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                               description=COMPARE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     cmp.add_argument("--source", choices=("dvc", "mlflow", "both"), default="dvc",
                      help="DVC's experiments of this repository (default: dvc exp show) or MLflow's pipeline runs")
+    cmp.add_argument("--sweep", metavar="NAME", help="only the experiments of the sweep NAME (debias sweep --name)")
     cmp.add_argument("--method", help="only experiments whose stage2.method is this (e.g. cnc)")
     cmp.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="only experiments with this param value (repeatable), e.g. loss.epsilon=0.25")

@@ -89,9 +89,11 @@ def workspace_report_params(root: Path) -> ReportParams:
 
 def compare(root: Path, source: str = "dvc", method: str | None = None, param_filters: Iterable[str] = (),
             last: int | None = None, tags: dict[str, str] | None = None, out: Path | None = None,
-            mlflow: bool = True, max_width: int = MAX_WIDTH) -> tuple[Comparison, dict[str, Path], str]:
+            mlflow: bool = True, max_width: int = MAX_WIDTH,
+            sweep: str | None = None) -> tuple[Comparison, dict[str, Path], str]:
     """Gather, select, tabulate, write the page (``out``, default ``reports/compare``) and log it; returns the
-    comparison, the files written and the terminal text."""
+    comparison, the files written and the terminal text. ``sweep``: only the experiments of that ``debias sweep``
+    (its plan's names), so another experiment with other params is never ranked among its values."""
     import os
 
     from debias.harness.tracking import DEFAULT_EXPERIMENT, tracking_mode, tracking_uri
@@ -113,7 +115,12 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
     if source in ("mlflow", "both"):
         gathered += collect.from_mlflow(tracking_uri(root), os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT),
                                         tags)
-    filters = "; ".join(filter(None, [f"--method {method}" if method else "",
+    if sweep is not None:
+        from debias.tools.sweep.workspace import load_state
+
+        members = {job["name"] for job in load_state(root, sweep)["jobs"]}
+        gathered = [e for e in gathered if e.name in members]
+    filters = "; ".join(filter(None, [f"--sweep {sweep}" if sweep else "", f"--method {method}" if method else "",
                                       *(f"--param {p}" for p in param_filters), f"--last {last}" if last else "",
                                       *(f"--tag {k}={v}" for k, v in (tags or {}).items())]))
     check_filter_keys(gathered, param_filters)
