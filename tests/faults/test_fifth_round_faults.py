@@ -42,3 +42,58 @@ def test_params_changed_while_a_stage_ran_fail_it_and_remove_what_it_wrote(tmp_p
     main("train_contrastive", lambda params, run: (model.parent.mkdir(parents=True, exist_ok=True),
                                                    model.write_bytes(b"ok")))
     assert model.read_bytes() == b"ok"
+
+
+def test_check_params_names_the_file_it_checks(tmp_path, capsys) -> None:
+    from debias.tools.cli import main as cli_main
+
+    raw = yaml.safe_load(committed_text("params.yaml"))
+    raw["loss"]["epsilon"] = -1
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(raw))
+    assert cli_main(["check-params", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"invalid {other}:" in err and "invalid params.yaml" not in err
+
+
+def test_a_failed_queued_experiment_gets_no_workspace_hint(tmp_path, monkeypatch) -> None:
+    """In DVC's temporary workspace (a queued or --temp experiment: DVC_ROOT is the repository, the working folder
+    another) `git checkout params.yaml` would touch the wrong tree: the hint says the repository is untouched."""
+    import subprocess
+
+    from debias.core.errors import uncommitted_params_hint
+
+    root, temporary = tmp_path / "repo", tmp_path / "repo/.dvc/tmp/exps/tmpx"
+    temporary.mkdir(parents=True)
+    (temporary / "params.yaml").write_text("seed: 1\n")
+    for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(command, cwd=temporary, check=True)
+    (temporary / "params.yaml").write_text("seed: 2\n")
+    monkeypatch.chdir(temporary)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    assert "`git checkout params.yaml` restores" in uncommitted_params_hint()  # a workspace run: the hint applies
+    monkeypatch.setenv("DVC_ROOT", str(root))
+    hint = uncommitted_params_hint()
+    assert "DVC's temporary workspace" in hint and "git checkout" not in hint
+
+
+def test_resuming_a_sweep_after_a_new_commit_is_refused(tmp_path) -> None:
+    import argparse
+    import subprocess
+
+    from debias.tools.sweep.command import resume
+    from debias.tools.sweep.grid import SweepError
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "a.txt").write_text("1")
+    for command in (["git", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(command, cwd=root, check=True)
+    launched = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    (root / "a.txt").write_text("2")
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "next"], cwd=root, check=True)
+    state = {"name": "temp", "commit": launched, "jobs": [], "launcher": "local"}
+    with pytest.raises(SweepError, match=f"sweep 'temp' ran at commit {launched[:12]}; HEAD is now"):
+        resume(root, state, argparse.Namespace())

@@ -65,8 +65,14 @@ class NeedsBiasLabels(DebiasError, ValueError):
 def uncommitted_params_hint(path: str = "params.yaml") -> str:
     """When ``path`` differs from git's committed copy, a sentence saying the values stay there and how to undo them
     (``dvc exp run -S`` writes its values into params.yaml and leaves them after a failed run); else ''."""
+    import os
     import subprocess
 
+    root = os.environ.get("DVC_ROOT")
+    if root and os.path.realpath(root) != os.path.realpath(os.getcwd()):  # a queued or --temp experiment's workspace
+        return ("\nThis experiment ran in DVC's temporary workspace (a queued or --temp run): the repository's "
+                f"{path} is untouched; `dvc queue logs <name>` shows the run, and fixing the value and queueing it "
+                "again reruns it")
     try:
         done = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", str(path)], capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):

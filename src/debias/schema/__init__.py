@@ -132,6 +132,11 @@ def load_params(path: str | Path = "params.yaml") -> ParamsBase:
     raw = read_yaml(path)
     if raw is not None and not isinstance(raw, dict):
         raise ParamsError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
-    params = validate(raw or {})
+    try:
+        params = validate(raw or {})
+    except ParamsError as exc:  # name the file it is: check-params OTHER.yaml is not params.yaml
+        if path.name == "params.yaml":
+            raise
+        raise ParamsError(str(exc).replace("invalid params.yaml:", f"invalid {path}:", 1)) from None
     check_complete(raw or {}, path)
     return params

@@ -112,7 +112,14 @@ def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.N
 
 
 def resume(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
-    """Rerun the experiments neither done nor queued nor running (a failed or killed one's clone is made anew)."""
+    """Rerun the experiments neither done nor queued nor running (a failed or killed one's clone is made anew), at
+    the commit the sweep was launched at: a HEAD that moved since is refused (the rest would run other code or params
+    than the experiments done, and compare would not find those on the new commit)."""
+    head = run(["git", "rev-parse", "HEAD"], root).strip()
+    if head != state["commit"]:
+        raise SweepError(f"sweep {state['name']!r} ran at commit {state['commit'][:12]}; HEAD is now {head[:12]}: "
+                         f"its experiments done there are not this commit's. `git checkout {state['commit'][:12]}` "
+                         "and resume, or launch a new sweep (another --name) at this commit")
     states = statuses(root, state)
     todo = [Job(**j) for j in state["jobs"] if states[j["name"]][0] == "failed"]
     if not todo:
