@@ -182,8 +182,11 @@ def test_a_capture_is_refused_where_it_cannot_run() -> None:
         setup_method(inputs("eps_supinfonce", torch.device("cpu"), speed={"step": "cuda_graph"}))
     with pytest.raises(ParamsError, match=r"stage2\.method = cnc has no capturable step \(.*host-side sampler"):
         setup_method(inputs("cnc", torch.device("cpu"), speed={"step": "cuda_graph"}))
-    with pytest.raises(ParamsError, match=r"stage2\.speed\.autocast = bf16.*allowed with cuda_graph: none"):
+    with pytest.raises(ParamsError, match=r"stage2\.speed\.autocast = bf16.*allowed with cuda_graph: "
+                                          r"stage2\.speed\.autocast none"):
         setup_method(inputs("erm", torch.device("cpu"), speed={"step": "cuda_graph", "autocast": "bf16"}))
+    with pytest.raises(ParamsError, match=r"allowed with cuda_graph: stage2\.speed\.compile false"):
+        setup_method(inputs("erm", torch.device("cpu"), speed={"step": "cuda_graph", "compile": True}))
     with pytest.raises(ParamsError, match=r"needs a CUDA device"):
         CapturedStep(lambda step_inputs: step_inputs, torch.device("cpu"))
     assert isinstance(setup_method(inputs("erm", torch.device("cpu"))).task.runner, EagerStep)
@@ -242,3 +245,26 @@ def test_erm_step_cuda_graph_is_refused_on_the_cpu_before_any_work(tmp_path, mon
     with pytest.raises(ParamsError, match=r"erm\.step = cuda_graph cannot run: this run trains on cpu.*allowed: eager"):
         train_erm(splits, "lenet5", params.erm, 0, StageRun(None, None), out)
     assert not any(tmp_path.iterdir())
+
+
+def test_check_params_refuses_what_the_params_alone_rule_out(tmp_path, capsys) -> None:
+    """cuda_graph under CNC, with bf16 autocast or with a compiled encoder: refused by check-params (and by every
+    stage's params check, before `dvc exp run` trains ERM), each reason named; eager stays valid."""
+    import yaml
+
+    from debias.tools.cli import main as cli_main
+    from tests.conftest import committed_text
+
+    raw = yaml.safe_load(committed_text("params.yaml"))
+    raw["stage2"]["method"] = "cnc"
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert cli_main(["check-params", str(path), "-S", "stage2.speed.step=cuda_graph"]) == 2
+    assert "stage2.method = cnc has no capturable step" in capsys.readouterr().err
+    raw["stage2"]["method"] = "eps_supinfonce"
+    path.write_text(yaml.safe_dump(raw))
+    assert cli_main(["check-params", str(path), "-S", "stage2.speed.step=cuda_graph", "-S",
+                     "stage2.speed.autocast=bf16", "-S", "stage2.speed.compile=true"]) == 2
+    err = capsys.readouterr().err
+    assert "stage2.speed.autocast = bf16" in err and "stage2.speed.compile = true" in err
+    assert cli_main(["check-params", str(path), "-S", "stage2.speed.step=cuda_graph"]) == 0  # a GPU run decides

@@ -16,6 +16,23 @@ NEEDS_INFERRED_GROUPS = ("best_worst_inferred_group",)
 NEEDS_TRUE_GROUPS = ("best_worst_group", "best_unbiased")  # rules reading the true groups: refused for data without bias labels
 # How a training step runs (debias.training.captured): op by op, or captured once per batch shape as a CUDA graph.
 StepMode = Literal["eager", "cuda_graph"]
+EAGER, CUDA_GRAPH = "eager", "cuda_graph"
+
+
+def capture_problems(method: str, capturable: bool, reason: str, autocast: str = "none",
+                     compiled: bool = False) -> list[str]:
+    """Why a ``cuda_graph`` step cannot run for what the params alone say (the method's step, autocast, compile), each
+    with what is allowed; the device, the ranks and the data's fit are the run's (debias.training.captured)."""
+    problems = []
+    if not capturable:
+        problems.append(f"stage2.method = {method} has no capturable step ({reason})")
+    if autocast != "none":
+        problems.append(f"stage2.speed.autocast = {autocast}: autocast under capture is not supported here "
+                        "(pytorch/pytorch#71631); allowed with cuda_graph: stage2.speed.autocast none")
+    if compiled:
+        problems.append("stage2.speed.compile = true: a compiled encoder is not combined with a captured step; "
+                        "allowed with cuda_graph: stage2.speed.compile false")
+    return problems
 STEP_DESCRIPTION = ("eager: the training step launched op by op (the CPU path); cuda_graph: captured once per batch "
                     "shape as a CUDA graph and replayed (CUDA only; debias.training.captured) (ours)")
 

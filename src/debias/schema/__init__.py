@@ -75,9 +75,28 @@ def validate(raw: dict[str, Any] | None) -> ParamsBase:
     left out take the schema's defaults (the papers'); :func:`load_params` refuses a file leaving out a section."""
     model = schema()
     try:
-        return model.model_validate(raw or {})
+        params = model.model_validate(raw or {})
     except ValidationError as exc:
         raise ParamsError(problems(exc, model)) from None
+    _refuse_uncapturable(params)
+    return params
+
+
+def _refuse_uncapturable(params: ParamsBase) -> None:
+    """``stage2.speed.step: cuda_graph`` where the params alone rule it out (a method whose step is not capturable,
+    bf16 autocast, a compiled encoder): refused here, before ``dvc exp run`` trains ERM."""
+    from debias.params.optim import CUDA_GRAPH, capture_problems
+    from debias.training.methods.registry import method_spec
+
+    speed = params.stage2.speed
+    if speed.step != CUDA_GRAPH:
+        return
+    spec = method_spec(params.stage2.method)
+    found = capture_problems(spec.name, spec.capturable, spec.capture_note, speed.autocast, speed.compile)
+    if found:
+        raise ParamsError("invalid params.yaml:\n  - " + "\n  - ".join(
+            f"stage2.speed.step = {CUDA_GRAPH} cannot run: {problem}" for problem in found)
+            + "\n  allowed: stage2.speed.step eager (the default)")
 
 
 def declared_keys() -> list[str]:

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import torch
 
 from debias.core.errors import ParamsError
+from debias.params.optim import CUDA_GRAPH, EAGER, capture_problems  # noqa: F401 (EAGER, CUDA_GRAPH: re-exported)
 from debias.data.augment import shift_draws
 
 StepInputs = dict[str, torch.Tensor]
@@ -52,7 +53,6 @@ StepOutputs = dict[str, torch.Tensor]
 Compute = Callable[[StepInputs], StepOutputs]
 
 # stage2.speed.step values
-EAGER, CUDA_GRAPH = "eager", "cuda_graph"
 STEP_MODES = (EAGER, CUDA_GRAPH)
 
 # Eager calls of a slot before its capture: torch's CUDA-graph docs ("Whole-network capture") warm up 3 iterations
@@ -197,9 +197,7 @@ def check_capturable(key: str, mode: str, method: str, capturable: bool, reason:
     and what is allowed (see the module docstring); nothing for ``eager``."""
     if mode == EAGER:
         return
-    problems = []
-    if not capturable:
-        problems.append(f"stage2.method = {method} has no capturable step ({reason})")
+    problems = capture_problems(method, capturable, reason, autocast, compiled)
     if device.type != "cuda":
         problems.append(f"this run trains on {device.type}, and a CUDA graph needs a CUDA device")
     if world_size > 1:
@@ -207,12 +205,6 @@ def check_capturable(key: str, mode: str, method: str, capturable: bool, reason:
     if not data_on_device:
         problems.append("the training split does not fit in the device's memory (loop.RESIDENT_FRACTION), so "
                         "its batches are gathered on the host")
-    if autocast != "none":
-        problems.append(f"stage2.speed.autocast = {autocast}: autocast under capture is not supported here "
-                        "(pytorch/pytorch#71631); allowed with cuda_graph: none")
-    if compiled:
-        problems.append("stage2.speed.compile = true: a compiled encoder is not combined with a captured step; "
-                        "allowed with cuda_graph: false")
     if problems:
         raise ParamsError(f"{key} = {mode} cannot run: {'; '.join(problems)}; allowed: {EAGER} "
                           f"(the default)")
