@@ -97,3 +97,50 @@ def test_resuming_a_sweep_after_a_new_commit_is_refused(tmp_path) -> None:
     state = {"name": "temp", "commit": launched, "jobs": [], "launcher": "local"}
     with pytest.raises(SweepError, match=f"sweep 'temp' ran at commit {launched[:12]}; HEAD is now"):
         resume(root, state, argparse.Namespace())
+
+
+HELPED_STAGE = """
+import helper
+{extra}
+from debias.harness.stage import main
+
+main("report", lambda params, run: None)
+"""
+
+
+@pytest.mark.slow
+def test_code_outside_the_package_is_a_dep_or_refused(tmp_path) -> None:
+    """A helper module beside the entrypoints becomes a code dep of the stage importing it (`debias deps`); a stage
+    process that imports one its dvc.yaml entry does not list, or a module from a folder on PYTHONPATH outside the
+    repository and the installed packages, is refused naming it (editing it would rerun nothing)."""
+    import os
+    import subprocess
+    import sys
+
+    from debias.tools.deps import code_deps
+    from tests.conftest import REPO
+
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "pipeline/helper.py").write_text("VALUE = 1\n")
+    (tmp_path / "pipeline/report.py").write_text(HELPED_STAGE.format(extra=""))
+    assert "pipeline/helper.py" in code_deps("python pipeline/report.py", tmp_path)
+
+    (tmp_path / "params.yaml").write_text(committed_text("params.yaml"))
+    stage = {"cmd": "python pipeline/report.py", "deps": ["pipeline/report.py"], "params": ["report"]}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"report": stage}}))
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "DEBIAS_TRACKING": "off", "DEBIAS_FAST_EXIT": "0"}
+    done = subprocess.run([sys.executable, "pipeline/report.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr
+    assert ("report imports code DVC does not track, so editing it would rerun nothing: helper (pipeline/helper.py, in "
+            "the repository but not among report's deps in dvc.yaml)") in done.stderr
+    stage["deps"].append("pipeline/helper.py")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"report": stage}}))
+    done = subprocess.run([sys.executable, "pipeline/report.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-lab"
+    elsewhere.mkdir()
+    (elsewhere / "outsider.py").write_text("VALUE = 2\n")
+    (tmp_path / "pipeline/report.py").write_text(HELPED_STAGE.format(extra="import outsider"))
+    done = subprocess.run([sys.executable, "pipeline/report.py"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(elsewhere)])})
+    assert done.returncode == 2 and f"outsider ({elsewhere.resolve()}/outsider.py, outside the repository" in done.stderr

@@ -190,6 +190,73 @@ def _fail(who: str, message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
+def is_stage_process(stage: str) -> bool:
+    """Whether this process is ``python [-u ...] pipeline/<stage>.py`` itself (the script the interpreter was started
+    with, sys.orig_argv: runpy and pytest rewrite sys.argv[0], not this), not a test or script running stages
+    in-process."""
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    words = [word for word in getattr(sys, "orig_argv", [])[1:] if not word.startswith("-")]
+    return not (script is None or Path(script).name != f"{stage}.py" or not words
+                or Path(words[0]).resolve() != Path(script).resolve())
+
+
+def stage_deps(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
+    """The paths dvc.yaml declares as the stage's deps; [] without a dvc.yaml."""
+    if not dvc_yaml.exists():
+        return []
+    import yaml
+
+    entry = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {}).get(stage, {})
+    return [str(dep) for dep in entry.get("deps") or []]
+
+
+def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
+    """Code this stage process imported that DVC cannot see, each as ``'module (path)'``: a module outside the
+    ``debias`` package (which the code deps and the trace cover) whose file lies in the repository but under none of
+    the stage's deps (a helper beside the entrypoints), or outside the repository and outside the interpreter's
+    installed packages (a folder on PYTHONPATH). Editing either would rerun nothing. Interpreter hooks
+    (``sitecustomize``) are no stage code."""
+    import site
+    import sysconfig
+
+    installed = tuple(sorted({os.path.join(os.path.realpath(folder), "") for folder in (
+        sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values(), *site.getsitepackages(),
+        site.getusersitepackages()) if folder}))
+    base = os.path.realpath(root)
+    deps = [dep.rstrip("/") for dep in stage_deps(stage, root / "dvc.yaml")]
+    found = []
+    for name, module in sorted(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if (not isinstance(file, str) or not os.path.isabs(file) or name in ("__main__", "sitecustomize", "usercustomize")
+                or name.split(".")[0] == "debias"):
+            continue  # no file of its own (torch.ops' is a bare name), a hook, or the package (derived and traced)
+        real = os.path.realpath(file)
+        if real.startswith(installed):
+            continue
+        if real.startswith(base + os.sep):
+            rel = os.path.relpath(real, base)
+            if any(rel == dep or rel.startswith(dep + "/") for dep in deps):
+                continue
+            found.append(f"{name} ({rel}, in the repository but not among {stage}'s deps in dvc.yaml)")
+        else:
+            found.append(f"{name} ({real}, outside the repository and the installed packages)")
+    return found
+
+
+def check_imports(stage: str) -> None:
+    """Refuse a stage process that imported code DVC cannot see (:func:`unseen_modules`), before its body (the
+    entrypoint's own imports) and after it (what the body imported); only in a stage process of its own."""
+    if not is_stage_process(stage):
+        return
+    found = unseen_modules(stage)
+    if found:
+        raise DebiasError(
+            f"{stage} imports code DVC does not track, so editing it would rerun nothing: {'; '.join(found[:5])}"
+            f"{'; ...' if len(found) > 5 else ''}. Move it into src/debias (its imports become deps: "
+            "`debias deps --write`), list its file or folder among the stage's deps in dvc.yaml, or install it as "
+            "a package (a plugin's entry point: docs/extending.md)")
+
+
 def end_stage_process(stage: str) -> None:
     """End a stage process that finished its work, skipping the interpreter's own finalization.
 
@@ -206,11 +273,7 @@ def end_stage_process(stage: str) -> None:
 
     if os.environ.get("DEBIAS_FAST_EXIT", "1").strip() == "0":
         return
-    # The script the interpreter was started with (sys.orig_argv: runpy and pytest rewrite sys.argv[0], not this)
-    # must be this stage's entrypoint: `python [-u ...] pipeline/<stage>.py`.
-    script = getattr(sys.modules.get("__main__"), "__file__", None)
-    words = [word for word in getattr(sys, "orig_argv", [])[1:] if not word.startswith("-")]
-    if script is None or Path(script).name != f"{stage}.py" or not words or Path(words[0]).resolve() != Path(script).resolve():
+    if not is_stage_process(stage):
         return
     if any(thread.is_alive() and not thread.daemon and thread is not threading.main_thread()
            for thread in threading.enumerate()):
@@ -256,6 +319,7 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
         pick_device()  # a DEBIAS_DEVICE this machine lacks fails here, not after data loading
         configure_threads()
         unread: list[str] = []
+        check_imports(stage)
         if distributed.is_main():
             check_writable(stage_outputs(stage))
             unread = unread_since_last_run(stage, params, STAGE_PARAMS[stage])
@@ -268,6 +332,7 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
             if unread:
                 run.note(UNREAD_KEY, unread)
             body(params, run)
+            check_imports(stage)
             if distributed.is_main():
                 check_params_unchanged(stage, params)
                 publish(stage, run)

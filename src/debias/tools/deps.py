@@ -124,6 +124,18 @@ def module_file(module: str, root: Path) -> Path | None:
     return None
 
 
+def script_module_file(module: str, importer: Path, root: Path) -> Path | None:
+    """A module a script outside the package imports from its own folder (a helper beside the entrypoints in
+    ``pipeline/``: the folder a script runs from is first on ``sys.path``), as a file in the repository; else None."""
+    if importer.is_relative_to(root / SOURCE_ROOT) or not importer.is_relative_to(root):
+        return None
+    base = importer.parent / Path(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
 def _imported_modules(path: Path) -> set[str]:
     """Every module named by an import statement in ``path`` (``from a import b`` also tries ``a.b``)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -247,7 +259,7 @@ def reachable_files(entries: list[Path], root: Path, sections: Iterable[str] = (
             for name in [module] if is_harness(module) else _with_parents(module):
                 if is_params_section(name) and own == PARAMS_COMMON[1]:
                     continue  # the root composes every section; a stage depends on those it reads
-                found = module_file(name, root)
+                found = module_file(name, root) or script_module_file(name, path, root)
                 if found is not None and found not in seen:
                     todo.append(found)
         package = root / SOURCE_ROOT / PACKAGE
