@@ -188,6 +188,7 @@ class RunResult:
     cpu_seconds: float
     wall_seconds: float
     key: str
+    date: str = ""  # the day the run was made (ISO)
 
 
 def _run_measured(command: list[str], env: dict[str, str], log: Path) -> tuple[int, float, float]:
@@ -210,7 +211,8 @@ def train(workspace: Workspace, name: str, sets: dict[str, Any], group_source: s
         try:
             found = json.loads(stored.read_text())
             if found.get("key") == key:
-                return RunResult(found["history"], found["cpu_seconds"], found["wall_seconds"], key)
+                return RunResult(found["history"], found["cpu_seconds"], found["wall_seconds"], key,
+                                 found.get("date", ""))
         except (json.JSONDecodeError, KeyError, TypeError):
             pass  # unreadable or of another layout: trained again below
     partial = stored.with_suffix(".tmp")
@@ -223,21 +225,26 @@ def train(workspace: Workspace, name: str, sets: dict[str, Any], group_source: s
     if code != 0:
         raise BenchmarkError(f"{workspace.cell.name} {name}: stage 2 failed with exit code {code}; its output: {log}")
     history = json.loads(partial.read_text())
-    stored.write_text(json.dumps({"key": key, "history": history, "cpu_seconds": cpu, "wall_seconds": wall}))
+    date = time.strftime("%Y-%m-%d")
+    stored.write_text(json.dumps({"key": key, "history": history, "cpu_seconds": cpu, "wall_seconds": wall,
+                                  "date": date}))
     partial.unlink()
-    return RunResult(history, cpu, wall, key)
+    return RunResult(history, cpu, wall, key, date)
 
 
 # --------------------------------------------------------------------------- results files
 
 
-def read_rows(path: Path, fields: list[str]) -> list[dict[str, str]]:
+def read_rows(path: Path, fields: list[str], legacy: list[str] | None = None) -> list[dict[str, str]]:
     """The complete rows of a results CSV (every field present and non-empty where the header has it); a row that is
-    not (a truncated last line) is dropped, with a warning on stderr."""
+    not (a truncated last line) is dropped, with a warning on stderr. ``legacy``: an earlier layout also read (to
+    render it; its rows carry no key, so none counts as done)."""
     if not path.exists():
         return []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
+        if reader.fieldnames == legacy:
+            fields = legacy
         if reader.fieldnames != fields:
             raise BenchmarkError(f"{path}: its columns {reader.fieldnames} are not this script's {fields}: move it "
                                  "away to start a new results file")
