@@ -7,6 +7,7 @@ from debias.harness.stage import main
 from debias.harness.tracking import StageRun
 from debias.models import load_initial_weights
 from debias.params import Params
+from debias.schema.applicability import RunContext, weak_warnings
 from debias.training.methods.registry import method_spec
 from debias.training.methods.run import train_stage2
 from debias.training.outputs import StageOutputs
@@ -30,7 +31,8 @@ def run(params: Params, run: StageRun) -> None:
                                          spec.feature_activation)
     train_stage2(params, splits, groups.inferred_label, groups.minority, erm_state, run, OUTPUTS,
                  inferred_group=groups.inferred_group, bias_scores=groups.bias_scores,
-                 val_inferred_group=None if val_groups is None else val_groups.inferred_group)
+                 val_inferred_group=None if val_groups is None else val_groups.inferred_group,
+                 params_warnings=weak_warnings(RunContext(params)))
 
 
 if __name__ == "__main__":

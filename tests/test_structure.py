@@ -144,14 +144,15 @@ RUNTIME_GRAPH = with_packages(GRAPH)
 
 # The floors of src/debias, lowest first: a module imports from its own floor or those below, never above.
 # core: what everything shares; params: the sections (the leaf of the schema); data, losses, models, metrics: the
-# building blocks; groups, training, evaluation: the research stages with their registries and declarations, and
-# schema, the whole schema built from those registries (stage 2 reads applicability); report: the report stage;
-# harness: what runs a stage; tools: what a user runs around the pipeline.
+# building blocks; groups, training, evaluation: the research stages with their registries and declarations;
+# schema: the whole schema built from those registries, and which params apply (the stages hand research code what
+# it says); report: the report stage; harness: what runs a stage; tools: what a user runs around the pipeline.
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("core",),
     ("params",),
     ("data", "losses", "models", "metrics"),
-    ("groups", "training", "evaluation", "schema"),
+    ("groups", "training", "evaluation"),
+    ("schema",),
     ("report",),
     ("harness",),
     ("tools",),

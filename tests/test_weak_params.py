@@ -188,8 +188,12 @@ def test_a_negligible_param_is_a_warning_of_the_stage_2_run(tmp_path, loss, warn
                            metrics=tmp_path / "stage2_train.json", curves=tmp_path / "curves.csv",
                            resume=tmp_path / "resume.pt")
     train_stage2(params, {"train": train, "val": val, "test": val}, train.a.clone(), train.a != train.y, None,
-                 StageRun(None, None), outputs)
+                 StageRun(None, None), outputs, params_warnings=weak_warnings(RunContext(params)))
     found = [w for w in json.loads(outputs.metrics.read_text()).get("warnings", []) if w.startswith("negligible-param")]
+    # the stage hands train_stage2 what the params say of the run (research code imports no schema module)
+    from tests.conftest import REPO
+
+    assert "params_warnings=weak_warnings(RunContext(params))" in (REPO / "pipeline/train_contrastive.py").read_text()
     assert bool(found) == warned, found
     if warned:
         assert found[0].startswith("negligible-param: loss.epsilon = ")

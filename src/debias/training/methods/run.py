@@ -24,7 +24,6 @@ from debias.core.stage_run import StageRun
 from debias.data.store import BiasedSplit
 from debias.models import Network
 from debias.params import HeadParams, Params
-from debias.schema.applicability import RunContext, weak_warnings
 from debias.training.loop import finish, fit, resume_key
 from debias.training.methods.base import Stage2Inputs, setup_method
 from debias.training.methods.head import head_validator
@@ -48,12 +47,14 @@ def stage2_validator(model: Network, splits: dict[str, BiasedSplit], method: str
 def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch.Tensor, minority: torch.Tensor,
                  erm_state: dict[str, torch.Tensor] | None, run: StageRun, out: StageOutputs,
                  inferred_group: torch.Tensor | None = None, bias_scores: torch.Tensor | None = None,
-                 val_inferred_group: torch.Tensor | None = None) -> dict[str, dict]:
+                 val_inferred_group: torch.Tensor | None = None,
+                 params_warnings: list[str] | None = None) -> dict[str, dict]:
     """Train ``stage2.method``, keep the selected epoch (best validation worst-group by default), write outputs.
 
     ``inferred_group`` and ``bias_scores`` are the groups table's other columns (:class:`Stage2Inputs`);
     ``val_inferred_group`` the validation split's inferred groups (``stage2.selection =
     best_worst_inferred_group`` selects by them, and every epoch records its accuracy on them).
+    ``params_warnings``: what the params alone say of the run (negligible-param), recorded with its warnings.
 
     Under ``torchrun`` every rank trains (joining the process group first); rank 0 writes the
     outputs and returns the accuracy reports, the other ranks return ``{}``.
@@ -90,7 +91,7 @@ def train_stage2(params: Params, splits: dict[str, BiasedSplit], inferred: torch
         reports = write_outputs(setup.model, params.model.name, result, splits, run, out, s2.eval_batch_size, device,
                                 label=f"stage2 {s2.method}", extra_metrics={"method": s2.method},
                                 meta={"method": s2.method, "head_trained": spec.head_trained},
-                                warnings=setup.warnings(result.history) + weak_warnings(RunContext(params)),
+                                warnings=setup.warnings(result.history) + list(params_warnings or []),
                                 thresholds=params.health)
         info_path = out.metrics.with_name(f"{out.metrics.stem}_info.json")
         save_json(info_path, {"method": s2.method, **setup.report(result.history)})
