@@ -657,7 +657,7 @@ def test_a_workspace_whose_results_are_blanked_as_stale_is_nobodys_twin(sweep) -
     assert not [n for n in compare_data.duplicate_notes([twin, workspace]) if "holds the same" in n]
 
 
-def test_a_sweep_is_compared_alone_when_named(tmp_path: Path, monkeypatch) -> None:
+def test_a_sweep_is_compared_alone_when_named(tmp_path: Path, monkeypatch, capsys) -> None:
     """--sweep NAME keeps the experiments of that sweep's plan: another experiment (README's ε run beside the
     temperature sweep) is not folded into its comparison as a third group."""
     from debias.tools.compare import collect
@@ -673,6 +673,7 @@ def test_a_sweep_is_compared_alone_when_named(tmp_path: Path, monkeypatch) -> No
     comparison, _, text = compare(tmp_path, mlflow=False, sweep="eps", out=tmp_path / "page")
     assert {e.name for e in comparison.experiments} == {e.name for e in runs}
     assert "--sweep eps" in comparison.filters and "eps-alone" not in text
+    assert "[compare] reading the warnings and figures' files of 6 experiments ..." in capsys.readouterr().err
     everything, _, _ = compare(tmp_path, mlflow=False, out=tmp_path / "page")
     assert "eps-alone" in {e.name for e in everything.experiments}
     with pytest.raises(ValueError, match="no sweep named 'temp'"):

@@ -246,6 +246,25 @@ def test_run_local_never_asks_dvc_for_workers_while_all_of_them_run(monkeypatch,
     assert starts == [2, 2]  # once when the first 2 were queued, once when e0 finished
 
 
+def test_run_local_says_where_it_is_at_least_every_heartbeat(monkeypatch, tmp_path, capsys) -> None:
+    """A line when an experiment finishes and every HEARTBEAT_S while none does (running and queued counts), the
+    time counted from the sweep's start (its shared upstream included)."""
+    import time
+
+    texts = iter([queue_lines()] + [queue_lines("Running", "Queued")] * 6 + [queue_lines("Success", "Success")])
+    monkeypatch.setattr(local, "queue_text", lambda root: next(texts))
+    monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
+    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
+    monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
+    monkeypatch.setattr(local, "HEARTBEAT_S", 0.0)
+    jobs = [grid.Job(f"e{i}", {}, []) for i in range(2)]
+    assert local.run_local(tmp_path, jobs, 1, {}, poll_s=0, started=time.time() - 100) == []
+    lines = [line for line in capsys.readouterr().out.splitlines() if "experiments done" in line]
+    assert lines[0].startswith("[sweep] 0/2 experiments done, 1 running, 1 queued, 10") and "since the start" in lines[0]
+    assert len(lines) >= 2 and lines[-1].startswith("[sweep] 2/2 experiments done, 0 running, 0 queued")
+    assert lines[1].startswith("[sweep] 0/2")  # nothing finished, and still a line: the heartbeat
+
+
 def test_a_slurm_tasks_outcome_is_read_from_its_submitit_result(tmp_path: Path) -> None:
     assert slurm.result_of(str(tmp_path / "none.pkl")) is None  # killed before it wrote one
     (tmp_path / "ok.pkl").write_bytes(pickle.dumps(("success", "out")))

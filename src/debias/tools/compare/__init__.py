@@ -131,6 +131,7 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
                          + (f"those with results are {', '.join(with_results)}" if with_results else
                             "none has results yet (run `dvc repro` or `dvc exp run`)"
                             + (f"; {describe_without_results(gathered)}" if gathered else "")))
+    collect.progress(f"reading the warnings and figures' files of {len(chosen)} experiments")
     for experiment in chosen:
         experiment.load_notes()
     comparison = build_comparison(chosen, gathered, source, filters)

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,10 +298,17 @@ def explain_missing(experiment: Experiment) -> None:
         experiment.fix = rerun_command(experiment.params, experiment.baseline_params)
 
 
+def progress(message: str) -> None:
+    """A line on stderr while compare gathers (reading DVC's experiments takes tens of seconds): what it does now."""
+    print(f"[compare] {message} ...", file=sys.stderr, flush=True)
+
+
 def from_dvc(root: Path) -> list[Experiment]:
     """Every experiment DVC shows for ``root``'s HEAD, with a reader of its files; a stage whose lock entry does
     not match the experiment's params is blanked (:func:`blank_stale`)."""
+    progress("reading DVC's experiments (dvc exp show)")
     experiments = parse_exp_show(dvc_exp_show(root))
+    progress(f"{len(experiments)} experiments; checking each one's dvc.lock against its params")
     for experiment in experiments:
         if experiment.status in ("done", "no results"):
             blank_stale(experiment, read_lock(root, experiment))

@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -89,13 +89,18 @@ def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.N
             specs = [{"root": str(root), "commit": state["commit"], "clone": str(base / u["name"]),
                       "overrides": u["overrides"], "stage": state["upstream_stage"], "cache_dir": cache,
                       "env": up_env} for u in pending]
-            print(f"[sweep] computing {len(specs)} shared upstream run(s) of {state['upstream_stage']}", flush=True)
+            print(f"[sweep] computing {len(specs)} shared upstream run(s) of {state['upstream_stage']} "
+                  f"(step 1 of 2; then {len(todo)} experiments)", flush=True)
             with ThreadPoolExecutor(max_workers=options["jobs"]) as pool:
-                list(pool.map(compute_upstream, specs))
+                futures = {pool.submit(compute_upstream, spec): Path(spec["clone"]).name for spec in specs}
+                for count, future in enumerate(as_completed(futures), 1):
+                    future.result()
+                    print(f"[sweep] shared upstream {count}/{len(specs)} ({futures[future]}) done after "
+                          f"{time.time() - started:.0f} s", flush=True)
             state["upstream_done"] = [*state.get("upstream_done", []), *(u["name"] for u in pending)]
         state["launched"] = True
         save_state(root, state)
-        run_local(root, todo, options["jobs"], env, poll_s=args.poll)
+        run_local(root, todo, options["jobs"], env, poll_s=args.poll, started=started)
         final = statuses(root, state)
     else:
         launch_slurm(root, state, todo, env, state["phase1"])

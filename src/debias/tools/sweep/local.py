@@ -139,17 +139,22 @@ def queue_log(root: Path, name: str, text: str) -> str:
     return f"dvc queue logs {name}"
 
 
+HEARTBEAT_S = 60.0  # a progress line at least this often while experiments run, even when none finished
+
+
 def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], deadline: float = float("inf"),
-              poll_s: float = 10.0, log: str = "sweep") -> list[str]:
+              poll_s: float = 10.0, log: str = "sweep", started: float | None = None) -> list[str]:
     """Queue ``jobs`` (in order) that are not done, queued or running, run them on ``workers`` DVC queue workers
     and wait. Workers start after the first ``workers`` experiments are queued, so queueing overlaps running.
     At ``deadline`` (a ``time.time()``) the queue is stopped and unfinished experiments are left out. An entry DVC
     lists Running whose process ended for good (:func:`orphaned`) is said once and counted as failed. Returns
-    the names that did not succeed (failed ones are printed with the end of their log)."""
+    the names that did not succeed (failed ones are printed with the end of their log). Progress: a line whenever an
+    experiment finishes and every :data:`HEARTBEAT_S` seconds (running and queued counts), the time counted from
+    ``started`` (the sweep's start, its shared upstream included; default: now)."""
     present = queue_status(root)
     done = finished_experiments(root, run(["git", "rev-parse", "HEAD"], root).strip())
     todo = [job for job in jobs if job.name not in done and present.get(job.name) not in ("Success", "Queued", "Running")]
-    started = time.time()
+    started = time.time() if started is None else started
     for count, job in enumerate(todo, 1):
         run(["dvc", "exp", "run", "--queue", "-n", job.name, *set_args(job.overrides), *job.targets], root, env)
         if count % workers == 0:
@@ -158,7 +163,7 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
             break
     top_up(root, workers, env)
     names = {job.name for job in jobs}
-    reported, told = -1, set()
+    reported, told, said = -1, set(), time.time()
     while True:
         text = queue_text(root)
         orphans = orphaned(root, text)
@@ -170,9 +175,12 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
                       "kill`?): counted as failed; `debias sweep --resume` reruns it", flush=True)
         statuses = {**parse_queue_status(text, orphans), **{name: "Success" for name in done}}
         finished = [n for n in names if statuses.get(n) in ("Success", "Failed")]
-        if len(finished) != reported:
-            reported = len(finished)
-            print(f"[{log}] {reported}/{len(names)} experiments done after {time.time() - started:.0f} s", flush=True)
+        if len(finished) != reported or time.time() - said >= HEARTBEAT_S:
+            reported, said = len(finished), time.time()
+            running = sum(statuses.get(n) == "Running" for n in names)
+            queued = sum(statuses.get(n) == "Queued" for n in names)
+            print(f"[{log}] {reported}/{len(names)} experiments done, {running} running, {queued} queued, "
+                  f"{time.time() - started:.0f} s since the start", flush=True)
         if len(finished) == len(names) or time.time() > deadline:
             break
         if not any(statuses.get(n) in ("Queued", "Running") for n in names):
