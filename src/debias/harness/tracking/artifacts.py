@@ -3,6 +3,7 @@ pipeline parent's metrics, and the network as an MLflow 3 logged model (pyfunc f
 
 from __future__ import annotations
 
+import re
 import time
 import warnings
 from pathlib import Path
@@ -111,19 +112,30 @@ class StageRun:
         """Log a network as an MLflow 3 logged model of this run (and of the pipeline's parent run): the
         pyfunc model from code :data:`MODEL_CODE`, its weights the stage's ``checkpoint`` (written by
         :func:`debias.models.save_network`, loaded back with ``weights_only=True``), with a signature and
-        ``input_example`` (a few rows of the training split, as stored). Named after the checkpoint (``erm``,
-        ``stage2``). Returns the model id (None when not logged)."""
+        ``input_example`` (a few rows of the training split, as stored). Named after what it is: the checkpoint
+        (``erm``, ``stage2``), the method (stage 2's ``stage2.method``, else the encoder's ``model.name``) and the
+        pipeline run (``erm-lenet5-workspace``, ``stage2-cnc-temp-temperature0.05-seed1``). Returns the model id
+        (None when not logged)."""
         if not self.active:
             return None
         if checkpoint is None or not Path(checkpoint).exists() or input_example is None:
             warnings.warn(f"model not logged to MLflow: {'no checkpoint' if checkpoint is None else 'no input example'}"
                           " was given (StageRun.log_model needs the checkpoint the stage wrote and an input example)")
             return None
-        model_id = self._call("logging the model", self._log_model, model, name or Path(checkpoint).stem,
+        model_id = self._call("logging the model", self._log_model, model, name or self._model_name(Path(checkpoint)),
                               Path(checkpoint), input_example)
         if model_id:
             self.notes["model_id"] = model_id
         return model_id
+
+    def _model_name(self, checkpoint: Path) -> str:
+        """``<checkpoint>-<method>-<pipeline run>`` (:meth:`log_model`), characters MLflow refuses made ``_``."""
+        from debias.harness.tracking.runs import run_label
+
+        params = self.client.get_run(self.run_id).data.params
+        method = params.get("stage2.method") if checkpoint.stem == "stage2" else params.get("model.name")
+        name = "-".join(filter(None, (checkpoint.stem, method, run_label())))
+        return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:200]
 
     def _log_model(self, model: Any, name: str, checkpoint: Path, input_example: Any) -> str:
         import mlflow

@@ -88,6 +88,15 @@ def _boot_id() -> str:
         return ""
 
 
+RUN_NAME_VARIABLE = "DEBIAS_RUN_NAME"  # names a pipeline run that is no DVC experiment (a sweep's shared upstream)
+
+
+def run_label() -> str:
+    """What this pipeline run is, for its MLflow names: the DVC experiment (``$DVC_EXP_NAME``), else the name the
+    launcher gave it (``$DEBIAS_RUN_NAME``: ``debias sweep`` names its shared upstream runs), else ``workspace``."""
+    return os.environ.get("DVC_EXP_NAME") or os.environ.get(RUN_NAME_VARIABLE) or "workspace"
+
+
 def pipeline_run_key() -> str | None:
     """What identifies the pipeline run this stage belongs to: the DVC experiment name (``$DVC_EXP_NAME``; a
     workspace ``dvc repro`` has none) and the DVC process running the stages, on this host (boot). None
@@ -97,7 +106,7 @@ def pipeline_run_key() -> str | None:
     if experiment is None and invocation is None:
         return None
     host = ".".join(filter(None, (socket.gethostname(), _boot_id())))
-    key = f"{experiment or 'workspace'}@{host}:{invocation or 'no-dvc'}"
+    key = f"{experiment or run_label()}@{host}:{invocation or 'no-dvc'}"
     return re.sub(r"[^A-Za-z0-9._:@+-]", "_", key)[:250]
 
 
@@ -161,7 +170,7 @@ def pipeline_parent(client: Any, experiment_id: str, key: str, uri: str, root: P
         written = read_yaml_file(Path.cwd() / "params.yaml")  # as written: defaults the file omits are no difference
         difference = params_difference(written, committed_params(root, commit)) if written else {}
         summary = describe_difference(difference, 120)
-        name = experiment or "workspace"
+        name = run_label()
         tags = {KIND_TAG: "pipeline", PIPELINE_TAG: key,
                 "mlflow.runName": f"{name} ({summary})" if summary else name,
                 "debias.params_diff": describe_difference(difference, 5000) or "none (the baseline's params)"}
@@ -222,7 +231,7 @@ def stage_run(stage: str, params: dict[str, Any], record_path: str | Path | None
             tags = {
                 "debias.stage": stage,
                 "debias.params_hash": params_hash(params),
-                "mlflow.runName": f"{stage}-{os.environ.get('DVC_EXP_NAME') or 'workspace'}",
+                "mlflow.runName": f"{stage}-{run_label()}",
             }
             commit = git_commit(root)
             if commit:

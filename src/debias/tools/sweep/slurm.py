@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from debias.tools.sweep.grid import Job, set_args
+from debias.harness.tracking.runs import RUN_NAME_VARIABLE
 from debias.tools.sweep.workspace import (CLONES, clone_at, compute_upstream, finished_experiments, run, sweep_dir,
                                     upstream_experiment, with_src)
 
@@ -101,7 +102,8 @@ def launch_slurm(root: Path, state: dict[str, Any], todo: list[Job], env: dict[s
     pending = [u for u in phase1 if state.setdefault("upstream", {}).get(u["name"], {}).get("result") != "success"]
     if pending:
         specs = [{**common, "clone": str(here / CLONES / u["name"]), "overrides": u["overrides"],
-                  "stage": state["upstream_stage"], "env": upstream_env} for u in pending]
+                  "stage": state["upstream_stage"], "env": {**upstream_env, RUN_NAME_VARIABLE: u["name"]}}
+                 for u in pending]
         executor = slurm_executor(logs, options, f"{state['name']}-upstream")
         submitted = executor.map_array(compute_upstream, specs)
         for u, job in zip(pending, submitted):
