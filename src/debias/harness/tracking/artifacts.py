@@ -130,7 +130,7 @@ class StageRun:
 
     def _model_name(self, checkpoint: Path) -> str:
         """``<checkpoint>-<method>-<pipeline run>`` (:meth:`log_model`), characters MLflow refuses made ``_``."""
-        from debias.harness.tracking.runs import run_label
+        from debias.harness.tracking.store import run_label
 
         params = self.client.get_run(self.run_id).data.params
         method = params.get("stage2.method") if checkpoint.stem == "stage2" else params.get("model.name")

@@ -23,7 +23,7 @@ from debias.harness.forkserver import LAUNCHER_VARIABLE
 from debias.harness.tracking.artifacts import StageRun
 from debias.params import flatten, params_hash
 from debias.harness.tracking.store import (DEFAULT_EXPERIMENT, _store_lock, check_reachable, ensure_experiment, git_commit,
-                                   tracking_mode, tracking_uri)
+                                           run_label, tracking_mode, tracking_uri)
 
 PIPELINE_TAG = "debias.pipeline_run"  # the parent's key (see pipeline_run_key), on the parent and its stage runs
 KIND_TAG = "debias.kind"  # "pipeline" on a parent run
@@ -86,15 +86,6 @@ def _boot_id() -> str:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
     except OSError:
         return ""
-
-
-RUN_NAME_VARIABLE = "DEBIAS_RUN_NAME"  # names a pipeline run that is no DVC experiment (a sweep's shared upstream)
-
-
-def run_label() -> str:
-    """What this pipeline run is, for its MLflow names: the DVC experiment (``$DVC_EXP_NAME``), else the name the
-    launcher gave it (``$DEBIAS_RUN_NAME``: ``debias sweep`` names its shared upstream runs), else ``workspace``."""
-    return os.environ.get("DVC_EXP_NAME") or os.environ.get(RUN_NAME_VARIABLE) or "workspace"
 
 
 def pipeline_run_key() -> str | None:

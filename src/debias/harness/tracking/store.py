@@ -24,6 +24,15 @@ TRACKING_MODES = ("required", "optional", "off")
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
+RUN_NAME_VARIABLE = "DEBIAS_RUN_NAME"  # names a pipeline run that is no DVC experiment (a sweep's shared upstream)
+
+
+def run_label() -> str:
+    """What this pipeline run is, for its MLflow names: the DVC experiment (``$DVC_EXP_NAME``), else the name the
+    launcher gave it (``$DEBIAS_RUN_NAME``: ``debias sweep`` names its shared upstream runs), else ``workspace``."""
+    return os.environ.get("DVC_EXP_NAME") or os.environ.get(RUN_NAME_VARIABLE) or "workspace"
+
+
 def tracking_uri(root: Path | None = None) -> str:
     """``$MLFLOW_TRACKING_URI`` or ``sqlite:///<root>/mlflow.db`` (absolute)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()

@@ -15,7 +15,7 @@ from typing import Any
 
 from debias.tools.sweep.grid import (MAX_POINTS, Job, SweepError, check_grid, plan_from_args, unread_in_grid,
                                      upstream_runs)
-from debias.harness.tracking.runs import RUN_NAME_VARIABLE
+from debias.harness.tracking.store import RUN_NAME_VARIABLE
 from debias.tools.sweep.local import run_local
 from debias.tools.sweep.slurm import launch_slurm, result_of
 from debias.tools.sweep.status import mark_stopped_attempts, status_text, statuses, wait

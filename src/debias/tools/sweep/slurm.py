@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from debias.tools.sweep.grid import Job, set_args
-from debias.harness.tracking.runs import RUN_NAME_VARIABLE
+from debias.harness.tracking.store import RUN_NAME_VARIABLE
 from debias.tools.sweep.workspace import (CLONES, clone_at, compute_upstream, finished_experiments, run, sweep_dir,
                                     upstream_experiment, with_src)
 
