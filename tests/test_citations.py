@@ -9,6 +9,15 @@ cites: as the same token, or as a value that rounds to it as printed
 (in a CSV also after ×100: fractions quoted as %; and /60: seconds quoted as minutes). Numbers inside `code`, parts
 of a version (2.15.0) and values right after a parameter's name or symbol (α 0.03, p_corr 0.995, ρ 0.997) are
 settings, not results, and are not checked.
+
+A number is checked against the row it claims where the block says which: a block naming rows (row `cnc`, rows
+`a` and `b`) has its numbers stand in the cited files' lines holding one of those labels; a row of a page table whose
+first cell is the first cell of a row of a cited file's table stands in that row. A number moved to another row of
+its file is then reported.
+
+params.yaml's comments, the source lines of src/debias/schema/sources.py and src/ docstrings that say "measured" are
+held to the same rule: a comment block (consecutive commented lines) or a line quoting a result names the results
+file that holds it, unless it quotes a paper or released code (a setting, not a measurement here).
 """
 
 from __future__ import annotations
@@ -34,8 +43,10 @@ INTEGER_WITH_UNIT = re.compile(rf"(?<![\w.,−-])(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(
 INLINE_CODE = re.compile(r"`[^`]*`")
 # a setting's value: a parameter's name or symbol (or a `code` span and an opening bracket) right before the number,
 # possibly after other values of it ("p_corr 0.96 and 0.98")
-SETTING_NAME = (r"\b(?:p_corr|rho|alpha|lambda|tau|eps|epsilon|lr|q|t|C|beta|kld|tolerance|weight|corruption_rate|"
-                r"rate|target|CMNIST\*?|MNIST|CODE\s*\()|[αλερτβηκ]|τ⁺|τ\s*/|[=×/^≥≤]")
+SETTING_NAME = (r"\b(?:p_corr|rho|alpha|lambda|tau|eps|epsilon|lr|q|t|C|beta|kld|tolerance|weight|momentum|wd|"
+                r"corruption_rate|"
+                r"rate|target|default|CMNIST\*?|MNIST|CODE\s*\()|\b(?:Sec|Table|App|Eq|Fig)\.?|[αλερτβηκ]|τ⁺|τ\s*/|"
+                r"[=×/^≥≤]")
 PARAMETER = re.compile(rf"(?:{SETTING_NAME})(?:\s*[\d.]+\s*(?:and|or|,|/|–))*\s*[≥≤]?\s*$")
 CITATION = re.compile(r"(?:benchmarks/results/|(?<![/\w.*-]))((?:benchmarks/)?[\w*][\w.*-]*?)"
                       r"\.(md|csv|\{md,\s*csv\})(?![\w/])")
@@ -142,16 +153,62 @@ def rounded(text: str, csv: bool, digits: int) -> frozenset[float]:
                      for x in (round(r, digits), round(math.floor(r * scale + 0.5) / scale, digits)))
 
 
-def stands_in(number: str, files: list[Path]) -> bool:
+def stands_in(number: str, files: list[Path], rows: tuple[str, ...] = ()) -> bool:
     """``number`` (as printed) stands in one of ``files``: the same token, or a value that rounds to it as printed
-    (a CSV's fraction also read in %, its seconds in minutes)."""
+    (a CSV's fraction also read in %, its seconds in minutes); with ``rows``, in a line of a file holding one of those
+    row labels."""
     digits = len(number.split(".")[1]) if "." in number else 0
     value = round(float(number), digits)
     for path in files:
         text = path.read_text(encoding="utf-8")
+        if rows:
+            text = "\n".join(line for line in text.splitlines() if any(row_matches(line, row) for row in rows))
         if number in tokens(text) or value in rounded(text, path.suffix == ".csv", digits):
             return True
     return False
+
+
+ROWS = re.compile(r"\brows? ((?:`[^`]+`(?:,? (?:and |or )?)?)+)")
+
+
+def named_rows(block: str) -> tuple[str, ...]:
+    """The row labels a block names (row `cnc-s30`, rows `a` and `b`)."""
+    return tuple(label for found in ROWS.findall(block) for label in re.findall(r"`([^`]+)`", found))
+
+
+def row_matches(line: str, label: str) -> bool:
+    """Whether a results file's ``line`` is the row ``label``: a table row whose first cell is the label, a CSV row
+    holding it as a field, or any line naming it in backquotes or as a whole word."""
+    cells = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.lstrip().startswith("|") else []
+    if cells:
+        return cells[0].strip("`* ") == label
+    return label in line.split(",") or re.search(rf"(?<![\w.-]){re.escape(label)}(?![\w.-])", line) is not None
+
+
+def table_row_labels(files: list[Path]) -> set[str]:
+    """The first cells of the table rows of ``files`` (the labels a page table's rows can address)."""
+    labels = set()
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.lstrip().startswith("|"):
+                labels.add(line.strip().strip("|").split("|")[0].strip().strip("`* "))
+    return labels - {""}
+
+
+def checked_parts(block: str, files: list[Path]) -> list[tuple[str, tuple[str, ...]]]:
+    """``(text, rows)`` pieces of a citing block, each checked against ``rows`` (none: the whole files): a page table's
+    row whose first cell labels a row of a cited file's table, against that row; the rest against the rows the block
+    names (or none)."""
+    rows = named_rows(block)
+    labels = table_row_labels(files) if block.lstrip().startswith("|") else set()
+    parts = []
+    for line in block.splitlines():
+        first = line.strip().strip("|").split("|")[0].strip().strip("`* ") if line.lstrip().startswith("|") else ""
+        if first and first in labels:
+            parts.append(("|".join(line.strip().strip("|").split("|")[1:]), (first,)))
+        else:
+            parts.append((line, rows))
+    return parts
 
 
 def citing_blocks(text: str, results: Path) -> list[tuple[list[Path], str]]:
@@ -178,13 +235,83 @@ def unsupported_numbers(repo: Path) -> list[str]:
         name = str(page.relative_to(repo))
         text = page.read_text(encoding="utf-8")
         for files, block in citing_blocks(text, results):
-            if not files:
-                continue
-            for number in quoted_numbers(block):
-                if not stands_in(number, files):
-                    where = block.strip().splitlines()[0][:70]
-                    missing.append(f"{name}: {number} not in {', '.join(f.name for f in files)} ({where!r})")
+            if files:
+                missing += block_problems(name, block, files)
     return missing
+
+
+def block_problems(name: str, block: str, files: list[Path]) -> list[str]:
+    """``name: number not in files [row]`` for each number of a citing block that does not stand where it claims."""
+    missing = []
+    for part, rows in checked_parts(block, files):
+        for number in quoted_numbers(part):
+            if not stands_in(number, files, rows):
+                where = block.strip().splitlines()[0][:70]
+                row = f" row {', '.join(rows)}" if rows else ""
+                missing.append(f"{name}: {number} not in {', '.join(f.name for f in files)}{row} ({where!r})")
+    return missing
+
+
+# A comment or source line quoting a setting from a paper or the released code, not a measurement of this project
+PAPER = re.compile(r"\b(?:paper|Table|App\.|Sec\.|Eq\.|released|code's|LfF|GroupDRO|SimCLR|SCARF|DFR|JTT|Khosla|Sagawa|"
+                   r"conventional|rule of thumb)\b")
+
+
+def comment_blocks(text: str) -> list[tuple[int, str]]:
+    """params.yaml's comment blocks: (first line, the comments of consecutive commented lines, joined)."""
+    found, current, start = [], [], 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if "#" in line:
+            start = start if current else number
+            current.append(line[line.index("#") + 1:].strip())
+        elif current:
+            found.append((start, " ".join(current)))
+            current = []
+    if current:
+        found.append((start, " ".join(current)))
+    return found
+
+
+def measured_claims(repo: Path) -> list[tuple[str, str]]:
+    """``(where, text)`` of every place outside README and docs/ that may state a measured number: params.yaml's
+    comment blocks, and the source lines of src/debias/schema/sources.py and the src/ docstrings that say
+    "measured"."""
+    import ast
+
+    claims = [(f"params.yaml:{line}", text) for line, text in comment_blocks(
+        (repo / "params.yaml").read_text(encoding="utf-8"))]
+    sources = repo / "src/debias/schema/sources.py"
+    for node in ast.walk(ast.parse(sources.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values):
+                if isinstance(key, ast.Constant) and isinstance(value, (ast.Constant, ast.JoinedStr)):
+                    text = str(value.value if isinstance(value, ast.Constant) else ast.unparse(value))
+                    if re.search(r"\bmeasured\b", text, re.IGNORECASE):
+                        claims.append((f"sources.py: {key.value}", text))
+    for path in sorted((repo / "src").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and re.search(r"\bmeasured\b", doc, re.IGNORECASE):
+                    claims.append((f"{path.relative_to(repo)}: {getattr(node, 'name', 'module')}", doc))
+    return claims
+
+
+def unsourced_measurements(repo: Path) -> list[str]:
+    """Every number a :func:`measured_claims` text quotes that does not stand in the results file it names, or that
+    it quotes without naming one (and without quoting a paper or the released code)."""
+    results = repo / RESULTS
+    found = []
+    for where, text in measured_claims(repo):
+        numbers = quoted_numbers(text)
+        if not numbers:
+            continue
+        files = cited_files(text, results)
+        if files:
+            found += block_problems(where, text, files)
+        elif not PAPER.search(text):
+            found.append(f"{where}: {', '.join(numbers[:5])} quoted with no results file ({text[:80]!r})")
+    return found
 
 
 def uncited_measurements(repo: Path) -> list[str]:
@@ -285,3 +412,39 @@ def test_user_docs_speak_in_the_present() -> None:
         assert not HISTORY.search(fine), fine
     found = history_phrases(REPO)
     assert not found, "\n".join(found)
+
+
+def test_every_measured_number_outside_the_pages_names_its_results_file() -> None:
+    """params.yaml's comments, the params' source lines and docstrings saying "measured": each number they quote stands
+    in the results file they name."""
+    found = unsourced_measurements(REPO)
+    assert not found, "\n".join(found)
+
+
+def test_a_measured_number_in_a_params_comment_without_a_results_file_is_reported(tmp_path) -> None:
+    repo = copy_pages(tmp_path)
+    shutil.copy(REPO / "params.yaml", repo / "params.yaml")
+    shutil.copytree(REPO / "src", repo / "src")
+    assert not unsourced_measurements(repo)
+    text = (repo / "params.yaml").read_text(encoding="utf-8")
+    (repo / "params.yaml").write_text(text.replace("\nseed: 0\n", "\nseed: 0\n\n# ours: 81.3 % worst-group with it\n", 1),
+                                      encoding="utf-8")
+    (found,) = unsourced_measurements(repo)
+    assert found.startswith("params.yaml:") and "81.3 quoted with no results file" in found
+
+
+def test_a_number_moved_to_another_row_of_its_file_is_reported(tmp_path) -> None:
+    """A block naming its row (row `b`), and a page table whose rows are labelled like the file's: each number is
+    checked against that row, not anywhere in the file."""
+    (tmp_path / RESULTS).mkdir(parents=True)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / RESULTS / "x.md").write_text("| run | worst |\n|---|---|\n| a | 49.7 |\n| b | 12.5 |\n", encoding="utf-8")
+    page = tmp_path / "README.md"
+    for text, bad in (("The run b gave 12.5 % (`benchmarks/results/x.md`, row `b`).\n", []),
+                      ("The run b gave 49.7 % (`benchmarks/results/x.md`, row `b`).\n", ["49.7"]),
+                      ("Measured (`benchmarks/results/x.md`):\n\n| run | worst |\n|---|---|\n| a | 49.7 |\n| b | 12.5 |\n", []),
+                      ("Measured (`benchmarks/results/x.md`):\n\n| run | worst |\n|---|---|\n| a | 12.5 |\n| b | 49.7 |\n",
+                       ["12.5", "49.7"])):
+        page.write_text(text, encoding="utf-8")
+        assert [line.split(": ")[1].split(" ")[0] for line in unsupported_numbers(tmp_path)] == bad, text
+    assert "README.md: 49.7 not in x.md row b" in unsupported_numbers(tmp_path)[1]

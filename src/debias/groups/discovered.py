@@ -12,10 +12,9 @@ same fitted inference as the training split's, applied to the validation split's
   so the vote is over training points of every class and decides the inferred label (group = y * C + label); with
   ``per_class = k > 1`` the clusters lie within a class, so the vote is over the point's own class and decides its
   inferred group. Ours: the clusters were fitted on a UMAP of the training points only, and a nearest-neighbour vote
-  places a point outside that fit among them without refitting. Measured on one ERM run of the default params (1,078
-  training, 269 validation digits, 79 % of them bias-conflicting): the vote's label is the validation digit's true
-  colour for 95.5 % of them (k = 15), the clusters' own labels the training digit's for 99.3 %;
-  a vote within the own class instead found it for 45 % only (the training minorities are too small to win a vote).
+  places a point outside that fit among them without refitting (a vote within the point's own class would let the
+  class's majority outvote its small training minorities). How often the vote finds the validation digit's true
+  colour is in infer_groups' metrics (``reports/metrics/groups.json``), not claimed here.
 
 The summary (:func:`group_summary`) lists per (class, inferred group) of the training split its size, ERM's
 accuracy on it, the true attribute's share where the split has one, and a few example indices

@@ -1,14 +1,13 @@
 """UMAP with a disk cache for numba's compiled code and a k-NN graph whose cost grows no faster than UMAP's (used by groups and evaluation).
 
-``import umap`` compiles numba code (~20 s) and umap-learn/pynndescent cache little of it on
-disk, so every stage process paid again; :func:`import_umap` sets ``NUMBA_CACHE_DIR`` (default
-``~/.cache/debias/numba``) and switches numba's cache on for their jitted functions.
+``import umap`` compiles numba code and umap-learn/pynndescent cache little of it on disk, so every
+stage process paid again; :func:`import_umap` sets ``NUMBA_CACHE_DIR`` (default ``~/.cache/debias/numba``)
+and switches numba's cache on for their jitted functions.
 :func:`umap_fit` passes the k-NN graph of :func:`knn_graph` as ``precomputed_knn``: exact (torch, in
 blocks) up to :data:`EXACT_KNN_MAX_POINTS` points, above it pynndescent's NN-descent with UMAP's own
-settings, seeded. The exact graph costs O(N^2) (measured on 84-d features, one thread: 0.5 / 5.7 / 55 CPU s
-at 6k / 18k / 54k points); NN-descent costs ~10 s of numba compilation in every process (numba cannot
-cache it) and then grows about linearly (11 / 13 / 16 CPU s), with 96 % of the exact 15 neighbours found
-at 54k; the two cross near 25k points.
+settings, seeded. The exact graph costs O(N^2); NN-descent pays a numba compilation in every process (numba
+cannot cache it) and then grows about linearly, finding most but not all of the exact neighbours:
+:data:`EXACT_KNN_MAX_POINTS` is where the two cost about the same (ours).
 Entry points that run UMAP set ``OMP_WAIT_POLICY=PASSIVE`` before importing torch (busy OpenMP
 threads left by numba slow torch down ~10x).
 On a machine whose cache is empty, the fork server (:mod:`debias.harness.forkserver`) starts :func:`warm_cache` as the

@@ -104,10 +104,8 @@ SOURCES: dict[str, str] = {
     "model.pretrained": "paper: CNC App. D.2.2: ImageNet weights for ResNet-50 only (default false for the others)",
     "model.feature_activation": "code: FairKL's encoder without a projection head ends in tanh (default auto: tanh "
                                 "for the supcon family, relu for the others; a ReLU feature layer keeps every "
-                                "normalised z in the positive orthant). Measured on the default data with the earlier "
-                                "objective (kl, alpha 1, lambda 0.75): relu 76.9 / 27.8 / 76.1 % test average / "
-                                "worst-group / unbiased against tanh's 82.4 / 46.2 / 82.1 (params.yaml stage2.epochs "
-                                "comment); not re-measured under the current objective",
+                                "normalised z in the positive orthant, so no two samples are pushed more than 90 "
+                                "degrees apart); relu against tanh on the default data: not in a results file",
     "model.stem": "ours: auto (default auto): the CIFAR stem (3x3 stride 1, no max-pool) from scratch at <= 64 px, "
                   "torchvision's ImageNet stem otherwise and with pretrained weights. The FairKL Corrupted CIFAR-10 / "
                   "bFFHQ presets set imagenet: code: FairKL debiasing/main_infonce.py load_model swaps the first "
@@ -165,9 +163,7 @@ SOURCES: dict[str, str] = {
     "stage2.eval_batch_size": "ours: 1024 images per evaluation batch (default 1024; memory only, no effect on "
                               "results)",
     "stage2.augment_shift": "code: FairKL debiasing/main_infonce.py: no augmentation on Biased-MNIST (default 0); "
-                            "with the earlier objective a shift of 2 px measured 76.2 / 22.2 / 75.1 % against 0's "
-                            "82.4 / 46.2 / 82.1 (params.yaml stage2.epochs comment), not re-measured under the "
-                            "current objective",
+                            "CNC's schedules in benchmarks/results/default_search.md set their own shift",
     "stage2.method": "paper: CNC (default cnc); the winner of benchmarks/results/default_choice.md (12 cells: +2.6 "
                      "[+1.2, +4.1] points of test unbiased accuracy over the best of the supcon family)",
     "stage2.head.weight_decay": "ours: 1e-4 L2 on the per-epoch linear head (default 1e-4), scikit-learn's C = 1 "
@@ -175,8 +171,8 @@ SOURCES: dict[str, str] = {
                                 "B.2)",
     "stage2.head.max_iter": "code: scikit-learn LogisticRegression's own max_iter: 100 L-BFGS iterations (default 100)",
     "stage2.head.warm_start": "ours: the previous epoch's head as the start (default true); default data, 3 seeds: "
-                              "the same selected epoch and accuracies as a cold start with 17 % fewer L-BFGS "
-                              "iterations (benchmarks/results/head_warm_start.md)",
+                              "the same selected epoch and accuracies as a cold start in fewer L-BFGS iterations "
+                              "(908, 1,018, 890 against 1,098, 1,200, 1,082: benchmarks/results/head_warm_start.md)",
     "stage2.head.features": "ours: raw (default raw: z as the linear probe reads it); the released FairKL code's "
                             "classifier reads z / |z| (debiasing/models/simpleconvnet.py and resnet.py, "
                             "train_on_head=True): the fairkl-* presets set unit",
@@ -184,8 +180,8 @@ SOURCES: dict[str, str] = {
                              "selected epoch on the default data (benchmarks/results/head_warm_start.md)",
     "stage2.speed.autocast": "ours: none (off) until measured on CPU and GPU: bf16 gave 1.27x steps/s on the CPU, "
                              "accuracy and GPU not measured (benchmarks/results/speed_settings.md)",
-    "stage2.speed.compile": "ours: off (default false): torch.compile measured 0.99x steps/s on the CPU after a 4-122 "
-                            "s first epoch (benchmarks/results/speed_settings.md); GPU not measured",
+    "stage2.speed.compile": "ours: off (default false): torch.compile measured 0.99x steps/s on the CPU "
+                            "(benchmarks/results/speed_settings_compile.md); GPU not measured",
     "stage2.speed.channels_last": "ours: off (default false): channels-last measured 0.95x steps/s on the CPU "
                                   "(benchmarks/results/speed_settings.md); GPU not measured",
     "stage2.speed.step": "ours: eager (default), the only path on the CPU; the eager step split for capture kept the "

@@ -94,8 +94,8 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``t[index]`` for a 1-D integer ``index`` (a batch of training images), the same tensor by ``index_select``:
-    on the CPU ~10x faster for image rows (32 LeNet images: 3.5 against 43 us; 256: 20 against 326 us; measured)."""
+    """``t[index]`` for a 1-D integer ``index`` (a batch of training images), the same tensor by ``index_select``,
+    which on the CPU gathers image rows faster than advanced indexing."""
     return t.index_select(0, index)
 
 
