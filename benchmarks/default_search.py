@@ -332,8 +332,30 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
         lines += ["", f"Held-out winner (test unbiased, eligible finalists): **{winner or 'not all cells yet'}**; the "
                   f"default (the winner or the simplest eligible finalist not shown worse on either number): "
                   f"**{default or 'not all cells yet'}**.", ""]
+        lines += rules_compared(rows, list(held))
         lines += per_cell(rows, "heldout", list(held))
     return "\n".join(lines) + "\n"
+
+
+def rules_compared(rows: list[dict[str, str]], names: list[str]) -> list[str]:
+    """The selection rules on the same held-out runs: ``best_unbiased`` (the one ranked) against ``best_worst_group``
+    and ``last``, paired by cell, with each rule's degenerate selections."""
+    lines = ["### Selection rules on the same held-out runs (test numbers, paired by cell)", "",
+             "| candidate | rule | Δ test unbiased vs best_unbiased | Δ test worst-group vs best_unbiased | "
+             "degenerate selections |", "|---|---|---|---|---|"]
+    base_u, base_w = values(rows, "heldout", "test_unbiased"), values(rows, "heldout", "test_worst")
+    for name in names:
+        for rule in RULES:
+            other_u = values(rows, "heldout", "test_unbiased", rule)
+            other_w = values(rows, "heldout", "test_worst", rule)
+            cells_here = sorted(set(other_u.get(name, {})) & set(base_u.get(name, {})))
+            du = cells.interval([other_u[name][c] - base_u[name][c] for c in cells_here])
+            dw = cells.interval([other_w[name][c] - base_w[name][c] for c in cells_here])
+            degenerate = sum(int(r["degenerate"]) for r in rows
+                             if r["phase"] == "heldout" and r["candidate"] == name and r["rule"] == rule)
+            shown = ("—", "—") if rule == RANKED_RULE else (cells.fmt_interval(du, True), cells.fmt_interval(dw, True))
+            lines.append(f"| {name} | {rule} | {shown[0]} | {shown[1]} | {degenerate} of {len(cells_here)} |")
+    return lines + [""]
 
 
 def axis_effects(rows: list[dict[str, str]], all_candidates: dict[str, Candidate]) -> list[str]:

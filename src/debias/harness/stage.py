@@ -213,15 +213,17 @@ def stage_deps(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
 def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
     """Code this stage process imported that DVC cannot see, each as ``'module (path)'``: a module outside the
     ``debias`` package (which the code deps and the trace cover) whose file lies in the repository but under none of
-    the stage's deps (a helper beside the entrypoints), or outside the repository and outside the interpreter's
-    installed packages (a folder on PYTHONPATH). Editing either would rerun nothing. Interpreter hooks
-    (``sitecustomize``) are no stage code."""
+    the stage's deps (a helper beside the entrypoints, a plugin folder on PYTHONPATH), or outside the repository and
+    neither under the interpreter's folders nor of an installed distribution (editable installs included). Editing
+    either would rerun nothing. Interpreter hooks (``sitecustomize``) are no stage code."""
     import site
     import sysconfig
+    from importlib.metadata import packages_distributions
 
     installed = tuple(sorted({os.path.join(os.path.realpath(folder), "") for folder in (
         sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values(), *site.getsitepackages(),
         site.getusersitepackages()) if folder}))
+    distributed = set(packages_distributions())  # top-level names installed distributions provide (editable too)
     base = os.path.realpath(root)
     deps = [dep.rstrip("/") for dep in stage_deps(stage, root / "dvc.yaml")]
     found = []
@@ -231,7 +233,7 @@ def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
                 or name.split(".")[0] == "debias"):
             continue  # no file of its own (torch.ops' is a bare name), a hook, or the package (derived and traced)
         real = os.path.realpath(file)
-        if real.startswith(installed):
+        if real.startswith(installed) or name.split(".")[0] in distributed:
             continue
         if real.startswith(base + os.sep):
             rel = os.path.relpath(real, base)
