@@ -3,10 +3,12 @@
 An entrypoint names its stage and the params it reads (exactly those dvc.yaml declares for
 it) and passes a body ``(params, run) -> None``. Before the body starts, the params are
 validated, ``DEBIAS_DEVICE`` is checked and every folder the stage writes into is probed for
-writability, so none of these fails after minutes of work; and each declared param changed since the stage's last
-run that this run does not read is printed as an ``unread-param`` warning (:mod:`debias.harness.unread`). Failures a user can act on end the
-process with one line naming the cause and what to do, and a non-zero exit code, instead of a
-traceback (``DEBIAS_DEBUG=1`` re-raises):
+writability, so none of these fails after minutes of work; each declared param changed since the stage's last run
+that this run does not read is printed as an ``unread-param`` warning (:mod:`debias.harness.unread`); code DVC
+cannot see is refused (:func:`check_imports`, before and after the body); and a stage whose params changed while it
+ran fails, removing what it wrote (:func:`check_params_unchanged`). Failures a user can act on end the process with
+one line naming the cause and what to do, and a non-zero exit code, instead of a traceback (``DEBIAS_DEBUG=1``
+re-raises):
 
 - a :class:`debias.core.errors.DebiasError` (bad params, data, files, tracking, memory, divergence), or
   ``FileNotFoundError`` / ``ValueError`` from the stage's own checks: exit 2;
@@ -78,13 +80,18 @@ def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
     return f"{message[:limit]} ... [{len(message) - limit:,} more characters cut]"
 
 
-def stage_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
-    """The paths dvc.yaml declares as the stage's outputs (outs, metrics, plots); [] without a dvc.yaml."""
+def stage_entry(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> dict:
+    """The stage's entry in dvc.yaml; {} without a dvc.yaml or the stage."""
     if not dvc_yaml.exists():
-        return []
+        return {}
     import yaml
 
-    entries = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {}).get(stage, {})
+    return (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {}).get(stage, {}) or {}
+
+
+def stage_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
+    """The paths dvc.yaml declares as the stage's outputs (outs, metrics, plots); [] without a dvc.yaml."""
+    entries = stage_entry(stage, dvc_yaml)
     paths: list[Path] = []
     for kind in ("outs", "metrics", "plots"):
         for entry in entries.get(kind, []) or []:
@@ -202,12 +209,7 @@ def is_stage_process(stage: str) -> bool:
 
 def stage_deps(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
     """The paths dvc.yaml declares as the stage's deps; [] without a dvc.yaml."""
-    if not dvc_yaml.exists():
-        return []
-    import yaml
-
-    entry = (yaml.safe_load(dvc_yaml.read_text(encoding="utf-8")) or {}).get("stages", {}).get(stage, {})
-    return [str(dep) for dep in entry.get("deps") or []]
+    return [str(dep) for dep in stage_entry(stage, dvc_yaml).get("deps") or []]
 
 
 def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
@@ -218,22 +220,29 @@ def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
     either would rerun nothing. Interpreter hooks (``sitecustomize``) are no stage code."""
     import site
     import sysconfig
-    from importlib.metadata import packages_distributions
 
     installed = tuple(sorted({os.path.join(os.path.realpath(folder), "") for folder in (
         sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values(), *site.getsitepackages(),
         site.getusersitepackages()) if folder}))
-    distributed = set(packages_distributions())  # top-level names installed distributions provide (editable too)
-    base = os.path.realpath(root)
-    deps = [dep.rstrip("/") for dep in stage_deps(stage, root / "dvc.yaml")]
-    found = []
+    candidates = []
     for name, module in sorted(sys.modules.items()):
         file = getattr(module, "__file__", None)
         if (not isinstance(file, str) or not os.path.isabs(file) or name in ("__main__", "sitecustomize", "usercustomize")
                 or name.split(".")[0] == "debias"):
             continue  # no file of its own (torch.ops' is a bare name), a hook, or the package (derived and traced)
         real = os.path.realpath(file)
-        if real.startswith(installed) or name.split(".")[0] in distributed:
+        if not real.startswith(installed):
+            candidates.append((name, real))
+    if not candidates:
+        return []
+    from importlib.metadata import packages_distributions  # a scan of every distribution: only when needed
+
+    distributed = set(packages_distributions())  # top-level names installed distributions provide (editable too)
+    base = os.path.realpath(root)
+    deps = [dep.rstrip("/") for dep in stage_deps(stage, root / "dvc.yaml")]
+    found = []
+    for name, real in candidates:
+        if name.split(".")[0] in distributed:
             continue
         if real.startswith(base + os.sep):
             rel = os.path.relpath(real, base)
