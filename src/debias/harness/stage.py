@@ -227,9 +227,10 @@ def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
     candidates = []
     for name, module in sorted(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if (not isinstance(file, str) or not os.path.isabs(file) or name in ("__main__", "sitecustomize", "usercustomize")
-                or name.split(".")[0] == "debias"):
-            continue  # no file of its own (torch.ops' is a bare name), a hook, or the package (derived and traced)
+        if (not isinstance(file, str) or not os.path.isabs(file) or name.startswith("__")
+                or name in ("sitecustomize", "usercustomize") or name.split(".")[0] == "debias"):
+            continue  # no file of its own (torch.ops' is a bare name), the scripts run as __main__ (the fork server's
+            # as __mp_main__ too), a hook, or the package (derived and traced)
         real = os.path.realpath(file)
         if not real.startswith(installed):
             candidates.append((name, real))
