@@ -227,10 +227,11 @@ def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
     candidates = []
     for name, module in sorted(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if (not isinstance(file, str) or not os.path.isabs(file) or name.startswith("__")
+        if (not isinstance(file, str) or not os.path.isabs(file) or name.startswith(("__", "code_model_"))
                 or name in ("sitecustomize", "usercustomize") or name.split(".")[0] == "debias"):
             continue  # no file of its own (torch.ops' is a bare name), the scripts run as __main__ (the fork server's
-            # as __mp_main__ too), a hook, or the package (derived and traced)
+            # as __mp_main__ too), MLflow loading the harness's model code (and its copy) as code_model_<id>, a
+            # hook, or the package (derived and traced)
         real = os.path.realpath(file)
         if not real.startswith(installed):
             candidates.append((name, real))
