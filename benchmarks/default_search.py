@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime as dt
+import json
 import math
 import platform
 import shlex
@@ -206,8 +207,48 @@ def ranking(rows: list[dict[str, str]], phase: str, metric: str) -> list[tuple[s
     return sorted(((c, statistics.fmean(v.values())) for c, v in table.items()), key=lambda item: -item[1])
 
 
-def eligible(rows: list[dict[str, str]], phase: str, name: str) -> bool:
-    return name != FAIRKL and cost_ratio(rows, phase, name) <= COST_BUDGET
+def eligible(rows: list[dict[str, str]], phase: str, name: str, pools: dict[str, dict[str, int]] | None = None) -> bool:
+    """A candidate the default may be: not the reference, at most :data:`COST_BUDGET` times FairKL's CPU time, and
+    (where ``pools`` says, :func:`short_pools`) drawing no pool with replacement on the bundled digits: a shipped
+    default must not carry ``cnc-small-pools``."""
+    return (name != FAIRKL and cost_ratio(rows, phase, name) <= COST_BUDGET
+            and not any((pools or {}).get(name, {}).values()))
+
+
+def short_pools(workdir: Path, all_candidates: dict[str, Candidate]) -> dict[str, dict[str, int]]:
+    """Per CNC candidate and digits selection cell, how many sampling pools its sampler draws with replacement
+    (``cnc-small-pools``), from the cell's training split and groups table as the stage builds its sampler."""
+    import yaml
+
+    from debias.core.trees import merge
+    from debias.data.store import load_split
+    from debias.groups import load_groups
+    from debias.schema import validate
+    from debias.training.methods.cnc.train import cnc_sampler
+
+    found: dict[str, dict[str, int]] = {}
+    for cell in (c for c in SELECT_CELLS if c.data == "digits"):
+        root = workdir / cell.name
+        base = yaml.safe_load((root / "params.yaml").read_text())
+        train = load_split(root / "data/biased/train.pt")
+        for name, candidate in all_candidates.items():
+            if not candidate.schedule:
+                continue
+            tree = merge(base, {"seed": cell.seed})
+            for dotted, value in candidate.sets.items():
+                tree = merge(tree, dict_of(dotted, value))
+            groups = load_groups(root / f"groups-{candidate.group_source}.parquet", y=train.y)
+            sampler = cnc_sampler(train, groups.inferred_label, validate(tree))
+            found.setdefault(name, {})[cell.name] = len(sampler.report()["short_pools"])
+    return found
+
+
+def dict_of(dotted: str, value: Any) -> dict[str, Any]:
+    """``'a.b.c', v`` -> ``{'a': {'b': {'c': v}}}``."""
+    tree: Any = value
+    for part in reversed(dotted.split(".")):
+        tree = {part: tree}
+    return tree
 
 
 def simplest(names: list[str], all_candidates: dict[str, Candidate], rows: list[dict[str, str]], phase: str) -> str:
@@ -215,13 +256,15 @@ def simplest(names: list[str], all_candidates: dict[str, Candidate], rows: list[
     return min(names, key=lambda n: (all_candidates[n].departures, cost_ratio(rows, phase, n), n))
 
 
-def finalists(rows: list[dict[str, str]], all_candidates: dict[str, Candidate]) -> list[str]:
+def finalists(rows: list[dict[str, str]], all_candidates: dict[str, Candidate],
+              pools: dict[str, dict[str, int]] | None = None) -> list[str]:
     """From the selection's validation numbers: the best eligible candidate; the simplest eligible one not shown worse
     than it; the best eligible one on the other side of ε = 0 and of the group source (so the held-out cells ask
-    whether the margin and the group source matter); then the shipped default and FairKL as references."""
+    whether the margin and the group source matter); then, as references, the best CNC candidate of all (what the
+    eligibility rules cost, if anything), the shipped default and FairKL."""
     val_u, val_w = values(rows, "select", "val_unbiased"), values(rows, "select", "val_worst")
     ranked = [name for name, _ in ranking(rows, "select", "val_unbiased")
-              if eligible(rows, "select", name) and len(val_u[name]) == len(SELECT_CELLS)]
+              if eligible(rows, "select", name, pools) and len(val_u[name]) == len(SELECT_CELLS)]
     if not ranked:
         return []
     best = ranked[0]
@@ -232,14 +275,17 @@ def finalists(rows: list[dict[str, str]], all_candidates: dict[str, Candidate]) 
         other = next((name for name in ranked if differs(all_candidates[name])), None)
         if other is not None:
             chosen.append(other)
-    return list(dict.fromkeys(chosen + [SHIPPED, FAIRKL]))
+    overall = next((name for name, _ in ranking(rows, "select", "val_unbiased")
+                    if name != FAIRKL and len(val_u[name]) == len(SELECT_CELLS)), None)
+    return list(dict.fromkeys(chosen + [n for n in (overall, SHIPPED, FAIRKL) if n is not None]))
 
 
-def decision(rows: list[dict[str, str]], names: list[str], all_candidates: dict[str, Candidate]) -> tuple[str, str]:
+def decision(rows: list[dict[str, str]], names: list[str], all_candidates: dict[str, Candidate],
+             pools: dict[str, dict[str, int]] | None = None) -> tuple[str, str]:
     """(held-out winner by test unbiased accuracy among the eligible finalists, the default: the winner or the
     simplest eligible finalist not shown worse on test unbiased and worst-group accuracy)."""
     test_u, test_w = values(rows, "heldout", "test_unbiased"), values(rows, "heldout", "test_worst")
-    pool = [n for n in names if n in test_u and len(test_u[n]) == len(HELDOUT_CELLS) and eligible(rows, "select", n)]
+    pool = [n for n in names if n in test_u and len(test_u[n]) == len(HELDOUT_CELLS) and eligible(rows, "select", n, pools)]
     if not pool:
         return "", ""
     winner = max(pool, key=lambda n: statistics.fmean(test_u[n].values()))
@@ -257,11 +303,18 @@ def describe(candidate: Candidate) -> str:
             f"eps {candidate.epsilon:g}")
 
 
+def short_text(pools: dict[str, dict[str, int]] | None, name: str) -> str:
+    """The counts of pools drawn with replacement on the digits cells, '–' where not computed (FairKL has none)."""
+    found = (pools or {}).get(name)
+    return " / ".join(str(n) for _, n in sorted(found.items())) if found else "–"
+
+
 def cell_list(chosen: list[Cell]) -> str:
     return ", ".join(cell.name for cell in chosen)
 
 
-def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], command: str, meta: dict[str, str]) -> str:
+def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], command: str, meta: dict[str, str],
+             pools: dict[str, dict[str, int]] | None = None) -> str:
     lines = ["# The default stage 2 chosen on every axis: validation cells pick, held-out cells report", "",
              f"- Command (SCRATCH: any empty folder; mnist10k.npz from the datasets folder): `{FULL_COMMAND}`; this file "
              f"was last written by `{command}` on {dt.date.today().isoformat()}",
@@ -273,7 +326,8 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
              "digits: params.yaml's pipeline as shipped (1,078 training images, CMNIST* p_corr 0.9). Every run keeps "
              f"the epoch `{RANKED_RULE}` picks on validation; numbers are points (%).",
              f"- Cost: stage 2's CPU seconds (user + system of its process, 1 thread) over FairKL's on the same cell, "
-             f"median over the cells; eligible: at most {COST_BUDGET:g}.", ""]
+             f"median over the cells. Eligible for the default: at most {COST_BUDGET:g}, and no sampling pool drawn "
+             "with replacement on the bundled digits (the shipped default must not carry `cnc-small-pools`).", ""]
     if meta.get("stale"):
         lines += [f"- {meta['stale']} row(s) of the CSV were computed from other data, code or params and are not "
                   "shown (kept in the CSV until the run that replaces them).", ""]
@@ -287,14 +341,15 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
     test_u, test_w = values(rows, "select", "test_unbiased"), values(rows, "select", "test_worst")
     ranked = ranking(rows, "select", "val_unbiased")
     if ranked:
-        picks = finalists(rows, all_candidates)
+        picks = finalists(rows, all_candidates, pools)
         best = picks[0] if picks else ranked[0][0]
         lines += ["## 1. Selection: validation numbers", "",
                   f"Ranked by validation unbiased accuracy; paired Δ against the best eligible candidate ({best}); "
                   "test numbers of the same runs are shown but choose nothing.", "",
                   "| candidate | cells | val unbiased | paired Δ val unbiased | val worst-group | paired Δ val worst-group "
-                  "| test unbiased | test worst-group | CPU s, median | cost over FairKL | eligible |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| test unbiased | test worst-group | CPU s, median | cost over FairKL | pools with replacement "
+                  "(digits s0, s1) | eligible |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         cpu = values(rows, "select", "cpu_seconds")
         for name, _ in ranked:
             ratio = cost_ratio(rows, "select", name)
@@ -305,14 +360,14 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
                 f"{'best' if name == best else cells.fmt_interval(paired(val_w, name, best), True)} | "
                 f"{statistics.fmean(test_u[name].values()):.1f} | {statistics.fmean(test_w[name].values()):.1f} | "
                 f"{statistics.median(cpu[name].values()):.0f} | {ratio:.2f} | "
-                f"{'yes' if eligible(rows, 'select', name) else 'no'} |")
+                f"{short_text(pools, name)} | {'yes' if eligible(rows, 'select', name, pools) else 'no'} |")
         lines += ["", "Finalists for the held-out cells: " + (", ".join(f"**{n}**" for n in picks) or "none yet") + ".",
                   ""]
         lines += axis_effects(rows, all_candidates)
     held = values(rows, "heldout", "test_unbiased")
     if held:
-        picks = finalists(rows, all_candidates)
-        winner, default = decision(rows, picks, all_candidates)
+        picks = finalists(rows, all_candidates, pools)
+        winner, default = decision(rows, picks, all_candidates, pools)
         test_u, test_w = held, values(rows, "heldout", "test_worst")
         refs = [r for r in dict.fromkeys([default, SHIPPED, FAIRKL]) if r]
         lines += ["## 2. Held-out cells: test numbers", "",
@@ -401,6 +456,11 @@ def per_cell(rows: list[dict[str, str]], phase: str, names: list[str]) -> list[s
 # --------------------------------------------------------------------------- main
 
 
+def pools_file(out: Path) -> Path:
+    """OUT_pools.json: the short-pool counts of :func:`short_pools` (read by --collect-only)."""
+    return out.with_name(out.name + "_pools.json")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--npz", type=Path, help="mnist10k.npz (x uint8 [N, 28, 28], y)")
@@ -424,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise BenchmarkError(f"--collect-only: {csv_path} does not exist; run without --collect-only first")
             rows = cells.read_rows(csv_path, FIELDS)
             meta = {"threads": str(args.threads), "jobs": str(args.jobs), "rev": "(as the CSV's keys)", "data": "–"}
-            cells.write_text(md_path, markdown(rows, all_candidates, command, meta))
+            pools_path = pools_file(args.out)
+            pools = json.loads(pools_path.read_text()) if pools_path.exists() else None
+            cells.write_text(md_path, markdown(rows, all_candidates, command, meta, pools))
             print(md_path.read_text())
             return 0
         if args.workdir is None:
@@ -497,14 +559,18 @@ def run_search(args: argparse.Namespace, rev: str, csv_path: Path, md_path: Path
             except BaseException:
                 pool.shutdown(wait=True, cancel_futures=True)  # a failed run stops the search: nothing more starts
                 raise
-        cells.write_text(md_path, markdown(rows, all_candidates, command, meta))
+        cells.write_text(md_path, markdown(rows, all_candidates, command, meta, pools))
 
     # FairKL first in each cell: every cost ratio needs it
     order = [FAIRKL] + [n for n in all_candidates if n != FAIRKL]
+    pools: dict[str, dict[str, int]] = {}
     run_phase("select", SELECT_CELLS, order)
+    pools.update(short_pools(workdir, all_candidates))
+    cells.write_text(pools_file(args.out), json.dumps(pools, indent=1, sort_keys=True) + "\n")
+    cells.write_text(md_path, markdown(rows, all_candidates, command, meta, pools))
     if args.phase == "select":
         return
-    picks = finalists(rows, all_candidates)
+    picks = finalists(rows, all_candidates, pools)
     if not picks:
         raise BenchmarkError("no eligible candidate completed every selection cell: nothing to hold out")
     run_phase("heldout", HELDOUT_CELLS, picks)

@@ -113,6 +113,9 @@ def test_finalists_and_the_default_follow_the_rules(tmp_path) -> None:
     cpu = {best: 60, close: 60, eps0: 60, pred: 60, search.SHIPPED: 240, search.FAIRKL: 40}
     rows = fake_rows(values, "select", search.SELECT_CELLS, cpu)
     assert not search.eligible(rows, "select", search.SHIPPED)  # 6x FairKL: measured, not chosen
+    warned = {best: {"digits-cmnist-paper-s0": 2, "digits-cmnist-paper-s1": 0}}  # pools drawn with replacement
+    assert search.eligible(rows, "select", best) and not search.eligible(rows, "select", best, warned)
+    assert search.finalists(rows, every, warned)[0] == close  # the best that would not warn on the shipped data
     picks = search.finalists(rows, every)
     assert picks[:2] == [best, close] and pred in picks and eps0 not in picks  # close is the best at eps 0 already
     assert picks[-2:] == [search.SHIPPED, search.FAIRKL]
