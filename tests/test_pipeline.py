@@ -225,8 +225,9 @@ def test_one_parent_run_per_pipeline_run_with_its_stages_and_logged_models(pipel
 
     with _tracking_uri_set(f"sqlite:///{clone / 'mlflow.db'}"):
         models = mlflow.search_logged_models(experiment_ids=[parent.info.experiment_id], output_format="list")
-    assert {(m.name, m.source_run_id) for m in models} == {("erm", by_stage["train_erm"].info.run_id),
-                                                           ("stage2", by_stage["train_contrastive"].info.run_id)}
+    assert {(m.name, m.source_run_id) for m in models} == {  # named by checkpoint, method and pipeline run
+        ("erm-lenet5-workspace", by_stage["train_erm"].info.run_id),
+        ("stage2-cnc-workspace", by_stage["train_contrastive"].info.run_id)}
     assert {o.model_id for o in parent.outputs.model_outputs} == {m.model_id for m in models}
     with _tracking_uri_set(f"sqlite:///{clone / 'mlflow.db'}"):
         info = mlflow.models.get_model_info(f"models:/{models[0].model_id}")

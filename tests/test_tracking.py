@@ -149,7 +149,7 @@ def test_a_logged_model_has_a_signature_an_input_example_and_loads_without_pickl
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DEBIAS_TRACKING", "required")
     monkeypatch.setattr(runs, "pipeline_run_key", lambda: "exp-a@host:1-1")
-    monkeypatch.setenv("DEBIAS_RUN_NAME", "temp-upstream-seed0")  # a sweep's shared upstream: no DVC experiment
+    monkeypatch.setenv("DEBIAS_RUN_NAME", "temp-temperature0.05-upstream")  # a sweep's shared upstream: no experiment
     model = build_model("lenet5", 5, 28)
     save_network(str(tmp_path / "erm.pt"), model, "lenet5", 5, 28)
     x = torch.randint(0, 256, (4, 3, 28, 28), dtype=torch.uint8)
@@ -170,10 +170,10 @@ def test_a_logged_model_has_a_signature_an_input_example_and_loads_without_pickl
     experiment = client.get_run(record["run_id"]).info.experiment_id
     [logged] = client.search_logged_models(experiment_ids=[experiment])
     assert (logged.model_id, logged.name, logged.source_run_id, str(logged.status)) == (
-        model_id, "erm-lenet5-temp-upstream-seed0", record["run_id"], "READY")  # what it is, not only "erm"
+        model_id, "erm-lenet5-temp-temperature0_05-upstream", record["run_id"], "READY")  # what it is, MLflow's charset
     parent = client.get_run(record["parent_run_id"])
-    assert parent.data.tags["mlflow.runName"].startswith("temp-upstream-seed0")
-    assert client.get_run(record["run_id"]).data.tags["mlflow.runName"] == "train_erm-temp-upstream-seed0"
+    assert parent.data.tags["mlflow.runName"].startswith("temp-temperature0.05-upstream")
+    assert client.get_run(record["run_id"]).data.tags["mlflow.runName"] == "train_erm-temp-temperature0.05-upstream"
     assert [o.model_id for o in parent.outputs.model_outputs] == [model_id]
     with store._tracking_uri_set(f"sqlite:///{tmp_path / 'mlflow.db'}"):
         info = mlflow.models.get_model_info(f"models:/{model_id}")

@@ -129,13 +129,14 @@ class StageRun:
         return model_id
 
     def _model_name(self, checkpoint: Path) -> str:
-        """``<checkpoint>-<method>-<pipeline run>`` (:meth:`log_model`), characters MLflow refuses made ``_``."""
+        """``<checkpoint>-<method>-<pipeline run>`` (:meth:`log_model`), the characters MLflow refuses in a model's
+        name (``/ : . % " '``, and anything else outside letters, digits, ``-`` and ``_``) made ``_``."""
         from debias.harness.tracking.store import run_label
 
         params = self.client.get_run(self.run_id).data.params
         method = params.get("stage2.method") if checkpoint.stem == "stage2" else params.get("model.name")
         name = "-".join(filter(None, (checkpoint.stem, method, run_label())))
-        return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:200]
+        return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:200]
 
     def _log_model(self, model: Any, name: str, checkpoint: Path, input_example: Any) -> str:
         import mlflow
