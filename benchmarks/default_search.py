@@ -259,8 +259,8 @@ def simplest(names: list[str], all_candidates: dict[str, Candidate], rows: list[
 def finalists(rows: list[dict[str, str]], all_candidates: dict[str, Candidate],
               pools: dict[str, dict[str, int]] | None = None) -> list[str]:
     """From the selection's validation numbers: the best eligible candidate; the simplest eligible one not shown worse
-    than it; the best eligible one on the other side of ε = 0 and of the group source (so the held-out cells ask
-    whether the margin and the group source matter); then, as references, the best CNC candidate of all (what the
+    than it; the best eligible one on the other side of ε = 0 and of the group source, and the best one's twins at
+    the other ε values (so the held-out cells ask whether the margin and the group source matter); then, as references, the best CNC candidate of all (what the
     eligibility rules cost, if anything), the shipped default and FairKL."""
     val_u, val_w = values(rows, "select", "val_unbiased"), values(rows, "select", "val_worst")
     ranked = [name for name, _ in ranking(rows, "select", "val_unbiased")
@@ -275,6 +275,9 @@ def finalists(rows: list[dict[str, str]], all_candidates: dict[str, Candidate],
         other = next((name for name in ranked if differs(all_candidates[name])), None)
         if other is not None:
             chosen.append(other)
+    # the best one's twins on the ε axis (the same schedule, groups and pools): what the margin does, alone
+    chosen += [name for name in ranked if all_candidates[name].epsilon != top.epsilon and all(
+        getattr(all_candidates[name], axis) == getattr(top, axis) for axis in ("schedule", "group_source", "pools"))]
     overall = next((name for name, _ in ranking(rows, "select", "val_unbiased")
                     if name != FAIRKL and len(val_u[name]) == len(SELECT_CELLS)), None)
     return list(dict.fromkeys(chosen + [n for n in (overall, SHIPPED, FAIRKL) if n is not None]))
