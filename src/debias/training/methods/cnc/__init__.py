@@ -54,10 +54,10 @@ SOURCES: dict[str, str] = {
     "num_negatives": "paper: CNC App. D.2.4 (CMNIST*): N = 32 (default 32)",
     "two_sided": "paper: CNC App. B.3 / Alg. 3: two-sided batches (default true)",
     "temperature": "paper: CNC App. D.2.4: CMNIST*, CelebA (default 0.05)",
-    "anchor_fraction": "paper: CNC Alg. 3 (schema default 1); params.yaml 0.1 (ours: 0.1 x 30 epochs draws as many "
-                       "batches as CNC's 3 epochs; measured 82.0 / 44.4 / 81.9 %, params.yaml comment)",
-    "accumulation": "paper: CNC App. D.2.4 (schema default 32); params.yaml 1 (ours, not measured: at ~1k images "
-                    "32-batch steps would be few; no run compares 1 with 32 on the default data)",
+    "anchor_fraction": "paper: CNC Alg. 3 (schema default 1); params.yaml 0.25 (x 3 epochs: the default schedule of "
+                       "benchmarks/results/default_search.md, benchmarks/quality.yaml's CNC)",
+    "accumulation": "paper: CNC App. D.2.4 (schema default 32); params.yaml 1 (the default schedule of "
+                    "benchmarks/results/default_search.md; 32 steps with SGD stay near chance there)",
     "contrastive_weight": "paper: CNC App. D.2.4: lambda (default 0.75)",
     "init": "paper: CNC App. D.2.4: a new model (scratch)",
     "forward_chunk": "ours: 8 batches per forward pass (default 8; speed and memory; no effect on results without "
@@ -66,8 +66,10 @@ SOURCES: dict[str, str] = {
     "encoder_mode": "ours: train (default train: a freshly initialised encoder has no running statistics worth "
                     "freezing); the released train_supervised_contrast.py (train_epoch: encoder.eval()) keeps eval, "
                     "which the cnc-* presets set",
-    "short_pools": "code: replace (ours: every batch keeps App. D.2.4's M and N, short pools drawn with replacement "
-                   "and warned of); shrink is the released code's adjust_num_pos_neg_",
+    "short_pools": "code: shrink is the released code's adjust_num_pos_neg_ (params.yaml shrink: the default's, "
+                   "benchmarks/results/default_search.md, which keeps no candidate that draws pools with replacement "
+                   "on the bundled digits); replace (schema default, ours) keeps App. D.2.4's M and N and draws short "
+                   "pools with replacement, warned of",
     "head_gradient": "paper: CNC Alg. 3 (default step: one gradient per step for the whole model); epoch_sum is the "
                      "released train_supervised_contrast.py (train_epoch zeroes optim_c once per epoch, and per step "
                      "only when --replicate > 50; its README's commands pass --replicate 42), which the cnc-* presets set",
