@@ -68,7 +68,7 @@ SOURCES: dict[str, str] = {
                     "which the cnc-* presets set",
     "short_pools": "code: shrink is the released code's adjust_num_pos_neg_ (params.yaml shrink: the default's, "
                    "benchmarks/results/default_search.md, which keeps no candidate that draws pools with replacement "
-                   "on the bundled digits); replace (schema default, ours) keeps App. D.2.4's M and N and draws short "
+                   "on the bundled digits); schema default replace (ours) keeps App. D.2.4's M and N and draws short "
                    "pools with replacement, warned of",
     "head_gradient": "paper: CNC Alg. 3 (default step: one gradient per step for the whole model); epoch_sum is the "
                      "released train_supervised_contrast.py (train_epoch zeroes optim_c once per epoch, and per step "
