@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from debias.core.headline import committed_metrics
 from debias.tools import sweep
 from debias.core.trees import flatten, merge  # noqa: F401 (speed.py, scale.py and gpu.py import merge from here)
 
@@ -136,6 +137,8 @@ def make_workspace(workdir: Path, base_params: dict) -> None:
     params = merge(yaml.safe_load(params_file.read_text()), base_params)
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))
     (workdir / "dvc.lock").unlink(missing_ok=True)
+    for committed in committed_metrics(workdir):  # the numbers of the dropped dvc.lock's run
+        committed.unlink(missing_ok=True)
     for command in (["dvc", "config", "core.analytics", "false"], ["dvc", "config", "core.check_update", "false"],
                     ["git", "add", "-A"], ["git", "commit", "-qm", "benchmark base params"]):
         run(command, cwd=workdir)

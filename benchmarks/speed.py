@@ -50,6 +50,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torchvision  # noqa: E402
+
+from debias.core.headline import committed_metrics  # noqa: E402
 import yaml  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
@@ -92,6 +94,8 @@ def make_clone(target: Path, overrides: dict, ref: str | None) -> Path:
                 (target / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, target / name)
     (target / "dvc.lock").unlink(missing_ok=True)
+    for committed in committed_metrics(target):  # the numbers of the dropped dvc.lock's run
+        committed.unlink(missing_ok=True)
     params = yaml.safe_load((target / "params.yaml").read_text())
     (target / "params.yaml").write_text(yaml.safe_dump(merge(params, overrides), sort_keys=False))
     for command in (["git", "init", "-q"], ["git", "add", "-A"],

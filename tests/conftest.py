@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from debias.core.headline import committed_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
 MNIST10K = SHARED_DATASETS / "mnist10k.npz"
@@ -122,6 +124,8 @@ def copy_worktree(target: Path) -> Path:
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
     (target / "dvc.lock").unlink(missing_ok=True)
+    for committed in committed_metrics(target):  # the numbers of the dropped dvc.lock's run
+        committed.unlink(missing_ok=True)
     (target / "params.yaml").write_text(committed_text("params.yaml"))
     return target
 

@@ -678,3 +678,17 @@ def test_a_sweep_is_compared_alone_when_named(tmp_path: Path, monkeypatch, capsy
     assert "eps-alone" in {e.name for e in everything.experiments}
     with pytest.raises(ValueError, match="no sweep named 'temp'"):
         compare(tmp_path, mlflow=False, sweep="temp", out=tmp_path / "page")
+
+
+def test_a_baseline_with_committed_metrics_says_where_its_numbers_come_from(tmp_path: Path) -> None:
+    """The headline metrics are git-tracked, so DVC shows the baseline commit's own numbers (computed where its
+    dvc.lock was written); without this machine's MLflow run of the baseline's params, compare keeps them and says
+    so; without them either, nothing is claimed."""
+    from debias.tools.compare.collect import baseline_from_mlflow
+
+    baseline = experiment("main", 0, "cnc", 0.5, "01", kind="baseline")
+    note = baseline_from_mlflow([baseline], f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}", "debias")
+    assert note is not None and "the commit's own numbers (its git-tracked reports/metrics" in note
+    bare = experiment("main", 0, "cnc", 0.5, "01", kind="baseline")
+    bare.metrics = {}
+    assert baseline_from_mlflow([bare], f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}", "debias") is None

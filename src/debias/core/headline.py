@@ -89,6 +89,13 @@ def headline_path(stage: str) -> Path:
     return paths.METRICS / f"{stage}.json"
 
 
+def committed_metrics(root: Path) -> list[Path]:
+    """The git-tracked headline metrics under ``root`` (``cache: false`` in dvc.yaml): the numbers of the run its
+    dvc.lock records. A tree that drops its dvc.lock (a benchmark's or a test's fresh copy with other params) drops
+    them with it."""
+    return [root / headline_path(stage) for stage in STAGES]
+
+
 def _number(value: Any) -> float | int | str | None:
     if value == NEEDS_BIAS_LABELS:  # data without bias labels: the key says so, never dropped
         return value

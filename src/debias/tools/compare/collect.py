@@ -336,17 +336,21 @@ STAGE2_RESULT = "s2_avg"
 
 
 def baseline_from_mlflow(experiments: list[Experiment], uri: str, experiment_name: str) -> str | None:
-    """Give a baseline commit without stage-2 results in DVC (its outputs computed elsewhere, or replaced in the
-    workspace by an experiment's) the results of this machine's newest finished MLflow pipeline run of that commit with the
-    baseline's params (``dvc repro`` logs one): metrics, warnings and files; returns a note saying so, or None."""
+    """Give the baseline commit the results of this machine's newest finished MLflow pipeline run of that commit with
+    the baseline's params (``dvc repro`` logs one): metrics, warnings and files, computed here as the experiments are;
+    returns a note saying so. Without such a run a baseline keeps what DVC shows: the commit's git-tracked headline
+    metrics (computed where its dvc.lock was written), said in the note, or nothing."""
     from debias.tools.compare.columns import param_text
 
     def same_params(a: Experiment, b: Experiment) -> bool:
         return {k: param_text(v) for k, v in a.params.items()} == {k: param_text(v) for k, v in b.params.items()}
 
     for baseline in experiments:
-        if baseline.kind != "baseline" or not baseline.rev or STAGE2_RESULT in baseline.metrics:
+        if baseline.kind != "baseline" or not baseline.rev:
             continue
+        committed = (f"{baseline.name} (the baseline commit's params): the commit's own numbers (its git-tracked "
+                     "reports/metrics, computed where its dvc.lock was written, maybe another machine or thread count)"
+                     if STAGE2_RESULT in baseline.metrics else None)
         if any(e.kind == "workspace" and same_params(e, baseline) and not e.stale and STAGE2_RESULT in e.metrics
                for e in experiments):
             continue  # the workspace holds the baseline's results: read from its files
@@ -354,17 +358,18 @@ def baseline_from_mlflow(experiments: list[Experiment], uri: str, experiment_nam
             runs = from_mlflow(uri, experiment_name, {"debias.git_commit": baseline.rev,
                                                       "debias.params_diff": BASELINE_DIFF})
         except Exception:  # no store, or one that cannot be read: the baseline stays as DVC shows it
-            return None
+            return committed
         done = sorted((r for r in runs if r.status == "done" and STAGE2_RESULT in r.metrics),
                       key=lambda r: r.timestamp or "")
         if not done:
-            return None
+            return committed
         run = done[-1]
         baseline.metrics, baseline.rejected, baseline.warnings = run.metrics, run.rejected, run.warnings
         baseline.reader, baseline.run_id, baseline.timestamp = run.reader, run.run_id, run.timestamp
         baseline.status, baseline.reason, baseline.fix, baseline.stale = "done", "", "", {}
         return (f"{baseline.name} (the baseline commit's params): results of this machine's pipeline run "
-                f"{run.run_id} in MLflow ({run.timestamp}), as DVC's cache does not hold that commit's outputs")
+                f"{run.run_id} in MLflow ({run.timestamp}), computed here as the experiments are (DVC's cache does not "
+                "hold that commit's outputs; its git-tracked numbers: `dvc metrics diff`)")
     return None
 
 
