@@ -159,8 +159,15 @@ def test_the_refusal_names_every_left_out_section(tmp_path: Path) -> None:
         load_params(path)
 
 
-def test_the_shipped_params_state_every_declared_section() -> None:
-    assert load_params(REPO / "params.yaml").stage2.cnc.anchor_fraction == 0.1  # the file's, not the default 1.0
+def test_the_shipped_params_state_every_declared_section(tmp_path: Path) -> None:
+    """The committed params.yaml loads (no declared section left out) and its values, not the schema's defaults,
+    are the ones used: a value the file states away from its default comes back as the file's."""
+    path = tmp_path / "params.yaml"
+    path.write_text(committed_text("params.yaml"))
+    stated = yaml.safe_load(path.read_text())["stage2"]["cnc"]["anchor_fraction"]
+    default = type(load_params(path).stage2.cnc).model_fields["anchor_fraction"].default
+    assert stated != default, "pick another key: the shipped file states the default here"
+    assert load_params(path).stage2.cnc.anchor_fraction == stated
 
 
 def _comment_names(text: str, key: str) -> set[str]:

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,28 @@ def run(args: list[str], cwd: Path, env: dict[str, str] | None = None, check: bo
     if check and done.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}")
     return done.stdout
+
+
+def push_run_cache(clone: Path, env: dict[str, str]) -> None:
+    """``dvc push --run-cache``, then the objects of the run-cache's ``cache: false`` outputs (the git-tracked
+    metrics) that it leaves out: DVC 3 pushes the run-cache's entries but only the outputs its workspace index holds,
+    and a stage whose output is missing on the remote is not restored from the run-cache elsewhere (it reruns).
+    The second step runs in the clone (DVC resolves a run-cache entry's paths against the working directory)."""
+    run(["dvc", "push", "--run-cache"], clone, env)
+    run([sys.executable, "-c", f"from {__name__} import push_run_cache_outputs; push_run_cache_outputs()"], clone, env)
+
+
+def push_run_cache_outputs() -> None:
+    """Push every output of this repository's run-cache entries that is in its local cache to the default remote."""
+    from dvc.repo import Repo
+
+    with Repo(".") as repo:
+        entries = [(value.parent.name, value.name) for value in Path(repo.stage_cache.cache_dir).glob("*/*/*")]
+        objs = set().union(*repo.stage_cache.get_used_objs(entries).values()) if entries else set()
+        present = {obj for obj in objs if repo.cache.local.exists(obj.value)}
+        failed = repo.cloud.push(present).failed if present else set()
+    if failed:
+        raise SystemExit(f"pushing {len(failed)} run-cache output(s) to the DVC remote failed")
 
 
 def task_env(threads: int, tracking_uri: str | None, experiment: str | None, src: Path | None = None) -> dict[str, str]:
@@ -121,7 +144,7 @@ def compute_upstream(spec: dict[str, Any]) -> str:
     if spec.get("remote"):
         print(out, flush=True)  # into the SLURM task's log
     if spec.get("remote"):
-        run(["dvc", "push", "--run-cache"], clone, env)
+        push_run_cache(clone, env)
     shutil.rmtree(clone, ignore_errors=True)
     return out[-2000:]
 
