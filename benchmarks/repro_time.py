@@ -7,9 +7,12 @@ Per round and tree (the working tree and/or commits, alternating who goes first 
 - warm: `dvc repro -f` right after, in the same clone and environment (numba's cache filled, the fork server up).
 
 Then that environment's fork server is stopped. Wall seconds of the whole command and each stage's body (its run
-record, reports/runs/<stage>.json); medians over the rounds and the ratio to the last tree.
+record, reports/runs/<stage>.json); medians over the rounds and the ratio to the last tree. ``--set KEY=VALUE``
+(as ``dvc exp run -S`` takes it) is written into each clone's params.yaml before its first run: another data source.
 
     nice -n 5 python benchmarks/repro_time.py --trees worktree COMMIT --rounds 3 --out benchmarks/results/repro_time
+    python benchmarks/repro_time.py --trees worktree COMMIT --rounds 1 --set data.source=adult \
+        --set data.path=../shared/datasets/adult --out benchmarks/results/repro_time_adult
 """
 
 from __future__ import annotations
@@ -64,9 +67,21 @@ def timed_repro(clone: Path, env: dict[str, str], force: bool, log: Path) -> dic
     return row
 
 
-def one_round(tree: str, round_index: int, threads: int, work: Path) -> list[dict]:
+def in_clone(override: str) -> str:
+    """``KEY=VALUE`` for a clone elsewhere: a relative path under a ``*path`` / ``*root`` key made absolute (from here)."""
+    key, _, value = override.partition("=")
+    if key.endswith(("path", "root")) and value not in ("", "null") and not Path(value).is_absolute():
+        return f"{key}={Path(value).resolve()}"
+    return override
+
+
+def one_round(tree: str, round_index: int, threads: int, work: Path, overrides: list[str]) -> list[dict]:
+    from dvc.utils.hydra import apply_overrides
+
     clone = make_clone(Path(tempfile.mkdtemp(prefix=f"clone-{round_index}-", dir=work)), {},
                        None if tree == "worktree" else tree)
+    if overrides:
+        apply_overrides(clone / "params.yaml", [in_clone(o) for o in overrides])
     numba = Path(tempfile.mkdtemp(prefix="numba-", dir=work))
     runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: a socket path holds < 108 bytes
     env = {**child_env(threads, numba, clone), "XDG_RUNTIME_DIR": str(runtime)}
@@ -104,7 +119,8 @@ def write(rows: list[dict], table: list[dict], args: argparse.Namespace, out: Pa
         writer.writeheader()
         writer.writerows(rows)
     keys = ["wall_s", *(f"{s}_s" for s in STAGES)]
-    lines = ["# `dvc repro` of the default pipeline, first and warm", "",
+    what = f"with {', '.join(f'-S {o}' for o in args.set)}" if args.set else "of the default pipeline"
+    lines = [f"# `dvc repro` {what}, first and warm", "",
              f"- Command: `python benchmarks/repro_time.py {' '.join(sys.argv[1:])}`",
              f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average (1 min) "
              f"before {load[0]:.2f}, after {load[1]:.2f}; {os.cpu_count()} CPUs ({platform.machine()})",
@@ -126,6 +142,8 @@ def main() -> None:
     parser.add_argument("--trees", nargs="+", default=["worktree"], help="'worktree' and/or commits")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="DEBIAS_THREADS of the stages")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a params.yaml override of every clone (as dvc exp run -S takes it); repeatable")
     parser.add_argument("--out", default=str(HERE / "results" / "repro_time"), help="writes OUT.md and OUT.csv")
     args = parser.parse_args()
     if args.rounds < 1:
@@ -136,7 +154,7 @@ def main() -> None:
     for round_index in range(args.rounds):
         order = args.trees if round_index % 2 == 0 else list(reversed(args.trees))
         for tree in order:
-            rows.extend(one_round(tree, round_index, args.threads, work))
+            rows.extend(one_round(tree, round_index, args.threads, work, args.set))
     write(rows, summary(rows, args.trees), args, Path(args.out), (load_before, os.getloadavg()[0]))
     print(Path(args.out).with_suffix(".md").read_text())
 
