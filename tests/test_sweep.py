@@ -325,20 +325,26 @@ def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resu
     assert "train_erm" not in stages["debias"] and stages["debias"].count("train_contrastive") == 2
 
 
-def test_a_sweep_ignores_the_workspaces_dvc_lock_but_not_changed_params(tmp_path: Path) -> None:
-    """`dvc repro` rewrites dvc.lock (a record of outputs): a sweep of the committed tree may start; params.yaml
-    changed by a `dvc exp run -S` is an input the clones would not see: refused, saying how to undo it."""
+def test_a_sweep_ignores_the_workspaces_run_records_but_not_changed_params(tmp_path: Path) -> None:
+    """`dvc repro` and `dvc exp run` rewrite dvc.lock and the git-tracked headline metrics (records of outputs): after
+    README's `git checkout params.yaml` a sweep of the committed tree may start; params.yaml changed by a `dvc exp run
+    -S`, or any other tracked file, is an input the clones would not see: refused."""
+    from debias.core.headline import headline_path
     from debias.tools.sweep.workspace import dirty_files
 
-    for name in ("dvc.lock", "params.yaml"):
+    metrics = headline_path("train_contrastive")
+    (tmp_path / metrics).parent.mkdir(parents=True)
+    for name in ("dvc.lock", "params.yaml", str(metrics), "reports/other.json"):
         (tmp_path / name).write_text("a: 1\n")
     for command in (["git", "init", "-q"], ["git", "add", "-A"],
                     ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c"]):
         subprocess.run(command, cwd=tmp_path, check=True)
     (tmp_path / "dvc.lock").write_text("a: 2\n")
+    (tmp_path / metrics).write_text("a: 2\n")
     assert dirty_files(tmp_path) == []
     (tmp_path / "params.yaml").write_text("a: 2\n")
-    assert dirty_files(tmp_path) == ["params.yaml"]
+    (tmp_path / "reports/other.json").write_text("a: 2\n")
+    assert dirty_files(tmp_path) == ["params.yaml", "reports/other.json"]
 
 
 def test_a_name_too_long_for_a_file_name_is_refused_before_anything_is_written(repo: Path) -> None:

@@ -103,10 +103,20 @@ def finished_experiments(root: Path, baseline: str) -> set[str]:
 RUN_RECORDS = ("dvc.lock",)
 
 
+def run_records(root: Path) -> set[str]:
+    """The tracked files a run rewrites (outputs, not inputs): dvc.lock and the git-tracked headline metrics."""
+    from debias.core.headline import committed_metrics
+
+    return {*RUN_RECORDS, *(path.relative_to(root).as_posix() for path in committed_metrics(root))}
+
+
 def dirty_files(root: Path) -> list[str]:
-    """Tracked inputs with uncommitted changes (what a clone of HEAD would not see), :data:`RUN_RECORDS` aside."""
+    """Tracked inputs with uncommitted changes (what a clone of HEAD would not see): a run's records aside (after
+    ``dvc exp run``, ``git checkout params.yaml`` leaves that run's dvc.lock and headline metrics, which the
+    experiments recompute or restore)."""
+    records = run_records(root)
     return [line[3:] for line in run(["git", "status", "--porcelain", "--untracked-files=no"], root).splitlines()
-            if line.strip() and line[3:] not in RUN_RECORDS]
+            if line.strip() and line[3:] not in records]
 
 
 def clone_at(root: Path, commit: str, target: Path) -> None:
