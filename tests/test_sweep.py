@@ -315,13 +315,16 @@ def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resu
     again = debias("--resume")
     assert again.returncode == 0 and "nothing to resume" in again.stdout
     client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
-    stages = {}
+    stages, names = {}, {}
     for experiment in client.search_experiments():
         for run in client.search_runs([experiment.experiment_id]):
             stage = run.data.tags.get("debias.stage")
             if stage:
                 stages.setdefault(experiment.name, []).append(stage)
+                names.setdefault(experiment.name, set()).add(run.info.run_name)
     assert stages["debias-upstream"].count("train_erm") == 1  # once, for both experiments
+    # named after the sweep and its upstream run, not `workspace`: two sweeps' upstream runs stay apart in the UI
+    assert "train_erm-loc-upstream-0" in names["debias-upstream"], names["debias-upstream"]
     assert "train_erm" not in stages["debias"] and stages["debias"].count("train_contrastive") == 2
 
 

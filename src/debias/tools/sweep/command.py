@@ -89,7 +89,7 @@ def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.N
                 ensure_experiment(up_env["MLFLOW_TRACKING_URI"], up_env["MLFLOW_EXPERIMENT_NAME"], root)  # mlruns here
             specs = [{"root": str(root), "commit": state["commit"], "clone": str(base / u["name"]),
                       "overrides": u["overrides"], "stage": state["upstream_stage"], "cache_dir": cache,
-                      "env": {**up_env, RUN_NAME_VARIABLE: u["name"]}} for u in pending]
+                      "env": {**up_env, RUN_NAME_VARIABLE: f"{state['name']}-{u['name']}"}} for u in pending]
             print(f"[sweep] computing {len(specs)} shared upstream run(s) of {state['upstream_stage']} "
                   f"(step 1 of 2; then {len(todo)} experiments)", flush=True)
             with ThreadPoolExecutor(max_workers=options["jobs"]) as pool:
