@@ -102,8 +102,8 @@ def launch_slurm(root: Path, state: dict[str, Any], todo: list[Job], env: dict[s
     pending = [u for u in phase1 if state.setdefault("upstream", {}).get(u["name"], {}).get("result") != "success"]
     if pending:
         specs = [{**common, "clone": str(here / CLONES / u["name"]), "overrides": u["overrides"],
-                  "stage": state["upstream_stage"], "env": {**upstream_env, RUN_NAME_VARIABLE: f"{state['name']}-{u['name']}"}}
-                 for u in pending]
+                  "stage": state["upstream_stage"],
+                  "env": {**upstream_env, RUN_NAME_VARIABLE: f"{state['name']}-{u['name']}"}} for u in pending]
         executor = slurm_executor(logs, options, f"{state['name']}-upstream")
         submitted = executor.map_array(compute_upstream, specs)
         for u, job in zip(pending, submitted):
