@@ -57,7 +57,8 @@ SOURCES: dict[str, str] = {
     "anchor_fraction": "paper: CNC Alg. 3 (schema default 1); params.yaml 0.25 (x 3 epochs: the default schedule of "
                        "benchmarks/results/default_search.md, benchmarks/quality.yaml's CNC)",
     "accumulation": "paper: CNC App. D.2.4 (schema default 32); params.yaml 1 (the default schedule of "
-                    "benchmarks/results/default_search.md; 32 steps with SGD stay near chance there)",
+                    "benchmarks/results/default_search.md, where the paper's whole schedule, SGD with 32 batches per "
+                    "step, stays near chance; accumulation alone was not varied)",
     "contrastive_weight": "paper: CNC App. D.2.4: lambda (default 0.75)",
     "init": "paper: CNC App. D.2.4: a new model (scratch)",
     "forward_chunk": "ours: 8 batches per forward pass (default 8; speed and memory; no effect on results without "
