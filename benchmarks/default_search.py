@@ -220,7 +220,7 @@ def short_pools(workdir: Path, all_candidates: dict[str, Candidate]) -> dict[str
     (``cnc-small-pools``), from the cell's training split and groups table as the stage builds its sampler."""
     import yaml
 
-    from debias.core.trees import merge
+    from debias.core.trees import merge, unflatten
     from debias.data.store import load_split
     from debias.groups import load_groups
     from debias.schema import validate
@@ -234,21 +234,11 @@ def short_pools(workdir: Path, all_candidates: dict[str, Candidate]) -> dict[str
         for name, candidate in all_candidates.items():
             if not candidate.schedule:
                 continue
-            tree = merge(base, {"seed": cell.seed})
-            for dotted, value in candidate.sets.items():
-                tree = merge(tree, dict_of(dotted, value))
+            tree = merge(merge(base, {"seed": cell.seed}), unflatten(candidate.sets))
             groups = load_groups(root / f"groups-{candidate.group_source}.parquet", y=train.y)
             sampler = cnc_sampler(train, groups.inferred_label, validate(tree))
             found.setdefault(name, {})[cell.name] = len(sampler.report()["short_pools"])
     return found
-
-
-def dict_of(dotted: str, value: Any) -> dict[str, Any]:
-    """``'a.b.c', v`` -> ``{'a': {'b': {'c': v}}}``."""
-    tree: Any = value
-    for part in reversed(dotted.split(".")):
-        tree = {part: tree}
-    return tree
 
 
 def simplest(names: list[str], all_candidates: dict[str, Candidate], rows: list[dict[str, str]], phase: str) -> str:
@@ -260,8 +250,9 @@ def finalists(rows: list[dict[str, str]], all_candidates: dict[str, Candidate],
               pools: dict[str, dict[str, int]] | None = None) -> list[str]:
     """From the selection's validation numbers: the best eligible candidate; the simplest eligible one not shown worse
     than it; the best eligible one on the other side of ε = 0 and of the group source, and the best one's twins at
-    the other ε values (so the held-out cells ask whether the margin and the group source matter); then, as references, the best CNC candidate of all (what the
-    eligibility rules cost, if anything), the shipped default and FairKL."""
+    the other ε values (so the held-out cells ask whether the margin and the group source matter); then, as
+    references, the best CNC candidate of all (what the eligibility rules cost, if anything), the shipped default and
+    FairKL."""
     val_u, val_w = values(rows, "select", "val_unbiased"), values(rows, "select", "val_worst")
     ranked = [name for name, _ in ranking(rows, "select", "val_unbiased")
               if eligible(rows, "select", name, pools) and len(val_u[name]) == len(SELECT_CELLS)]

@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from debias.core.headline import committed_metrics
+from debias.core.headline import forget_committed_run
 from debias.tools import sweep
 from debias.core.trees import flatten, merge  # noqa: F401 (speed.py, scale.py and gpu.py import merge from here)
 
@@ -136,9 +136,7 @@ def make_workspace(workdir: Path, base_params: dict) -> None:
     params_file = workdir / "params.yaml"
     params = merge(yaml.safe_load(params_file.read_text()), base_params)
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))
-    (workdir / "dvc.lock").unlink(missing_ok=True)
-    for committed in committed_metrics(workdir):  # the numbers of the dropped dvc.lock's run
-        committed.unlink(missing_ok=True)
+    forget_committed_run(workdir)
     for command in (["dvc", "config", "core.analytics", "false"], ["dvc", "config", "core.check_update", "false"],
                     ["git", "add", "-A"], ["git", "commit", "-qm", "benchmark base params"]):
         run(command, cwd=workdir)

@@ -50,8 +50,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import torchvision  # noqa: E402
-
-from debias.core.headline import committed_metrics  # noqa: E402
 import yaml  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
@@ -62,6 +60,7 @@ from bench_losses import (base_cnc_two_sided, base_eps_supcon, base_eps_supinfon
                           base_supcon, base_wcl)
 from quality import merge  # noqa: E402
 from throughput import fill_npz, subset, throughput_train  # noqa: E402
+from debias.core.headline import forget_committed_run  # noqa: E402
 from debias.data.store import BiasedSplit  # noqa: E402
 from debias.models import build_model  # noqa: E402
 from debias.schema import Params, validate  # noqa: E402
@@ -93,9 +92,7 @@ def make_clone(target: Path, overrides: dict, ref: str | None) -> Path:
             if source.is_file():
                 (target / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, target / name)
-    (target / "dvc.lock").unlink(missing_ok=True)
-    for committed in committed_metrics(target):  # the numbers of the dropped dvc.lock's run
-        committed.unlink(missing_ok=True)
+    forget_committed_run(target)
     params = yaml.safe_load((target / "params.yaml").read_text())
     (target / "params.yaml").write_text(yaml.safe_dump(merge(params, overrides), sort_keys=False))
     for command in (["git", "init", "-q"], ["git", "add", "-A"],

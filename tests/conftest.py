@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from debias.core.headline import committed_metrics
+from debias.core.headline import forget_committed_run
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
@@ -123,9 +123,7 @@ def copy_worktree(target: Path) -> Path:
         if source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
-    (target / "dvc.lock").unlink(missing_ok=True)
-    for committed in committed_metrics(target):  # the numbers of the dropped dvc.lock's run
-        committed.unlink(missing_ok=True)
+    forget_committed_run(target)
     (target / "params.yaml").write_text(committed_text("params.yaml"))
     return target
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -218,3 +219,22 @@ def test_user_docs_hold_no_issue_number_and_no_commit_hash() -> None:
             found += [f"{page.relative_to(REPO)}:{number}: {m.group(0)!r}" for pattern in (ISSUE_NUMBER, COMMIT_HASH)
                       for m in pattern.finditer(line)]
     assert not found, "\n".join(found)
+
+
+def test_the_committed_metrics_are_dvc_yaml_s_git_tracked_outputs_and_a_fresh_copy_forgets_them(tmp_path: Path) -> None:
+    """``committed_metrics`` names exactly the outputs dvc.yaml keeps out of DVC's cache (git-tracked: HEAD's numbers
+    anywhere); ``forget_committed_run`` removes them with dvc.lock, and nothing else, from a copy that runs afresh."""
+    from debias.core.headline import committed_metrics, forget_committed_run
+
+    stages = yaml.safe_load(committed_text("dvc.yaml"))["stages"]
+    uncached = {path for stage in stages.values() for kind in ("outs", "metrics", "plots")
+                for entry in stage.get(kind) or [] if isinstance(entry, dict)
+                for path, options in entry.items() if (options or {}).get("cache") is False}
+    assert {p.relative_to(REPO).as_posix() for p in committed_metrics(REPO)} == uncached
+    records = [tmp_path / "dvc.lock", *committed_metrics(tmp_path)]
+    kept = tmp_path / "reports" / "metrics" / "other.json"
+    for path in [*records, kept]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}\n")
+    forget_committed_run(tmp_path)
+    assert not any(path.exists() for path in records) and kept.exists()

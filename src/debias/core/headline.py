@@ -91,9 +91,15 @@ def headline_path(stage: str) -> Path:
 
 def committed_metrics(root: Path) -> list[Path]:
     """The git-tracked headline metrics under ``root`` (``cache: false`` in dvc.yaml): the numbers of the run its
-    dvc.lock records. A tree that drops its dvc.lock (a benchmark's or a test's fresh copy with other params) drops
-    them with it."""
+    dvc.lock records."""
     return [root / headline_path(stage) for stage in STAGES]
+
+
+def forget_committed_run(root: Path) -> None:
+    """Remove ``root``'s dvc.lock and the headline metrics of the run it records (a benchmark's or a test's fresh
+    copy, with other params: every stage runs, and no number of another run is shown as its own)."""
+    for path in [root / "dvc.lock", *committed_metrics(root)]:
+        path.unlink(missing_ok=True)
 
 
 def _number(value: Any) -> float | int | str | None:
