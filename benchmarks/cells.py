@@ -45,20 +45,30 @@ MNIST10K: dict[str, Any] = {
     "erm": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0005, "batch_size": 32, "epochs": 5,
             "selection": "last", "augment_shift": 2},
 }
-PROTOCOLS: dict[str, dict[str, Any]] = {
-    "cmnist": {"bias": {"protocol": "foreground", "foreground": {"p_corr": 0.96}}},
-    "bmnist": {"bias": {"protocol": "background", "background": {"rho": 0.96}}},
-}
-# paper: the papers' palettes (params.yaml's); other: colours no default was tuned on (CMNIST*: matplotlib hsv at
-# 0.1, 0.3, ..., 0.9 instead of 0, 0.2, ..., 0.8; Biased-MNIST: matplotlib's tab10).
+#: protocol -> (bias.protocol, its strength key): CMNIST* colours the strokes with p_corr, Biased-MNIST the background
+#: with rho.
+PROTOCOLS: dict[str, tuple[str, str]] = {"cmnist": ("foreground", "p_corr"), "bmnist": ("background", "rho")}
+STRENGTH = 0.96  # p_corr / rho of a cell that names none: ~240 bias-conflicting of mnist10k's 5,999 training images
+# paper: the papers' palettes (params.yaml's); other: colours no default was tuned on before (CMNIST*: matplotlib hsv
+# at 0.1, 0.3, ..., 0.9 instead of 0, 0.2, ..., 0.8; Biased-MNIST: matplotlib's tab10); fresh: colours no search
+# ever chose on (CMNIST*: matplotlib's Dark2, darker and less saturated; Biased-MNIST: matplotlib's Paired, light and
+# dark shades of five hues).
 PALETTES: dict[str, dict[str, Any]] = {
     "paper": {},
     "other": {"bias": {
         "foreground": {"colours": [[255, 153, 0], [102, 255, 0], [0, 255, 255], [51, 0, 255], [255, 0, 153]]},
         "background": {"colours": [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189],
                                    [140, 86, 75], [227, 119, 194], [127, 127, 127], [188, 189, 34], [23, 190, 207]]}}},
+    "fresh": {"bias": {
+        "foreground": {"colours": [[27, 158, 119], [217, 95, 2], [117, 112, 179], [231, 41, 138], [102, 166, 30]]},
+        "background": {"colours": [[166, 206, 227], [31, 120, 180], [178, 223, 138], [51, 160, 44], [251, 154, 153],
+                                   [227, 26, 28], [253, 191, 111], [255, 127, 0], [202, 178, 214], [106, 61, 154]]}}},
 }
-DATASETS = ("mnist10k", "digits")  # digits: the bundled default data, params.yaml's upstream as shipped
+# digits: the bundled default data, params.yaml's upstream as shipped; mnist10k-A / -B: the two disjoint halves of
+# mnist10k (:func:`write_halves`), one to choose on, one to report on
+DATASETS = ("mnist10k", "mnist10k-A", "mnist10k-B", "digits")
+HALVES = ("A", "B")
+HALF_SEED = 20261129  # the permutation that splits mnist10k into its halves, class by class
 GROUP_SOURCES = ("cluster", "pred")
 
 
@@ -68,23 +78,33 @@ class BenchmarkError(Exception):
 
 @dataclass(frozen=True, order=True)
 class Cell:
-    """One data cell. ``data`` mnist10k (the ``protocol`` and ``palette`` apply) or digits (params.yaml's own
-    foreground protocol at p_corr 0.9, the papers' palette: only the seed changes)."""
+    """One data cell. ``data`` mnist10k or one of its halves (the ``protocol`` at ``strength`` and the ``palette``
+    apply) or digits (params.yaml's own foreground protocol at p_corr 0.9, the papers' palette: only the seed
+    changes)."""
 
     data: str
     protocol: str
     palette: str
     seed: int
+    strength: float = STRENGTH
 
     @property
     def name(self) -> str:
-        return f"{self.data}-{self.protocol}-{self.palette}-s{self.seed}"
+        strength = "" if self.strength == STRENGTH else f"{self.strength:g}"
+        return f"{self.data}-{self.protocol}{strength}-{self.palette}-s{self.seed}"
+
+    @property
+    def half(self) -> str:
+        """'A' or 'B' for a cell on one half of mnist10k, '' otherwise."""
+        return self.data.rpartition("-")[2] if self.data.startswith("mnist10k-") else ""
 
     def overrides(self, npz: Path | None) -> dict[str, Any]:
-        """The params.yaml overrides of this cell."""
+        """The params.yaml overrides of this cell (``npz``: the file it reads, its half for a half's cell)."""
         if self.data == "digits":
             return {"seed": self.seed, "data": {"source": "digits"}}
-        tree = merge(merge(MNIST10K, PROTOCOLS[self.protocol]), PALETTES[self.palette])
+        protocol, strength_key = PROTOCOLS[self.protocol]
+        bias = {"bias": {"protocol": protocol, protocol: {strength_key: self.strength}}}
+        tree = merge(merge(MNIST10K, bias), PALETTES[self.palette])
         return merge(tree, {"seed": self.seed, "data": {"path": str(npz)}})
 
 
@@ -98,7 +118,7 @@ def check_inputs(npz: Path | None, cells: list[Cell], jobs: int, threads: int) -
         raise BenchmarkError(f"--jobs = {jobs}: allowed: a whole number >= 1 (runs at once)")
     if threads < 1:
         raise BenchmarkError(f"--threads = {threads}: allowed: a whole number >= 1 (torch threads per run)")
-    if any(cell.data == "mnist10k" for cell in cells):
+    if any(cell.data != "digits" for cell in cells):
         if npz is None:
             raise BenchmarkError("--npz is required for the mnist10k cells (mnist10k.npz of the datasets folder)")
         if not npz.is_file():
@@ -112,6 +132,34 @@ def check_inputs(npz: Path | None, cells: list[Cell], jobs: int, threads: int) -
             raise BenchmarkError(f"--npz {npz}: not a readable .npz ({type(exc).__name__}: {exc})") from None
         if missing:
             raise BenchmarkError(f"--npz {npz}: lacks the arrays {missing} (expected x uint8 [N, 28, 28] and y int)")
+
+
+def write_halves(npz: Path, folder: Path) -> dict[str, Path]:
+    """mnist10k split into two disjoint halves, class by class (a fixed permutation, :data:`HALF_SEED`): half A's
+    images are chosen on, half B's reported on. Written once as ``folder/mnist10k-{A,B}.npz``; rewritten when the
+    source's SHA-256 (stored beside them) differs."""
+    import numpy
+
+    paths = {half: folder / f"mnist10k-{half}.npz" for half in HALVES}
+    stamp, source_key = folder / "mnist10k-halves.key", key_of(file_sha256(npz), HALF_SEED)
+    if stamp.exists() and stamp.read_text() == source_key and all(p.exists() for p in paths.values()):
+        return paths
+    with numpy.load(npz) as archive:
+        x, y = archive["x"], archive["y"]
+    rng = numpy.random.default_rng(HALF_SEED)
+    first: list[numpy.ndarray] = []
+    for label in numpy.unique(y):
+        members = rng.permutation(numpy.flatnonzero(y == label))
+        first.append(members[: len(members) // 2])
+    in_a = numpy.zeros(len(y), bool)
+    in_a[numpy.concatenate(first)] = True
+    folder.mkdir(parents=True, exist_ok=True)
+    for half, mask in (("A", in_a), ("B", ~in_a)):
+        partial = paths[half].with_name(paths[half].stem + ".tmp.npz")
+        numpy.savez(partial, x=x[mask], y=y[mask])
+        os.replace(partial, paths[half])
+    stamp.write_text(source_key)
+    return paths
 
 
 def file_sha256(path: Path) -> str:
@@ -148,6 +196,18 @@ class Workspace:
         return self.path / f"groups-{source}.parquet"
 
 
+def workspace_key(cell: Cell, npz: Path | None, rev: str, threads: int, data_key: str) -> str:
+    """The identity of a cell's upstream: its data file's SHA-256 (``data_key``; the bundled digits need none), the
+    code at ``rev``, the cell's params, the group sources and the torch threads every run of it uses."""
+    return key_of(data_key if cell.data != "digits" else "digits", code_key(rev), cell.overrides(npz), GROUP_SOURCES,
+                  threads)
+
+
+def run_key(workspace: Workspace, group_source: str, sets: dict[str, Any]) -> str:
+    """The identity of a stage-2 run: its workspace's key (data, code, params, threads), group source and params."""
+    return key_of(workspace.key, group_source, sets)
+
+
 def stage_env(path: Path, threads: int) -> dict[str, str]:
     return {**os.environ, "DEBIAS_THREADS": str(threads), "DEBIAS_TRACKING": "off", "PYTHONPATH": str(path / "src")}
 
@@ -157,7 +217,7 @@ def prepare(workdir: Path, cell: Cell, npz: Path | None, rev: str, threads: int,
     workspace of other data, code or params is rebuilt), so nothing stale is read."""
     path = workdir / cell.name
     params_tree = cell.overrides(npz)
-    key = key_of(data_key if cell.data == "mnist10k" else "digits", code_key(rev), params_tree, GROUP_SOURCES)
+    key = workspace_key(cell, npz, rev, threads, data_key)
     stamp = path / "upstream.key"
     if stamp.exists() and stamp.read_text() == key and all((path / f"groups-{s}.parquet").exists() for s in GROUP_SOURCES):
         return Workspace(cell, path, key)
@@ -205,7 +265,7 @@ def _run_measured(command: list[str], env: dict[str, str], log: Path) -> tuple[i
 def train(workspace: Workspace, name: str, sets: dict[str, Any], group_source: str, threads: int) -> RunResult:
     """Stage 2 of ``sets`` (dotted params.yaml keys) in ``workspace`` on ``group_source``'s groups: its per-epoch
     history, reused from an earlier run only when the stored key (workspace key, group source, sets) matches."""
-    key = key_of(workspace.key, group_source, sets)
+    key = run_key(workspace, group_source, sets)
     stored = workspace.path / f"history-{name}.json"
     if stored.exists():
         try:
@@ -256,6 +316,17 @@ def read_rows(path: Path, fields: list[str], legacy: list[str] | None = None) ->
             rows.append(row)
     if dropped:
         print(f"warning: {path}: {dropped} incomplete row(s) dropped (they are run again)", file=sys.stderr)
+    return rows
+
+
+def read_results(path: Path, fields: list[str], flag: str, legacy: list[str] | None = None) -> list[dict[str, str]]:
+    """The rows a results page is rendered from: refused in one line when the CSV is missing or holds no row (a
+    header alone says nothing about what any row was made with)."""
+    if not path.exists():
+        raise BenchmarkError(f"{flag}: {path} does not exist; run without {flag} first")
+    rows = read_rows(path, fields, legacy)
+    if not rows:
+        raise BenchmarkError(f"{flag}: {path} holds no complete row (a header alone): nothing to render")
     return rows
 
 

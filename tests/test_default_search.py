@@ -85,49 +85,223 @@ def test_a_run_is_reused_only_under_its_key(tmp_path) -> None:
     assert calls.read_text() == "xxx"
 
 
-def fake_rows(values: dict[str, list[float]], phase: str, chosen, cpu: dict[str, float]) -> list[dict[str, str]]:
+def fake_rows(values: dict[str, list[float]], phase: str, chosen, cpu: dict[str, float],
+              worst: dict[str, list[float]] | None = None) -> list[dict[str, str]]:
+    """Rows of ``phase`` on ``chosen`` cells: candidate -> per-cell value (fractions), the same for validation and
+    test unless the test is scrambled by the caller."""
     rows = []
     for name, per_cell in values.items():
-        for cell, value in zip(chosen, per_cell):
+        for i, (cell, value) in enumerate(zip(chosen, per_cell)):
+            low = (worst or {}).get(name, [value - 0.3] * len(chosen))[i]
             for rule in search.RULES:
-                rows.append({"phase": phase, "data": cell.data, "protocol": cell.protocol, "palette": cell.palette,
+                rows.append({"phase": phase, "regime": search.regime_of(cell), "data": cell.data,
+                             "protocol": cell.protocol, "strength": f"{cell.strength:g}", "palette": cell.palette,
                              "seed": str(cell.seed), "candidate": name, "rule": rule, "epoch": "1", "degenerate": "0",
-                             "val_unbiased": str(value), "val_worst": str(value - 0.3), "test_avg": str(value),
-                             "test_unbiased": str(value), "test_worst": str(value - 0.3), "test_worst_n": "20",
-                             "cpu_seconds": str(cpu[name]), "wall_seconds": "1", "key": f"{name}{cell}"})
+                             "val_unbiased": str(value), "val_worst": str(low), "test_avg": str(value),
+                             "test_unbiased": str(value), "test_worst": str(low), "test_worst_n": "20",
+                             "cpu_seconds": str(cpu[name]), "wall_seconds": "1", "threads": "1", "jobs": "2",
+                             "rev": "abc", "data_sha": "123", "date": "2026-11-29", "key": f"{name}{cell}"})
     return rows
 
 
-def test_finalists_and_the_default_follow_the_rules(tmp_path) -> None:
-    """Eligible: at most COST_BUDGET x FairKL's CPU time; finalists: the best eligible, the simplest not shown
-    worse, the best across ε = 0 and across the group source, the shipped default and FairKL; the default: the
-    held-out winner or the simplest eligible finalist not shown worse."""
+NOISE = [0.004, -0.003, 0.001, -0.002, 0.003, -0.004, 0.002, 0.0, -0.001, 0.002, -0.002, 0.0] * 4  # sums to 0
+
+
+def noisy(base: float, chosen, scale: float = 1.0) -> list[float]:
+    return [base + scale * NOISE[i] for i in range(len(chosen))]
+
+
+def test_the_screen_carries_the_top_the_regime_bests_and_the_references() -> None:
+    """Step 2: the top CARRY_TOP eligible by the mean of the regime means, each regime's best eligible, the previous
+    default, the best on predictions, the best q3m16 on clusters and FairKL; over the cost budget: never a contender."""
     every = search.candidates()
-    n = len(search.SELECT_CELLS)
-    best, close, eps0, pred = ("cnc-q3-cluster-replace-e0.25", "cnc-s30-cluster-replace-e0",
-                               "cnc-q3-cluster-replace-e0", "cnc-q3-pred-replace-e0.25")
-    spread = [0.001 * i for i in range(n)]
-    values = {best: [0.90 + s for s in spread], close: [0.90 + s + (0.002 if i % 2 else -0.004) for i, s in enumerate(spread)],
-              eps0: [0.80 + s for s in spread], pred: [0.70 + s for s in spread],
-              search.SHIPPED: [0.95] * n, search.FAIRKL: [0.85 + s for s in spread]}
-    cpu = {best: 60, close: 60, eps0: 62, pred: 60, search.SHIPPED: 240, search.FAIRKL: 40}
-    rows = fake_rows(values, "select", search.SELECT_CELLS, cpu)
-    assert not search.eligible(rows, "select", search.SHIPPED)  # 6x FairKL: measured, not chosen
-    warned = {best: {"digits-cmnist-paper-s0": 2, "digits-cmnist-paper-s1": 0}}  # pools drawn with replacement
-    assert search.eligible(rows, "select", best) and not search.eligible(rows, "select", best, warned)
-    assert search.finalists(rows, every, warned)[0] == close  # the best that would not warn on the shipped data
-    picks = search.finalists(rows, every)
-    assert picks[:2] == [best, close] and pred in picks
-    assert eps0 in picks  # the best one's twin at eps 0: what the margin does alone
-    assert picks[-2:] == [search.SHIPPED, search.FAIRKL]
-    held = fake_rows({name: [0.9 + 0.002 * i for i in range(len(search.HELDOUT_CELLS))] for name in picks},
-                     "heldout", search.HELDOUT_CELLS, cpu)
-    winner, default = search.decision(rows + held, picks, every)
-    assert default == close  # tied with the winner: the fewest departures from the shipped default, then the cheapest
-    text = search.markdown(rows + held, every, "python benchmarks/default_search.py ...",
-                           {"threads": "1", "jobs": "2", "rev": "abc", "data": "123"})
-    assert "## 1. Selection: validation numbers" in text and "## 2. Held-out cells: test numbers" in text
-    assert f"the default (the winner or the simplest eligible finalist not shown worse on either number): **{close}**" in text
+    screen = search.SCREEN_CELLS
+    names = sorted(n for n in every if n != search.FAIRKL)
+    values = {n: noisy(0.80 + 0.001 * i, screen) for i, n in enumerate(names)}
+    costly = "cnc-q3m8-pred-replace-e0.5"
+    values[costly] = noisy(0.99, screen)  # the best of all, but 3x FairKL's CPU time
+    digits_best = "cnc-q3-cluster-replace-e0"
+    values[digits_best] = [0.97 if c.data == "digits" else 0.70 for c in screen]
+    values[search.FAIRKL] = noisy(0.75, screen)
+    cpu = {n: (90.0 if n == costly else 50.0) for n in every}
+    cpu[search.FAIRKL] = 30.0
+    rows = fake_rows(values, "screen", screen, cpu)
+    carried = search.carried(rows, every)
+    assert costly not in carried
+    ranked = sorted((n for n in names if n != costly and n != digits_best), key=lambda n: -values[n][0])
+    assert carried[:search.CARRY_TOP] == ranked[:search.CARRY_TOP]
+    assert digits_best in carried and search.PREVIOUS in carried and carried[-1] == search.FAIRKL
+    assert any("-pred-" in n for n in carried) and any(n.startswith("cnc-q3m16-cluster-") for n in carried)
+
+
+def test_the_confirmation_is_sized_from_the_screens_paired_sd() -> None:
+    """Step 3: enough cells to detect DETECT points and to show ±MARGIN at 80 % power, between FLOOR and CAP; more
+    spread, more cells."""
+    from debias.metrics.paired import seeds_needed
+
+    screen = search.SCREEN_CELLS
+    a, b = "cnc-q3-cluster-shrink-e0", "cnc-q3m16-cluster-shrink-e0"
+    spread = {"digits": 0.03, "cmnist": 0.01, "bmnist": 0.002}
+    values = {a: [0.9] * len(screen),
+              b: [0.9 + spread[search.regime_of(c)] * (1 if i % 2 else -1) for i, c in enumerate(screen)]}
+    rows = fake_rows(values, "screen", screen, {a: 1.0, b: 1.0})
+    found = search.sizes(rows, [a, b])
+    for regime, sizing in found.items():
+        diffs = [100 * spread[regime] * (1 if i % 2 else -1) for i, c in enumerate(screen)
+                 if search.regime_of(c) == regime]
+        import statistics
+        assert sizing.sd == pytest.approx(statistics.stdev(diffs))
+        wanted = max(seeds_needed(sizing.sd, delta=search.DETECT), seeds_needed(sizing.sd, margin=search.MARGIN))
+        assert sizing.cells == min(search.CAP[regime], max(search.FLOOR[regime], wanted))
+    assert found["digits"].cells == search.CAP["digits"] and found["bmnist"].cells == search.FLOOR["bmnist"]
+    assert found["cmnist"].equivalence > found["bmnist"].equivalence
+
+
+def confirmation(values: dict[str, dict[str, float]], cpu: dict[str, float], n: int = 12,
+                 worst: dict[str, float] | None = None) -> list[dict[str, str]]:
+    """Confirmation rows: candidate -> regime -> mean (fractions), n cells a regime, small paired noise."""
+    chosen = search.confirm_cells({r: n for r in search.REGIMES})  # n cells a regime, in regime order
+    per_cell = {name: [means[search.regime_of(c)] + 0.5 * NOISE[i % n] * (1 + j % 3)
+                       for i, c in enumerate(chosen)] for j, (name, means) in enumerate(values.items())}
+    lows = {name: [v - (worst or {}).get(name, 0.3) for v in per_cell[name]] for name in values}
+    return fake_rows(per_cell, "confirm", chosen, cpu, lows)
+
+
+def test_the_default_holds_every_regime_and_the_cheapest_such_wins() -> None:
+    """Step 4: the winner per regime; a cheaper candidate replaces it only where shown equivalent (TOST ±1) in every
+    regime; one shown worse than a carried candidate does not qualify."""
+    best, cheap_twin, cheap_worse = "cnc-q3m16-cluster-shrink-e0", "cnc-q3-cluster-shrink-e0", "cnc-q3-pred-shrink-e0"
+    values = {best: {"digits": 0.92, "cmnist": 0.94, "bmnist": 0.93},
+              cheap_twin: {"digits": 0.9198, "cmnist": 0.9398, "bmnist": 0.9299},  # within 0.02 points
+              cheap_worse: {"digits": 0.88, "cmnist": 0.9399, "bmnist": 0.93},  # 4 points behind on digits
+              search.FAIRKL: {"digits": 0.86, "cmnist": 0.90, "bmnist": 0.89}}
+    cpu = {best: 60.0, cheap_twin: 40.0, cheap_worse: 30.0, search.FAIRKL: 35.0}
+    rows = confirmation(values, cpu)
+    decision = search.decide(*search.validation_only(rows, "confirm"), list(values))
+    assert decision.winners == {"digits": best, "cmnist": best, "bmnist": best}
+    assert decision.holds[cheap_twin]["digits"].startswith("equivalent") and decision.held_everywhere
+    assert decision.default == cheap_twin  # equivalent everywhere and cheaper
+    assert not decision.holds[cheap_worse]["digits"] and decision.worse[cheap_worse]
+    # without the equivalent twin, the winner itself
+    del values[cheap_twin]
+    rows = confirmation(values, cpu)
+    assert search.decide(*search.validation_only(rows, "confirm"), list(values)).default == best
+    # over the cost budget: not a contender, whatever its numbers
+    rows = confirmation(values, {**cpu, best: 80.0})
+    decision = search.decide(*search.validation_only(rows, "confirm"), list(values))
+    assert best not in decision.contenders and decision.default != best
+
+
+def test_shown_worse_on_worst_group_disqualifies() -> None:
+    best, rival = "cnc-q3m16-cluster-shrink-e0", "cnc-q3m16-pred-shrink-e0"
+    values = {best: {"digits": 0.92, "cmnist": 0.94, "bmnist": 0.93},
+              rival: {"digits": 0.9199, "cmnist": 0.9399, "bmnist": 0.9299}}
+    cpu = {best: 50.0, rival: 50.0, search.FAIRKL: 40.0}
+    values[search.FAIRKL] = {"digits": 0.8, "cmnist": 0.8, "bmnist": 0.8}
+    rows = confirmation(values, cpu, worst={best: 0.40, rival: 0.30, search.FAIRKL: 0.5})  # best 10 points behind
+    decision = search.decide(*search.validation_only(rows, "confirm"), list(values))
+    assert any("worst-group below" in w for w in decision.worse[best])
+    assert decision.default == rival
+
+
+def test_no_single_default_falls_back_to_the_digits_holder_and_says_so() -> None:
+    digits_best, mnist_best = "cnc-q3m8-cluster-shrink-e0", "cnc-q3-cluster-shrink-e0"
+    values = {digits_best: {"digits": 0.92, "cmnist": 0.90, "bmnist": 0.90},
+              mnist_best: {"digits": 0.85, "cmnist": 0.95, "bmnist": 0.95},
+              search.FAIRKL: {"digits": 0.80, "cmnist": 0.80, "bmnist": 0.80}}
+    cpu = {digits_best: 50.0, mnist_best: 50.0, search.FAIRKL: 40.0}
+    rows = confirmation(values, cpu)
+    decision = search.decide(*search.validation_only(rows, "confirm"), list(values))
+    assert not decision.held_everywhere and decision.default == digits_best
+    assert "not: cmnist, bmnist" in decision.notes[0]
+
+
+def test_the_decision_reads_no_test_column() -> None:
+    """decide() gets the confirmation rows with their test columns removed: scrambled or missing test numbers cannot
+    change the default, and a decision that tried to read one would fail."""
+    best, other = "cnc-q3m16-cluster-shrink-e0", "cnc-q3-cluster-shrink-e0"
+    values = {best: {"digits": 0.92, "cmnist": 0.94, "bmnist": 0.93},
+              other: {"digits": 0.90, "cmnist": 0.92, "bmnist": 0.91},
+              search.FAIRKL: {"digits": 0.86, "cmnist": 0.90, "bmnist": 0.89}}
+    cpu = {best: 50.0, other: 40.0, search.FAIRKL: 35.0}
+    rows = confirmation(values, cpu)
+    tables = search.validation_only(rows, "confirm")
+    first = search.decide(*tables, list(values))
+    scrambled = [{**row, "test_unbiased": "1.0" if row["candidate"] == other else "0.0", "test_worst": "0.0"}
+                 for row in rows]
+    assert search.decide(*search.validation_only(scrambled, "confirm"), list(values)).default == first.default == best
+    import inspect
+
+    source = inspect.getsource(search.decide)
+    assert not any(field in source for field in search.TEST_FIELDS)  # the function names no test column
+    blind_rows = [{k: v for k, v in row.items() if k not in search.TEST_FIELDS} for row in rows]
+    assert search.decide(*search.validation_only(blind_rows, "confirm"), list(values)).default == best
+
+
+def test_the_page_renders_every_phase_with_its_protocol_and_what_rows_were_made_with() -> None:
+    every = search.candidates()
+    screen = search.SCREEN_CELLS
+    names = sorted(every)
+    cpu = {n: 40.0 for n in every}
+    rows = fake_rows({n: noisy(0.8 + 0.001 * i, screen) for i, n in enumerate(names)}, "screen", screen, cpu)
+    carried = search.carried(rows, every)
+    rows += confirmation({n: {r: 0.9 - 0.001 * i for r in search.REGIMES} for i, n in enumerate(carried)}, cpu)
+    held = [c for c in search.HELDOUT_CELLS]
+    rows += fake_rows({n: noisy(0.9 - 0.001 * i, held, 2.0) for i, n in enumerate(carried)}, "heldout", held, cpu)
+    text = search.markdown(rows, every, "python benchmarks/default_search.py ...", commit="abc1234 2026-11-29")
+    assert "## Protocol" in text and search.PROTOCOL in text and "commit abc1234 2026-11-29" in text
+    assert "1 torch thread(s) per run, 2 run(s) at once; code and params.yaml of commit abc" in text
+    for heading in ("## 1. Screen", "## 2. Confirmation size", "## 3. Confirmation and decision",
+                    "### Decision", "## 4. Held-out cells", "### bmnist0.98", "### Palettes no search saw"):
+        assert heading in text
+    assert "**The default: " in text
+
+
+def test_rows_made_with_other_settings_say_so_in_the_header() -> None:
+    screen = search.SCREEN_CELLS[:1]
+    rows = fake_rows({"a": [0.9]}, "screen", screen, {"a": 1.0})
+    other = [{**row, "threads": "4", "jobs": "8", "key": "other"} for row in rows]
+    assert "1 / 4 torch thread(s) per run, 2 / 8 run(s) at once" in search.made_with(rows + other)
+
+
+def test_a_header_only_csv_is_refused_in_one_line(tmp_path, capsys) -> None:
+    out = tmp_path / "results"
+    cells.write_rows(out.with_suffix(".csv"), search.FIELDS, [])
+    assert search.main(["--collect-only", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no complete row" in err
+
+
+def test_mnist10k_halves_are_disjoint_stratified_and_stable(tmp_path) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (200, 28, 28), dtype=np.uint8)
+    x[:, 0, 0], x[:, 0, 1] = np.arange(200) % 256, np.arange(200) // 256  # each image tagged with its index
+    y = np.repeat(np.arange(10), 20)
+    source = tmp_path / "m.npz"
+    np.savez(source, x=x, y=y)
+    halves = cells.write_halves(source, tmp_path / "work")
+    tags = {}
+    for half, path in halves.items():
+        with np.load(path) as archive:
+            tags[half] = set((archive["x"][:, 0, 0].astype(int) + 256 * archive["x"][:, 0, 1].astype(int)).tolist())
+            assert np.bincount(archive["y"]).tolist() == [10] * 10
+    assert not tags["A"] & tags["B"] and len(tags["A"] | tags["B"]) == 200
+    before = halves["A"].read_bytes()
+    assert cells.write_halves(source, tmp_path / "work")["A"].read_bytes() == before
+    other = cells.write_halves(source, tmp_path / "again")
+    assert other["A"].read_bytes() == before  # the same permutation on any machine
+
+
+def test_a_cell_names_its_strength_and_palette_and_sets_them() -> None:
+    cell = cells.Cell("mnist10k-B", "bmnist", "fresh", 101, 0.98)
+    assert cell.name == "mnist10k-B-bmnist0.98-fresh-s101" and cell.half == "B"
+    tree = cell.overrides(None)
+    assert tree["bias"]["protocol"] == "background" and tree["bias"]["background"]["rho"] == 0.98
+    assert tree["bias"]["background"]["colours"] == cells.PALETTES["fresh"]["bias"]["background"]["colours"]
+    assert cells.Cell("mnist10k", "cmnist", "paper", 0).name == "mnist10k-cmnist-paper-s0"
+    assert search.regime_of(cell) == "bmnist0.98" and search.regime_of(cells.digits_cell(3)) == "digits"
 
 
 def test_the_objective_table_renders_without_cnc_among_the_candidates() -> None:

@@ -1,0 +1,156 @@
+"""Paired differences over seeds (or cells): the interval, what they could detect, and equivalence.
+
+For ``n`` paired differences ``d_i = a_i - b_i`` with mean ``m`` and sample sd ``s``:
+
+- interval: ``m ± t_{0.975, n-1} s / sqrt(n)`` (Student t);
+- detectable difference: the smallest true ``|δ|`` a two-sided paired t-test at ``alpha`` rejects with probability
+  ``power`` (statsmodels' ``TTestPower``, effect size ``δ / s``);
+- equivalence within ``±D`` (two one-sided tests, TOST): ``m - t_{1-alpha, n-1} s/sqrt(n) > -D`` and
+  ``m + t_{1-alpha, n-1} s/sqrt(n) < D`` (statsmodels' ``DescrStatsW.ttost_mean``), i.e. the ``1 - 2 alpha``
+  interval lies inside ``(-D, D)``;
+- seeds needed: the smallest ``n`` at which the t-test detects ``δ`` (or TOST shows ``±D`` for a true difference of
+  0) with probability ``power``, for the observed ``s``.
+
+Every function takes plain floats (points or fractions alike) and returns NaN where the data cannot say (fewer than
+two differences, or no spread at all).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+ALPHA = 0.05  # two-sided level of every interval and test
+POWER = 0.8  # the power at which a detectable difference is stated
+MAX_SEEDS = 10_000  # seeds_needed's search bound: beyond it the answer is "more than this"
+
+
+@dataclass(frozen=True)
+class Paired:
+    """``n`` paired differences: their mean, sample sd and 95 % t-interval (NaN bounds with fewer than 2)."""
+
+    n: int
+    mean: float
+    sd: float
+    low: float
+    high: float
+
+    @property
+    def excludes_zero(self) -> bool:
+        """A difference shown: the interval has a width and holds no 0 (never from fewer than 2 differences)."""
+        return not math.isnan(self.low) and self.high - self.low > 1e-9 and (self.low > 0 or self.high < 0)
+
+
+def paired(differences: list[float], alpha: float = ALPHA) -> Paired:
+    """Mean, sd and the two-sided ``1 - alpha`` t-interval of ``differences`` (NaN ones dropped)."""
+    from scipy.stats import t as student_t
+
+    values = [d for d in differences if not math.isnan(d)]
+    n = len(values)
+    if n == 0:
+        return Paired(0, math.nan, math.nan, math.nan, math.nan)
+    mean = math.fsum(values) / n
+    if n < 2:
+        return Paired(n, mean, math.nan, math.nan, math.nan)
+    sd = math.sqrt(math.fsum((d - mean) ** 2 for d in values) / (n - 1))
+    half = float(student_t.ppf(1 - alpha / 2, n - 1)) * sd / math.sqrt(n)
+    return Paired(n, mean, sd, mean - half, mean + half)
+
+
+def detectable_difference(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float:
+    """The smallest true mean difference a two-sided paired t-test over ``n`` differences of sd ``sd`` detects at
+    level ``alpha`` with probability ``power`` (NaN for n < 2 or sd NaN; 0 for sd 0)."""
+    if n < 2 or math.isnan(sd):
+        return math.nan
+    if sd == 0:
+        return 0.0
+    from statsmodels.stats.power import TTestPower
+
+    effect = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
+    return float(effect) * sd
+
+
+def t_test_power(delta: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """Probability that a two-sided paired t-test over ``n`` differences of sd ``sd`` rejects when the true mean
+    difference is ``delta`` (statsmodels' ``TTestPower``)."""
+    if n < 2 or math.isnan(sd) or sd <= 0:
+        return math.nan
+    from scipy.stats import norm
+    from statsmodels.stats.power import TTestPower
+
+    effect = abs(delta) / sd
+    found = float(TTestPower().power(effect_size=effect, nobs=n, alpha=alpha, alternative="two-sided"))
+    if math.isnan(found):  # the noncentral t's tail fails far out (noncentrality in the tens): the normal limit
+        shift = effect * math.sqrt(n)
+        critical = float(norm.ppf(1 - alpha / 2))
+        found = float(norm.cdf(shift - critical) + norm.cdf(-shift - critical))
+    return found
+
+
+def tost(differences: list[float], margin: float, alpha: float = ALPHA) -> float:
+    """The p-value of the two one-sided tests that the true mean difference lies within ``(-margin, margin)``
+    (statsmodels' ``DescrStatsW.ttost_mean``): equivalence is shown when it is below ``alpha``. NaN with fewer than
+    two differences."""
+    values = [d for d in differences if not math.isnan(d)]
+    if len(values) < 2 or margin <= 0:
+        return math.nan
+    if max(values) - min(values) == 0:  # no spread: the t statistics are infinite, the verdict is the mean's
+        return 0.0 if abs(values[0]) < margin else 1.0
+    import numpy as np
+    from statsmodels.stats.weightstats import DescrStatsW
+
+    p_value, _, _ = DescrStatsW(np.asarray(values, dtype=float)).ttost_mean(-margin, margin)
+    return float(p_value)
+
+
+def tost_power(margin: float, sd: float, n: int, true_difference: float = 0.0, alpha: float = ALPHA) -> float:
+    """Probability that TOST within ``±margin`` shows equivalence over ``n`` differences of sd ``sd`` when the true
+    mean difference is ``true_difference``: both one-sided t statistics beyond ``t_{1-alpha, n-1}``, from the
+    noncentral t (each bound's rejection probability, less the chance of rejecting neither, bounded below by 0)."""
+    if n < 2 or math.isnan(sd) or sd <= 0 or margin <= 0:
+        return math.nan
+    from scipy.stats import nct
+    from scipy.stats import t as student_t
+
+    df, se = n - 1, sd / math.sqrt(n)
+    critical = float(student_t.ppf(1 - alpha, df))
+    # lower test: (m + D) / se > c; upper test: (m - D) / se < -c; m ~ se * t-like with noncentrality (δ ± D) / se
+    above_lower = float(nct.sf(critical, df, (true_difference + margin) / se))
+    below_upper = float(nct.cdf(-critical, df, (true_difference - margin) / se))
+    if math.isnan(above_lower) or math.isnan(below_upper):  # far out in the tails: the normal limit
+        from scipy.stats import norm
+
+        above_lower = float(norm.sf(critical - (true_difference + margin) / se))
+        below_upper = float(norm.cdf(-critical - (true_difference - margin) / se))
+    return max(0.0, above_lower + below_upper - 1.0)
+
+
+def seeds_needed(sd: float, delta: float | None = None, margin: float | None = None, power: float = POWER,
+                 alpha: float = ALPHA) -> int | None:
+    """The smallest ``n >= 2`` at which a paired t-test detects a true difference ``delta``, or (with ``margin``) TOST
+    shows equivalence within ``±margin`` for a true difference of 0, with probability ``power``, for differences of
+    sd ``sd``. None when sd is unknown or no ``n`` up to :data:`MAX_SEEDS` reaches it."""
+    if math.isnan(sd) or (delta is None) == (margin is None):
+        return None
+    if sd == 0:
+        return 2
+
+    def reaches(n: int) -> bool:
+        got = t_test_power(delta, sd, n, alpha) if delta is not None else tost_power(margin, sd, n, 0.0, alpha)
+        return got >= power
+
+    # power grows with n: double until it is reached (never far past it, where the noncentral t's tail is accurate),
+    # then bisect for the first n that reaches it
+    high = 2
+    while not reaches(high):
+        if high >= MAX_SEEDS:
+            return None
+        high = min(2 * high, MAX_SEEDS)
+    low = max(2, high // 2)
+    while low < high:
+        middle = (low + high) // 2
+        if reaches(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
