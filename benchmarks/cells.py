@@ -295,16 +295,16 @@ def train(workspace: Workspace, name: str, sets: dict[str, Any], group_source: s
 # --------------------------------------------------------------------------- results files
 
 
-def read_rows(path: Path, fields: list[str], legacy: list[str] | None = None) -> list[dict[str, str]]:
+def read_rows(path: Path, fields: list[str], legacy: list[list[str]] | None = None) -> list[dict[str, str]]:
     """The complete rows of a results CSV (every field present and non-empty where the header has it); a row that is
-    not (a truncated last line) is dropped, with a warning on stderr. ``legacy``: an earlier layout also read (to
-    render it; its rows carry no key, so none counts as done)."""
+    not (a truncated last line) is dropped, with a warning on stderr. ``legacy``: earlier layouts also read (to
+    render them; their rows never count as done: their keys lack what the current key holds)."""
     if not path.exists():
         return []
     with path.open(newline="") as handle:
         reader = csv.DictReader(handle)
-        if reader.fieldnames == legacy:
-            fields = legacy
+        if reader.fieldnames in (legacy or []):
+            fields = list(reader.fieldnames)
         if reader.fieldnames != fields:
             raise BenchmarkError(f"{path}: its columns {reader.fieldnames} are not this script's {fields}: move it "
                                  "away to start a new results file")
@@ -319,7 +319,8 @@ def read_rows(path: Path, fields: list[str], legacy: list[str] | None = None) ->
     return rows
 
 
-def read_results(path: Path, fields: list[str], flag: str, legacy: list[str] | None = None) -> list[dict[str, str]]:
+def read_results(path: Path, fields: list[str], flag: str,
+                 legacy: list[list[str]] | None = None) -> list[dict[str, str]]:
     """The rows a results page is rendered from: refused in one line when the CSV is missing or holds no row (a
     header alone says nothing about what any row was made with)."""
     if not path.exists():
@@ -328,6 +329,27 @@ def read_results(path: Path, fields: list[str], flag: str, legacy: list[str] | N
     if not rows:
         raise BenchmarkError(f"{flag}: {path} holds no complete row (a header alone): nothing to render")
     return rows
+
+
+MADE_WITH = ("threads", "jobs", "rev", "data_sha")  # what each row records of how it was made
+
+
+def made_with(rows: list[dict[str, str]]) -> str:
+    """What the rows were made with, read from them (never from the command that renders them): torch threads, runs
+    at once, commit, data file and dates; "not recorded" for rows of a layout without those columns."""
+    import platform
+
+    if not rows:
+        return "no rows yet"
+
+    def seen(key: str) -> str:
+        found = sorted({row.get(key) or "not recorded" for row in rows})
+        return " / ".join(found)
+
+    dates = sorted({row["date"] for row in rows if row.get("date")})
+    when = (f"; runs made {dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else "")) if dates else ""
+    return (f"{platform.machine()} CPU; torch threads per run: {seen('threads')}; runs at once: {seen('jobs')}; code "
+            f"and params.yaml of commit {seen('rev')}; mnist10k.npz SHA-256 {seen('data_sha')}{when}")
 
 
 def write_rows(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> None:

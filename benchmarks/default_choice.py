@@ -26,7 +26,6 @@ import argparse
 import concurrent.futures
 import datetime as dt
 import math
-import platform
 import shlex
 import statistics
 import sys
@@ -43,25 +42,38 @@ from cells import BenchmarkError, Cell  # noqa: E402
 
 from debias.training.selection import describe_selection, picks_by_rule  # noqa: E402
 
-# Stage 2 as params.yaml runs it (Adam 1e-3, wd 1e-5, batch 256, 30 epochs, no shift, tau 0.1, eps 0.5), only the
-# objective changing; every candidate sets every loss key it depends on.
+# Stage 2 as the runs of this table made it (Adam 1e-3, wd 1e-5, batch 256, 30 epochs, no shift, tau 0.1, eps 0.5),
+# only the objective changing. Every setting a candidate's loss or schedule reads is pinned here, so a candidate means
+# the same whatever params.yaml's defaults become.
+STAGE2: dict[str, Any] = {
+    "stage2.method": "eps_supinfonce", "stage2.optimizer": "adam", "stage2.lr": 0.001, "stage2.weight_decay": 0.00001,
+    "stage2.batch_size": 256, "stage2.epochs": 30, "stage2.lr_milestones": [], "stage2.augment_shift": 0,
+    "stage2.selection": "best_worst_group", "loss.epsilon": 0.5, "loss.temperature": 0.1,
+    "loss.fairkl.sampler": "shuffle",
+}
 CANDIDATES: dict[str, dict[str, Any]] = {
     "released_a003_l05": {"loss.fairkl.variant": "released", "loss.alpha": 0.03, "loss.fairkl.weight": 0.5},
     "released_a1_l05": {"loss.fairkl.variant": "released", "loss.alpha": 1.0, "loss.fairkl.weight": 0.5},
     "kl_a1_l05": {"loss.fairkl.variant": "kl", "loss.alpha": 1.0, "loss.fairkl.weight": 0.5},
     "kl_a1_l075": {"loss.fairkl.variant": "kl", "loss.alpha": 1.0, "loss.fairkl.weight": 0.75},
     "eps_supinfonce": {"loss.fairkl.variant": "kl", "loss.alpha": 1.0, "loss.fairkl.weight": 0.0},
-    "cnc": {"stage2.method": "cnc"},
+    # CNC as the table's runs trained it: 30 epochs of a tenth of the anchors, pools of 32 drawn with replacement when
+    # short, no margin (CNC read no epsilon then: pinned to 0, not STAGE2's 0.5)
+    "cnc": {"stage2.method": "cnc", "loss.epsilon": 0.0, "stage2.cnc.num_positives": 32,
+            "stage2.cnc.num_negatives": 32, "stage2.cnc.two_sided": True, "stage2.cnc.temperature": 0.05,
+            "stage2.cnc.anchor_fraction": 0.1, "stage2.cnc.accumulation": 1, "stage2.cnc.contrastive_weight": 0.75,
+            "stage2.cnc.init": "scratch", "stage2.cnc.skip_empty_classes": True, "stage2.cnc.short_pools": "replace",
+            "stage2.cnc.encoder_mode": "train", "stage2.cnc.head_gradient": "step"},
 }
-STAGE2 = {"stage2.method": "eps_supinfonce", "stage2.epochs": 30, "stage2.selection": "best_worst_group",
-          "loss.epsilon": 0.5, "loss.temperature": 0.1}
 REFERENCE = "released_a003_l05"  # the released FairKL objective: every table shows the differences to it
 SIMPLICITY = ["eps_supinfonce", "kl_a1_l05", "kl_a1_l075", "released_a003_l05", "released_a1_l05", "cnc"]
 RULES = ("best_worst_group", "best_unbiased", "last")
 FIELDS = ["protocol", "palette", "seed", "candidate", "rule", "epoch", "degenerate", "val_worst", "val_unbiased",
-          "test_avg", "test_unbiased", "test_worst", "test_worst_n", "cpu_seconds", "wall_seconds", "date", "key"]
-# The layout of this script's results before runs were keyed (rendered by --collect-only, never resumed from)
-LEGACY_FIELDS = [*FIELDS[:13], "seconds"]
+          "test_avg", "test_unbiased", "test_worst", "test_worst_n", "cpu_seconds", "wall_seconds", *cells.MADE_WITH,
+          "date", "key"]
+# Earlier layouts of this script's results (rendered by --collect-only, never resumed from): before runs were keyed,
+# and before rows recorded what they were made with
+LEGACY_FIELDS = [[*FIELDS[:13], "seconds"], [*FIELDS[:15], "date", "key"]]
 FULL_COMMAND = "python benchmarks/default_choice.py --npz mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2"
 
 
@@ -74,8 +86,9 @@ def candidate_sets(candidate: str) -> dict[str, Any]:
     return {**STAGE2, **CANDIDATES[candidate]}
 
 
-def rows_for(cell: Cell, candidate: str, result: cells.RunResult) -> list[dict[str, Any]]:
-    """One row per selection rule: the epoch it keeps on the run's history and that epoch's numbers."""
+def rows_for(cell: Cell, candidate: str, result: cells.RunResult, made: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per selection rule: the epoch it keeps on the run's history and that epoch's numbers, with what the run
+    was made with (``made``: threads, jobs, rev, data_sha)."""
     picks = picks_by_rule(result.history)
     rows = []
     for rule in RULES:
@@ -89,7 +102,7 @@ def rows_for(cell: Cell, candidate: str, result: cells.RunResult) -> list[dict[s
                      "test_worst": round(kept["test/worst_group"], 4),
                      "test_worst_n": int(kept.get("test/worst_group_n", 0) or 0),
                      "cpu_seconds": round(result.cpu_seconds, 1), "wall_seconds": round(result.wall_seconds, 1),
-                     "date": result.date, "key": result.key})
+                     **made, "date": result.date, "key": result.key})
     return rows
 
 
@@ -196,28 +209,33 @@ def run_dates(rows: list[dict[str, str]]) -> str:
     return dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
 
 
-def table(rows: list[dict[str, str]], command: str, meta: dict[str, str]) -> str:
+def worst_images(rows: list[dict[str, str]]) -> str:
+    """The range of the kept epochs' worst-group test image counts over the rows ('–' when none is recorded)."""
+    counts = sorted({int(r["test_worst_n"]) for r in rows if r.get("test_worst_n", "0") not in ("", "0")})
+    return f"{counts[0]}-{counts[-1]}" if counts else "–"
+
+
+def table(rows: list[dict[str, str]], command: str) -> str:
     """The Markdown results: the ranking per rule (test unbiased and worst-group, pooled), the degenerate selections,
     and every cell."""
-    cells = sorted({(r["protocol"], r["palette"], r["seed"]) for r in rows})
+    cell_keys = sorted({(r["protocol"], r["palette"], r["seed"]) for r in rows})
     lines = ["# Stage 2's default objective: candidates x seeds x palettes x protocols", "",
              f"- Command (SCRATCH: any empty folder; mnist10k.npz from the datasets folder): `{FULL_COMMAND}` (it "
              f"resumes from this CSV; this file was last written by `{command}`)",
-             f"- Runs: {run_dates(rows)}; written {dt.date.today().isoformat()}; {platform.machine()} CPU, "
-             f"{meta['threads']} torch thread(s) per run, {meta['jobs']} run(s) at once; {meta['inputs']}",
-             f"- Cells: {len(cells)} (protocol x palette x seed): CMNIST* p_corr 0.96 and Biased-MNIST rho 0.96 on "
+             f"- Runs: {run_dates(rows)}; written {dt.date.today().isoformat()}; rows made with: {cells.made_with(rows)}",
+             f"- Cells: {len(cell_keys)} (protocol x palette x seed): CMNIST* p_corr 0.96 and Biased-MNIST rho 0.96 on "
              "mnist10k (5,999 training images), each with the papers' palette and another; the default's cluster "
              "groups; ERM 5 epochs; stage 2 as params.yaml (30 epochs), only the objective changing.",
              "- Criterion: test unbiased accuracy (every test image counts) at the kept epoch, pooled over the cells; "
              "`paired Δ` is the mean difference to the best candidate over the same cells (points) with its 95 % "
-             "t-interval. Worst-group ranks nothing (one cell's worst group holds 17-115 test images), but a "
+             f"t-interval. Worst-group ranks nothing (one cell's worst group holds {worst_images(rows)} test images), but a "
              "candidate whose paired worst-group interval excludes 0 is shown worse and is not chosen.",
              f"- Simplicity order (the tie-break): {', '.join(SIMPLICITY)}.", ""]
     counts = {c: len({(r["protocol"], r["palette"], r["seed"]) for r in rows if r["candidate"] == c})
               for c in dict.fromkeys(r["candidate"] for r in rows)}
-    partial = {c: n for c, n in counts.items() if n < len(cells)}
+    partial = {c: n for c, n in counts.items() if n < len(cell_keys)}
     if partial:
-        lines[-1:-1] = [f"- Not every cell ran for: {', '.join(f'{c} ({n} of {len(cells)})' for c, n in partial.items())}."
+        lines[-1:-1] = [f"- Not every cell ran for: {', '.join(f'{c} ({n} of {len(cell_keys)})' for c, n in partial.items())}."
                         " Its mean is over its own cells; every paired Δ is over the cells both candidates have."]
     for rule in RULES:
         ranked = ranking(rows, rule)
@@ -229,7 +247,7 @@ def table(rows: list[dict[str, str]], command: str, meta: dict[str, str]) -> str
         best = ranked[0]["candidate"]
         # where the top candidate ran on fewer cells, the differences to the best with every cell are shown too, and
         # the differences to the released FairKL objective (the reference of the supcon family)
-        full = next((r["candidate"] for r in ranked if r["cells"] == len(cells)), best)
+        full = next((r["candidate"] for r in ranked if r["cells"] == len(cell_keys)), best)
         refs = list(dict.fromkeys(c for c in (best, full, REFERENCE) if any(r["candidate"] == c for r in ranked)))
         header = "".join(f" paired Δ to {ref} | paired Δ worst-group to {ref} |" for ref in refs)
         lines += [f"## Selection rule `{rule}`", "", "| candidate | cells | test unbiased (95 % CI) | test worst-group "
@@ -261,7 +279,7 @@ def table(rows: list[dict[str, str]], command: str, meta: dict[str, str]) -> str
     lines += ["## Every run (test unbiased / worst-group %, epoch kept; rule best_worst_group | best_unbiased)", "",
               "| cell | " + " | ".join(sorted({r["candidate"] for r in rows})) + " |",
               "|---|" + "---|" * len({r["candidate"] for r in rows})]
-    for cell in cells:
+    for cell in cell_keys:
         out = []
         for candidate in sorted({r["candidate"] for r in rows}):
             shown = []
@@ -296,13 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     csv_path, md_path = args.out.with_suffix(".csv"), args.out.with_suffix(".md")
     try:
         if args.collect_only:
-            if not csv_path.exists():
-                raise BenchmarkError(f"--collect-only: {csv_path} does not exist; run without --collect-only first")
-            rows = cells.read_rows(csv_path, FIELDS, legacy=LEGACY_FIELDS)
-            inputs = "the runs of the CSV (keys in its last column)" if "key" in (rows or [{}])[0] else \
-                "runs made before results were keyed (no key column)"
-            cells.write_text(md_path, table(rows, command, {"threads": str(args.threads), "jobs": str(args.jobs),
-                                                            "inputs": inputs}))
+            rows = cells.read_results(csv_path, FIELDS, "--collect-only", legacy=LEGACY_FIELDS)
+            cells.write_text(md_path, table(rows, command))
         else:
             if args.workdir is None:
                 raise BenchmarkError("--workdir is required (a scratch folder for the cells' workspaces)")
@@ -310,10 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.check_inputs(args.npz, chosen, args.jobs, args.threads)
             rev = cells.git("rev-parse", args.rev)
             rows = run(args, chosen, rev, csv_path)
-            meta = {"threads": str(args.threads), "jobs": str(args.jobs),
-                    "inputs": f"code and params.yaml of commit {rev[:12]}, mnist10k.npz SHA-256 "
-                              f"{cells.file_sha256(args.npz.resolve())[:16]}"}
-            cells.write_text(md_path, table(rows, command, meta))
+            cells.write_text(md_path, table(rows, command))
     except BenchmarkError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -328,9 +338,11 @@ def run(args: argparse.Namespace, chosen: list[Cell], rev: str, csv_path: Path) 
     workdir = args.workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
 
+    made = {"threads": str(args.threads), "jobs": str(args.jobs), "rev": rev[:12], "data_sha": data_key[:16]}
+
     def expected_key(cell: Cell, candidate: str) -> str:
-        ws_key = cells.key_of(data_key, cells.code_key(rev), cell.overrides(npz), cells.GROUP_SOURCES)
-        return cells.key_of(ws_key, "cluster", candidate_sets(candidate))
+        ws = cells.Workspace(cell, workdir / cell.name, cells.workspace_key(cell, npz, rev, args.threads, data_key))
+        return cells.run_key(ws, "cluster", candidate_sets(candidate))
 
     keys = {(cell, c): expected_key(cell, c) for cell in chosen for c in args.candidates}
     stored = cells.read_rows(csv_path, FIELDS, legacy=LEGACY_FIELDS)
@@ -353,7 +365,7 @@ def run(args: argparse.Namespace, chosen: list[Cell], rev: str, csv_path: Path) 
 
     def run_one(cell: Cell, candidate: str) -> None:
         result = cells.train(workspace(cell), candidate, candidate_sets(candidate), "cluster", args.threads)
-        new = rows_for(cell, candidate, result)
+        new = rows_for(cell, candidate, result, made)
         with lock:
             rows.extend({k: str(v) for k, v in row.items()} for row in new)
             cells.write_rows(csv_path, FIELDS, rows)

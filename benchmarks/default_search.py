@@ -38,7 +38,6 @@ import concurrent.futures
 import datetime as dt
 import itertools
 import math
-import platform
 import shlex
 import statistics
 import sys
@@ -377,20 +376,6 @@ def describe(candidate: Candidate) -> str:
             f"eps {candidate.epsilon:g}")
 
 
-def made_with(rows: list[dict[str, str]]) -> str:
-    """What the rows were made with, read from them: threads, runs at once, commit, data, dates."""
-    if not rows:
-        return "no rows yet"
-
-    def seen(key: str) -> str:
-        return " / ".join(sorted({row[key] for row in rows}))
-
-    dates = sorted({row["date"] for row in rows})
-    return (f"{platform.machine()} CPU; {seen('threads')} torch thread(s) per run, {seen('jobs')} run(s) at once; "
-            f"code and params.yaml of commit {seen('rev')}; mnist10k.npz SHA-256 {seen('data_sha')}; runs made "
-            f"{dates[0]}" + (f" to {dates[-1]}" if len(dates) > 1 else ""))
-
-
 def protocol_commit(rev: str) -> str:
     """The commit that last changed this file at ``rev`` (the protocol the runs followed), or '' outside git."""
     try:
@@ -585,7 +570,7 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
              f"was last written by `{command}` on {dt.date.today().isoformat()}",
              f"- Protocol: benchmarks/default_search.py at commit {commit or 'unknown'} (below, as the script "
              "states it)",
-             f"- Rows made with: {made_with(rows)}",
+             f"- Rows made with: {cells.made_with(rows)}",
              "- Data: the bundled digits as `dvc repro` runs them (1,078 training images, CMNIST* p_corr 0.9); mnist10k "
              "(10k real digits) split class by class into two disjoint halves of 5,000 images (benchmarks/cells.py, "
              "`write_halves`): half A is chosen on, half B reported on (~3,000 training images a cell, ERM 5 epochs: "

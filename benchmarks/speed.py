@@ -459,6 +459,9 @@ def setup_pair(method: str, params: Params, train_full: BiasedSplit, steps: int,
         cnc = s2.cnc
         if cnc.accumulation != 1 or not cnc.two_sided:
             raise SystemExit("the CNC baseline does one two-sided contrastive batch per optimiser step")
+        if params.loss.epsilon != 0:  # the authors' loss has no margin: both sides must compute the same loss
+            raise SystemExit(f"the CNC baseline computes CNC's loss without a margin; loss.epsilon = "
+                             f"{params.loss.epsilon} would time another loss (set it to 0 in speed.yaml's cnc entry)")
         sampler = CNCBatchSampler(train.y, inferred, cnc.num_positives, cnc.num_negatives, cnc.two_sided, steps,
                                   seed=params.seed, skip_empty_classes=cnc.skip_empty_classes)
         task.sampler = CNCBatchSampler(train.y, inferred, cnc.num_positives, cnc.num_negatives, cnc.two_sided, steps,

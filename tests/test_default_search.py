@@ -250,7 +250,7 @@ def test_the_page_renders_every_phase_with_its_protocol_and_what_rows_were_made_
     rows += fake_rows({n: noisy(0.9 - 0.001 * i, held, 2.0) for i, n in enumerate(carried)}, "heldout", held, cpu)
     text = search.markdown(rows, every, "python benchmarks/default_search.py ...", commit="abc1234 2026-11-29")
     assert "## Protocol" in text and search.PROTOCOL in text and "commit abc1234 2026-11-29" in text
-    assert "1 torch thread(s) per run, 2 run(s) at once; code and params.yaml of commit abc" in text
+    assert "torch threads per run: 1; runs at once: 2; code and params.yaml of commit abc" in text
     for heading in ("## 1. Screen", "## 2. Confirmation size", "## 3. Confirmation and decision",
                     "### Decision", "## 4. Held-out cells", "### bmnist0.98", "### Palettes no search saw"):
         assert heading in text
@@ -261,7 +261,7 @@ def test_rows_made_with_other_settings_say_so_in_the_header() -> None:
     screen = search.SCREEN_CELLS[:1]
     rows = fake_rows({"a": [0.9]}, "screen", screen, {"a": 1.0})
     other = [{**row, "threads": "4", "jobs": "8", "key": "other"} for row in rows]
-    assert "1 / 4 torch thread(s) per run, 2 / 8 run(s) at once" in search.made_with(rows + other)
+    assert "torch threads per run: 1 / 4; runs at once: 2 / 8" in cells.made_with(rows + other)
 
 
 def test_a_header_only_csv_is_refused_in_one_line(tmp_path, capsys) -> None:
@@ -316,7 +316,67 @@ def test_the_objective_table_renders_without_cnc_among_the_candidates() -> None:
                              "val_unbiased": "0.8", "test_avg": "0.8", "test_unbiased": str(base + 0.01 * i),
                              "test_worst": str(base - 0.4 + 0.02 * i), "test_worst_n": "40", "cpu_seconds": "30",
                              "wall_seconds": "31", "date": "2026-11-28", "key": f"{name}{i}"})
-    text = choice.table(rows, "python benchmarks/default_choice.py ...", {"threads": "1", "jobs": "2", "inputs": "x"})
+    text = choice.table(rows, "python benchmarks/default_choice.py ...")
     assert "Chosen under `best_unbiased`" in text and "## Stage-2 cost: CPU seconds" in text
     assert "- Runs: 2026-11-28; written" in text
     assert json.dumps(choice.candidate_sets("kl_a1_l05"))  # every candidate's params are JSON (they key its runs)
+
+
+def test_a_rendered_header_says_what_the_rows_were_made_with_not_the_command(tmp_path) -> None:
+    """--collect-only --threads 4 --jobs 8 must not relabel rows made with 1 thread and 2 runs at once."""
+    out = tmp_path / "choice"
+    row = {field: "1" for field in choice.FIELDS}
+    row.update({"protocol": "cmnist", "palette": "paper", "seed": "0", "candidate": "cnc",
+                "val_worst": "0.5", "val_unbiased": "0.8", "test_avg": "0.8", "test_unbiased": "0.8",
+                "test_worst": "0.5", "test_worst_n": "40", "threads": "1", "jobs": "2", "rev": "abc123",
+                "data_sha": "fe03", "date": "2026-11-29", "key": "k"})
+    rows = [{**row, "rule": rule} for rule in choice.RULES]
+    cells.write_rows(out.with_suffix(".csv"), choice.FIELDS, rows)
+    assert choice.main(["--collect-only", "--threads", "4", "--jobs", "8", "--out", str(out)]) == 0
+    made = next(line for line in out.with_suffix(".md").read_text().splitlines() if "rows made with" in line)
+    assert "torch threads per run: 1; runs at once: 2; code and params.yaml of commit abc123" in made
+    assert "SHA-256 fe03" in made and "4" not in made.split("rows made with")[1].replace("x86_64", "")
+    cells.write_rows(out.with_suffix(".csv"), choice.FIELDS, [])
+    assert choice.main(["--collect-only", "--out", str(out)]) == 2  # a header alone says nothing: refused
+
+
+def test_the_thread_count_is_part_of_every_key(tmp_path) -> None:
+    """A resume at another --threads reuses no upstream and no run (their CPU seconds decide eligibility)."""
+    cell = cells.digits_cell(0)
+    one = cells.workspace_key(cell, None, "HEAD", 1, "digits")
+    four = cells.workspace_key(cell, None, "HEAD", 4, "digits")
+    assert one != four
+    sets = {"loss.epsilon": 0.0}
+    assert (cells.run_key(cells.Workspace(cell, tmp_path, one), "cluster", sets)
+            != cells.run_key(cells.Workspace(cell, tmp_path, four), "cluster", sets))
+
+
+# The settings a candidate's stage 2 reads, by method: every one must be pinned by the candidate itself, so a candidate
+# means the same whatever params.yaml's defaults become.
+SCHEDULE_KEYS = ("stage2.method", "stage2.optimizer", "stage2.lr", "stage2.weight_decay", "stage2.epochs",
+                 "stage2.lr_milestones", "stage2.augment_shift", "stage2.selection", "loss.epsilon")
+READ_BY = {"cnc": SCHEDULE_KEYS + tuple(f"stage2.cnc.{k}" for k in (
+               "num_positives", "num_negatives", "two_sided", "temperature", "anchor_fraction", "accumulation",
+               "contrastive_weight", "init", "skip_empty_classes", "short_pools", "encoder_mode", "head_gradient")),
+           "eps_supinfonce": SCHEDULE_KEYS + ("stage2.batch_size", "loss.temperature", "loss.alpha",
+                                              "loss.fairkl.variant", "loss.fairkl.weight", "loss.fairkl.sampler")}
+
+
+def test_every_benchmark_candidate_pins_what_it_means() -> None:
+    found = {f"choice:{name}": choice.candidate_sets(name) for name in choice.CANDIDATES}
+    found.update({f"search:{name}": c.sets for name, c in search.candidates().items()})
+    for label, sets in found.items():
+        missing = [key for key in READ_BY[sets["stage2.method"]] if key not in sets]
+        assert not missing, f"{label} inherits {missing} from params.yaml"
+    assert choice.candidate_sets("cnc")["loss.epsilon"] == 0.0  # CNC read no margin when the table was made
+
+
+def test_the_speed_benchmarks_cnc_row_times_the_authors_loss() -> None:
+    """The authors'-code baseline computes CNC's loss without a margin: the timed row must too."""
+    import yaml
+
+    from debias.core.trees import merge
+
+    spec = yaml.safe_load((REPO / "benchmarks/speed.yaml").read_text())["throughput"]
+    resolved = merge(spec["base"], spec["methods"]["cnc"])
+    assert resolved["loss"]["epsilon"] == 0.0 and resolved["stage2"]["method"] == "cnc"
