@@ -10,6 +10,8 @@ For ``n`` paired differences ``d_i = a_i - b_i`` with mean ``m`` and sample sd `
   interval lies inside ``(-D, D)``;
 - seeds needed: the smallest ``n`` at which the t-test detects ``δ`` (or TOST shows ``±D`` for a true difference of
   0) with probability ``power``, for the observed ``s``.
+- repeated looks (more seeds added until a verdict): at each of ``K`` looks planned in advance, both tests at
+  ``alpha / K`` (Bonferroni), so the chance of a false verdict of either kind over all looks stays at most ``alpha``.
 
 Every function takes plain floats (points or fractions alike) and returns NaN where the data cannot say (fewer than
 two differences, or no spread at all).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 ALPHA = 0.05  # two-sided level of every interval and test
 POWER = 0.8  # the power at which a detectable difference is stated
@@ -154,3 +157,62 @@ def seeds_needed(sd: float, delta: float | None = None, margin: float | None = N
         else:
             low = middle + 1
     return low
+
+
+# --------------------------------------------------------------------------- repeated looks (group-sequential)
+
+
+def look_level(looks: int, alpha: float = ALPHA) -> float:
+    """The level each test gets at each of ``looks`` planned looks: ``alpha / looks`` (Bonferroni). A false verdict of
+    one kind over the whole sequence needs a false rejection at some look, so its probability is at most the sum of
+    the looks' levels, ``alpha``, whatever the dependence between looks and whenever the sequence stops."""
+    if looks < 1:
+        raise ValueError(f"looks = {looks}; allowed: a whole number >= 1 (the looks planned before the first)")
+    return alpha / looks
+
+
+def sequential_verdicts(mean: Any, sd: Any, n: Any, margin: float, level: float) -> tuple[Any, Any]:
+    """``(differs, within)`` for paired differences summarised by ``mean``, sample ``sd`` and count ``n`` (numbers
+    or numpy arrays of them), each test at ``level``: differs when ``|mean| / (sd/sqrt(n)) > t_{1-level/2, n-1}``
+    (the two-sided paired t-test); within ``±margin`` when ``(mean + margin)/se > t_{1-level, n-1}`` and
+    ``(mean - margin)/se < -t_{1-level, n-1}`` (TOST). No spread (sd 0): never differs, within when ``|mean| <
+    margin`` (as :func:`tost`); fewer than two differences or a NaN: neither."""
+    import numpy as np
+    from scipy.stats import t as student_t
+
+    mean, sd, n = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (mean, sd, n)))
+    usable = (n >= 2) & np.isfinite(mean) & np.isfinite(sd)
+    df = np.where(usable, n - 1, 1.0)
+    se = np.where(usable & (sd > 0), sd / np.sqrt(np.where(usable, n, 1.0)), 1.0)
+    two_sided = student_t.ppf(1 - level / 2, df)
+    one_sided = student_t.ppf(1 - level, df)
+    spread = usable & (sd > 0)
+    differs = spread & (np.abs(mean) / se > two_sided)
+    within = np.where(spread, ((mean + margin) / se > one_sided) & ((mean - margin) / se < -one_sided),
+                      usable & (np.abs(mean) < margin))
+    return differs, within & (margin > 0)
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look of a sequential comparison: the paired differences so far, the level of each test at this look
+    (:func:`look_level`), the interval at ``1 - level`` and whether they differ or lie within ``±margin``."""
+
+    paired: Paired
+    margin: float
+    level: float
+    differs: bool
+    within: bool
+
+    @property
+    def decided(self) -> bool:
+        return self.differs or self.within
+
+
+def sequential_look(differences: list[float], margin: float, looks: int, alpha: float = ALPHA) -> Look:
+    """The verdict at one of ``looks`` planned looks over ``differences`` (NaN ones dropped), each test at
+    :func:`look_level` (:func:`sequential_verdicts`)."""
+    level = look_level(looks, alpha)
+    summary = paired(differences, level)
+    differs, within = sequential_verdicts(summary.mean, summary.sd, summary.n, margin, level)
+    return Look(summary, margin, level, bool(differs), bool(within))
