@@ -51,6 +51,8 @@ def accuracy(avg: float, worst: float) -> dict:
 
 WORST_CELL = (1, 2)  # the worst test group of both models
 GROUP_N = 10  # test images per non-empty group
+UNTRAINED_CELL = (1, 0)  # a test group without a training image (not the worst)
+TRAIN_COUNTS = [[20, 1, 1], [0, 21, 1], [0, 1, 20]]  # the training split's images per (y, a); (2, 0) empty in test too
 
 
 def group_table(value: float, worst: float) -> dict:
@@ -75,7 +77,7 @@ def umap_payload(n: int = 30) -> dict:
 
 def write_inputs(root: Path, protocol: str = "foreground", stage2_method: str = "cnc", train_umap: bool = True) -> Path:
     """Minimal valid versions of every file the report reads, under ``root``."""
-    counts = {"train": [[20, 1, 1], [1, 20, 1], [0, 1, 20]], "val": [[3] * N] * N, "test": [[5, 5, 5], [5, 5, 5], [0, 5, 5]]}
+    counts = {"train": TRAIN_COUNTS, "val": [[3] * N] * N, "test": [[5, 5, 5], [5, 5, 5], [0, 5, 5]]}
     save_json(root / paths.BIAS_SUMMARY, {"protocol": protocol, "splits": {
         name: {"n": sum(map(sum, c)), "n_classes": N, "n_attrs": N, "realised_correlation": 0.9, "n_aligned": 60,
                "n_conflicting": 6, "empty_groups": sum(v == 0 for row in c for v in row), "group_counts": c}
@@ -383,9 +385,8 @@ def test_headline_card_comes_first_with_worst_group_n_and_interval(built) -> Non
     low, high = wilson_interval(5, GROUP_N, 0.95)  # stage 2's worst group: 50 % of 10
     assert "| average % [95 % interval] | 60.0 [" in card_md
     assert "| unbiased % (mean over groups) | 59.0 | 79.0 |" in card_md
-    assert "| worst-group % | 10.0 | 50.0 |" in card_md
+    assert "| worst-group % | 10.0 (n = 10: " in card_md and " | 50.0 (n = 10: " in card_md
     assert "| worst group (class y, attribute a) | y=1, a=2 | y=1, a=2 |" in card_md
-    assert "| its test images n | 10 (fewer than 30: read with care) | 10 (fewer than 30: read with care) |" in card_md
     assert f"[{100 * low:.1f}, {100 * high:.1f}] |" in card_md
     assert "1 warning: [degenerate-selection](#warnings) (train_erm)." in card_md
     assert "**Next: Read the warning `degenerate-selection` of train_erm first" in card_md
@@ -401,7 +402,7 @@ def test_every_group_accuracy_carries_its_interval_and_n(built) -> None:
     table = md[md.index("| y | a | test images n |"):].split("\n\n")[0].splitlines()[2:]
     assert len(table) == N * N - 1  # every non-empty group, the empty one left out
     low, high = wilson_interval(1, GROUP_N, 0.95)
-    assert table[0].startswith(f"| 1 | 2 | 10 (< 30) | 10.0 [{100 * low:.1f}, {100 * high:.1f}] | 50.0 [")  # lowest first
+    assert table[0].startswith(f"| 1 | 2 | 10 (< 30) | 1 | 10.0 [{100 * low:.1f}, {100 * high:.1f}] | 50.0 [")  # lowest first
     with open(root / PER_GROUP_CSV["erm"], newline="") as handle:
         rows = {(r["class"], r["attribute"]): r for r in csv.DictReader(handle)}
     assert float(rows[("1", "2")]["low"]) == pytest.approx(low, abs=1e-6)
@@ -551,3 +552,77 @@ def test_a_group_with_no_training_image_is_named_so_in_the_card_the_heatmap_and_
     figures.per_group_heatmaps([("stage 2", table["per_group"], table["group_counts"])], tmp_path / "h.png",
                                train_counts)
     assert (tmp_path / "h.png").read_bytes().startswith(PNG_MAGIC)
+
+
+# --------------------------------------------------------------------------- what one image weighs, untrained groups
+
+
+def test_the_headline_gives_the_worst_groups_n_and_what_one_image_moves_it_by(built) -> None:
+    """Next to each model's worst-group number: its n and the step of one image, 100 / n points, in both pages."""
+    root, _ = built
+    md, page = (root / REPORT_MD).read_text(), (root / REPORT_HTML).read_text()
+    step = f"{100 / GROUP_N:.1f}"  # 10.0 points: one of the worst group's ten test images
+    row = (f"| worst-group % | 10.0 (n = {GROUP_N}: one image = {step} points; fewer than 30: read with care) "
+           f"| 50.0 (n = {GROUP_N}: one image = {step} points; fewer than 30: read with care) |")
+    assert row in md.split("\n## ")[1]
+    card_html = page[page.index('<section id="headline"'):page.index("</section>")]
+    assert f"50.0 (n = {GROUP_N}: one image = {step} points; fewer than 30: read with care)" in card_html
+
+
+def test_the_step_of_one_image_is_a_hundred_over_n_points() -> None:
+    """The tracker's case: 4 of 13 reads '30.8 (n = 13: one image = 7.7 points)'; a large n keeps two digits."""
+    worst = GroupAccuracy(3, 1, 4 / 13, 13, *wilson_interval(4, 13, 0.95))
+    model = card.ModelSummary("stage 2", 0.9, 0.8, 4 / 13, 100, None, worst, (worst,))
+    _, rows = card.card_table([model], 30, 0.95)
+    assert ["worst-group %", "30.8 (n = 13: one image = 7.7 points; fewer than 30: read with care)"] in rows
+    _, rows = card.card_table([model], 10, 0.95)  # 13 is not small under min_n 10: no flag
+    assert ["worst-group %", "30.8 (n = 13: one image = 7.7 points)"] in rows
+    assert [card.points_text(card.image_step(n)) for n in (1, 3, 13, 400, 10_000)] == [
+        "100.0", "33.3", "7.7", "0.25", "0.010"]
+    no_table = card.ModelSummary("stage 2", 0.9, 0.8, 0.5, 100, None, None)  # no per-group file: no n to give
+    assert ["worst-group %", "50.0"] in card.card_table([no_table], 30, 0.95)[1]
+
+
+def test_a_test_group_with_no_training_image_is_named_in_the_headline_and_the_per_group_table(built) -> None:
+    """The fixture's (1, 0) has test images but no training image and is not the worst group: the card names it
+    with each model's accuracy, and its row of the per-group table says so; trained groups give their count."""
+    root, _ = built
+    md, page = (root / REPORT_MD).read_text(), (root / REPORT_HTML).read_text()
+    y, a = UNTRAINED_CELL
+    assert TRAIN_COUNTS[y][a] == 0
+    line = f"No training image: y={y}, a={a} (n = {GROUP_N} test images: ERM 60.0 %, stage 2 (cnc) 80.0 %)."
+    assert line in md.split("\n## ")[1]
+    assert line in page[page.index('<section id="headline"'):page.index("</section>")]
+    table = md[md.index("| y | a | test images n | training images n |"):].split("\n\n")[0].splitlines()[2:]
+    rows = {tuple(row.split(" | ")[:2]): row for row in table}
+    assert rows[(f"| {y}", f"{a}")].startswith(f"| {y} | {a} | {GROUP_N} (< 30) | 0 (no training image) | 60.0 [")
+    wy, wa = WORST_CELL
+    assert rows[(f"| {wy}", f"{wa}")].startswith(f"| {wy} | {wa} | {GROUP_N} (< 30) | {TRAIN_COUNTS[wy][wa]} | 10.0 [")
+    assert sum("no training image" in row for row in table) == 1
+
+
+def test_a_worst_group_without_a_training_image_is_named_so_in_the_headline(tmp_path: Path) -> None:
+    """When the worst group is the untrained one, the card's worst-group row, the untrained line and the next-step
+    line say so; without training counts (no bias summary) nothing is claimed and the table has no such column."""
+    from debias.report.sections.headline import headline_section
+    from debias.report.sections.per_group import interval_rows
+
+    table = {"per_group": [[0.9, 2 / 13], [0.8, 0.7]], "group_counts": [[40, 13], [40, 40]]}
+    train = [[50, 0], [3, 40]]
+    summaries = {model: card.model_summary(label, {"avg": 0.8, "unbiased": 0.7, "worst_group": 2 / 13}, table, 0.95,
+                                           train)
+                 for model, label in (("erm", "ERM"), ("stage2", "stage 2"))}
+    md = render_markdown("t", [headline_section(summaries, tmp_path, tiny_params())], tmp_path, tmp_path)
+    assert "| worst group (class y, attribute a) | y=0, a=1, no training image | y=0, a=1, no training image |" in md
+    assert "| worst-group % | 15.4 (n = 13: one image = 7.7 points; fewer than 30: read with care) |" in md
+    assert "No training image: y=0, a=1 (n = 13 test images: ERM 15.4 %, stage 2 15.4 %)." in md
+    assert "The worst group (y=0, a=1, no training image) has only n = 13" in md
+    rows = interval_rows(summaries, 30)
+    assert rows[0][:4] == ["0", "1", "13 (< 30)", "0 (no training image)"]
+    assert {(row[0], row[1]): row[3] for row in rows} == {("0", "0"): "50", ("0", "1"): "0 (no training image)",
+                                                          ("1", "0"): "3", ("1", "1"): "40"}
+    unknown = {m: card.model_summary(s.label, None, table, 0.95) for m, s in summaries.items()}
+    assert card.untrained_line(list(unknown.values())) is None
+    assert [len(row) for row in interval_rows(unknown, 30)] == [5] * 4  # y, a, test n and the two models: no train n
+    md = render_markdown("t", [headline_section(unknown, tmp_path, tiny_params())], tmp_path, tmp_path)
+    assert "No training image" not in md and "no training image" not in md

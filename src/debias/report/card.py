@@ -1,6 +1,7 @@
 """The headline card at the top of the report and of ``debias compare``'s page: ERM against stage 2 on the test
-split (average, unbiased, worst-group; the worst group named with its n and Wilson interval), the warning count
-with links, and one line saying what to look at next, chosen by the first rule of :data:`NEXT_STEPS` that fires.
+split (average, unbiased, worst-group; the worst group named with its n, what one of its images moves it by and its
+Wilson interval), the test groups without a training image, the warning count with links, and one line saying what
+to look at next, chosen by the first rule of :data:`NEXT_STEPS` that fires.
 
 Content only (strings, rows): :mod:`debias.report.sections.headline` turns it into the document's blocks.
 """
@@ -59,6 +60,27 @@ def small(group: GroupAccuracy | None, min_n: int) -> bool:
     return group is not None and group.n < min_n
 
 
+def image_step(n: int) -> float:
+    """What one test image moves a group's accuracy by, in points: 100 / n."""
+    return 100 / n
+
+
+def points_text(value: float) -> str:
+    """'7.7', '0.010': a number of points with two significant digits, at least one decimal."""
+    decimals = max(1, 1 - math.floor(math.log10(value))) if value > 0 else 1
+    return f"{value:.{decimals}f}"
+
+
+def step_text(group: GroupAccuracy) -> str:
+    """'n = 13: one image = 7.7 points': a group's test images and what one of them moves its accuracy by."""
+    return f"n = {group.n}: one image = {points_text(image_step(group.n))} points"
+
+
+def untrained(groups: list[GroupAccuracy]) -> list[GroupAccuracy]:
+    """The groups the training split holds no image of (``train_n == 0``; unknown counts claim nothing)."""
+    return [g for g in groups if g.train_n == 0]
+
+
 def group_text(group: GroupAccuracy | None, min_n: int) -> str:
     """'38.5 % [17.7, 64.5] (y=3, a=1; n = 13, n < 30)': a group accuracy with its interval, name and n."""
     if group is None:
@@ -113,9 +135,12 @@ def card_table(models: list[ModelSummary], min_n: int, confidence: float) -> tup
         interval = f" {interval_text(*m.avg_interval)}" if m.avg_interval else ""
         return f"{pct(m.avg)}{interval}" + (f" (n = {m.n})" if m.n else "")
 
-    def worst_n(m: ModelSummary) -> str:
+    def worst(m: ModelSummary) -> str:
         g = m.worst_group
-        return "n/a" if g is None else f"{g.n}" + (f" (fewer than {min_n}: read with care)" if small(g, min_n) else "")
+        if g is None or m.worst is None:
+            return pct(m.worst)
+        care = f"; fewer than {min_n}: read with care" if small(g, min_n) else ""
+        return f"{pct(m.worst)} ({step_text(g)}{care})"
 
     if not all(m.bias_labels for m in models):  # data without bias labels: say which rows need them, once each
         return ["test split", *(m.label for m in models)], [
@@ -126,13 +151,34 @@ def card_table(models: list[ModelSummary], min_n: int, confidence: float) -> tup
     rows = [
         [f"average % [{level} interval]", *(avg(m) for m in models)],
         ["unbiased % (mean over groups)", *(pct(m.unbiased) for m in models)],
-        ["worst-group %", *(pct(m.worst) for m in models)],
+        ["worst-group %", *(worst(m) for m in models)],
         ["worst group (class y, attribute a)", *(group_name(m.worst_group) if m.worst_group else "n/a" for m in models)],
-        ["its test images n", *(worst_n(m) for m in models)],
         [f"its {level} interval (Wilson)", *(interval_text(m.worst_group.low, m.worst_group.high)
                                              if m.worst_group else "n/a" for m in models)],
     ]
     return ["test split", *(m.label for m in models)], rows
+
+
+def untrained_line(models: list[ModelSummary]) -> str | None:
+    """'No training image: y=4, a=0 (n = 13 test images: ERM 0.0 %, stage 2 76.9 %). …': every test group the
+    training split holds no image of, with each model's accuracy on it; None when there is none (or no counts)."""
+    found: dict[tuple[int, int], dict[str, GroupAccuracy]] = {}
+    for m in models:
+        for g in untrained(list(m.groups)):
+            found.setdefault((g.y, g.a), {})[m.label] = g
+    if not found:
+        return None
+
+    def entry(by_model: dict[str, GroupAccuracy]) -> str:
+        g = next(iter(by_model.values()))
+        scores = ", ".join(f"{label} {pct(h.accuracy)} %" for label, h in by_model.items())
+        return f"y={g.y}, a={g.a} (n = {g.n} test images: {scores})"
+
+    one = len(found) == 1
+    return (f"{NO_TRAINING_IMAGE.capitalize()}: " + "; ".join(entry(found[key]) for key in sorted(found))
+            + f". The training split holds no image of {'this group' if one else 'these groups'}: "
+            f"{'its' if one else 'their'} accuracy measures a (class, attribute) combination the models never saw, "
+            "not what training did to a minority.")
 
 
 # --------------------------------------------------------------------------- warnings and next step

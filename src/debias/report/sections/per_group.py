@@ -14,17 +14,31 @@ from debias.report.sections.base import ReportContext
 TITLE = "Per-group accuracy"
 
 
+def train_counts_known(summaries: dict[str, card.ModelSummary]) -> bool:
+    """Whether the groups carry their training images (the bias summary was there to give them)."""
+    return any(g.train_n is not None for s in summaries.values() for g in s.groups)
+
+
+def train_cell(group: GroupAccuracy) -> str:
+    """'0 (no training image)', '17' or 'n/a': the group's training images."""
+    if group.train_n is None:
+        return "n/a"
+    return f"{group.train_n}" + (f" ({card.NO_TRAINING_IMAGE})" if group.train_n == 0 else "")
+
+
 def interval_rows(summaries: dict[str, card.ModelSummary], min_n: int) -> list[list[str]]:
-    """One row per non-empty test group: n and each model's accuracy with its interval; lowest stage-2 accuracy
-    first (ERM's when stage 2 did not run); groups under ``min_n`` images are marked."""
+    """One row per non-empty test group: its test images n (and training images where known: a group without
+    one says so) and each model's accuracy with its interval; lowest stage-2 accuracy first (ERM's when stage 2 did
+    not run); groups under ``min_n`` test images are marked."""
     by_model = {m: {(g.y, g.a): g for g in s.groups} for m, s in summaries.items()}
     order = "stage2" if by_model["stage2"] else "erm"
     cells = sorted(by_model[order].values(), key=lambda g: (g.accuracy, g.y, g.a))
+    train = train_counts_known(summaries)
 
     def cell(group: GroupAccuracy | None) -> str:
         return "n/a" if group is None else f"{card.pct(group.accuracy)} {card.interval_text(group.low, group.high)}"
 
-    return [[str(g.y), str(g.a), f"{g.n}" + (f" (< {min_n})" if g.n < min_n else ""),
+    return [[str(g.y), str(g.a), f"{g.n}" + (f" (< {min_n})" if g.n < min_n else ""), *([train_cell(g)] if train else []),
              *(cell(by_model[m].get((g.y, g.a))) for m in MODELS)] for g in cells]
 
 
@@ -95,9 +109,13 @@ def per_group_section(inputs: ReportInputs, labels: dict[str, str], drawn: dict[
     rows = interval_rows(summaries, params.report.min_group_n)
     if rows:
         level = f"{100 * params.report.confidence:g} %"
-        blocks.append(Table(["y", "a", "test images n", *(f"{labels[m]} % [{level}]" for m in MODELS)], rows, caption=(
-            f"Every non-empty test group, lowest first: accuracy with its {level} Wilson interval; n under "
-            f"{params.report.min_group_n} is marked. Also in the per-group CSVs (columns low, high).")))
+        train = train_counts_known(summaries)
+        blocks.append(Table(["y", "a", "test images n", *(["training images n"] if train else []),
+                             *(f"{labels[m]} % [{level}]" for m in MODELS)], rows, caption=(
+            f"Every non-empty test group, lowest first: accuracy with its {level} Wilson interval; test n under "
+            f"{params.report.min_group_n} is marked" + (", and so is a group without a training image (the models never "
+                                                        "saw that combination)" if train else "")
+            + ". Also in the per-group CSVs (columns low, high).")))
     return Section(TITLE, blocks)
 
 
