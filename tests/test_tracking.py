@@ -288,3 +288,41 @@ def test_a_training_stage_logs_the_selected_epochs_validation_metrics(tmp_path) 
     assert recorder.logged["selected.val.worst_group"] == 0.273
     assert recorder.logged["selected.val.avg"] == result.history[1]["val/avg"]
     assert not any(key.startswith("selected.train") for key in recorder.logged)
+
+
+def test_every_per_epoch_series_has_strictly_increasing_steps(tmp_path, monkeypatch, mlflow_template) -> None:
+    """A real training stage logged to a real store: each metric key is one series whose steps strictly increase
+    (the kept model's val.* go under selected.val.*, never a second point at step 0 of the per-epoch series), the
+    series' last point is the last epoch's, and selected.val.worst_group is the kept epoch's row."""
+    from mlflow.tracking import MlflowClient
+
+    from debias.params import ErmParams
+    from debias.training.erm import train_erm
+    from debias.training.outputs import StageOutputs
+    from tests.test_training import tiny_split
+
+    (tmp_path / ".dvc").mkdir()
+    fresh_store(mlflow_template, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEBIAS_TRACKING", "required")
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    splits = {"train": tiny_split(), "val": tiny_split(seed=1), "test": tiny_split(seed=2)}
+    out = StageOutputs(model=tmp_path / "m.pt", embeddings_dir=tmp_path / "emb", metrics=tmp_path / "metrics.json",
+                       curves=tmp_path / "curves.csv", resume=tmp_path / "state.pt")
+    optim = ErmParams(epochs=3, batch_size=32, lr=0.003, optimizer="adam", selection="best_worst_group")
+    with stage_run("train_erm", {}, record_path=tmp_path / "rec.json") as run:
+        train_erm(splits, "lenet5", optim, 0, run, out)
+    run_id = json.loads((tmp_path / "rec.json").read_text())["run_id"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    metrics = client.get_run(run_id).data.metrics
+    histories = {key: client.get_metric_history(run_id, key) for key in metrics}
+    for key, points in histories.items():
+        steps = [point.step for point in sorted(points, key=lambda p: (p.timestamp, p.step))]
+        assert all(a < b for a, b in zip(steps, steps[1:])), (key, steps)
+    assert [p.step for p in histories["val.worst_group"]] == [0, 1, 2]
+    saved = json.loads(out.metrics.read_text())
+    kept = saved["selected_epoch"]
+    by_step = {p.step: p.value for p in histories["val.worst_group"]}
+    assert metrics["val.worst_group"] == by_step[2]  # the series' latest value is the last epoch's
+    assert metrics["selected.val.worst_group"] == pytest.approx(by_step[kept])
+    assert metrics["test.worst_group"] == pytest.approx(saved["test"]["worst_group"])  # no series: its own key

@@ -145,6 +145,21 @@ def selected_metrics(result: FitResult) -> dict[str, float]:
     return {f"selected.{key.replace('/', '.')}": value for key, value in row.items() if key.startswith("val/")}
 
 
+def kept_model_metrics(result: FitResult, reports: dict[str, dict]) -> dict[str, float | str]:
+    """The kept model's accuracies on every split as MLflow metrics, one value per key: ``<split>.<metric>``
+    (``test.worst_group``), except where a per-epoch series has that key (``val.worst_group``: step = epoch), which
+    the selected epoch's value goes under ``selected.<split>.<metric>`` instead (:func:`selected_metrics`, the
+    validation row the selection read, taking precedence), so no series gets a second point at step 0."""
+    series = {key.replace("/", ".") for row in result.history for key in row}
+    found: dict[str, float | str] = {}
+    for split, report in reports.items():
+        values = {f"{split}.{key}": value for key, value in scalars(report).items()}
+        values.update({f"{split}.fairness.{key}": value for key, value in fairness_scalars(report["fairness"]).items()}
+                      if report.get("fairness") else {})
+        found.update({(f"selected.{key}" if key in series else key): value for key, value in values.items()})
+    return {**found, **selected_metrics(result)}
+
+
 PICK_TEST_KEYS = ("avg", "worst_group", "unbiased", "worst_class")  # what the selection block says of each rule's pick
 
 
@@ -194,11 +209,7 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     input_shape = tuple(splits["train"].x.shape[1:])
     save_network(str(out.model), model, model_name, splits["train"].n_classes, input_shape,
                  selected_epoch=result.selected_epoch, **(meta or {}))
-    run.log_metrics({f"{split}.{k}": v for split, report in reports.items() for k, v in scalars(report).items()})
-    run.log_metrics({f"{split}.fairness.{k}": v for split, report in reports.items() if report.get("fairness")
-                     for k, v in fairness_scalars(report["fairness"]).items()})
-    run.log_metrics({"selected_epoch": result.selected_epoch})
-    run.log_metrics(selected_metrics(result))
+    run.log_metrics({"selected_epoch": result.selected_epoch, **kept_model_metrics(result, reports)})
     run.log_metrics({f"selection.picks.{rule}": float(epoch) for rule, epoch in result.selection.get("picks", {}).items()})
     run.log_metrics({f"selection.picks_test.{rule}.{key}": value for rule, row in result.selection["picks_test"].items()
                      for key, value in row.items() if key != "epoch" and isinstance(value, float)})
