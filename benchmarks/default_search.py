@@ -548,6 +548,34 @@ def fresh_check(rows: list[dict[str, str]], names: list[str], default: str) -> l
     return lines + [""]
 
 
+def rules_compared(rows: list[dict[str, str]], names: list[str]) -> list[str]:
+    """The selection rules on the same held-out runs: ``best_worst_group`` and ``last`` against ``best_unbiased`` (the
+    rule every candidate was judged by), paired by cell over every held-out regime, with each rule's degenerate
+    selections."""
+    lines = ["### Selection rules on the same held-out runs (test numbers, paired by cell)", "",
+             "| candidate | rule | Δ test unbiased vs best_unbiased | Δ test worst-group vs best_unbiased | "
+             "degenerate selections |", "|---|---|---|---|---|"]
+
+    def flat(metric: str, rule: str) -> dict[str, dict[Cell, float]]:
+        out: dict[str, dict[Cell, float]] = {}
+        for per_regime in table(rows, ("heldout",), metric, rule).values():
+            for name, found in per_regime.items():
+                out.setdefault(name, {}).update(found)
+        return out
+
+    base_u, base_w = flat("test_unbiased", RANKED_RULE), flat("test_worst", RANKED_RULE)
+    for name in names:
+        for rule in RULES:
+            other_u, other_w = flat("test_unbiased", rule), flat("test_worst", rule)
+            du = paired([other_u[name][c] - base_u[name][c] for c in sorted(set(other_u.get(name, {})) & set(base_u.get(name, {})))])
+            dw = paired([other_w[name][c] - base_w[name][c] for c in sorted(set(other_w.get(name, {})) & set(base_w.get(name, {})))])
+            degenerate = sum(int(r["degenerate"]) for r in rows
+                             if r["phase"] == "heldout" and r["candidate"] == name and r["rule"] == rule)
+            shown = ("—", "—") if rule == RANKED_RULE else (fmt(du), fmt(dw))
+            lines.append(f"| {name} | {rule} | {shown[0]} | {shown[1]} | {degenerate} of {du.n} |")
+    return lines + [""]
+
+
 def per_cell_table(rows: list[dict[str, str]], names: list[str]) -> list[str]:
     test_u, test_w = table(rows, ("heldout",), "test_unbiased"), table(rows, ("heldout",), "test_worst")
     chosen = sorted({cell for per_regime in test_u.values() for found in per_regime.values() for cell in found})
@@ -594,7 +622,7 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
     if decision is not None and decision.default:
         lines += heldout_section(rows, names, decision.default)
         if any(row["phase"] == "heldout" for row in rows):
-            lines += per_cell_table(rows, names)
+            lines += rules_compared(rows, names) + per_cell_table(rows, names)
     return "\n".join(lines) + "\n"
 
 

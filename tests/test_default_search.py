@@ -252,7 +252,8 @@ def test_the_page_renders_every_phase_with_its_protocol_and_what_rows_were_made_
     assert "## Protocol" in text and search.PROTOCOL in text and "commit abc1234 2026-11-29" in text
     assert "torch threads per run: 1; runs at once: 2; code and params.yaml of commit abc" in text
     for heading in ("## 1. Screen", "## 2. Confirmation size", "## 3. Confirmation and decision",
-                    "### Decision", "## 4. Held-out cells", "### bmnist0.98", "### Palettes no search saw"):
+                    "### Decision", "## 4. Held-out cells", "### bmnist0.98", "### Palettes no search saw",
+                    "### Selection rules on the same held-out runs"):
         assert heading in text
     assert "**The default: " in text
 
