@@ -111,3 +111,92 @@ def test_bars_only_draw_on_a_terminal_and_clear_when_the_task_ends(monkeypatch: 
     reporter.advance("y", 1, 3, "it")
     reporter.close()  # a stage that failed inside a loop: its bar is cleared
     assert not reporter.bars
+
+
+class FakeClock:
+    """A clock a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_heartbeat_is_due_only_after_interval_seconds_without_a_line() -> None:
+    clock, lines = FakeClock(), []
+    beat = progress.Heartbeat(lambda: f"at {clock.now:.0f}", interval=15, write=lines.append, clock=clock)
+    clock.now += 14.9
+    assert not beat.tick() and lines == []
+    clock.now += 0.1
+    assert beat.tick() and lines == ["at 1015"]
+    clock.now += 10
+    beat.said()  # a line written elsewhere: the next is due 15 s after it
+    clock.now += 14
+    assert not beat.tick()
+    clock.now += 1
+    assert beat.tick() and lines == ["at 1015", "at 1040"]
+
+    def broken() -> str:
+        raise OSError("log gone")
+
+    beat = progress.Heartbeat(broken, 15, lines.append, clock)
+    clock.now += 15
+    assert beat.tick() and lines[-1] == "still working (progress unreadable: OSError: log gone)"
+
+
+def gaps(stamps: list[float]) -> list[float]:
+    return [b - a for a, b in zip(stamps, stamps[1:])]
+
+
+def test_a_slow_silent_block_still_gets_a_line_per_interval_from_the_thread() -> None:
+    """The block below says nothing for 2.5 s; with the heartbeat open a line comes at least every interval (plus a
+    wake-up's slack): no gap as long as the silent block."""
+    import time
+
+    stamps: list[float] = []
+    started = time.monotonic()
+    with progress.Heartbeat(lambda: "working", interval=0.3, write=lambda line: stamps.append(time.monotonic())):
+        time.sleep(2.5)
+    stamps = [started, *stamps, time.monotonic()]
+    assert len(stamps) >= 2 + 4 and max(gaps(stamps)) < 1.5, gaps(stamps)
+
+
+def test_the_stage_heartbeat_says_the_step_the_loop_count_and_the_epoch_with_its_eta() -> None:
+    clock = FakeClock()
+    activity = progress.StageActivity("train_erm", clock)
+    reporter = progress.TerminalReporter(activity)
+    clock.now += 3
+    assert activity.line() == "[train_erm] still working: starting (params, checks, MLflow run); 3.0 s since the stage started"
+    reporter.step_started("train_erm", "loading the splits")
+    assert "still working: loading the splits;" in activity.line()
+    reporter.advance("linear probe: C grid", 2, 5, "C")
+    assert "still working: linear probe: C grid 2/5 C;" in activity.line()
+    reporter.epoch_ended("train_erm", 2, 20, {"train/loss": 0.5}, 4.0, 120.0)
+    clock.now += 20
+    assert activity.line() == ("[train_erm] still working: epoch 3/20 done, training the next; ETA 1 min 40 s; "
+                               "23 s since the stage started")
+
+
+def test_a_stage_says_where_it_is_while_its_body_is_silent(tmp_path, monkeypatch, capsys) -> None:
+    """The harness's heartbeat runs from the stage's start: a body silent for 2 s past an epoch gets lines on
+    stderr saying the epoch and its ETA, at least one per interval."""
+    import time
+
+    from debias.core import progress as reported
+    from debias.harness.stage import main
+
+    (tmp_path / "params.yaml").write_text(committed_text("params.yaml"))
+    (tmp_path / "dvc.yaml").write_text(committed_text("dvc.yaml"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEBIAS_TRACKING", "off")
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.3)
+
+    def body(params, run) -> None:
+        reported.epoch("train_erm", 0, 4, {"train/loss": 1.0}, 0.5, 60.0)
+        time.sleep(2.0)
+
+    main("train_erm", body)
+    beats = [line for line in capsys.readouterr().err.splitlines() if "still working" in line]
+    assert len(beats) >= 3, beats
+    assert beats[-1].startswith("[train_erm] still working: epoch 1/4 done, training the next; ETA ")

@@ -1,7 +1,7 @@
 """Progress as a side channel: research code reports how far it has come; whoever runs it decides what to show.
 
 A loop iterates over its own plain range or list and, after each item, calls :func:`advance`; a long step runs
-under :func:`step`; a training loop calls :func:`epoch` after each epoch with the epoch's metrics. Each call hands
+under :func:`step` (reported as it begins and when it ends); a training loop calls :func:`epoch` after each epoch with the epoch's metrics. Each call hands
 its facts to the :class:`Reporter` installed with :func:`reporting` (the stage harness installs the one that
 writes to stderr, :class:`debias.harness.progress.TerminalReporter`) and returns None; with none installed it does
 nothing. No value ever comes back from a reporter into the code that reports, so what a stage computes is the same
@@ -21,6 +21,9 @@ class Reporter(Protocol):
 
     def advance(self, task: str, done: int, total: int, unit: str) -> None:
         """``done`` of ``total`` items of ``task`` are finished (``done == total``: the task ended)."""
+
+    def step_started(self, label: str, what: str) -> None:
+        """The step ``what`` of stage ``label`` began (optional: a reporter without it is not told)."""
 
     def step_ended(self, label: str, what: str, seconds: float) -> None:
         """The step ``what`` of stage ``label`` finished after ``seconds``."""
@@ -52,8 +55,12 @@ def advance(task: str, done: int, total: int, unit: str = "it") -> None:
 
 @contextlib.contextmanager
 def step(label: str, what: str) -> Iterator[None]:
-    """Time the block and report it as the step ``what`` of ``label`` when it ends (nothing when it fails)."""
+    """Report the step ``what`` of ``label`` as it begins (to a reporter that listens for it), time the block and
+    report it when it ends (nothing when it fails)."""
     started = time.monotonic()
+    begun = getattr(_installed, "step_started", None)
+    if begun is not None:
+        begun(label, what)
     yield
     if _installed is not None:
         _installed.step_ended(label, what, time.monotonic() - started)

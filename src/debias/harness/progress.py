@@ -3,6 +3,10 @@
 Research code reports progress through :mod:`debias.core.progress`; the stage harness installs
 :class:`TerminalReporter` (:func:`debias.harness.stage.main`), which shows it here.
 
+While a stage runs, :class:`Heartbeat` writes a line whenever it has said nothing for :data:`HEARTBEAT_S` seconds
+(what it is doing: starting, a step, a loop's count, the epoch reached with its ETA), so a slow start, a long step
+or a loaded machine never leaves its log silent (:func:`stage_heartbeat`).
+
 Readable in both places a stage's output goes: under a terminal (stderr a TTY) the bars (tqdm) redraw in place
 and are cleared when done; anywhere else (``dvc repro`` piped to a log, a queue worker, a SLURM job) the bars
 are off and only whole lines are written, so a log holds no carriage returns and no per-batch lines. Only rank 0
@@ -11,8 +15,11 @@ of a ``torchrun`` job writes. Every line starts with ``[stage]`` like the stages
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -33,11 +40,110 @@ def on_terminal() -> bool:
         return False
 
 
+# Ours: a heartbeat line at least this often while work goes on. Its promise is a line every 15 s; the 5 s left are
+# for a thread woken late on a loaded machine (two busy processes per core delayed wake-ups by up to seconds).
+HEARTBEAT_S = 10.0
+
+_stage_beat: Heartbeat | None = None  # the running stage's heartbeat (stage_heartbeat): say() tells it a line was written
+
+
 def say(line: str) -> None:
     """Write one line to stderr (rank 0 only), through tqdm so that a bar on screen is redrawn below it."""
     if distributed.is_main():
         tqdm.write(line, file=sys.stderr)
         sys.stderr.flush()
+        if _stage_beat is not None:
+            _stage_beat.said()
+
+
+class Heartbeat:
+    """While open (a context manager), a daemon thread writes ``describe()`` whenever ``interval`` seconds passed
+    since the last line (this one's, or one :meth:`said` marks); :meth:`tick` is that check, once. ``clock`` is
+    read for every check (a test passes its own). A ``describe`` that raises is reported in the line, never fatal."""
+
+    def __init__(self, describe: Callable[[], str], interval: float = HEARTBEAT_S,
+                 write: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.describe, self.interval, self.clock = describe, interval, clock
+        self.write = write or (lambda line: print(line, flush=True))
+        self.last = clock()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def said(self) -> None:
+        """A line was written elsewhere: the next heartbeat is due ``interval`` from now."""
+        self.last = self.clock()
+
+    def say(self, line: str) -> None:
+        """Write ``line`` (one writer at a time with the heartbeat) and count it as said."""
+        with self.lock:
+            self.write(line)
+            self.last = self.clock()
+
+    def tick(self) -> bool:
+        """Write the description if ``interval`` passed since the last line; whether it did."""
+        if self.clock() - self.last < self.interval:
+            return False
+        try:
+            line = self.describe()
+        except Exception as exc:  # a progress file half-written, a race: say so and keep beating
+            line = f"still working (progress unreadable: {type(exc).__name__}: {str(exc)[:200]})"
+        self.say(line)
+        return True
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(min(1.0, self.interval / 4)):
+            self.tick()
+
+    def __enter__(self) -> Heartbeat:
+        self.last = self.clock()
+        self.thread = threading.Thread(target=self._beat, name="debias-heartbeat", daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)
+
+
+class StageActivity:
+    """What a stage is doing, in words, for its heartbeat: told by :class:`TerminalReporter` (a step begun or ended,
+    a loop's count, an epoch ended with its ETA)."""
+
+    def __init__(self, label: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.label, self.clock = label, clock
+        self.started = clock()
+        self.doing = "starting (params, checks, MLflow run)"
+        self.eta_at: float | None = None  # when the training is expected to end (clock time)
+
+    def set(self, doing: str, eta: float | None = None) -> None:
+        self.doing = doing
+        self.eta_at = None if eta is None else self.clock() + eta
+
+    def line(self) -> str:
+        """``'[train_erm] still working: epoch 3/20 done; ETA 1 min 05 s; 45 s since the stage started'``."""
+        now = self.clock()
+        eta = "" if self.eta_at is None else f"; ETA {duration(max(0.0, self.eta_at - now))}"
+        return f"[{self.label}] still working: {self.doing}{eta}; {duration(now - self.started)} since the stage started"
+
+
+@contextlib.contextmanager
+def stage_heartbeat(label: str, interval: float | None = None) -> Iterator[StageActivity]:
+    """A heartbeat for the stage ``label`` while the block runs (rank 0 only): a line on stderr whenever the stage
+    said nothing for ``interval`` seconds. Yields the :class:`StageActivity` its reporter keeps current."""
+    global _stage_beat
+    activity = StageActivity(label)
+    if not distributed.is_main():
+        yield activity
+        return
+    previous = _stage_beat
+    with Heartbeat(activity.line, HEARTBEAT_S if interval is None else interval, write=lambda line: say(line)) as beat:
+        _stage_beat = beat
+        try:
+            yield activity
+        finally:
+            _stage_beat = previous
 
 
 def duration(seconds: float) -> str:
@@ -69,10 +175,13 @@ class TerminalReporter:
     """The stage harness's :class:`debias.core.progress.Reporter`: a bar per task on a terminal (cleared when the task
     ends; nothing in a log), a line per timed step and per training epoch (rank 0 only). Returns None everywhere."""
 
-    def __init__(self) -> None:
+    def __init__(self, activity: StageActivity | None = None) -> None:
         self.bars: dict[str, Any] = {}
+        self.activity = activity  # kept current for the stage's heartbeat
 
     def advance(self, task: str, done: int, total: int, unit: str) -> None:
+        if self.activity is not None:
+            self.activity.set(f"{task} {done}/{total} {unit}")
         if not (on_terminal() and distributed.is_main()):
             return
         bar = self.bars.get(task)
@@ -83,11 +192,20 @@ class TerminalReporter:
         if done >= total:
             self.bars.pop(task).close()
 
+    def step_started(self, label: str, what: str) -> None:
+        if self.activity is not None:
+            self.activity.set(what)
+
     def step_ended(self, label: str, what: str, seconds: float) -> None:
+        if self.activity is not None:
+            self.activity.set(f"{what} done after {duration(seconds)}; the next step")
         say(f"[{label}] {what}: {duration(seconds)}")
 
     def epoch_ended(self, label: str, epoch: int, epochs: int, metrics: Mapping[str, float | str], seconds: float,
                     eta: float | None) -> None:
+        if self.activity is not None:
+            self.activity.set(f"epoch {epoch + 1}/{epochs} done" + (", training the next" if epoch + 1 < epochs
+                                                                      else ", finishing"), eta)
         say(epoch_line(label, epoch, epochs, metrics, seconds, eta))
 
     def close(self) -> None:

@@ -303,15 +303,16 @@ def end_stage_process(stage: str) -> None:
 
 
 @contextlib.contextmanager
-def installed() -> Iterator[None]:
+def installed(activity: object = None) -> Iterator[None]:
     """The harness's side of what research code reports into and asks of it (:mod:`debias.core.progress`,
-    :mod:`debias.core.resources`): progress to stderr and the memory check, for the block; cleared afterwards."""
+    :mod:`debias.core.resources`): progress to stderr (kept in ``activity`` for the stage's heartbeat) and the memory
+    check, for the block; cleared afterwards."""
     from debias.core.progress import reporting
     from debias.core.resources import checking
     from debias.harness.memory import CHECK
     from debias.harness.progress import TerminalReporter
 
-    reporter = TerminalReporter()
+    reporter = TerminalReporter(activity)
     try:
         with reporting(reporter), checking(CHECK):
             yield
@@ -320,7 +321,15 @@ def installed() -> Iterator[None]:
 
 
 def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noqa: F821 (StageRun: lazy import)
-    """Validate params, check device and outputs, open the stage's MLflow run and run ``body``."""
+    """Validate params, check device and outputs, open the stage's MLflow run and run ``body``; from the start to
+    the end a line on stderr at least every 15 s (:func:`debias.harness.progress.stage_heartbeat`)."""
+    from debias.harness.progress import stage_heartbeat
+
+    with stage_heartbeat(stage) as activity:
+        _run(stage, body, activity)
+
+
+def _run(stage: str, body: Callable[[Params, "StageRun"], None], activity: object) -> None:  # noqa: F821
     from debias.core import distributed
     from debias.core.runtime import configure_threads, pick_device
 
@@ -341,7 +350,7 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
         from debias.harness.tracking import stage_run
 
         with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run, \
-                installed():
+                installed(activity):
             if unread:
                 run.note(UNREAD_KEY, unread)
             body(params, run)
