@@ -137,10 +137,11 @@ def card_table(models: list[ModelSummary], min_n: int, confidence: float) -> tup
 
     def worst(m: ModelSummary) -> str:
         g = m.worst_group
-        if g is None or m.worst is None:
-            return pct(m.worst)
-        care = f"; fewer than {min_n}: read with care" if small(g, min_n) else ""
-        return f"{pct(m.worst)} ({step_text(g)}{care})"
+        return pct(m.worst) if g is None or m.worst is None else f"{pct(m.worst)} ({step_text(g)})"
+
+    def worst_n(m: ModelSummary) -> str:
+        g = m.worst_group
+        return "n/a" if g is None else f"{g.n}" + (f" (fewer than {min_n}: read with care)" if small(g, min_n) else "")
 
     if not all(m.bias_labels for m in models):  # data without bias labels: say which rows need them, once each
         return ["test split", *(m.label for m in models)], [
@@ -153,6 +154,7 @@ def card_table(models: list[ModelSummary], min_n: int, confidence: float) -> tup
         ["unbiased % (mean over groups)", *(pct(m.unbiased) for m in models)],
         ["worst-group %", *(worst(m) for m in models)],
         ["worst group (class y, attribute a)", *(group_name(m.worst_group) if m.worst_group else "n/a" for m in models)],
+        ["its test images n", *(worst_n(m) for m in models)],
         [f"its {level} interval (Wilson)", *(interval_text(m.worst_group.low, m.worst_group.high)
                                              if m.worst_group else "n/a" for m in models)],
     ]
