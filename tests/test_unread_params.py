@@ -96,3 +96,22 @@ def test_the_report_counts_the_run_records_unread_params_with_the_stages_warning
     assert params_warnings(tmp_path) == [message]
     text = render_markdown("t", [warnings_section(tmp_path)], tmp_path, tmp_path)
     assert "2 warnings from 1 stage" in text and "loss.temperature = 0.2" in text
+
+
+def test_a_param_of_a_loss_term_weighted_zero_is_warned_at_the_stage_start(tmp_path) -> None:
+    """Under ``stage2.cnc.contrastive_weight: 0`` the contrastive term's margin and temperature change nothing: a run
+    that changes them since the last one is told so before it trains (as for stage2.batch_size under CNC)."""
+    raw = committed_cnc()
+    raw["stage2"]["cnc"]["contrastive_weight"] = 0
+    write_lock(tmp_path, "train_contrastive", raw)
+    changed = copy.deepcopy(raw)
+    changed["loss"]["epsilon"] = 0.25
+    changed["stage2"]["cnc"]["temperature"] = 0.2
+    changed["stage2"]["cnc"]["num_positives"] = 8  # read: the cross-entropy term trains on the batches drawn
+    found = unread_since_last_run("train_contrastive", validate(changed), STAGE_PARAMS["train_contrastive"],
+                                  tmp_path / "dvc.lock")
+    assert sorted(m.split(":")[1].strip() for m in found) == ["loss.epsilon = 0.25", "stage2.cnc.temperature = 0.2"]
+    assert all("not read under stage2.cnc.contrastive_weight 0.0" in m for m in found), found
+    changed["stage2"]["cnc"]["contrastive_weight"] = 0.75  # the term weighs again: its params are read
+    assert unread_since_last_run("train_contrastive", validate(changed), STAGE_PARAMS["train_contrastive"],
+                                 tmp_path / "dvc.lock") == []

@@ -197,3 +197,87 @@ def test_a_negligible_param_is_a_warning_of_the_stage_2_run(tmp_path, loss, warn
     assert bool(found) == warned, found
     if warned:
         assert found[0].startswith("negligible-param: loss.epsilon = ")
+
+
+# A loss term weighted exactly 0 leaves the params only it reads unread: (method, the zero weight, the params only
+# that term reads with other values, the same weight non-zero). Each is checked against training itself below.
+ZERO_TERMS = {
+    "cnc contrastive": ("cnc", {"stage2.cnc.contrastive_weight": 0.0},
+                        {"loss.epsilon": 0.5, "stage2.cnc.temperature": 0.5}, {"stage2.cnc.contrastive_weight": 0.5}),
+    "fairkl": ("eps_supinfonce", {"loss.fairkl.weight": 0.0},
+               {"loss.fairkl.sampler": "stratified", "loss.fairkl.minority_per_batch": 4,
+                "loss.fairkl.variance_floor": 0.01}, {"loss.fairkl.weight": 0.5}),
+    "supcon-family contrastive": ("eps_supinfonce", {"loss.alpha": 0.0}, {"loss.epsilon": 0.5, "loss.temperature": 0.5},
+                                  {"loss.alpha": 1.0}),
+}
+
+
+def set_params(params, values: dict) -> None:
+    """Assign each dotted ``key: value`` of ``values`` on the params object."""
+    for key, value in values.items():
+        *parents, leaf = key.split(".")
+        target = params
+        for part in parents:
+            target = getattr(target, part)
+        setattr(target, leaf, value)
+
+
+@pytest.mark.parametrize("case", sorted(ZERO_TERMS))
+def test_the_params_of_a_term_weighted_zero_are_unread_and_read_again_when_it_weighs(case: str) -> None:
+    from debias.schema.applicability import applies, unread, unread_warnings
+    from tests.test_methods import inputs
+
+    method, zero, changed, weighed = ZERO_TERMS[case]
+    params = inputs(method).params
+    set_params(params, zero)
+    context = RunContext(params)
+    (weight_key, _), = zero.items()
+    for key in changed:
+        assert not applies(key, context), key
+        assert unread(key, context).startswith(f"not read under {weight_key} 0.0: only the loss's "), unread(key, context)
+    found = unread_warnings(context, changed)
+    assert [m.split(" =")[0] for m in found] == [f"unread-param: {key}" for key in changed]
+    set_params(params, weighed)
+    assert all(unread(key, RunContext(params)) is None for key in changed)
+    assert unread_warnings(RunContext(params), changed) == []
+
+
+def _trained_weights(method: str, values: dict) -> dict[str, torch.Tensor]:
+    """The weights after one epoch of stage 2 on the tiny split, with the dotted params ``values`` set."""
+    from debias.training.methods import setup_method
+    from tests.test_methods import inputs
+
+    made = inputs(method)
+    set_params(made.params, values)
+    setup = setup_method(made)
+    setup.task.train_epoch(0)
+    return setup.model.state_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", sorted(ZERO_TERMS))
+def test_a_term_weighted_zero_trains_the_same_weights_whatever_its_params(case: str) -> None:
+    """What the unread-param warning claims, held against training: the params of the term weighted 0 change no
+    weight; with the term weighted, the same change does."""
+    method, zero, changed, weighed = ZERO_TERMS[case]
+    base, other = _trained_weights(method, zero), _trained_weights(method, {**zero, **changed})
+    assert all(torch.equal(value, other[key]) for key, value in base.items())
+    base, other = _trained_weights(method, weighed), _trained_weights(method, {**weighed, **changed})
+    assert not all(torch.equal(value, other[key]) for key, value in base.items())
+
+
+def test_check_params_names_the_params_of_a_term_weighted_zero(tmp_path, capsys) -> None:
+    from debias.tools.cli import main as cli_main
+
+    raw = committed()
+    raw["stage2"]["method"] = "cnc"
+    raw["stage2"]["cnc"]["contrastive_weight"] = 0
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert cli_main(["check-params", str(path), "-S", "loss.epsilon=0.25", "-S", "stage2.cnc.temperature=0.1",
+                     "-S", "stage2.cnc.num_positives=8"]) == 0
+    out = capsys.readouterr().out
+    for key in ("loss.epsilon = 0.25", "stage2.cnc.temperature = 0.1"):
+        assert (f"WARNING unread-param: {key}: not read under stage2.cnc.contrastive_weight 0.0: only the loss's "
+                "contrastive term reads it") in out, out
+    assert "unread-param: stage2.cnc.num_positives" not in out  # the CE term trains on the batches it draws

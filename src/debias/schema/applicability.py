@@ -11,6 +11,9 @@ effective weight is below :data:`NEGLIGIBLE_SHARE` of the loss's total weight (e
 released FairKL objective at alpha 0.03: the eps-SupInfoNCE term weighs alpha^2 * tau/0.07 = 0.0013 against
 FairKL's lambda 0.5, 0.26 %). :func:`weak` says why; ``debias check-params`` prints a ``negligible-param`` warning
 for each such param (:func:`weak_warnings`), and any other view of params (compare) reads the same functions.
+A param that only a term of the stage-2 loss weighted exactly 0 reads does not apply either (``loss.epsilon`` and
+``stage2.cnc.temperature`` under ``stage2.cnc.contrastive_weight: 0``, FairKL's under a FairKL weight of 0: each
+method declares its terms, :attr:`~debias.training.methods.registry.MethodSpec.loss_terms`; :func:`off_term`).
 A param changed where it does not apply at all (``loss.temperature`` under CNC) is ``unread-param``
 (:func:`unread_warnings`): check-params says so for its ``-S`` keys, the report for the keys changed against the
 committed params.yaml, compare for a param that differs between experiments none of which reads it.
@@ -28,7 +31,7 @@ from pydantic import BaseModel
 
 from debias.params import PATH_SOURCES, PRETRAINABLE, TABULAR_SOURCES, Params
 from debias.schema import schema
-from debias.training.methods.registry import method_sections, method_spec
+from debias.training.methods.registry import LossTerm, method_sections, method_spec
 
 
 @dataclass(frozen=True)
@@ -157,10 +160,18 @@ def rule_for(key: str) -> str | None:
     return max(matches, key=len) if matches else None
 
 
+def off_term(key: str, context: RunContext) -> LossTerm | None:
+    """The term of the running stage-2 method's loss that alone reads ``key`` (:attr:`MethodSpec.loss_terms`) when
+    the run weights it exactly 0 (``stage2.cnc.contrastive_weight: 0`` for ``loss.epsilon``), else None."""
+    terms = method_spec(context.params.stage2.method).loss_terms
+    return next((term for term in terms if key in term.reads and term.weight(context.params) == 0), None)
+
+
 def applies(key: str, context: RunContext) -> bool:
-    """Whether the param ``key`` has any effect on a run in ``context``."""
+    """Whether the param ``key`` has any effect on a run in ``context``: its prefix's rule says so, and no loss term
+    that alone reads it is weighted 0 (:func:`off_term`)."""
     prefix = rule_for(key)
-    return True if prefix is None else bool(rules()[prefix](context))
+    return (prefix is None or bool(rules()[prefix](context))) and off_term(key, context) is None
 
 
 # The setting that decides whether a param of each top-level section applies (:func:`unread`'s message), and the
@@ -175,13 +186,23 @@ def unread(key: str, context: RunContext) -> str | None:
     when it applies."""
     if applies(key, context):
         return None
-    decider = DECIDED_BY_RULE.get(rule_for(key) or "") or DECIDED_BY.get(key.split(".")[0])
+    term = off_term(key, context)
+    prefix = rule_for(key)
+    if term is not None and (prefix is None or rules()[prefix](context)):  # read but for a term weighted 0
+        return (f"not read under {term.weight_key} {_value(context.params, term.weight_key)}: only the loss's "
+                f"{term.name} term reads it, and that term's weight is 0")
+    decider = DECIDED_BY_RULE.get(prefix or "") or DECIDED_BY.get(key.split(".")[0])
     if decider is None:
         return "not read by this run's source, protocol, model or methods"
-    value = context.params
-    for part in decider.split("."):
+    return f"not read under {decider} {_value(context.params, decider)}"
+
+
+def _value(params: Params, key: str) -> object:
+    """The value of the dotted param ``key``."""
+    value: object = params
+    for part in key.split("."):
         value = getattr(value, part)
-    return f"not read under {decider} {value}"
+    return value
 
 
 def unread_warnings(context: RunContext, changed: dict[str, object]) -> list[str]:

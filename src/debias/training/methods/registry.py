@@ -40,6 +40,18 @@ def _no_erm_weights(params: Params) -> bool:
 
 
 @dataclass(frozen=True)
+class LossTerm:
+    """A term of a method's stage-2 loss: ``weight(params)`` is its coefficient there (exactly 0: the term is off),
+    set by the param ``weight_key``; ``reads``, the params only this term reads (none of the method's other terms
+    does), which a run whose term is off does not read (:mod:`debias.schema.applicability`: ``unread-param``)."""
+
+    name: str
+    weight: Callable[[Params], float]
+    weight_key: str
+    reads: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """A registered stage-2 method and what the code outside it needs to know.
 
@@ -51,7 +63,8 @@ class MethodSpec:
     ``memory_plan``: the images and pairwise matrices of one training step (:class:`debias.core.resources.StepPlan`; None:
     ``stage2.batch_size`` images, no pairwise matrices, as ERM; every method states it, None included); ``memory_advice``: the params to lower after a real out-of-memory error. ``fairkl_weight``: lambda of FairKL
     as the method applies it (None: the method has no FairKL term). ``needs_erm_weights``: whether stage 2 starts
-    from stage 1's weights under these params. ``capturable``: its task's step is split into host draws and device work
+    from stage 1's weights under these params. ``loss_terms``: the terms of its loss that a param can weight to 0,
+    each with the params only it reads (:class:`LossTerm`). ``capturable``: its task's step is split into host draws and device work
     (:mod:`debias.training.captured`), so ``stage2.speed.step: cuda_graph`` may capture it; ``capture_note`` says why
     a method's step is not (the refusal quotes it).
     """
@@ -73,6 +86,7 @@ class MethodSpec:
     epsilon_key: str | None = None  # the param of the margin its contrastive term reads (loss.epsilon, ...), if any
     reads_batch_size: bool = True  # whether its batches are stage2.batch_size points (CNC's are its own M and N)
     needs_erm_weights: Callable[[Params], bool] = _no_erm_weights
+    loss_terms: tuple[LossTerm, ...] = ()
     # whether the method's task splits its step into host draws and device work (debias.training.captured), so
     # stage2.speed.step: cuda_graph can capture it; capture_note: why not, where it is not
     capturable: bool = False
@@ -102,6 +116,11 @@ def register_method(name: str, setup: Callable[[Any], Any] | str, **facts: Any) 
         raise ValueError(f"stage-2 method '{name}' declares no memory_plan; allowed: a function (params, n_train) -> "
                          "StepPlan, or None for stage2.batch_size images and no pairwise matrices (docs/extending.md)")
     check_section(f"stage-2 method '{name}'", "stage2", spec, METHODS.values())
+    read = [key for term in spec.loss_terms for key in term.reads]
+    if len(read) != len(set(read)):
+        raise ValueError(f"stage-2 method '{name}': a param is among the reads of two of its loss terms "
+                         f"({sorted({key for key in read if read.count(key) > 1})}); a term's reads are the params "
+                         "only it reads")
     METHODS[name] = spec
     return spec
 

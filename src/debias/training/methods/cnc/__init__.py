@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field
 
 from debias.params import MIN_TEMPERATURE, Section
-from debias.training.methods.registry import register_method
+from debias.training.methods.registry import LossTerm, register_method
 
 if TYPE_CHECKING:
     from debias.core.resources import StepPlan
@@ -91,10 +91,16 @@ def memory_plan(params: Params, n_train: int) -> StepPlan:
                          f"({cnc.num_positives}) and stage2.cnc.num_negatives ({cnc.num_negatives})")
 
 
+# lambda * contrastive + (1 - lambda) * CE (train.py): only the contrastive term reads the margin and the temperature;
+# the CE term reads nothing the contrastive one does not (the batches the sampler draws, the head).
+LOSS_TERMS = (LossTerm("contrastive", lambda p: p.stage2.cnc.contrastive_weight, "stage2.cnc.contrastive_weight",
+                       reads=("loss.epsilon", "stage2.cnc.temperature")),
+              LossTerm("cross-entropy", lambda p: 1 - p.stage2.cnc.contrastive_weight, "stage2.cnc.contrastive_weight"))
+
 register_method("cnc", f"{__name__}.train:cnc_method", display="CNC", schema_default=True, head_trained=True,
                 temperature=lambda p: ("stage2.cnc.temperature", p.stage2.cnc.temperature),
                 section="cnc", params=CNCParams, sources=SOURCES, memory_plan=memory_plan, epsilon_key="loss.epsilon",
-                reads_batch_size=False,
+                reads_batch_size=False, loss_terms=LOSS_TERMS,
                 memory_advice=("stage2.cnc.forward_chunk", "stage2.cnc.num_positives", "stage2.cnc.num_negatives"),
                 needs_erm_weights=lambda p: p.stage2.cnc.init == "erm",
                 capture_note="a step's stage2.cnc.accumulation contrastive batches are drawn by the host-side sampler and "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from debias.training.methods.registry import register_method
+from debias.training.methods.registry import LossTerm, register_method
 
 if TYPE_CHECKING:
     from debias.core.resources import StepPlan
@@ -24,6 +24,11 @@ def epsilon(params: Params, method: str) -> float:
     return {EPS_SUPCON: params.loss.eps_supcon.epsilon, SUPCON: 0.0}.get(method, params.loss.epsilon)
 
 
+def margin_key(method: str) -> str | None:
+    """The param of ``method``'s epsilon margin (:func:`epsilon`), None for supcon (no margin)."""
+    return {EPS_SUPCON: "loss.eps_supcon.epsilon", SUPCON: None}.get(method, "loss.epsilon")
+
+
 def fairkl_weight(params: Params, method: str) -> float:
     """lambda of FairKL with ``method``: eps_supcon has its own (FairKL Table 6), the others loss.fairkl.weight."""
     return params.loss.eps_supcon.fairkl_weight if method == EPS_SUPCON else params.loss.fairkl.weight
@@ -40,11 +45,26 @@ def _memory_plan(method: str):
     return plan
 
 
+# FairKL's params besides its weight: no other term reads them (train.py: batches() draws shuffled batches, and no
+# variance is floored, without FairKL; loss.fairkl.variant also composes the contrastive term, so it is not among them)
+FAIRKL_READS = ("loss.fairkl.sampler", "loss.fairkl.minority_per_batch", "loss.fairkl.variance_floor")
+
+
+def loss_terms(method: str) -> tuple[LossTerm, ...]:
+    """alpha * L_con (alpha^2 under the released objective with FairKL) + lambda * FairKL: the contrastive term alone
+    reads the margin and the temperature (the released FairKL its own 1.0), FairKL alone :data:`FAIRKL_READS`."""
+    margin = tuple(filter(None, [margin_key(method)]))
+    return (LossTerm("contrastive", lambda p: p.loss.alpha, "loss.alpha", reads=(*margin, "loss.temperature")),
+            LossTerm("FairKL", lambda p: fairkl_weight(p, method),
+                     "loss.eps_supcon.fairkl_weight" if method == EPS_SUPCON else "loss.fairkl.weight",
+                     reads=FAIRKL_READS))
+
+
 for _name, _display in METHODS.items():
     # No projection head: the FairKL authors' encoder then ends in Tanh (a ReLU layer keeps every z/|z| in the
     # positive orthant, so no two samples can be pushed more than 90 degrees apart).
     register_method(_name, f"{__name__}.train:contrastive_method", display=_display,
                     temperature=lambda p: ("loss.temperature", p.loss.temperature), feature_activation="tanh",
                     reads=("loss.",), memory_plan=_memory_plan(_name), capturable=True,
-                    fairkl_weight=lambda p, method=_name: fairkl_weight(p, method),
-                    epsilon_key={EPS_SUPCON: "loss.eps_supcon.epsilon", SUPCON: None}.get(_name, "loss.epsilon"))
+                    fairkl_weight=lambda p, method=_name: fairkl_weight(p, method), loss_terms=loss_terms(_name),
+                    epsilon_key=margin_key(_name))
