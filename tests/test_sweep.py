@@ -246,23 +246,66 @@ def test_run_local_never_asks_dvc_for_workers_while_all_of_them_run(monkeypatch,
     assert starts == [2, 2]  # once when the first 2 were queued, once when e0 finished
 
 
-def test_run_local_says_where_it_is_at_least_every_heartbeat(monkeypatch, tmp_path, capsys) -> None:
-    """A line when an experiment finishes and every HEARTBEAT_S while none does (running and queued counts), the
-    time counted from the sweep's start (its shared upstream included)."""
+class TimedLines:
+    """A stdout that keeps each line with the time it was written."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.clock, self.lines, self.partial = time.monotonic, [], ""
+
+    def write(self, text: str) -> int:
+        self.partial += text
+        while "\n" in self.partial:
+            line, self.partial = self.partial.split("\n", 1)
+            self.lines.append((self.clock(), line))
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_run_local_says_where_each_running_experiment_is_while_dvc_is_slow(monkeypatch, tmp_path) -> None:
+    """A line when an experiment finishes, and while none does (each `dvc queue status` slow, as on a loaded
+    machine) the heartbeat: at least one line per interval, naming the running experiment's stage, epoch and ETA
+    from its queue log."""
+    import sys
     import time
 
+    from debias.harness import progress
+
+    log = tmp_path / local.RUN_RECORDS / ("0000000" + "a" * 33) / ("0000000" + "a" * 33 + ".out")
+    log.parent.mkdir(parents=True)
+    log.write_text("Stage 'train_erm' is cached - skipping run, checking out outputs\n"
+                   "Running stage 'train_contrastive':\n> python -m debias.harness.launch pipeline/train_contrastive.py\n"
+                   "[train_contrastive] epoch 1 (2/5): loss 0.5000, val avg 0.700 (1.0 s; ETA 3 min 00 s)\n")
     texts = iter([queue_lines()] + [queue_lines("Running", "Queued")] * 6 + [queue_lines("Success", "Success")])
-    monkeypatch.setattr(local, "queue_text", lambda root: next(texts))
+
+    def slow_queue(root):
+        time.sleep(0.5)
+        return next(texts)
+
+    monkeypatch.setattr(local, "queue_text", slow_queue)
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
     monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
-    monkeypatch.setattr(local, "HEARTBEAT_S", 0.0)
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.3)
+    out = TimedLines()
+    monkeypatch.setattr(sys, "stdout", out)
+    started = time.monotonic()
     jobs = [grid.Job(f"e{i}", {}, []) for i in range(2)]
     assert local.run_local(tmp_path, jobs, 1, {}, poll_s=0, started=time.time() - 100) == []
-    lines = [line for line in capsys.readouterr().out.splitlines() if "experiments done" in line]
-    assert lines[0].startswith("[sweep] 0/2 experiments done, 1 running, 1 queued, 10") and "since the start" in lines[0]
-    assert len(lines) >= 2 and lines[-1].startswith("[sweep] 2/2 experiments done, 0 running, 0 queued")
-    assert lines[1].startswith("[sweep] 0/2")  # nothing finished, and still a line: the heartbeat
+    stamps = [started, *(t for t, _ in out.lines)]
+    lines = [line for _, line in out.lines]
+    assert max(b - a for a, b in zip(stamps, stamps[1:])) < 1.5, out.lines  # 4 s in all, never silent for long
+    assert lines[-1].startswith("[sweep] 2/2 experiments done, 0 running, 0 queued, 10")
+    assert lines[0].startswith("[sweep] reading DVC's queue and experiments; 1 min 4")  # dvc is slow
+    counted = [line for line in lines if line.startswith("[sweep] 0/2 experiments done")]
+    assert counted[0].startswith("[sweep] 0/2 experiments done, 1 running, 1 queued, 10") and "since the start" in counted[0]
+    assert any(line.startswith("[sweep] queueing experiment 2/2 (e1) on DVC's queue; ") for line in lines)
+    beats = [line for line in lines if "running e0: " in line]
+    assert beats and "e0: train_contrastive epoch 2/5 (ETA 2 min 5" in beats[0], lines
+    assert beats[0].startswith("[sweep] 0/2 experiments done, 1 running, 1 queued; running e0: ")
 
 
 def test_a_slurm_tasks_outcome_is_read_from_its_submitit_result(tmp_path: Path) -> None:

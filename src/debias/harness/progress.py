@@ -24,8 +24,6 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from debias.core import distributed
-
 # The per-epoch metrics an epoch line shows, in this order, with their short names: the training loss and
 # accuracy, then the three validation accuracies the default selection reads (selection.selection_score).
 EPOCH_FIELDS = (("train/loss", "loss"), ("train/acc", "train acc"), ("val/avg", "val avg"),
@@ -47,9 +45,17 @@ HEARTBEAT_S = 10.0
 _stage_beat: Heartbeat | None = None  # the running stage's heartbeat (stage_heartbeat): say() tells it a line was written
 
 
+def is_main() -> bool:
+    """Rank 0 of a ``torchrun`` job, or the only process (imported here: the distributed module imports torch, which
+    a sweep's or compare's heartbeat does not need)."""
+    from debias.core import distributed
+
+    return distributed.is_main()
+
+
 def say(line: str) -> None:
     """Write one line to stderr (rank 0 only), through tqdm so that a bar on screen is redrawn below it."""
-    if distributed.is_main():
+    if is_main():
         tqdm.write(line, file=sys.stderr)
         sys.stderr.flush()
         if _stage_beat is not None:
@@ -57,13 +63,14 @@ def say(line: str) -> None:
 
 
 class Heartbeat:
-    """While open (a context manager), a daemon thread writes ``describe()`` whenever ``interval`` seconds passed
-    since the last line (this one's, or one :meth:`said` marks); :meth:`tick` is that check, once. ``clock`` is
+    """While open (a context manager), a daemon thread writes ``describe()`` whenever ``interval`` seconds (default
+    :data:`HEARTBEAT_S`) passed since the last line (this one's, or one :meth:`said` marks); :meth:`tick` is that check, once. ``clock`` is
     read for every check (a test passes its own). A ``describe`` that raises is reported in the line, never fatal."""
 
-    def __init__(self, describe: Callable[[], str], interval: float = HEARTBEAT_S,
+    def __init__(self, describe: Callable[[], str], interval: float | None = None,
                  write: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
-        self.describe, self.interval, self.clock = describe, interval, clock
+        self.describe, self.clock = describe, clock
+        self.interval = HEARTBEAT_S if interval is None else interval
         self.write = write or (lambda line: print(line, flush=True))
         self.last = clock()
         self.lock = threading.Lock()
@@ -134,11 +141,11 @@ def stage_heartbeat(label: str, interval: float | None = None) -> Iterator[Stage
     said nothing for ``interval`` seconds. Yields the :class:`StageActivity` its reporter keeps current."""
     global _stage_beat
     activity = StageActivity(label)
-    if not distributed.is_main():
+    if not is_main():
         yield activity
         return
     previous = _stage_beat
-    with Heartbeat(activity.line, HEARTBEAT_S if interval is None else interval, write=lambda line: say(line)) as beat:
+    with Heartbeat(activity.line, interval, write=lambda line: say(line)) as beat:
         _stage_beat = beat
         try:
             yield activity
@@ -182,7 +189,7 @@ class TerminalReporter:
     def advance(self, task: str, done: int, total: int, unit: str) -> None:
         if self.activity is not None:
             self.activity.set(f"{task} {done}/{total} {unit}")
-        if not (on_terminal() and distributed.is_main()):
+        if not (on_terminal() and is_main()):
             return
         bar = self.bars.get(task)
         if bar is None:

@@ -8,17 +8,25 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from debias.harness.progress import Heartbeat
+
+from debias.tools.sweep.extend import (Plan, check_plan, extended_jobs, look_text, next_seeds, paired_differences,
+                                       parse_seeds, planned_looks, setting_label, settings)
 from debias.tools.sweep.grid import (MAX_POINTS, Job, SweepError, check_grid, plan_from_args, unread_in_grid,
                                      upstream_runs)
 from debias.harness.tracking.store import RUN_NAME_VARIABLE
 from debias.tools.sweep.local import run_local
+from debias.metrics.paired import sequential_look
+from debias.tools.sweep.records import experiment_ref, headline_values, is_number, record_restored
 from debias.tools.sweep.slurm import launch_slurm, result_of
 from debias.tools.sweep.status import mark_stopped_attempts, status_text, statuses, wait
+from debias.tools.sweep.watch import SweepWatch
 from debias.tools.sweep.workspace import (CLONES, compute_upstream, dirty_files, load_state, run, save_state, sweep_dir, task_env,
                                     upstream_experiment)
 
@@ -70,50 +78,87 @@ def launch(root: Path, args: argparse.Namespace) -> int:
     return execute(root, state, jobs, args)
 
 
+def shared_upstream(root: Path, state: dict[str, Any], todo: list[Job], env: dict[str, str], watch: SweepWatch,
+                    say: Callable[[str], None]) -> None:
+    """Phase 1 on this machine: each shared upstream run not yet computed, in a clone on this repository's DVC cache,
+    ``--jobs`` at a time, its output in ``sweeps/<name>/logs/<upstream>.log`` (which the heartbeat reads)."""
+    options = state["options"]
+    pending = [u for u in state["phase1"] if u["name"] not in state.get("upstream_done", [])]
+    if not pending:
+        return
+    cache = run(["dvc", "cache", "dir"], root).strip()
+    base = sweep_dir(root, state["name"])
+    (base / "logs").mkdir(parents=True, exist_ok=True)
+    up_env = {**env, "MLFLOW_EXPERIMENT_NAME": upstream_experiment(env)}
+    if not env.get("MLFLOW_TRACKING_URI"):  # the clones' own stores go with them: log into this repository's
+        from debias.harness.tracking import ensure_experiment, tracking_uri
+
+        up_env["MLFLOW_TRACKING_URI"] = tracking_uri(root)
+        ensure_experiment(up_env["MLFLOW_TRACKING_URI"], up_env["MLFLOW_EXPERIMENT_NAME"], root)  # mlruns here
+    specs = [{"root": str(root), "commit": state["commit"], "clone": str(base / CLONES / u["name"]),
+              "overrides": u["overrides"], "stage": state["upstream_stage"], "cache_dir": cache,
+              "log": str(base / "logs" / f"{u['name']}.log"),
+              "env": {**up_env, RUN_NAME_VARIABLE: f"{state['name']}-{u['name']}"}} for u in pending]
+    for spec in specs:
+        Path(spec["log"]).unlink(missing_ok=True)
+    say(f"[sweep] computing {len(specs)} shared upstream run(s) of {state['upstream_stage']} "
+        f"(step 1 of 2; then {len(todo)} experiments)")
+    watch.phase(f"shared upstream 0/{len(specs)} done", len(specs), "the shared upstream")
+
+    def compute(spec: dict[str, Any]) -> str:
+        watch.started_run(Path(spec["clone"]).name, Path(spec["log"]))
+        try:
+            return compute_upstream(spec)
+        finally:
+            watch.ended_run(Path(spec["clone"]).name)
+
+    with ThreadPoolExecutor(max_workers=options["jobs"]) as pool:
+        futures = {pool.submit(compute, spec): Path(spec["clone"]).name for spec in specs}
+        for count, future in enumerate(as_completed(futures), 1):
+            future.result()
+            watch.update(counts=f"shared upstream {count}/{len(specs)} done", done=count)
+            say(f"[sweep] shared upstream {count}/{len(specs)} ({futures[future]}) done after "
+                f"{time.time() - watch.started:.0f} s")
+            state["upstream_done"] = [*state.get("upstream_done", []), futures[future]]
+            save_state(root, state)
+
+
 def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.Namespace) -> int:
+    """Run ``todo`` (phase 1 first where it is not done), a line at least every 15 s while anything runs; then the
+    MLflow runs of the experiments DVC restored (:func:`record_restored`) and the status."""
+    watch = SweepWatch("sweep")
+    with Heartbeat(watch.line) as beat:
+        code = _execute(root, state, todo, args, watch, beat.say)
+    return code
+
+
+def _execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.Namespace, watch: SweepWatch,
+             say: Callable[[str], None]) -> int:
     options = state["options"]
     threads = options["threads"] or options["cpus_per_task"] or 1
     local = state["launcher"] == "local"  # queued experiments run this tree's code; SLURM tasks their clone's
     env = task_env(threads, options["tracking_uri"], options["mlflow_experiment"], root / "src" if local else None)
-    started = time.time()
+    started = watch.started
     if state["launcher"] == "local":
-        pending = [u for u in state["phase1"] if u["name"] not in state.get("upstream_done", [])]
-        if pending:
-            cache = run(["dvc", "cache", "dir"], root).strip()
-            base = sweep_dir(root, state["name"]) / CLONES
-            up_env = {**env, "MLFLOW_EXPERIMENT_NAME": upstream_experiment(env)}
-            if not env.get("MLFLOW_TRACKING_URI"):  # the clones' own stores go with them: log into this repository's
-                from debias.harness.tracking import ensure_experiment, tracking_uri
-
-                up_env["MLFLOW_TRACKING_URI"] = tracking_uri(root)
-                ensure_experiment(up_env["MLFLOW_TRACKING_URI"], up_env["MLFLOW_EXPERIMENT_NAME"], root)  # mlruns here
-            specs = [{"root": str(root), "commit": state["commit"], "clone": str(base / u["name"]),
-                      "overrides": u["overrides"], "stage": state["upstream_stage"], "cache_dir": cache,
-                      "env": {**up_env, RUN_NAME_VARIABLE: f"{state['name']}-{u['name']}"}} for u in pending]
-            print(f"[sweep] computing {len(specs)} shared upstream run(s) of {state['upstream_stage']} "
-                  f"(step 1 of 2; then {len(todo)} experiments)", flush=True)
-            with ThreadPoolExecutor(max_workers=options["jobs"]) as pool:
-                futures = {pool.submit(compute_upstream, spec): Path(spec["clone"]).name for spec in specs}
-                for count, future in enumerate(as_completed(futures), 1):
-                    future.result()
-                    print(f"[sweep] shared upstream {count}/{len(specs)} ({futures[future]}) done after "
-                          f"{time.time() - started:.0f} s", flush=True)
-            state["upstream_done"] = [*state.get("upstream_done", []), *(u["name"] for u in pending)]
+        shared_upstream(root, state, todo, env, watch, say)
         state["launched"] = True
         save_state(root, state)
-        run_local(root, todo, options["jobs"], env, poll_s=args.poll, started=started)
+        run_local(root, todo, options["jobs"], env, poll_s=args.poll, started=started, watch=watch, say=say)
         final = statuses(root, state)
     else:
+        watch.update(doing=f"submitting {len(todo)} experiments to SLURM")
         launch_slurm(root, state, todo, env, state["phase1"])
         state["launched"] = True
         save_state(root, state)
-        print(f"[sweep] submitted {len(todo)} experiments to SLURM; `debias sweep --name {state['name']} --status`",
-              flush=True)
+        say(f"[sweep] submitted {len(todo)} experiments to SLURM; `debias sweep --name {state['name']} --status`")
         if not args.wait:
             return 0
-        final = wait(root, state, args.poll)
-    print(status_text(state, final))
-    print(f"[sweep] wall time {time.time() - started:.1f} s")
+        final = wait(root, state, args.poll, watch=watch, say=say)
+    watch.update(doing="recording the restored experiments in MLflow", logs={})
+    for line in record_restored(root, state, [name for name, (status, _) in final.items() if status == "done"]):
+        say(f"[sweep] {line}")
+    say(status_text(state, final))
+    say(f"[sweep] wall time {time.time() - started:.1f} s")
     return 0 if all(s == "done" for s, _ in final.values()) else 1
 
 
@@ -126,6 +171,40 @@ def resume(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
         raise SweepError(f"sweep {state['name']!r} ran at commit {state['commit'][:12]}; HEAD is now {head[:12]}: "
                          f"its experiments done there are not this commit's. `git checkout {state['commit'][:12]}` "
                          "and resume, or launch a new sweep (another --name) at this commit")
+    if args.seeds:
+        add_seeds(root, state, parse_seeds(args.seeds))
+    code = rerun_unfinished(root, state, args)
+    if code == 0 and args.until_decided is not None:
+        return until_decided(root, state, args)
+    return code
+
+
+def add_seeds(root: Path, state: dict[str, Any], seeds: list[int]) -> list[Job]:
+    """Add to the plan every seed of ``seeds`` it lacks, for each setting (:func:`extended_jobs`), validated like a
+    new sweep, with the shared upstream runs the new seeds need; saved. The experiments done stay as they are."""
+    jobs = [Job(**j) for j in state["jobs"]]
+    new = extended_jobs(jobs, seeds)
+    if not new:
+        return []
+    merged = check_grid(root, jobs + new, state["upstream_stage"])
+    known = {u["key"]: u for u in state["phase1"]}
+    for entry in upstream_runs(root, jobs + new, merged, state["upstream_stage"]):
+        if entry["key"] not in known:
+            entry["name"] = f"upstream-{len(known)}"
+            known[entry["key"]] = entry
+    added_upstream = len(known) - len(state["phase1"])
+    state["phase1"] = list(known.values())
+    state["jobs"] += [asdict(job) for job in new]
+    save_state(root, state)
+    settings_count = len(settings(jobs))
+    print(f"[sweep] {state['name']}: {len(new)} new experiments ({len(new) // settings_count} seed(s) x "
+          f"{settings_count} setting(s)), {added_upstream} new shared upstream run(s); the experiments and upstream "
+          "runs done are kept", flush=True)
+    return new
+
+
+def rerun_unfinished(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
+    """Run the experiments of the plan neither done nor queued nor running (failed, stopped or new)."""
     states = statuses(root, state)
     todo = [Job(**j) for j in state["jobs"] if states[j["name"]][0] == "failed"]
     if not todo:
@@ -140,6 +219,80 @@ def resume(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
         for name, entry in state.get("upstream", {}).items():
             entry["result"] = result_of(entry["result_pickle"])
     return execute(root, state, todo, args)
+
+
+def metric_values(root: Path, state: dict[str, Any], names: list[str], metric: str) -> dict[str, float]:
+    """Experiment name -> ``metric`` (points for an accuracy) from each one's git-tracked headline metrics; a
+    SweepError names an experiment without a number for it."""
+    from debias.core.headline import PERCENT_KEYS
+
+    values = {}
+    for name in names:
+        value = headline_values(root, experiment_ref(state["commit"], name)).get(metric)
+        if not is_number(value):
+            raise SweepError(f"{name}: {metric} is {value!r}, not a number (its headline metrics: "
+                             f"reports/metrics/*.json at its experiment); no verdict can be drawn on it: choose "
+                             "another --metric")
+        values[name] = float(value) * (100.0 if metric in PERCENT_KEYS else 1.0)
+    return values
+
+
+def until_decided(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
+    """Look at the paired difference of the sweep's two settings at each planned look (:mod:`.extend`), adding the
+    next batch of seeds and running it while the verdict is open and the plan has looks left."""
+    from debias.core.headline import LABELS, PERCENT_KEYS
+    from debias.tools.compare.data import RANK_METRIC
+
+    metric = args.metric or RANK_METRIC
+    if metric not in LABELS:
+        raise SweepError(f"--metric {metric!r}: not a headline metric; allowed: {', '.join(LABELS)}")
+    if args.margin is None or not args.margin > 0:
+        raise SweepError(f"--until-decided needs --margin D > 0 (got {args.margin}): the difference that counts as "
+                         "none, in points for an accuracy (e.g. --margin 2)")
+    members = settings([Job(**j) for j in state["jobs"]])
+    if len(members) != 2:
+        raise SweepError(f"--until-decided compares two settings paired by seed; sweep {state['name']!r} has "
+                         f"{len(members)}: launch a sweep of two values (e.g. -S 'loss.epsilon=0,0.25')")
+    first, second = (jobs[0] for jobs in members.values())
+    names = (setting_label(first, second), setting_label(second, first))
+    unit = "points" if metric in PERCENT_KEYS else f"({metric}'s units)"
+    have = min(len(jobs) for jobs in members.values())
+    batch = args.batch or have
+    plan = check_plan(state.get("sequential"),
+                      Plan(metric, float(args.margin), planned_looks(have, batch, args.until_decided), batch))
+    state["sequential"] = {**state.get("sequential", {}), **plan.as_state()}
+    save_state(root, state)
+    print(f"[sweep] sequential plan: {metric} {names[1]} - {names[0]}, looks at {', '.join(map(str, plan.looks))} "
+          f"seeds, each test at alpha/{len(plan.looks)} = {plan.alpha / len(plan.looks):.4g} (Bonferroni: a false "
+          f"'differs' or a false 'within ±{plan.margin:g}' over all looks stays at alpha = {plan.alpha:g} or below)",
+          flush=True)
+    for index, count in enumerate(plan.looks):
+        seeds = sorted({job["overrides"]["seed"] for job in state["jobs"]})
+        if len(seeds) < count:
+            add_seeds(root, state, next_seeds(seeds, count - len(seeds)))
+            seeds = sorted({job["overrides"]["seed"] for job in state["jobs"]})
+        members = settings([Job(**j) for j in state["jobs"] if j["overrides"]["seed"] in seeds[:count]])
+        states = statuses(root, state)
+        if any(states[job.name][0] != "done" for jobs in members.values() for job in jobs):
+            code = rerun_unfinished(root, state, args)
+            if code != 0:
+                print(f"[sweep] look {index + 1} not taken: experiments failed; `debias sweep --name {state['name']} "
+                      "--resume` with the same options reruns them and goes on with the plan", flush=True)
+                return code
+        values = metric_values(root, state, [job.name for jobs in members.values() for job in jobs], metric)
+        _, differences = paired_differences(members, values)
+        look = sequential_look(differences, plan.margin, len(plan.looks), plan.alpha)
+        print(f"[sweep] {look_text(look, index, plan, metric, names, unit)}", flush=True)
+        state["sequential"].setdefault("seen", {})[str(count)] = {
+            "mean": look.paired.mean, "low": look.paired.low, "high": look.paired.high, "differs": look.differs,
+            "within": look.within}
+        save_state(root, state)
+        if look.decided:
+            print(f"[sweep] decided at {count} seeds", flush=True)
+            return 0
+    print(f"[sweep] undecided after {plan.looks[-1]} seeds (the plan's last look): neither a difference nor "
+          f"equivalence within ±{plan.margin:g} {unit} shown", flush=True)
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -157,7 +310,10 @@ def main(args: argparse.Namespace) -> int:
                 print(status_text(state, statuses(root, state)))
                 return 0
             return resume(root, state, args)
-        return launch(root, args)
+        code = launch(root, args)
+        if code == 0 and args.until_decided is not None:
+            return until_decided(root, load_state(root, plan_from_args(args, root)[0]), args)
+        return code
     except (SweepError, ParamsError, DebiasError, RuntimeError) as exc:
         print(f"debias sweep: {exc}", file=sys.stderr)
         return 2
@@ -185,7 +341,17 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--name", help="the sweep's name (prefix of its experiments' names; sweeps/<name>/ keeps its state)")
     p.add_argument("-S", "--set", action="append", default=[], metavar="KEY=V1[,V2...]",
                    help="a grid axis (several values) or a fixed override (one value), as dvc exp run -S")
-    p.add_argument("--seeds", type=int, nargs="+", help="the seeds, innermost axis of the grid")
+    p.add_argument("--seeds", nargs="+", metavar="SEED", help="the seeds, innermost axis of the grid (numbers or "
+                   "ranges: 0 1 2, 0-9); with --resume: seeds to add to a finished sweep (the runs done are kept)")
+    p.add_argument("--until-decided", type=int, metavar="MAX", help="add seeds in batches until the two settings' "
+                   "paired difference is shown (t-test) or shown within ±--margin (TOST), or MAX seeds ran; each test "
+                   "at alpha / the planned looks (Bonferroni): docs/comparing.md")
+    p.add_argument("--margin", type=float, metavar="D", help="with --until-decided: the difference that counts as "
+                   "none (points, for an accuracy)")
+    p.add_argument("--metric", metavar="KEY", help="with --until-decided: the headline metric compared (default: the "
+                   "one debias compare ranks by)")
+    p.add_argument("--batch", type=int, metavar="N", help="with --until-decided: seeds added per look (default: the "
+                   "sweep's seed count)")
     p.add_argument("--max-points", type=int, default=MAX_POINTS, metavar="N",
                    help=f"refuse a sweep of more than N experiments (default {MAX_POINTS}: over six times the "
                    "project's largest grid; a bigger one is most often a range meant as a list)")

@@ -342,7 +342,9 @@ def plan_from_args(args: argparse.Namespace, root: Path) -> tuple[str, list[Job]
                 raise SweepError("with --file, -S sets one value for every experiment; put grids in the file")
             jobs = [Job(j.name, {**j.overrides, **fixed}, j.targets) for j in jobs]
         else:
-            jobs = grid(name, axes, args.seeds, fixed, args.targets, limit)
+            from debias.tools.sweep.extend import parse_seeds
+
+            jobs = grid(name, axes, parse_seeds(args.seeds) if args.seeds else None, fixed, args.targets, limit)
     if args.targets:
         jobs = [Job(j.name, j.overrides, list(args.targets)) for j in jobs]
     check_name(name)

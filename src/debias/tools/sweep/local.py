@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from debias.harness.progress import Heartbeat
 from debias.tools.sweep.grid import Job, set_args
+from debias.tools.sweep.watch import SweepWatch
 from debias.tools.sweep.workspace import finished_experiments, run
 
 # ``dvc queue status`` -> sweep state; a requeued name lists several entries: the first of STATUS_PRIORITY wins.
@@ -139,31 +141,51 @@ def queue_log(root: Path, name: str, text: str) -> str:
     return f"dvc queue logs {name}"
 
 
-HEARTBEAT_S = 60.0  # a progress line at least this often while experiments run, even when none finished
+def running_logs(root: Path, text: str, statuses: dict[str, str], names: Collection[str]) -> dict[str, Path | None]:
+    """Each of ``names`` DVC lists Running (``statuses``), with its queue log (None before DVC made one)."""
+    logs: dict[str, Path | None] = {}
+    for name in sorted(n for n in names if statuses.get(n) == "Running"):
+        where = queue_log(root, name, text)
+        logs[name] = Path(where) if not where.startswith("dvc queue logs") else None
+    return logs
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
 
 
 def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], deadline: float = float("inf"),
-              poll_s: float = 10.0, log: str = "sweep", started: float | None = None) -> list[str]:
+              poll_s: float = 10.0, log: str = "sweep", started: float | None = None, watch: SweepWatch | None = None,
+              say: Callable[[str], None] | None = None) -> list[str]:
     """Queue ``jobs`` (in order) that are not done, queued or running, run them on ``workers`` DVC queue workers
     and wait. Workers start after the first ``workers`` experiments are queued, so queueing overlaps running.
     At ``deadline`` (a ``time.time()``) the queue is stopped and unfinished experiments are left out. An entry DVC
     lists Running whose process ended for good (:func:`orphaned`) is said once and counted as failed. Returns
     the names that did not succeed (failed ones are printed with the end of their log). Progress: a line whenever an
-    experiment finishes and every :data:`HEARTBEAT_S` seconds (running and queued counts), the time counted from
-    ``started`` (the sweep's start, its shared upstream included; default: now)."""
+    experiment finishes, the time counted from ``started`` (the sweep's start, its shared upstream included; default:
+    now), and between them the heartbeat of ``watch`` (its own when none is given: a line at least every 15 s naming
+    each running experiment's stage, epoch and ETA; ``say`` writes the lines)."""
+    if watch is None or say is None:
+        watch = SweepWatch(log, started)
+        with Heartbeat(watch.line) as beat:
+            return run_local(root, jobs, workers, env, deadline, poll_s, log, started, watch, beat.say)
+    watch.update(doing="reading DVC's queue and experiments")
     present = queue_status(root)
     done = finished_experiments(root, run(["git", "rev-parse", "HEAD"], root).strip())
     todo = [job for job in jobs if job.name not in done and present.get(job.name) not in ("Success", "Queued", "Running")]
     started = time.time() if started is None else started
+    names = {job.name for job in jobs}
+    before = len(names & done)
+    watch.phase(f"{len(names) - before} experiments on DVC's queue ({workers} workers)", len(names) - before)
     for count, job in enumerate(todo, 1):
+        watch.update(doing=f"queueing experiment {count}/{len(todo)} ({job.name}) on DVC's queue")
         run(["dvc", "exp", "run", "--queue", "-n", job.name, *set_args(job.overrides), *job.targets], root, env)
         if count % workers == 0:
             top_up(root, workers, env)
         if time.time() > deadline:
             break
     top_up(root, workers, env)
-    names = {job.name for job in jobs}
-    reported, told, said = -1, set(), time.time()
+    reported, told = -1, set()
     while True:
         text = queue_text(root)
         orphans = orphaned(root, text)
@@ -171,24 +193,27 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
             words = line.split()
             if len(words) > 1 and words[0] in orphans and words[0] not in told and words[1] in names:
                 told.add(words[0])
-                print(f"[{log}] {words[1]}: DVC lists it Running, but {orphans[words[0]]} (stopped by `dvc queue "
-                      "kill`?): counted as failed; `debias sweep --resume` reruns it", flush=True)
+                say(f"[{log}] {words[1]}: DVC lists it Running, but {orphans[words[0]]} (stopped by `dvc queue "
+                    "kill`?): counted as failed; `debias sweep --resume` reruns it")
         statuses = {**parse_queue_status(text, orphans), **{name: "Success" for name in done}}
         finished = [n for n in names if statuses.get(n) in ("Success", "Failed")]
-        if len(finished) != reported or time.time() - said >= HEARTBEAT_S:
-            reported, said = len(finished), time.time()
-            running = sum(statuses.get(n) == "Running" for n in names)
-            queued = sum(statuses.get(n) == "Queued" for n in names)
-            print(f"[{log}] {reported}/{len(names)} experiments done, {running} running, {queued} queued, "
-                  f"{time.time() - started:.0f} s since the start", flush=True)
+        running = sum(statuses.get(n) == "Running" for n in names)
+        queued = sum(statuses.get(n) == "Queued" for n in names)
+        counts = f"{len(finished)}/{len(names)} experiments done, {running} running, {queued} queued"
+        watch.update(doing="waiting for DVC's queue", logs=running_logs(root, text, statuses, names), counts=counts,
+                     done=len(finished) - before)
+        if len(finished) != reported:
+            reported = len(finished)
+            say(f"[{log}] {counts}, {time.time() - started:.0f} s since the start")
         if len(finished) == len(names) or time.time() > deadline:
             break
         if not any(statuses.get(n) in ("Queued", "Running") for n in names):
             break  # nothing left to run (e.g. experiments not queued before the deadline)
         top_up(root, workers, env, text)  # idle workers exit while queueing is slower than running
         time.sleep(poll_s)
+    watch.update(logs={})
     if len(finished) < len(names):
-        print(f"[{log}] stopping the queue with {len(names) - len(finished)} experiments unfinished", flush=True)
+        say(f"[{log}] stopping the queue with {len(names) - len(finished)} experiments unfinished")
         run(["dvc", "queue", "remove", "--queued"], root, check=False)
         run(["dvc", "queue", "kill", *[n for n in names if statuses.get(n) == "Running"]], root, check=False)
     for name in sorted(n for n in names if statuses.get(n) == "Failed"):

@@ -12,7 +12,7 @@ from typing import Any
 from debias.tools.sweep.grid import Job, set_args
 from debias.harness.tracking.store import RUN_NAME_VARIABLE
 from debias.tools.sweep.workspace import (CLONES, clone_at, compute_upstream, finished_experiments, push_run_cache,
-                                          run, sweep_dir, upstream_experiment, with_src)
+                                          run, stream, sweep_dir, upstream_experiment, with_src)
 
 # ``squeue`` job states (man squeue, JOB STATE CODES) -> sweep state; anything else still listed counts as running.
 SLURM_QUEUED = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED")
@@ -28,8 +28,9 @@ def run_experiment(spec: dict[str, Any]) -> str:
     run(["dvc", "remote", "add", "--local", "-f", "-d", "sweep", spec["remote"]], clone)
     run(["dvc", "pull", "--run-cache", "--allow-missing"], clone, env, check=False)
     # --pull: a stage found in the run-cache is restored with its outputs fetched from the remote
-    out = run(["dvc", "exp", "run", "--pull", "-n", spec["name"], *set_args(spec["overrides"]), *spec["targets"]], clone, env)
-    print(out, flush=True)  # into the task's log
+    # into the task's log as it runs: `debias sweep` reads each task's stage and epoch there
+    out = stream(["dvc", "exp", "run", "--pull", "-n", spec["name"], *set_args(spec["overrides"]), *spec["targets"]],
+                 clone, env)
     push_run_cache(clone, env)
     run(["dvc", "exp", "push", "origin", spec["name"]], clone, env)
     shutil.rmtree(clone, ignore_errors=True)

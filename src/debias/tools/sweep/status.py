@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from debias.harness.progress import Heartbeat
 from debias.tools.sweep.local import local_states
 from debias.tools.sweep.slurm import slurm_states
+from debias.tools.sweep.watch import SweepWatch
 
 STATES = ("queued", "running", "done", "failed")
 STOPPED_TAG = "debias.sweep_stopped"  # on a parent run of an attempt that never finished (see mark_stopped_attempts)
@@ -30,16 +33,32 @@ def status_text(state: dict[str, Any], states: dict[str, tuple[str, str]]) -> st
     return "\n".join(lines)
 
 
-def wait(root: Path, state: dict[str, Any], poll_s: float, timeout_s: float | None = None) -> dict[str, tuple[str, str]]:
-    """Poll until no experiment is queued or running (or ``timeout_s``); progress printed when it changes."""
+def task_log(log: str) -> Path | None:
+    """The log file of a status line's log field (``path (why)`` or ``path``), None where there is none."""
+    path = log.split(" (", 1)[0].strip()
+    return Path(path) if path and "/" in path else None
+
+
+def wait(root: Path, state: dict[str, Any], poll_s: float, timeout_s: float | None = None,
+         watch: SweepWatch | None = None, say: Callable[[str], None] | None = None) -> dict[str, tuple[str, str]]:
+    """Poll until no experiment is queued or running (or ``timeout_s``); progress printed when it changes, and
+    between changes the heartbeat of ``watch`` (its own when none is given) names each running task's stage, epoch
+    and ETA from its log."""
+    if watch is None or say is None:
+        watch = SweepWatch("sweep")
+        with Heartbeat(watch.line) as beat:
+            return wait(root, state, poll_s, timeout_s, watch, beat.say)
     started, reported = time.time(), None
+    watch.phase(f"{len(state['jobs'])} experiments on SLURM", len(state["jobs"]))
     while True:
         states = statuses(root, state)
         counts = tuple(sum(1 for v in states.values() if v[0] == s) for s in STATES)
+        shown = ", ".join(f"{c} {s}" for c, s in zip(counts, STATES))
+        watch.update(doing="waiting for SLURM", counts=shown, done=counts[2] + counts[3],
+                     logs={name: task_log(log) for name, (status, log) in states.items() if status == "running"})
         if counts != reported:
             reported = counts
-            print(f"[sweep] {time.time() - started:.0f} s: " + ", ".join(f"{c} {s}" for c, s in zip(counts, STATES)),
-                  flush=True)
+            say(f"[sweep] {time.time() - started:.0f} s: {shown}")
         if not counts[0] and not counts[1]:
             return states
         if timeout_s is not None and time.time() - started > timeout_s:

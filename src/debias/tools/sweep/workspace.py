@@ -25,6 +25,30 @@ def run(args: list[str], cwd: Path, env: dict[str, str] | None = None, check: bo
     return done.stdout
 
 
+def stream(args: list[str], cwd: Path, env: dict[str, str] | None = None, log: Path | None = None,
+           keep: int = 4000) -> str:
+    """``args`` run in ``cwd`` with their output (stdout and stderr, line by line, as it comes) appended to ``log``,
+    or to this process's stdout (a SLURM task's log) without one, so the run's progress can be read while it runs;
+    returns the last ``keep`` characters (a failure raises, with them)."""
+    tail = ""
+    sink = open(log, "a", encoding="utf-8") if log is not None else None  # noqa: SIM115 (closed below)
+    try:
+        with subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              errors="replace", bufsize=1) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                (sink or sys.stdout).write(line)
+                (sink or sys.stdout).flush()
+                tail = (tail + line)[-keep:]
+            code = process.wait()
+    finally:
+        if sink is not None:
+            sink.close()
+    if code != 0:
+        raise RuntimeError(f"{' '.join(args)} failed ({code}){f'; its log: {log}' if log else ''}:\n{tail}")
+    return tail
+
+
 def push_run_cache(clone: Path, env: dict[str, str]) -> None:
     """``dvc push --run-cache``, then the objects of the run-cache's ``cache: false`` outputs (the git-tracked
     metrics) that it leaves out: DVC 3 pushes the run-cache's entries but only the outputs its workspace index holds,
@@ -150,9 +174,8 @@ def compute_upstream(spec: dict[str, Any]) -> str:
         run(["dvc", "pull", "--run-cache", "--allow-missing"], clone, env, check=False)
     apply_overrides(clone / "params.yaml", [a for a in set_args(spec["overrides"]) if a != "-S"])
     pull = ["--pull"] if spec.get("remote") else []  # restore from the run-cache with outputs from the remote
-    out = run(["dvc", "repro", *pull, spec["stage"]], clone, env)
-    if spec.get("remote"):
-        print(out, flush=True)  # into the SLURM task's log
+    # into its log as it runs (a SLURM task's own log without one): the sweep reads its stage and epoch there
+    out = stream(["dvc", "repro", *pull, spec["stage"]], clone, env, Path(spec["log"]) if spec.get("log") else None)
     if spec.get("remote"):
         push_run_cache(clone, env)
     shutil.rmtree(clone, ignore_errors=True)
