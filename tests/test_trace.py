@@ -13,7 +13,10 @@ method, group-inference method and probe variant, each rerunning its own stage o
 outputs. Each stage is one single-threaded process, so the fixtures run two at a time (the machine's two cores).
 Without ``strace`` (CI installs it, .ci/run) these tests skip, naming it. The checker itself is tested without a
 pipeline: reads made through pyarrow, ctypes and a subprocess, a temporary file the stage did not make, a symlink
-out of the repository and a probe of another stage's out are each found.
+out of the repository and a probe of another stage's out are each found; and in a traced clone where no stage ran
+(the real dvc.yaml), scripts run as a stage: a failed open of another stage's out, a glob of a folder of the stage's
+own outs that shows other stages' outs (the atomic writer's own listing of it passes), a read under ``.dvc/`` and
+a non-dep hard-linked or symlinked into the stage's out are each found.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias.tools.trace import (changed_files, check_stage, declared, read_hook, read_strace, snapshot,
+from debias.tools.trace import (Trace, changed_files, check_stage, declared, read_hook, read_strace, snapshot,
                                 strace_command)
 from tests.conftest import REPO, copy_worktree, unlabelled_image_folder
 from tests.faults.conftest import deep_update
@@ -93,6 +96,14 @@ class TracedClone:
 
     def run(self, name: str) -> list[str]:
         """Run stage ``name``'s dvc.yaml command under strace and the hook; its violations (:func:`check_stage`)."""
+        trace = self.trace(name, self.stages[name]["cmd"].split("#", 1)[0])
+        assert trace.imports or name == "source", f"{name}: the hook logged no import (is {HOOK} on PYTHONPATH?)"
+        assert trace.reads, f"{name}: strace logged no read"
+        return self.check(name, self.stages[name])
+
+    def trace(self, name: str, command: str) -> Trace:
+        """Run the shell line ``command`` as DVC runs stage ``name`` (in the clone, with DVC's variables), under
+        strace and the hook; its trace, kept with the files it changed for :meth:`check`."""
         self.runs += 1
         log = self.root.parent / f"trace-{self.root.name}-{self.runs}-{name}.jsonl"
         os_log = log.with_suffix(".strace")
@@ -102,15 +113,13 @@ class TracedClone:
                    DVC_STAGE=name, DVC_ROOT=str(self.root), PYTHONPATH=os.pathsep.join([str(HOOK), str(self.root / "src")]),
                    PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
         before = snapshot(self.root)
-        command = shlex.join(strace_command(os_log)) + " " + self.stages[name]["cmd"].split("#", 1)[0]
-        done = subprocess.run(command, shell=True, cwd=self.root, env=env, capture_output=True, text=True, timeout=600)
+        traced = shlex.join(strace_command(os_log)) + " " + command
+        done = subprocess.run(traced, shell=True, cwd=self.root, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, f"{name} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         self.output += done.stdout + done.stderr
         trace = read_strace(os_log, self.root, ignore=(HOOK,)).merge(read_hook(log))
-        assert trace.imports or name == "source", f"{name}: the hook logged no import (is {HOOK} on PYTHONPATH?)"
-        assert trace.reads, f"{name}: strace logged no read ({os_log})"
         self.traces[name] = (trace, changed_files(before, snapshot(self.root)), set(before))
-        return self.check(name, self.stages[name])
+        return trace
 
     def check(self, name: str, entry: dict) -> list[str]:
         """The violations of stage ``name``'s last traced run held against the dvc.yaml entry ``entry``."""
@@ -243,6 +252,128 @@ def test_the_os_trace_sees_reads_of_c_libraries_subprocesses_and_probes(tmp_path
                             existed=set(before), others_outs=["models/stage2.pt"])
     assert not [p for p in remaining if "data/" in p.split(",")[0]], remaining  # declared: no longer a violation
     shutil.rmtree(elsewhere)
+
+
+# --------------------------------------------------------------------------- the blind corners, in a clone
+
+
+@pytest.fixture(scope="module")
+def bare_clone(tmp_path_factory: pytest.TempPathFactory) -> TracedClone:
+    """A traced clone of the repository (its dvc.yaml: the real graph and every stage's outs) where no stage ran: a
+    fresh clone, as DVC's users have one before ``dvc pull``. Each test below runs a script in it as one stage."""
+    runtime = tmp_path_factory.mktemp("runtime")
+    return TracedClone(tmp_path_factory.mktemp("bare") / "repo", runtime)
+
+
+def _as_stage(clone: TracedClone, name: str, script: str) -> list[str]:
+    """``script`` run by ``python`` as stage ``name`` of ``clone``; its violations against the stage's real entry."""
+    clone.trace(name, f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}")
+    return clone.check(name, clone.stages[name])
+
+
+def _found(problems: list[str], start: str, *parts: str) -> bool:
+    """Whether a violation starts with ``start`` (before the module that touched the file) and holds ``parts``."""
+    return any(p.startswith(start) and all(part in p for part in parts) for p in problems)
+
+
+OPTIONAL_READ = """
+try:
+    print(open("reports/metrics/evaluate.json").read())
+except FileNotFoundError:
+    print("no evaluate metrics")
+"""
+
+
+def test_a_stage_that_reads_another_stages_out_when_it_exists_is_found_on_a_fresh_clone(bare_clone) -> None:
+    """linear_probe reads evaluate's metrics if they are there: on a fresh clone the open fails, and that failure is
+    as much a read as the open that succeeds after evaluate ran."""
+    metrics = bare_clone.root / "reports/metrics/evaluate.json"
+    assert not metrics.exists()  # a fresh clone: evaluate never ran
+    problems = _as_stage(bare_clone, "linear_probe", OPTIONAL_READ)
+    assert _found(problems, "linear_probe tries to open reports/metrics/evaluate.json", "a failed open",
+                  "an out of another stage that is not among its deps"), problems
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.write_text("{}")
+    try:
+        problems = _as_stage(bare_clone, "linear_probe", OPTIONAL_READ)
+        assert _found(problems, "linear_probe reads reports/metrics/evaluate.json", "not among its deps"), problems
+    finally:
+        metrics.unlink()
+
+
+WRITE_OWN = """
+from debias.core.io import save_json
+save_json("reports/metrics/evaluate.json", {"a": 1})
+"""
+GLOB_METRICS = """
+import glob
+print(glob.glob("reports/metrics/*.json"))
+"""
+
+
+def test_a_listing_of_a_folder_of_its_own_outs_that_shows_other_stages_outs_is_found(bare_clone) -> None:
+    """evaluate writes reports/metrics/evaluate.json (the atomic writer lists the folder to sweep its own dead
+    temporaries: no violation); a glob of reports/metrics/*.json there shows the other stages' metrics, which it
+    does not depend on."""
+    metrics = bare_clone.root / "reports/metrics"
+    metrics.mkdir(parents=True, exist_ok=True)
+    (metrics / "erm.json").write_text("{}")  # train_erm's
+    try:
+        quiet = _as_stage(bare_clone, "evaluate", WRITE_OWN)
+        assert not [p for p in quiet if "lists the folder" in p], quiet
+        problems = _as_stage(bare_clone, "evaluate", WRITE_OWN + GLOB_METRICS)
+        assert _found(problems, "evaluate lists the folder reports/metrics", "reports/metrics/erm.json",
+                      "not among its deps"), problems
+    finally:
+        for name in ("erm.json", "evaluate.json"):
+            (metrics / name).unlink(missing_ok=True)
+
+
+DVC_FILES = (".dvc/cache/files/md5/ab/cdef0123456789", ".dvc/tmp/exps/run/task/task.out", ".dvc/config")
+READ_DVC = f"""
+for name in {DVC_FILES!r}:
+    print(open(name).read())
+"""
+
+
+def test_dvcs_cache_temporary_files_and_configuration_are_no_stages_environment(bare_clone) -> None:
+    """A stage process needs nothing under .dvc/ (DVC reads its configuration and cache itself): a read of its
+    cache, of its temporary files (a queued experiment's log) or of its configuration is a read DVC does not
+    track."""
+    for rel in DVC_FILES[:2]:
+        (bare_clone.root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (bare_clone.root / rel).write_text("x")
+    try:
+        problems = _as_stage(bare_clone, "evaluate", READ_DVC)
+        for rel in DVC_FILES:
+            assert _found(problems, f"evaluate reads {rel}", "not among its deps"), (rel, problems)
+    finally:
+        shutil.rmtree(bare_clone.root / ".dvc/cache")
+        shutil.rmtree(bare_clone.root / ".dvc/tmp")
+
+
+LINK = """
+import os
+os.makedirs("data/evaluate", exist_ok=True)
+os.link("data/groups/summary.json", "data/evaluate/summary.json")  # a hard link: the same file, read as its own out
+print(open("data/evaluate/summary.json").read())
+os.symlink("../../README.md", "data/evaluate/readme.md")           # a symlink: the out is README's, never opened
+"""
+
+
+def test_a_non_dep_linked_into_the_stages_own_out_is_read(bare_clone) -> None:
+    """evaluate makes infer_groups' summary (a hard link, read back as its own out) and README.md (a symlink,
+    never opened) files of its own out folder data/evaluate: what a link points at is read."""
+    summary = bare_clone.root / "data/groups/summary.json"
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text('{"groups": 4}')
+    try:
+        problems = _as_stage(bare_clone, "evaluate", LINK)
+        assert _found(problems, "evaluate reads data/groups/summary.json", "not among its deps"), problems
+        assert _found(problems, "evaluate reads README.md", "not among its deps"), problems
+    finally:
+        shutil.rmtree(summary.parent)
+        shutil.rmtree(bare_clone.root / "data/evaluate", ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- every variant (slow)

@@ -15,11 +15,21 @@ violations, each a sentence naming the file or module:
   repository, every file read lies under the interpreter, ``/proc``, ``/dev``, ``/sys``, a declared environment entry,
   the data source's external files (stages depending on their fingerprint ``data/source.json`` only), or a temporary
   folder, and there only when the stage itself made the file;
-- no file or folder inside the repository that another stage writes is probed (``stat``, ``exists``, ``access``)
-  unless it is among the stage's deps or outs: a probe's answer shapes what the stage does as a read would;
+- no file or folder inside the repository that another stage writes is probed (``stat``, ``exists``, ``access``) or
+  tried (an ``open`` that fails: a missing file is an answer too) unless it is among the stage's deps or outs: on a
+  fresh clone the file is missing, in a workspace where the other stage ran it is there, and what the stage does
+  depends on which (DVC knows of neither);
+- no folder is listed (its entries read: ``getdents``) whose entries DVC does not pin for the stage. DVC pins a
+  dep's presence (it runs the stage only when every dep exists) and the stage's own outs' (it deletes them before
+  the stage runs); another stage's out is there or not by whether that stage ran or was pulled. So a listing is a
+  read of every other stage's out under the folder (:func:`revealed`), each of which must be a dep unless the folder
+  lies in a dep; a folder holding none is listed only when one of the stage's deps or outs lies under it. The
+  atomic writer lists the folder of each file it writes and acts on its own temporaries alone (:data:`LISTERS`): as
+  many listings of a folder as the audit hook saw it make are excused;
 - every file the stage created, changed or deleted in the repository is one of its outs or lies under one, or is
   declared as no out with the reason (:data:`NOT_OUTS`); outside it, it wrote only into temporary folders or
-  :data:`ENVIRONMENT` entries marked writable;
+  :data:`ENVIRONMENT` entries marked writable; a link made (``link``, ``symlink``) reads what it links to: a hard
+  link or a symlink from a non-dep into an out makes the out that file without opening it;
 - every program it ran from the repository is a dep;
 - every ``debias`` module imported is a dep of the stage or a side channel (:data:`debias.tools.deps.SIDE_CHANNELS`):
   a harness module that is neither counts as handing values into the outputs.
@@ -34,6 +44,7 @@ import json
 import os
 import re
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,7 +74,6 @@ ENVIRONMENT: dict[str, str] = {
                 "reruns a stage whose entry changes",
     "dvc.lock": "the stage runner reads the params DVC recorded for the stage's last run, to name the changed ones "
                 "this run does not read (unread-param, debias.harness.unread); no computed value depends on it",
-    ".dvc/": "DVC's own configuration, read to find the repository root",
     "/etc/": "the system's configuration (time zone, users, host names, shared-library cache, SSL certificates)",
     "/usr/share/": "system data: fonts, time-zone and locale tables",
     "/usr/lib/": "system libraries and their data",
@@ -92,6 +102,17 @@ STAGE_ENVIRONMENT: dict[str, dict[str, str]] = {
     },
 }
 
+# Nothing under .dvc/ is an environment file: DVC reads its configuration and cache in its own process, and a stage
+# process needs none of it (debias.core.paths.repo_root takes $DVC_ROOT, else probes for the folder ``.dvc``: a stat,
+# no read). A read of .dvc/config, .dvc/cache/ or .dvc/tmp/ by a stage is a read DVC does not track.
+
+# The modules whose folder listings read nothing into an output, each with the reason: check_stage excuses as many
+# listings of a folder as the audit hook saw these modules make (the OS trace counts every listing, by any code).
+LISTERS: dict[str, str] = {
+    "debias.core.io": "the atomic writer lists the folder of each file it writes to remove its own temporaries left "
+                      "by killed writers (``.<name>.<pid>.<random>.tmp``, _sweep_dead_temps): it acts on no other name",
+}
+
 MACHINE_FOLDERS = ("/proc/", "/dev/", "/sys/")
 CODE_FOLDERS = ("src/", "pipeline/")
 
@@ -100,21 +121,25 @@ CODE_FOLDERS = ("src/", "pipeline/")
 class Trace:
     """What one stage's processes did, as the hook logged it: absolute paths and module names."""
 
-    reads: set[str] = field(default_factory=set)
+    reads: set[str] = field(default_factory=set)  # opened to read, or linked from (link, symlink)
     writes: set[str] = field(default_factory=set)  # created, written, renamed or removed
     by: dict[str, str] = field(default_factory=dict)  # path -> the innermost debias module that first touched it
-    listed: set[str] = field(default_factory=set)
+    listed: Counter[str] = field(default_factory=Counter)  # folder -> how many times its entries were read (getdents)
+    listed_by: dict[str, Counter[str]] = field(default_factory=dict)  # folder -> module -> listings (the hook's)
     probed: set[str] = field(default_factory=set)  # stat, lstat, access, readlink: what exists, and what it is
+    tried: set[str] = field(default_factory=set)  # failed opens: a missing (or refused) file is an answer too
     made: set[str] = field(default_factory=set)  # files whose first event made them new (O_EXCL / O_TRUNC, a rename)
     imports: dict[str, list[str]] = field(default_factory=dict)  # module -> the debias modules on the stack then
     scripts: set[str] = field(default_factory=set)  # files run as __main__ or as a program (execve)
 
     def merge(self, other: Trace) -> Trace:
         """The union of two traces of the same stage (the OS trace's files and the hook's imports)."""
-        for name in ("reads", "writes", "listed", "probed", "made", "scripts"):
+        for name in ("reads", "writes", "listed", "probed", "tried", "made", "scripts"):
             getattr(self, name).update(getattr(other, name))
         for path, who in other.by.items():
             self.by.setdefault(path, who)
+        for path, modules in other.listed_by.items():
+            self.listed_by.setdefault(path, Counter()).update(modules)
         for module, stack in other.imports.items():
             self.imports.setdefault(module, stack)
         return self
@@ -122,7 +147,8 @@ class Trace:
 
 def read_hook(path: Path) -> Trace:
     """What the audit hook's log adds to the OS trace: the ``debias`` modules imported (with the stack), the files
-    run as ``__main__``, and which module touched each file first (a missing log is an empty trace)."""
+    run as ``__main__``, which module touched each file first, and which module listed each folder how many times
+    (a missing log is an empty trace)."""
     trace = Trace()
     if not path.exists():
         return trace
@@ -139,6 +165,9 @@ def read_hook(path: Path) -> Trace:
             trace.imports.setdefault(record["module"], record.get("stack") or [])
         elif event == "cpython.run_file":
             trace.scripts.update(paths)
+        elif event in ("os.listdir", "os.scandir") and paths and paths[0]:
+            folder = os.path.realpath(paths[0])
+            trace.listed_by.setdefault(folder, Counter())[record.get("by") or "?"] += 1
     return trace
 
 
@@ -147,7 +176,8 @@ def read_hook(path: Path) -> Trace:
 #: The system calls :func:`strace_command` traces: every way a process reaches a file by its name.
 SYSCALLS = ("open", "openat", "openat2", "creat", "truncate", "rename", "renameat", "renameat2", "link", "linkat",
             "symlink", "symlinkat", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "execve", "execveat", "stat",
-            "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat")
+            "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat",
+            "getdents", "getdents64")
 
 
 def strace_command(log: Path) -> list[str]:
@@ -206,17 +236,20 @@ def _calls(lines: list[str]) -> list[tuple[str, str, str, str]]:
 
 def read_strace(path: Path, cwd: Path, ignore: tuple[Path, ...] = ()) -> Trace:
     """The :class:`Trace` of an strace log of :func:`strace_command` (every process of the stage): reads and writes
-    from successful opens (by their flags; ``O_DIRECTORY``: a listing), the real path the kernel opened; renames,
-    links, removals and folders made as writes; stats, accesses and link reads (failed ones too: a missing file is
-    an answer) as probes; programs run. A file whose first event created it afresh (``O_EXCL`` or ``O_TRUNC``, the
-    target of a rename) is the stage's own (:attr:`Trace.made`). A relative name is resolved against its ``*at``
-    call's directory, else against its process's working folder (the last ``AT_FDCWD`` strace showed for it, ``cwd``
-    before any); files under ``ignore`` (the tracer's own) are left out."""
+    from successful opens (by their flags), the real path the kernel opened; failed opens as tried (a missing file is
+    an answer); a folder opened (``O_DIRECTORY``) as probed, and each time its entries are read (the first
+    ``getdents`` of an opened descriptor) as one listing; renames, links, removals and folders made as writes, and
+    what a link points at as read; stats, accesses and link reads (failed ones too) as probes; programs run. A file
+    whose first event created it afresh (``O_EXCL`` or ``O_TRUNC``, the target of a rename or link) is the stage's
+    own (:attr:`Trace.made`). A relative name is resolved against its ``*at`` call's directory, else against its
+    process's working folder (the last ``AT_FDCWD`` strace showed for it, ``cwd`` before any); files under ``ignore``
+    (the tracer's own) are left out."""
     trace = Trace()
     if not path.exists():
         return trace
     seen: set[str] = set()
     cwds: dict[str, str] = {}
+    listing: dict[tuple[str, str], str] = {}  # (pid, descriptor) -> the folder whose listing was counted on it
     skipped = tuple(os.path.join(os.path.realpath(folder), "") for folder in ignore)
 
     def first(target: str, fresh: bool) -> None:
@@ -230,6 +263,14 @@ def read_strace(path: Path, cwd: Path, ignore: tuple[Path, ...] = ()) -> Trace:
         here = _DIRFD.match(args)
         if here and args.lstrip().startswith("AT_FDCWD"):
             cwds[pid] = _decode(here.group("dir"))
+        if name in ("getdents", "getdents64"):
+            descriptor = args.split("<", 1)[0].strip()
+            if ok and here:
+                folder = os.path.normpath(_decode(here.group("dir")))
+                if listing.get((pid, descriptor)) != folder and not os.path.join(folder, "").startswith(skipped):
+                    trace.listed[folder] += 1  # one listing per opened descriptor, however many calls read it
+                listing[(pid, descriptor)] = folder
+            continue
         strings = _strings(args)
         if not strings:
             continue
@@ -241,12 +282,14 @@ def read_strace(path: Path, cwd: Path, ignore: tuple[Path, ...] = ()) -> Trace:
             continue
         if name in ("open", "openat", "openat2", "creat"):
             if not ok:
+                trace.tried.add(paths[0])
                 continue
             found = _RESULT_PATH.match(result)
+            listing.pop((pid, result.split("<", 1)[0].strip()), None)  # the descriptor now names another file
             real = os.path.normpath(_decode(found.group("path"))) if found else paths[0]
             flags = args[strings[0][2]:]
             if "O_DIRECTORY" in flags:
-                trace.listed.add(real)
+                trace.probed.add(real)  # opened, not yet read: a listing is counted at its getdents
                 continue
             writes = name == "creat" or any(flag in flags for flag in _WRITE_FLAGS)
             reads = "O_WRONLY" not in flags and name != "creat"
@@ -255,11 +298,19 @@ def read_strace(path: Path, cwd: Path, ignore: tuple[Path, ...] = ()) -> Trace:
                 trace.reads.add(real)
             if writes:
                 trace.writes.add(real)
-        elif name in ("rename", "renameat", "renameat2", "link", "linkat", "symlink", "symlinkat"):
+        elif name in ("rename", "renameat", "renameat2"):
             if ok:
-                target = paths[-1] if name != "symlink" else paths[1]
+                first(paths[-1], True)
+                trace.writes.update(paths)
+        elif name in ("link", "linkat", "symlink", "symlinkat"):
+            if ok:  # the new name's content is what it links to: a read of that, never a write of it
+                target = paths[-1]
+                pointed = strings[0][0]
+                linked = paths[0] if name.startswith("link") else os.path.normpath(
+                    pointed if pointed.startswith("/") else os.path.join(os.path.dirname(target), pointed))
                 first(target, True)
-                trace.writes.update(paths if not name.startswith("symlink") else [target])
+                trace.writes.add(target)
+                trace.reads.add(linked)
         elif name in ("unlink", "unlinkat", "rmdir", "mkdir", "mkdirat", "truncate"):
             if ok:
                 first(paths[0], name.startswith("mkdir"))
@@ -310,6 +361,12 @@ def under(path: str, entries: list[str] | tuple[str, ...]) -> bool:
     return False
 
 
+def revealed(folder: str, outs: list[str]) -> list[str]:
+    """The ``outs`` a listing of ``folder`` shows the presence of (repository-relative): those under it at any depth
+    (a sub-folder's entry is there because what it holds is) and the one it lies in."""
+    return [out for out in outs if under(out, [folder]) or under(folder, [out])]
+
+
 def _environment(root: Path, stage: str = "") -> tuple[list[str], list[str]]:
     """:data:`ENVIRONMENT`'s entries and ``stage``'s :data:`STAGE_ENVIRONMENT` as paths (absolute outside ``root``,
     relative inside): all, and the writable."""
@@ -358,7 +415,8 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
     events), ``changed`` (files it created, changed or deleted under ``root``, :func:`changed_files`), ``external``
     (absolute paths of the data source's external files), ``existed`` (the repository's files before the stage,
     :func:`snapshot`'s keys: a file read that was not there is one the stage made) and ``others_outs`` (every other
-    stage's outs: probing them is reading them); an empty list when the graph holds."""
+    stage's outs: probing them, failing to open them or listing a folder that holds them is reading them); an empty
+    list when the graph holds."""
     deps, outs = declared(stage)
     environment, writable = _environment(root, name)
     inside_environment = [e for e in environment if not os.path.isabs(e)]
@@ -395,20 +453,30 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
             continue  # code: judged by the imports below; a file the stage made itself is no input
         if not (under(rel, deps) or under(rel, outs) or under(rel, inside_environment) or under(rel, own_resume)):
             problems.append(f"{name} reads {rel}{who(real)}, which is not among its deps in dvc.yaml")
-    for path in sorted(trace.listed):
+    for path, count in sorted(trace.listed.items()):
         rel = _inside(path, root)
         if rel is None or rel == "." or rel.startswith(CODE_FOLDERS) or rel in ("src", "pipeline"):
-            continue  # outside: listing finds nothing the reads above do not name; code: the import machinery
-        if not (under(rel, deps) or under(rel, outs) or under(rel, inside_environment) or under(rel, list(NOT_OUTS))
-                or any(d.startswith(rel.rstrip("/") + "/") for d in (*deps, *outs))):
+            continue  # outside: listing finds nothing the reads above do not name; the root (``python -m`` puts it
+            # on sys.path) and code: the import machinery
+        if under(rel, deps) or under(rel, outs) or under(rel, inside_environment) or under(rel, list(NOT_OUTS)):
+            continue  # a dep folder or one inside it, inside an out, a declared environment or no-out folder
+        hidden = [out for out in revealed(rel, list(others_outs)) if not under(out, deps)]
+        excused = sum(n for module, n in trace.listed_by.get(path, {}).items() if module in LISTERS)
+        if hidden and count > excused:
+            shown = ", ".join(hidden[:3]) + (f" and {len(hidden) - 3} more" if len(hidden) > 3 else "")
+            problems.append(f"{name} lists the folder {rel}{who(path)}, which holds other stages' outs that are not "
+                            f"among its deps in dvc.yaml ({shown}): what it finds depends on whether they exist")
+        elif not hidden and not any(d.startswith(rel.rstrip("/") + "/") for d in (*deps, *outs)):
             problems.append(f"{name} lists the folder {rel}{who(path)}, which is not among its deps in dvc.yaml")
-    for path in sorted(trace.probed):
+    attempts = [(path, "probes", "(exists / stat)") for path in trace.probed]
+    attempts += [(path, "tries to open", "(a failed open: a missing file is an answer)") for path in trace.tried]
+    for path, verb, how in sorted(attempts):
         rel = _inside(path, root)
         if rel is None or rel == "." or code(rel):
             continue
         if under(rel, list(others_outs)) and not (under(rel, deps) or under(rel, outs) or under(rel, own_resume)):
-            problems.append(f"{name} probes {rel}{who(path)} (exists / stat), an out of another stage that is not "
-                            "among its deps in dvc.yaml")
+            problems.append(f"{name} {verb} {rel}{who(path)} {how}, an out of another stage that is not among its "
+                            "deps in dvc.yaml")
     for rel in sorted(changed):
         if not (under(rel, outs) or under(rel, list(NOT_OUTS))):
             problems.append(f"{name} writes {rel}, which is not among its outs in dvc.yaml nor declared as no out "
