@@ -455,3 +455,40 @@ def test_a_running_entry_whose_process_ended_is_no_worker_and_does_not_hold_the_
     out = capsys.readouterr().out
     assert out.count("[sweep] e0: DVC lists it Running, but its process exited (code -1)") == 1
     assert "(stopped by `dvc queue kill`?): counted as failed; `debias sweep --resume` reruns it" in out
+
+
+def test_a_runs_stage_epoch_and_eta_are_read_from_its_log() -> None:
+    from debias.tools.sweep import watch
+
+    log = ("Stage 'download' didn't change, skipping\n"
+           "Running stage 'train_erm':\n> python -m debias.harness.launch pipeline/train_erm.py\n"
+           "[train_erm] epoch 4 (5/5): loss 0.1000 (1.0 s)\n"
+           "Running stage 'train_contrastive':\n"
+           "[train_contrastive] epoch 0 (1/3): loss 0.5000 (2.0 s; ETA 2 h 05 min)\n"
+           "[train_contrastive] still working: epoch 1/3 done, training the next; ETA 3 min 41 s; 9.0 s since ...\n")
+    found = watch.parse_progress(log)
+    assert (found.stage, found.done, found.total, found.eta_s) == ("train_contrastive", 1, 3, 221.0)
+    assert found.text(21) == "train_contrastive epoch 1/3 (ETA 3 min 20 s)" and found.text(500).endswith("(ETA 0.0 s)")
+    assert watch.parse_progress(log + "Running stage 'linear_probe':\n").text() == "linear_probe"
+    assert watch.parse_progress("Stage 'train_erm' is cached - skipping run, checking out outputs\n").text() == "starting"
+    assert [watch.seconds(t) for t in ("0.4 s", "12 s", "3 min 41 s", "2 h 05 min")] == [0.4, 12.0, 221.0, 7500.0]
+    assert watch.sweep_eta(100, 2, 6) == 200 and watch.sweep_eta(100, 0, 6) is None and watch.sweep_eta(9, 6, 6) == 0
+
+
+def test_the_sweeps_line_names_its_phase_counts_runs_and_eta(tmp_path: Path) -> None:
+    import time
+
+    from debias.tools.sweep.watch import SweepWatch
+
+    log = tmp_path / "upstream-1.log"
+    log.write_text("Running stage 'train_erm':\n[train_erm] epoch 2 (3/5): loss 1.0 (1.0 s; ETA 20 s)\n")
+    shown = SweepWatch("sweep", started=time.time() - 70)
+    shown.phase("shared upstream 0/3 done", 3, "the shared upstream")
+    assert shown.line().startswith("[sweep] shared upstream 0/3 done; 1 min 10 s since the start")
+    shown.started_run("upstream-1", log)
+    shown.started_run("upstream-2", None)
+    shown.update(counts="shared upstream 1/3 done", done=1)
+    shown.phase_started -= 30
+    line = shown.line()
+    assert line.startswith("[sweep] shared upstream 1/3 done; running upstream-1: train_erm epoch 3/5 (ETA 2"), line
+    assert "upstream-2: starting; 1 min 10 s since the start, ETA of the shared upstream 1 min 00 s" in line
