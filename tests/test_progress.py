@@ -200,3 +200,25 @@ def test_a_stage_says_where_it_is_while_its_body_is_silent(tmp_path, monkeypatch
     beats = [line for line in capsys.readouterr().err.splitlines() if "still working" in line]
     assert len(beats) >= 3, beats
     assert beats[-1].startswith("[train_erm] still working: epoch 1/4 done, training the next; ETA ")
+
+
+def test_compare_says_it_started_at_once_and_keeps_saying_it_works(monkeypatch, capsys) -> None:
+    """`debias compare` printed nothing for its first 20 s on a loaded machine (imports, then `dvc exp show`): its
+    first line now comes before any of that, and a line per interval follows while it gathers."""
+    import time
+
+    from debias.tools import cli
+
+    seen = []
+
+    def slow(args) -> int:
+        seen.append(capsys.readouterr().err)  # what was printed before the work began
+        time.sleep(1.5)
+        return 0
+
+    monkeypatch.setattr(cli, "_compare", slow)
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.3)
+    assert cli.main(["compare", "--no-mlflow"]) == 0
+    assert seen[0].startswith("[compare] starting (")
+    beats = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[compare] still working, ")]
+    assert len(beats) >= 3, beats

@@ -96,6 +96,20 @@ def deps(write: bool) -> int:
 
 
 def compare(args: argparse.Namespace) -> int:
+    """``debias compare``: its first line at once, then a line at least every 15 s until the table."""
+    import time
+
+    from debias.harness.progress import Heartbeat, duration
+
+    started = time.monotonic()
+    print("[compare] starting (loading pandas, matplotlib and DVC's experiments takes a while)", file=sys.stderr,
+          flush=True)
+    with Heartbeat(lambda: f"[compare] still working, {duration(time.monotonic() - started)} since the start",
+                   write=lambda line: print(line, file=sys.stderr, flush=True)):
+        return _compare(args)
+
+
+def _compare(args: argparse.Namespace) -> int:
     from debias.core.errors import DebiasError
     from debias.core.paths import repo_root
     from debias.tools.compare import compare as run_compare
@@ -111,7 +125,7 @@ def compare(args: argparse.Namespace) -> int:
     try:
         _, _, text = run_compare(root, args.source, args.method, args.param, args.last, tags,
                                  Path(args.out) if args.out else None, mlflow=not args.no_mlflow, max_width=args.width,
-                                 sweep=args.sweep)
+                                 sweep=args.sweep, margin=args.margin, all_commits=args.all_commits)
     except (ValueError, RuntimeError, DebiasError) as exc:
         print(f"debias compare: {exc}", file=sys.stderr)
         return 2
@@ -206,6 +220,8 @@ examples:
   debias compare --method cnc --last 6
   debias compare --param loss.epsilon=0.25 --param stage2.method=eps_supinfonce
   debias compare --source mlflow --tag debias.dvc_experiment=my-exp
+  debias compare --sweep eps --margin 2
+  debias compare --all-commits
 """
 
 
@@ -234,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("--out", help="folder of the page (default: reports/compare in the repository root)")
     cmp.add_argument("--width", type=int, default=160, help="widest line of the table printed (default: 160)")
     cmp.add_argument("--no-mlflow", action="store_true", help="do not log the page to MLflow")
+    cmp.add_argument("--margin", type=float, metavar="D", help="points: also test equivalence within ±D (two one-sided "
+                     "tests); each verdict is then within ±D, differs, or undecided with the seeds that would decide it")
+    cmp.add_argument("--all-commits", action="store_true", help="DVC's experiments of every commit (dvc exp show -A), "
+                     "not only the current commit's")
     page = commands.add_parser("plots-template", help="write the offline page that dvc plots show / diff fill",
                                description="Write the offline HTML page that dvc plots show / dvc plots diff fill "
                                            "(.dvc/config plots.html_template points at it).")
