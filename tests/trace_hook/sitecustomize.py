@@ -8,6 +8,9 @@ import json
 import os
 import sys
 
+# The stage harness refuses a hook from outside the interpreter's installation unless it declares this (it records
+# what a stage does and hands it nothing)
+DEBIAS_SIDE_CHANNEL = "records the files and debias modules a traced stage touches; returns nothing to it"
 _STARTED_WITH = os.environ.get("DEBIAS_TRACE_LOG")
 # A fork server (``python -m debias.harness.forkserver``, started by a traced launcher) holds the hook for its forks
 _SERVER = "debias.harness.forkserver" in getattr(sys, "orig_argv", [])

@@ -212,23 +212,54 @@ def stage_deps(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
     return [str(dep) for dep in stage_entry(stage, dvc_yaml).get("deps") or []]
 
 
+def installation_folders() -> tuple[str, ...]:
+    """The interpreter's own folders, each resolved and ending in a separator: its prefixes, the standard library
+    and its site-packages (the user's included), where installed packages live."""
+    import site
+    import sysconfig
+
+    return tuple(sorted({os.path.join(os.path.realpath(folder), "") for folder in (
+        sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values(), *site.getsitepackages(),
+        site.getusersitepackages()) if folder}))
+
+
+# The modules the interpreter's ``site`` imports at start-up from anywhere on the path, before any stage code runs
+# (the code of a ``.pth`` file is run from site-packages, part of the installation).
+INTERPRETER_HOOKS = ("sitecustomize", "usercustomize")
+SIDE_CHANNEL_MARK = "DEBIAS_SIDE_CHANNEL"  # a hook's module-level declaration that it changes no result, and why
+
+
+def unseen_hooks() -> list[str]:
+    """The interpreter hooks (:data:`INTERPRETER_HOOKS`) this process ran from outside the interpreter's installation
+    (:func:`installation_folders`: a ``src/sitecustomize.py`` on the path of an editable install, a folder on
+    PYTHONPATH), each as ``'name (path)'``; a hook that declares ``DEBIAS_SIDE_CHANNEL = "<why it changes no result>"``
+    (a profiler, an import recorder) is left out. Such a hook can change what every stage computes (a default dtype, a
+    patched function), and no stage's deps name it: DVC would rerun nothing when it changes."""
+    installed = installation_folders()
+    found = []
+    for name in INTERPRETER_HOOKS:
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None)
+        if module is None or not isinstance(file, str) or isinstance(getattr(module, SIDE_CHANNEL_MARK, None), str):
+            continue
+        paths = (os.path.abspath(file), os.path.realpath(file))  # Debian links its own into /etc
+        if not any(path.startswith(installed) for path in paths):
+            found.append(f"{name} ({paths[0]})")
+    return found
+
+
 def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
     """Code this stage process imported that DVC cannot see, each as ``'module (path)'``: a module outside the
     ``debias`` package (which the code deps and the trace cover) whose file lies in the repository but under none of
     the stage's deps (a helper beside the entrypoints, a plugin folder on PYTHONPATH), or outside the repository and
     neither under the interpreter's folders nor of an installed distribution (editable installs included). Editing
-    either would rerun nothing. Interpreter hooks (``sitecustomize``) are no stage code."""
-    import site
-    import sysconfig
-
-    installed = tuple(sorted({os.path.join(os.path.realpath(folder), "") for folder in (
-        sys.prefix, sys.base_prefix, sys.exec_prefix, *sysconfig.get_paths().values(), *site.getsitepackages(),
-        site.getusersitepackages()) if folder}))
+    either would rerun nothing. Interpreter hooks (``sitecustomize``) are :func:`unseen_hooks`'s."""
+    installed = installation_folders()
     candidates = []
     for name, module in sorted(sys.modules.items()):
         file = getattr(module, "__file__", None)
         if (not isinstance(file, str) or not os.path.isabs(file) or name.startswith(("__", "code_model_"))
-                or name in ("sitecustomize", "usercustomize") or name.split(".")[0] == "debias"):
+                or name in INTERPRETER_HOOKS or name.split(".")[0] == "debias"):
             continue  # no file of its own (torch.ops' is a bare name), the scripts run as __main__ (the fork server's
             # as __mp_main__ too), MLflow loading the harness's model code (and its copy) as code_model_<id>, a
             # hook, or the package (derived and traced)
@@ -257,10 +288,19 @@ def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
 
 
 def check_imports(stage: str) -> None:
-    """Refuse a stage process that imported code DVC cannot see (:func:`unseen_modules`), before its body (the
-    entrypoint's own imports) and after it (what the body imported); only in a stage process of its own."""
+    """Refuse a stage process that ran an interpreter hook DVC cannot see (:func:`unseen_hooks`) or imported code DVC
+    cannot see (:func:`unseen_modules`), before its body (the entrypoint's own imports) and after it (what the body
+    imported); only in a stage process of its own."""
     if not is_stage_process(stage):
         return
+    hooks = unseen_hooks()
+    if hooks:
+        raise DebiasError(
+            f"the interpreter ran {'; '.join(hooks)} at start-up, a hook outside its installation: it can change what "
+            f"{stage} computes (a default dtype, a patched function), and no stage's deps name it, so editing it would "
+            "rerun nothing. Take it off the path (PYTHONPATH, src/) or move what it does into src/debias; a hook that "
+            f"changes no result (a profiler, an import recorder) says so with a module-level {SIDE_CHANNEL_MARK} = "
+            '"<why>"')
     found = unseen_modules(stage)
     if found:
         raise DebiasError(

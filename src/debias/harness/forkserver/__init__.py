@@ -21,8 +21,8 @@ One server per interpreter and import-time state: the socket's name hashes the P
 flags, the environment variables an import may read (:data:`IMPORT_TIME`: the interpreter's, the loader's, the
 thread pools', locale, cache and temporary folders, the preloaded libraries'), the modification times of ``sys.path``'s folders (an install or
 upgrade starts a new server), the control group and mount namespace (a SLURM job's stages never run in another
-job's server), the niceness, the CPU affinity (the thread pools are sized from it), the hard resource limits and
-this module's own text. The server imports torch with ``OMP_WAIT_POLICY=PASSIVE``
+job's server), the niceness, the CPU affinity (the thread pools are sized from it), the hard resource limits,
+the text of the interpreter hooks (``sitecustomize``, ``usercustomize``) and this module's own text. The server imports torch with ``OMP_WAIT_POLICY=PASSIVE``
 unless the environment sets it (the value UMAP's stages need, since OpenMP reads it once, when torch loads it).
 
 Where anything is not as expected (not Linux, ``DEBIAS_FORKSERVER=0``, a CUDA device visible unless

@@ -76,6 +76,9 @@ def identity(environ: dict[str, str], options: list[str]) -> str:
         "environment": sorted((k, v) for k, v in environ.items() if read_at_import(k)),
         "paths": paths, "cgroup": _text("/proc/self/cgroup"), "namespace": namespace, "nice": os.nice(0),
         "uid": os.getuid(), "code": [_text(str(path)) for path in sorted(Path(__file__).parent.glob("*.py"))],
+        # the interpreter hooks site ran at start-up (the server ran them once; an edited one needs a new server)
+        "hooks": [_text(file) for name in ("sitecustomize", "usercustomize")
+                  if isinstance(file := getattr(sys.modules.get(name), "__file__", None), str)],
         # the thread pools (torch, OpenMP, OpenBLAS, numba) are sized from the CPUs a process may run on when it
         # loads them: a pinned launcher (taskset, SLURM) gets a server that loaded them under the same mask
         "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
