@@ -81,7 +81,7 @@ def test_groups_by_everything_but_the_seed_with_mean_std_and_seed_count(sweep) -
     assert math.isnan(groups.loc["eps_supinfonce", "s2_worst_std"])
     assert groups.loc["cnc", "experiments"] == "cnc-s0, cnc-s1, cnc-s2"
     [difference] = comparison.differences
-    assert difference["difference"] == pytest.approx(-30.0) and difference["p"] is None  # one eps seed: no test
+    assert difference.rank.difference == pytest.approx(-30.0) and difference.rank.p is None  # one eps seed: no test
     assert [e.name for e in comparison.without_results] == ["q9", "r7"]
 
 
@@ -214,7 +214,9 @@ def test_out_that_is_a_file_or_unwritable_is_one_line(tmp_path: Path, capsys) ->
 
     (tmp_path / "a_file").write_text("x")
     assert cli_main(["compare", "--out", str(tmp_path / "a_file"), "--no-mlflow"]) == 2
-    assert capsys.readouterr().err == f"debias compare: --out {tmp_path / 'a_file'} is a file; allowed: a folder (new, or one debias compare wrote)\n"
+    started, error = capsys.readouterr().err.split("\n", 1)  # its first line comes before any import
+    assert started.startswith("[compare] starting")
+    assert error == f"debias compare: --out {tmp_path / 'a_file'} is a file; allowed: a folder (new, or one debias compare wrote)\n"
     assert cli_main(["compare", "--out", str(tmp_path / "a_file" / "sub"), "--no-mlflow"]) == 2
     assert "cannot write there (Not a directory)" in capsys.readouterr().err
     for args, message in ((["--last", "-2"], "--last -2; allowed: a whole number >= 1"),
@@ -362,7 +364,7 @@ def test_a_group_without_the_rank_metric_is_listed_but_not_ranked_or_tested(tmp_
     other = [experiment(f"z-s{s}", s, "eps_supinfonce", 0.2, f"2{s}", epsilon=0.0) for s in (0, 1)]
     runs = full + partial + other
     comparison = compare_data.build_comparison(compare_data.select(runs), runs)
-    assert comparison.ranked == 2 and [d["group"] for d in comparison.differences] == ["loss.epsilon=0.0"]
+    assert comparison.ranked == 2 and [d.group for d in comparison.differences] == ["loss.epsilon=0.0"]
     assert not NAN.search(_everything(comparison, tmp_path / "page2"))
 
 
@@ -487,9 +489,11 @@ def test_the_verdict_pairs_seeds_and_calls_a_best_only_on_evidence() -> None:
     runs = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.3, 0.41, 0.49]})
     comparison = compare_data.build_comparison(runs, runs)
     [d] = comparison.differences
-    mean, low, high = d["paired"]
-    assert d["pairs"] == 3 and mean == pytest.approx(-20.0) and high < 0 and d["verdict"] == "evidence"
-    assert low == pytest.approx(-20.0 - 4.303 * 1.0 / math.sqrt(3))  # sd of (-20, -19, -21) is 1 point, t(2) 4.303
+    mean, low, high = d.rank.paired.mean, d.rank.paired.low, d.rank.paired.high
+    assert d.rank.pairs == 3 and mean == pytest.approx(-20.0) and high < 0 and d.rank.verdict == "evidence"
+    from scipy.stats import t as student_t
+
+    assert low == pytest.approx(-20.0 - student_t.ppf(0.975, 2) * 1.0 / math.sqrt(3))  # sd of (-20, -19, -21): 1 point
     text = " ".join(compare_terminal.terminal_text(comparison).split())  # lines wrap at the width
     assert "best by stage-2 worst-group: loss.epsilon=0.25 (60.0 ± 10.0 %, 3 seeds)" in text
     assert "evidence of a difference" in text
@@ -497,7 +501,7 @@ def test_the_verdict_pairs_seeds_and_calls_a_best_only_on_evidence() -> None:
     runs = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.6, 0.4, 0.2]})
     comparison = compare_data.build_comparison(runs, runs)
     [d] = comparison.differences
-    assert d["verdict"] == "not distinguishable" and d["paired"][1] < 0 < d["paired"][2]
+    assert d.rank.verdict == "not distinguishable" and d.rank.paired.low < 0 < d.rank.paired.high
     text = " ".join(compare_terminal.terminal_text(comparison).split())
     assert "best by" not in text.replace("no best by", "") and "no best by stage-2 worst-group" in text
     assert "not distinguishable (the interval holds 0)" in text
@@ -517,7 +521,7 @@ def test_the_page_headline_says_highest_mean_without_evidence(tmp_path: Path) ->
 def test_fewer_than_two_common_seeds_is_not_a_verdict() -> None:
     runs = eps_seeds({0.25: [0.5, 0.6, 0.7], 0.5: [0.1]})
     [d] = compare_data.build_comparison(runs, runs).differences
-    assert d["paired"] is None and d["verdict"] == "unpaired"
+    assert d.rank.pairs == 1 and d.rank.verdict == "unpaired"
     assert "nothing to pair" in " ".join(compare_terminal.terminal_text(compare_data.build_comparison(runs, runs)).split())
 
 
@@ -528,10 +532,10 @@ def test_groups_on_different_data_are_never_ranked_together() -> None:
         run.name += "-hard"
     runs = digits + harder
     comparison = compare_data.build_comparison(runs, runs)
-    assert {d["family"] for d in comparison.differences} == {"bias.foreground.p_corr=0.9",
+    assert {d.family for d in comparison.differences} == {"bias.foreground.p_corr=0.9",
                                                                "bias.foreground.p_corr=0.99"}
     for d in comparison.differences:  # each compared with the top of its own data only
-        assert d["group"].split(", ")[1] == d["best"].split(", ")[1]
+        assert d.group.split(", ")[1] == d.best.split(", ")[1]
     text = " ".join(compare_terminal.terminal_text(comparison).split())
     assert "on data bias.foreground.p_corr=0.9:" in text and "on data bias.foreground.p_corr=0.99" in text
     assert "not ranked against each other" in text
@@ -588,11 +592,11 @@ def test_the_best_groups_seed_count_is_of_the_seeds_that_have_the_rank_metric(sw
     del s1.metrics["s2_worst"]
     comparison = compare_data.build_comparison(compare_data.select(runs), runs)
     [difference] = comparison.differences
-    assert difference["n"] == (2, 2)  # cnc-s0 and cnc-s2 against eps and eps-s1
+    assert difference.rank.n == (2, 2)  # cnc-s0 and cnc-s2 against eps and eps-s1
     text = " ".join(compare_terminal.terminal_text(comparison).split())
     assert "stage2.method=cnc (60.0 ± 14.1 %, 2 seeds of 3: the other lacks it)" in text
     # seeds 0 and 1 in both groups, but cnc-s1 has no metric: one pair, said as one (not the 2 seeds in common)
-    assert difference["pairs"] == 1 and difference["verdict"] == "unpaired"
+    assert difference.rank.pairs == 1 and difference.rank.verdict == "unpaired"
 
 
 def test_a_misspelt_param_filter_says_which_key_and_the_closest_one(sweep, tmp_path: Path, monkeypatch) -> None:
@@ -602,6 +606,7 @@ def test_a_misspelt_param_filter_says_which_key_and_the_closest_one(sweep, tmp_p
     from debias.tools.compare import compare
 
     monkeypatch.setattr(collect, "from_dvc", lambda root: sweep)
+    monkeypatch.setattr(collect, "experiments_by_commit", lambda root: {})
     with pytest.raises(ValueError) as refused:
         compare(tmp_path, param_filters=["loss.epsiln=0.25"], mlflow=False)
     assert str(refused.value).startswith("--param loss.epsiln=0.25: no experiment has the param 'loss.epsiln'; did "
@@ -636,7 +641,7 @@ def test_two_seeds_or_a_zero_width_interval_are_no_evidence_and_no_best() -> Non
         runs = eps_seeds(values)
         comparison = compare_data.build_comparison(runs, runs)
         (difference,) = comparison.differences
-        assert difference["verdict"] == expected, (values, difference)
+        assert difference.rank.verdict == expected, (values, difference)
         assert compare_data.evidence_of_best(comparison.differences) is (expected == "evidence")
         text = " ".join(compare_terminal.terminal_text(comparison).split())
         if expected == "too few seeds":
@@ -667,6 +672,7 @@ def test_a_sweep_is_compared_alone_when_named(tmp_path: Path, monkeypatch, capsy
     runs = eps_seeds({0.25: [0.5, 0.62, 0.7], 0.5: [0.3, 0.4, 0.51]})
     other = experiment("eps-alone", 0, "cnc", 0.9, "30", epsilon=1.0)
     monkeypatch.setattr(collect, "from_dvc", lambda root: [*runs, other])
+    monkeypatch.setattr(collect, "experiments_by_commit", lambda root: {})
     plan = tmp_path / SWEEPS / "eps" / "sweep.json"
     plan.parent.mkdir(parents=True)
     plan.write_text(json.dumps({"name": "eps", "jobs": [{"name": e.name} for e in runs]}))
