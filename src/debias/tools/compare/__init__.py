@@ -17,6 +17,7 @@ writes and logs.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -87,13 +88,55 @@ def workspace_report_params(root: Path) -> ReportParams:
         return ReportParams()
 
 
+def check_margin(margin: float | None) -> None:
+    """Refuse (ValueError, one line) a ``--margin`` that is not a finite number of points above 0."""
+    if margin is not None and not (math.isfinite(margin) and margin > 0):
+        raise ValueError(f"--margin {margin:g}; allowed: a number of points > 0 (e.g. 2: equivalence within ±2 "
+                         "points of accuracy)")
+
+
+def head_commit(root: Path) -> str | None:
+    """``root``'s HEAD commit (``git rev-parse HEAD``), None outside git or before the first commit."""
+    import subprocess
+
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def other_commits(gathered: list[Experiment], by_commit: dict[str, list[tuple[str, str]]],
+                  head: str | None) -> dict[str, list[str]]:
+    """DVC's experiments of commits other than ``head`` that ``gathered`` lacks (``dvc exp show`` without ``-A``
+    shows HEAD's only): short commit -> their names."""
+    shown = {e.rev for e in gathered if e.rev}
+    apart = {commit[:7]: [name for name, rev in found if rev not in shown]
+             for commit, found in by_commit.items() if commit != head}
+    return {commit: names for commit, names in apart.items() if names}
+
+
+def with_experiments(gathered: list[Experiment], by_commit: dict[str, list[tuple[str, str]]],
+                     head: str | None) -> tuple[list[Experiment], int]:
+    """``gathered`` (``dvc exp show -A``: a baseline per commit) less the baselines of commits other than ``head``
+    that have no experiment, and how many were left out: only experiments and their baselines are compared."""
+    kept = [e for e in gathered if e.kind != "baseline" or e.rev == head or e.rev in by_commit]
+    return kept, len(gathered) - len(kept)
+
+
+def commit_count(experiments: list[Experiment], by_commit: dict[str, list[tuple[str, str]]], head: str | None) -> int:
+    """How many commits ``experiments`` come from: an experiment's baseline commit, a baseline's own, the workspace's
+    HEAD."""
+    baseline_of = {rev: commit for commit, found in by_commit.items() for _, rev in found}
+    return len({baseline_of.get(e.rev or "", e.rev) if e.kind != "workspace" else head for e in experiments})
+
+
 def compare(root: Path, source: str = "dvc", method: str | None = None, param_filters: Iterable[str] = (),
             last: int | None = None, tags: dict[str, str] | None = None, out: Path | None = None,
-            mlflow: bool = True, max_width: int = MAX_WIDTH,
-            sweep: str | None = None) -> tuple[Comparison, dict[str, Path], str]:
+            mlflow: bool = True, max_width: int = MAX_WIDTH, sweep: str | None = None,
+            margin: float | None = None, all_commits: bool = False) -> tuple[Comparison, dict[str, Path], str]:
     """Gather, select, tabulate, write the page (``out``, default ``reports/compare``) and log it; returns the
     comparison, the files written and the terminal text. ``sweep``: only the experiments of that ``debias sweep``
-    (its plan's names), so another experiment with other params is never ranked among its values."""
+    (its plan's names), so another experiment with other params is never ranked among its values. ``margin``
+    (points): each verdict also tests equivalence within ±margin. ``all_commits``: DVC's experiments of every
+    commit (``dvc exp show -A``); without it, those of other commits are counted and named in a note."""
     import os
 
     from debias.harness.tracking import DEFAULT_EXPERIMENT, tracking_mode, tracking_uri
@@ -103,12 +146,32 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
         raise ValueError(f"--last {last}; allowed: a whole number >= 1 (the most recent experiments to compare)")
     if max_width < MIN_WIDTH:
         raise ValueError(f"--width {max_width}; allowed: {MIN_WIDTH} or more characters")
+    check_margin(margin)
+    if all_commits and source == "mlflow":
+        raise ValueError("--all-commits reads DVC's experiments of every commit; allowed with --source dvc or both "
+                         "(MLflow's runs are not kept by commit)")
     page = out or default_out(root)
     check_out(page, own_folder=page.resolve() == default_out(root).resolve())  # before the slow gathering
     gathered: list[Experiment] = []
     borrowed = None
+    elsewhere: dict[str, list[str]] = {}
+    by_commit: dict[str, list[tuple[str, str]]] = {}
+    head, commit_notes = None, []
     if source in ("dvc", "both"):
-        gathered += collect.from_dvc(root)
+        gathered += collect.from_dvc(root, all_commits=True) if all_commits else collect.from_dvc(root)
+        head = head_commit(root)
+        try:
+            by_commit = collect.experiments_by_commit(root)
+        except Exception as exc:  # DVC could not list them: say so, compare what exp show gave
+            commit_notes.append(f"other commits' experiments not counted (`dvc exp list -A` failed: "
+                                f"{type(exc).__name__}: {str(exc)[:200]})")
+        if all_commits:
+            gathered, dropped = with_experiments(gathered, by_commit, head)
+            if dropped:
+                commit_notes.append(f"--all-commits: {dropped} commit{'s' if dropped != 1 else ''} without experiments "
+                                    "left out")
+        else:
+            elsewhere = other_commits(gathered, by_commit, head)
         if tracking_mode() != "off":
             borrowed = collect.baseline_from_mlflow(
                 gathered, tracking_uri(root), os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_EXPERIMENT))
@@ -120,7 +183,9 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
 
         members = {job["name"] for job in load_state(root, sweep)["jobs"]}
         gathered = [e for e in gathered if e.name in members]
-    filters = "; ".join(filter(None, [f"--sweep {sweep}" if sweep else "", f"--method {method}" if method else "",
+    filters = "; ".join(filter(None, [f"--sweep {sweep}" if sweep else "", "--all-commits" if all_commits else "",
+                                      f"--margin {margin:g}" if margin is not None else "",
+                                      f"--method {method}" if method else "",
                                       *(f"--param {p}" for p in param_filters), f"--last {last}" if last else "",
                                       *(f"--tag {k}={v}" for k, v in (tags or {}).items())]))
     check_filter_keys(gathered, param_filters)
@@ -130,14 +195,21 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
         raise ValueError(f"no experiment to compare ({source}{'; ' + filters if filters else ''}): "
                          + (f"those with results are {', '.join(with_results)}" if with_results else
                             "none has results yet (run `dvc repro` or `dvc exp run`)"
-                            + (f"; {describe_without_results(gathered)}" if gathered else "")))
+                            + (f"; {describe_without_results(gathered)}" if gathered else ""))
+                         + (f"; {sum(map(len, elsewhere.values()))} experiments of other commits are not shown: "
+                            "--all-commits compares them" if elsewhere else ""))
     collect.progress(f"reading the warnings and figures' files of {len(chosen)} experiments")
     for experiment in chosen:
         experiment.load_notes()
-    comparison = build_comparison(chosen, gathered, source, filters)
+    comparison = build_comparison(chosen, gathered, source, filters, margin)
+    comparison.other_commits = elsewhere
+    commits = commit_count(comparison.experiments, by_commit, head) if all_commits else 1
+    if commits > 1:
+        commit_notes.insert(0, f"--all-commits: experiments of {commits} commits compared together; the code may "
+                               "differ between commits, not only the params shown")
     if borrowed and any(e.kind == "baseline" for e in comparison.experiments):
         comparison.notes.insert(0, borrowed)
-    comparison.notes += duplicate_notes(gathered, method, param_filters)
+    comparison.notes += duplicate_notes(gathered, method, param_filters) + commit_notes
     text = terminal_text(comparison, max_width)
     written = write_page(comparison, page, own_folder=page.resolve() == default_out(root).resolve(),
                          report=workspace_report_params(root))

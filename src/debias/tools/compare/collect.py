@@ -102,12 +102,13 @@ def dvc_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
 
 
-def dvc_exp_show(root: Path) -> list[dict[str, Any]]:
-    """``dvc exp show --json`` in ``root``; a DVC failure raises RuntimeError with its message."""
-    done = subprocess.run(["dvc", "exp", "show", "--json"], cwd=root, env=dvc_env(), capture_output=True, text=True,
-                          timeout=600)
+def dvc_exp_show(root: Path, all_commits: bool = False) -> list[dict[str, Any]]:
+    """``dvc exp show --json`` in ``root`` (``-A``: every commit's experiments, not only HEAD's); a DVC failure raises
+    RuntimeError with its message."""
+    command = ["dvc", "exp", "show", "--json", *(["-A"] if all_commits else [])]
+    done = subprocess.run(command, cwd=root, env=dvc_env(), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
-        raise RuntimeError(f"`dvc exp show --json` failed in {root}: {(done.stderr or done.stdout).strip()[-1500:]}")
+        raise RuntimeError(f"`{' '.join(command)}` failed in {root}: {(done.stderr or done.stdout).strip()[-1500:]}")
     text = done.stdout.strip()
     return json.loads(text[text.index("["):]) if "[" in text else []
 
@@ -303,11 +304,22 @@ def progress(message: str) -> None:
     print(f"[compare] {message} ...", file=sys.stderr, flush=True)
 
 
-def from_dvc(root: Path) -> list[Experiment]:
-    """Every experiment DVC shows for ``root``'s HEAD, with a reader of its files; a stage whose lock entry does
-    not match the experiment's params is blanked (:func:`blank_stale`)."""
-    progress("reading DVC's experiments (dvc exp show)")
-    experiments = parse_exp_show(dvc_exp_show(root))
+def experiments_by_commit(root: Path) -> dict[str, list[tuple[str, str]]]:
+    """Every DVC experiment of ``root`` by its baseline commit (``dvc exp list -A``): commit -> (name, revision) of
+    each; ``dvc exp show`` without ``-A`` shows HEAD's only."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        return {str(commit): [(str(name), str(rev)) for name, rev in found]
+                for commit, found in repo.experiments.ls(all_commits=True).items()}
+
+
+def from_dvc(root: Path, all_commits: bool = False) -> list[Experiment]:
+    """Every experiment DVC shows for ``root``'s HEAD (``all_commits``: for every commit, ``dvc exp show -A``), with
+    a reader of its files; a stage whose lock entry does not match the experiment's params is blanked
+    (:func:`blank_stale`)."""
+    progress(f"reading DVC's experiments (dvc exp show{' -A' if all_commits else ''})")
+    experiments = parse_exp_show(dvc_exp_show(root, all_commits))
     progress(f"{len(experiments)} experiments; checking each one's dvc.lock against its params")
     for experiment in experiments:
         if experiment.status in ("done", "no results"):

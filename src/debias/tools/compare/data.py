@@ -1,5 +1,8 @@
 """``debias compare``'s data: which experiments, their table, and the same grouped by every differing param but the
-seed (mean ± sample standard deviation over the seeds, ranked, with a Welch t-test of each group against the best)."""
+seed (mean ± sample standard deviation over the seeds, ranked, with a Welch t-test of each group against the best),
+and each group's difference from the best paired by seed, on worst-group and unbiased accuracy: its interval, its
+verdict, the smallest difference these seeds could detect and the seeds that would decide it
+(:mod:`debias.metrics.paired`)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ from debias.core.environment import KEY as ENVIRONMENT_KEY
 from debias.core.environment import environment_differences
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import DETAILED, LABELS
-from debias.tools.compare.collect import Experiment
+from debias.metrics.paired import ALPHA, Paired, detectable_difference, paired, seeds_needed, tost
+from debias.report.card import image_step
+from debias.tools.compare.collect import GROUP_FILES, Experiment
 from debias.tools.compare.columns import METRIC_KEYS, METRICS, Metric, param_text  # noqa: F401  (compare's columns)
 
 SEED = "seed"
@@ -225,15 +230,20 @@ def varying_params(experiments: list[Experiment]) -> list[str]:
 
 
 def experiments_frame(experiments: list[Experiment], params: list[str]) -> pd.DataFrame:
-    """One row per experiment: name, the varying params (as text), the headline metrics, the warning count."""
+    """One row per experiment: name, the varying params (as text), the headline metrics, the warning count, and the
+    test images of the worst group behind each worst-group metric (:func:`worst_group_size`, NaN where unknown)."""
+    sizes = [worst_n_column(metric) for metric in WORST_GROUP_FILES]
     rows = []
     for experiment in experiments:
         row: dict[str, Any] = {"experiment": experiment.name}
         row.update({key: param_text(experiment.params.get(key, "—")) for key in params})
         row.update({key: experiment.metrics.get(key, math.nan) for key in METRIC_KEYS})
         row["warnings"] = sum(len(m) for m in experiment.warnings.values())
+        for metric in WORST_GROUP_FILES:
+            found = worst_group_size(experiment, metric) if metric in experiment.metrics else None
+            row[worst_n_column(metric)] = math.nan if found is None else found
         rows.append(row)
-    return pd.DataFrame(rows, columns=["experiment", *params, *METRIC_KEYS, "warnings"])
+    return pd.DataFrame(rows, columns=["experiment", *params, *METRIC_KEYS, "warnings", *sizes])
 
 
 def numeric(frame: pd.DataFrame) -> pd.DataFrame:
@@ -307,7 +317,6 @@ def ranked_count(frame: pd.DataFrame, groups: pd.DataFrame) -> int:
     return 0 if rank is None else int(pd.to_numeric(groups[f"{rank}_mean"], errors="coerce").notna().sum())
 
 
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 # Params that define the data: groups that differ in one of them are never ranked together (their accuracies are on
 # different test sets).
 DATA_PREFIXES = ("data.", "bias.")
@@ -318,39 +327,132 @@ def valid_pairs(pairs: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in pairs if not (math.isnan(a) or math.isnan(b))]
 
 
-def paired_interval(pairs: list[tuple[float, float]]) -> tuple[float, float, float] | None:
-    """Mean of ``a - b`` over seed-matched pairs with its two-sided 95 % t-interval (Student t, n - 1 degrees of
-    freedom); None with fewer than two pairs."""
-    diffs = [a - b for a, b in valid_pairs(pairs)]
-    if len(diffs) < 2:
-        return None
-    mean = sum(diffs) / len(diffs)
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
-    if len(diffs) - 1 in T_975:
-        t = T_975[len(diffs) - 1]
-    else:
-        from scipy.special import stdtrit  # Student's t quantile
-
-        t = float(stdtrit(len(diffs) - 1, 0.975))
-    half = t * sd / math.sqrt(len(diffs))
-    return mean, mean - half, mean + half
-
-
 ZERO_WIDTH = 1e-9  # points: an interval narrower is equal differences up to float rounding (0.3 - 0.5 vs 0.4 - 0.6)
 MIN_EVIDENCE_PAIRS = 3  # the project's rule: a quality claim rests on >= 3 seeds (debias.report.card.QUALITY_SEEDS)
+DECIDE_POINTS = 2.0  # ours: without --margin, the seeds that would decide ±2 points stand beside every verdict
+STEP_SHOWN = 5.0  # points: a worst group one of whose test images moves it by more is named, with that step
+# The per-group file of the model each worst-group metric is of (its worst group's test images give its step).
+WORST_GROUP_FILES = {"erm_worst": GROUP_FILES["erm"], "s2_worst": GROUP_FILES["stage2"]}
 
 
-def verdict(interval: tuple[float, float, float] | None, pairs: int) -> str:
-    """``evidence`` when the paired 95 % interval over ``pairs`` seeds (at least :data:`MIN_EVIDENCE_PAIRS`) has a
-    width and excludes 0; ``not distinguishable`` when it holds 0, or has no width (every seed differs by the same
-    amount: accuracies on a few images are quantised, so two equal differences are no evidence); ``too few seeds``
-    with 2; ``unpaired`` with fewer than two seeds in common."""
-    if interval is None:
+def worst_n_column(metric: str) -> str:
+    """The frame's column of the worst group's test images behind ``metric`` (``s2_worst`` -> ``s2_worst_n``)."""
+    return f"{metric}_n"
+
+
+def worst_group_size(experiment: Experiment, metric: str) -> int | None:
+    """The test images of the worst (class y, attribute a) group behind ``metric`` (the page's worst group:
+    :func:`debias.metrics.worst_group_of` of the test table of :data:`WORST_GROUP_FILES`); None without the file or
+    bias labels."""
+    from debias.metrics import group_accuracies, worst_group_of
+
+    table = (experiment.read_json(WORST_GROUP_FILES[metric]) or {}).get("test") or {}
+    per_group, counts = table.get("per_group"), table.get("group_counts")
+    if not isinstance(per_group, list) or not isinstance(counts, list):  # a str: data without bias labels
+        return None
+    worst = worst_group_of(group_accuracies(per_group, counts, 0.95))  # the level does not change which is worst
+    return None if worst is None else worst.n
+
+
+def verdict(found: Paired, margin: float | None = None, tost_p: float = math.nan) -> str:
+    """The verdict on paired differences ``found`` (points). ``unpaired`` with fewer than 2; ``too few seeds``
+    with fewer than :data:`MIN_EVIDENCE_PAIRS`. Without ``margin``: ``evidence`` when the interval has a width and
+    excludes 0, else ``not distinguishable`` (an interval without width is equal differences of quantised
+    accuracies: no evidence). With ``margin``: ``within`` when both one-sided tests at ±margin pass (``tost_p`` below
+    :data:`~debias.metrics.paired.ALPHA`, from differences with a spread), else ``differs`` when the interval
+    excludes 0, else ``undecided``."""
+    if found.n < 2:
         return "unpaired"
-    _, low, high = interval
-    if pairs < MIN_EVIDENCE_PAIRS:
+    if found.n < MIN_EVIDENCE_PAIRS:
         return "too few seeds"
-    return "evidence" if high - low > ZERO_WIDTH and (low > 0 or high < 0) else "not distinguishable"
+    if margin is None:
+        return "evidence" if found.excludes_zero else "not distinguishable"
+    if found.high - found.low > ZERO_WIDTH and tost_p < ALPHA:
+        return "within"
+    return "differs" if found.excludes_zero else "undecided"
+
+
+@dataclass(frozen=True)
+class MetricVerdict:
+    """One metric of a group against the top group of its data family: the difference of means, Welch's p and the
+    difference paired by seed (this group minus the top one) with its verdict, what these seeds could detect and
+    how many would decide ±``decide_points``; every number in points."""
+
+    metric: str
+    difference: float  # of the means
+    p: float | None  # Welch's two-sided p over the seeds (None with fewer than two on a side)
+    n: tuple[int, int]  # seeds with the metric: the top group's, this group's
+    paired: Paired  # the seed-matched differences, 95 % t-interval
+    verdict: str  # :func:`verdict`
+    margin: float | None  # --margin (points): equivalence tested within ±margin
+    tost_p: float  # the two one-sided tests' p at ±margin (NaN without a margin)
+    detectable: float  # the smallest true difference these seeds detect with 80 % power at alpha 0.05 (NaN: unknown)
+    decide_points: float  # --margin, else DECIDE_POINTS
+    seeds_within: int | None  # seeds for TOST to show ±decide_points at a true difference of 0 with 80 % power
+    seeds_differ: int | None  # seeds for the t-test to detect a difference of decide_points with 80 % power
+    worst_n: int | None = None  # the smallest worst group of the runs paired (test images; worst-group metrics only)
+
+    @property
+    def pairs(self) -> int:
+        return self.paired.n
+
+    @property
+    def spread(self) -> bool:
+        """The differences vary (an interval with a width): only then do they say what more seeds would do."""
+        return self.pairs >= 2 and self.paired.high - self.paired.low > ZERO_WIDTH
+
+    @property
+    def shows_difference(self) -> bool:
+        """Evidence of a difference: at least :data:`MIN_EVIDENCE_PAIRS` pairs whose interval has a width and excludes 0."""
+        return self.pairs >= MIN_EVIDENCE_PAIRS and self.paired.excludes_zero
+
+    @property
+    def seeds_to_decide(self) -> tuple[int | None, str]:
+        """The seeds that decide ±decide_points whichever holds (the larger of :attr:`seeds_within` and
+        :attr:`seeds_differ`; None: more than :data:`~debias.metrics.paired.MAX_SEEDS`) and which of the two it is."""
+        if self.seeds_within is None or self.seeds_differ is None:
+            return None, "within" if self.seeds_within is None else "differ"
+        return (self.seeds_within, "within") if self.seeds_within >= self.seeds_differ else (self.seeds_differ, "differ")
+
+    @property
+    def step(self) -> float | None:
+        """What one test image moves the worst group by (points): 100 / its test images; None where unknown."""
+        return None if not self.worst_n else image_step(self.worst_n)
+
+
+def metric_verdict(metric: str, top: pd.DataFrame, mine: pd.DataFrame, margin: float | None) -> MetricVerdict:
+    """``metric`` of the experiments ``mine`` against those of the top group ``top`` (rows of the numeric frame):
+    the seed-matched differences in points (:func:`debias.metrics.paired.paired`), the verdict, the detectable
+    difference and the seeds that would decide ±margin (±:data:`DECIDE_POINTS` without one)."""
+    pairs: list[tuple[float, float]] = []
+    members = []
+    if SEED in top and SEED in mine:
+        by_seed = {seed: (float(value), i) for seed, value, i in zip(top[SEED], top[metric], top.index)}
+        for seed, value, i in zip(mine[SEED], mine[metric], mine.index):
+            if seed in by_seed and valid_pairs([(float(value), by_seed[seed][0])]):
+                pairs.append((float(value), by_seed[seed][0]))
+                members += [i, by_seed[seed][1]]
+    found = paired([100 * (a - b) for a, b in pairs])
+    tost_p = tost([100 * (a - b) for a, b in pairs], margin) if margin is not None else math.nan
+    decide = margin if margin is not None else DECIDE_POINTS
+    sd = found.sd if found.n >= 2 and found.high - found.low > ZERO_WIDTH else math.nan  # no spread: unknown
+    sizes = (pd.concat([top, mine])[worst_n_column(metric)].loc[members].dropna()
+             if worst_n_column(metric) in top else pd.Series(dtype=float))
+    return MetricVerdict(metric, 100 * (mine[metric].mean() - top[metric].mean()),
+                         welch(top[metric].tolist(), mine[metric].tolist()),
+                         (int(top[metric].notna().sum()), int(mine[metric].notna().sum())), found,
+                         verdict(found, margin, tost_p), margin, tost_p, detectable_difference(sd, found.n), decide,
+                         seeds_needed(sd, margin=decide), seeds_needed(sd, delta=decide),
+                         int(sizes.min()) if len(sizes) else None)
+
+
+def verdict_metrics(frame: pd.DataFrame, rank: str) -> list[str]:
+    """The metrics each group is judged on: the rank metric, then the same model's worst-group and unbiased accuracy
+    (a worst group of a few test images is quantised, unbiased accuracy reads every test image), those with a number."""
+    prefix = rank.rsplit("_", 1)[0]
+    numbers = numeric(frame)
+    wanted = dict.fromkeys([rank, f"{prefix}_worst", f"{prefix}_unbiased"])
+    return [key for key in wanted if key in numbers and numbers[key].notna().any()]
 
 
 def data_family(row: pd.Series | dict, group_params: list[str]) -> str:
@@ -359,16 +461,32 @@ def data_family(row: pd.Series | dict, group_params: list[str]) -> str:
     return ", ".join(f"{k}={row[k]}" for k in group_params if k.startswith(DATA_PREFIXES))
 
 
-def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[str]) -> list[dict[str, Any]]:
-    """Each ranked group against the top group of its data family (:func:`data_family`) on the rank metric:
-    difference of means (points), Welch's p, and the difference paired by seed (``paired``: mean and 95 %
-    interval in points over the seeds both have; ``verdict``: :func:`verdict`). A group without the rank metric is
-    not ranked: no difference, no test."""
+@dataclass(frozen=True)
+class Difference:
+    """A ranked group against the top group of its data family: one :class:`MetricVerdict` per judged metric, the
+    rank metric's first."""
+
+    group: str
+    best: str
+    family: str
+    verdicts: tuple[MetricVerdict, ...]
+
+    @property
+    def rank(self) -> MetricVerdict:
+        return self.verdicts[0]
+
+
+def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[str],
+                margin: float | None = None) -> list[Difference]:
+    """Each ranked group against the top group of its data family (:func:`data_family`), on each metric of
+    :func:`verdict_metrics` (:func:`metric_verdict`). A group without the rank metric is not ranked: no difference,
+    no test."""
     rank = rank_metric(frame)
     groups = groups.iloc[:ranked_count(frame, groups)]
     if rank is None or len(groups) < 2:
         return []
     frame = numeric(frame)
+    metrics = verdict_metrics(frame, rank)
 
     def members(row: pd.Series) -> pd.DataFrame:
         mask = pd.Series(True, index=frame.index)
@@ -384,30 +502,16 @@ def differences(frame: pd.DataFrame, groups: pd.DataFrame, group_params: list[st
             tops[family] = row
             continue
         best = tops[family]
-        mine, theirs = members(row), members(best)
-        interval = None
-        if SEED in frame:
-            by_seed = dict(zip(theirs[SEED], theirs[rank]))
-            pairs = valid_pairs([(float(v), float(by_seed[s])) for s, v in zip(mine[SEED], mine[rank]) if s in by_seed])
-            found = paired_interval(pairs)
-            interval = None if found is None else tuple(100 * x for x in found)
-            n_pairs = len(pairs)
-        else:
-            n_pairs = 0
-        out.append({"group": group_label(row, group_params), "best": group_label(best, group_params),
-                    "family": family, "metric": rank,
-                    "difference": 100 * (row[f"{rank}_mean"] - best[f"{rank}_mean"]),
-                    "p": welch(theirs[rank].tolist(), mine[rank].tolist()),
-                    "n": (int(theirs[rank].notna().sum()), int(mine[rank].notna().sum())),
-                    "paired": interval, "pairs": n_pairs, "verdict": verdict(interval, n_pairs)})
+        out.append(Difference(group_label(row, group_params), group_label(best, group_params), family,
+                              tuple(metric_verdict(metric, members(best), members(row), margin) for metric in metrics)))
     return out
 
 
-def evidence_of_best(diffs: list[dict[str, Any]], family: str = "") -> bool:
-    """Whether the top group of ``family`` is shown better than every other group of it (each paired interval
-    excludes 0 with the top group ahead): only then is it called "best"."""
-    mine = [d for d in diffs if d["family"] == family]
-    return bool(mine) and all(d["verdict"] == "evidence" and d["paired"][0] < 0 for d in mine)
+def evidence_of_best(diffs: list[Difference], family: str = "") -> bool:
+    """Whether the top group of ``family`` is shown better than every other group of it on the rank metric (each
+    paired interval excludes 0 with the top group ahead): only then is it called "best"."""
+    mine = [d for d in diffs if d.family == family]
+    return bool(mine) and all(d.rank.shows_difference and d.rank.paired.mean < 0 for d in mine)
 
 
 def group_label(row: pd.Series | dict, group_params: list[str]) -> str:
@@ -445,16 +549,18 @@ class Comparison:
     group_params: list[str]  # varying params but the seed
     frame: pd.DataFrame
     groups: pd.DataFrame
-    differences: list[dict[str, Any]]
+    differences: list[Difference]
     without_results: list[Experiment] = field(default_factory=list)
     source: str = "dvc"
     filters: str = ""
     notes: list[str] = field(default_factory=list)  # what was left out of the means, and why
     ranked: int = 0  # the first ``ranked`` groups have the rank metric; the others are listed, never ranked
+    margin: float | None = None  # --margin (points): each verdict tests equivalence within ±margin
+    other_commits: dict[str, list[str]] = field(default_factory=dict)  # commit -> its experiments, not shown
 
 
 def build_comparison(experiments: list[Experiment], all_experiments: list[Experiment] | None = None,
-                     source: str = "dvc", filters: str = "") -> Comparison:
+                     source: str = "dvc", filters: str = "", margin: float | None = None) -> Comparison:
     experiments, notes = same_params(experiments)
     notes += rejected_notes(experiments)
     params = varying_params(experiments)
@@ -474,5 +580,5 @@ def build_comparison(experiments: list[Experiment], all_experiments: list[Experi
     notes += environment_notes(experiments)
     notes += unread_notes(experiments, group_params)
     others = [e for e in (all_experiments or []) if not comparable(e)]
-    return Comparison(experiments, params, group_params, frame, groups, differences(frame, groups, group_params),
-                      others, source, filters, notes, ranked)
+    return Comparison(experiments, params, group_params, frame, groups,
+                      differences(frame, groups, group_params, margin), others, source, filters, notes, ranked, margin)

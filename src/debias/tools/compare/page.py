@@ -21,12 +21,16 @@ from debias.metrics import GroupAccuracy
 from debias.params import ReportParams
 from debias.report import card, figures
 from debias.tools.compare.collect import CURVE_FILES, GROUP_FILES, Experiment
-from debias.tools.compare.data import (METRICS, Comparison, data_family, evidence_of_best, fmt, fmt_mean_std, group_label, metric_present, numeric,
-                                      rank_metric)
+from debias.metrics.paired import ALPHA
+from debias.tools.compare.data import (DECIDE_POINTS, METRICS, STEP_SHOWN, Comparison, MetricVerdict, data_family,
+                                       evidence_of_best, fmt, fmt_mean_std, group_label, metric_present, numeric,
+                                       rank_metric)
 from debias.report.document import Block, Figure, Section, Table, Text, render_html, render_markdown
 from debias.report.sections.base import worst_cell
 from debias.report.sections.headline import card_blocks
-from debias.tools.compare.terminal import LEGEND, describe_without_results, difference_lines, terminal_text
+from debias.tools.compare.terminal import (LEGEND, POWER_WORDS, decide_parts, describe_without_results,
+                                           difference_lines, other_commits_text, seeds_text, step_phrase,
+                                           terminal_text)
 
 MAX_FIGURE_RUNS = 8  # runs drawn in the per-group and curve figures
 # The page holds wide tables: a wider column, and cells that do not wrap ("85.4 ± 3.6" stays on one line).
@@ -120,6 +124,61 @@ def _table(frame: pd.DataFrame, params: list[str], grouped: bool, extra: dict[st
     return Table(headers, rows)
 
 
+def verdict_cell(v: MetricVerdict) -> str:
+    """The verdict, short, for the page's table: 'not distinguishable' with what the seeds detect, 'undecided' with
+    the seeds that would decide it (the terminal says the same in full: :func:`verdict_phrase`)."""
+    if v.verdict == "not distinguishable" and v.spread:
+        return f"not distinguishable: {v.pairs} seeds detect ≥ {v.detectable:.1f} points"
+    if v.verdict == "undecided" and v.spread:
+        return f"undecided: {decide_parts(v)[0]} would decide it"
+    if v.verdict == "within":
+        return f"within ±{v.margin:g} (p = {v.tost_p:.3f})" + (" and differs from 0" if v.paired.excludes_zero else "")
+    short = {"unpaired": "unpaired (fewer than 2 seeds in common)", "too few seeds": f"no verdict: {v.pairs} seeds",
+             "evidence": "evidence of a difference", "differs": "differs"}
+    return short.get(v.verdict, f"{v.verdict} (no spread: an interval without width)")
+
+
+def decide_cell(v: MetricVerdict) -> str:
+    """'about 512 seeds (equivalence; a difference: about 470 seeds)': the seeds that decide, which test needs them."""
+    if v.pairs < 2 or not v.spread:
+        return "–"
+    count, which = v.seeds_to_decide
+    other = seeds_text(v.seeds_differ if which == "within" else v.seeds_within)
+    return (f"{seeds_text(count)} (equivalence; a difference: {other})" if which == "within" else
+            f"{seeds_text(count)} (a difference; equivalence: {other})")
+
+
+def differences_table(c: Comparison) -> Table:
+    """One row per group and judged metric against the top group of its data: the difference of the means, the
+    difference paired by seed with its 95 % interval and verdict, what these seeds detect, the seeds that would
+    decide ±margin (and which test needs them), what one image moves a small worst group by, Welch's p."""
+    decide = f"±{c.margin:g}" if c.margin is not None else f"±{DECIDE_POINTS:g}"
+    rows = []
+    for d in c.differences:
+        for v in d.verdicts:
+            step = "" if step_phrase(v) is None else f"{card.points_text(v.step)} points (n = {v.worst_n})"
+            rows.append([d.group, d.best, LABELS.get(v.metric, v.metric),
+                         "–" if math.isnan(v.difference) else f"{v.difference:+.1f}",
+                         "–" if v.pairs < 2 else f"{v.paired.mean:+.1f} [{v.paired.low:+.1f}, {v.paired.high:+.1f}]",
+                         verdict_cell(v), f"{v.detectable:.1f}" if v.spread else "–", decide_cell(v), step,
+                         "–" if v.p is None else f"{v.p:.3f}", f"{v.n[0]} vs {v.n[1]}"])
+    equivalence = (f" With --margin {c.margin:g}: within ±{c.margin:g} when both one-sided tests pass at alpha "
+                   f"{ALPHA:g}, differs when the interval excludes 0, else undecided." if c.margin is not None else "")
+    return Table(["group", "against", "metric", "difference of the means (points)",
+                  "paired by seed: mean [95 % interval]", "verdict", "detectable difference (points)",
+                  f"seeds to decide {decide} points", "one test image moves the worst group by", "Welch p", "seeds"],
+                 rows,
+                 caption="Each group against the top group of its data, on worst-group and unbiased accuracy. The "
+                         "difference paired by seed is evidence when its 95 % interval (3 seeds or more) has a width "
+                         "and excludes 0, else the two are not distinguishable at these seeds. Detectable difference: "
+                         f"the smallest true difference these seeds find with {POWER_WORDS}, from the observed sd of "
+                         f"the paired differences. Seeds to decide {decide} points: the larger of the seeds two "
+                         f"one-sided tests need to show equivalence within {decide} at a true difference of 0 and "
+                         "those the t-test needs to find that difference, both at 80 % power, for the same sd. A "
+                         "worst group of few test images moves by a whole image at a time (shown where one image is "
+                         f"more than {STEP_SHOWN:g} points).{equivalence} Welch's two-sided t-test over seeds beside it.")
+
+
 def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], chosen: list[Experiment],
                   confidence: float = ReportParams().confidence, min_n: int = ReportParams().min_group_n) -> list[Section]:
     """The page: headline card, summary, warnings, grouped table, per-experiment table, per-group heatmaps,
@@ -132,20 +191,13 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
         + (", ".join(f"`{k}`" for k in c.params) or "none") + ". Test split; accuracies in %.")]
     summary += [Text(line.strip()) for line in difference_lines(c)[:1]]
     if c.differences:
-        rank = c.differences[0]["metric"]
-        summary.append(Table(["group", "against", f"difference in {LABELS.get(rank, rank)} (points)",
-                              "paired by seed: mean [95 % interval]", "verdict", "Welch p", "seeds"],
-                             [[d["group"], d["best"], f"{d['difference']:+.1f}",
-                               "–" if d["paired"] is None else
-                               "{:+.1f} [{:+.1f}, {:+.1f}]".format(*d["paired"]), d["verdict"],
-                               "–" if d["p"] is None else f"{d['p']:.3f}",
-                               f"{d['n'][0]} vs {d['n'][1]}"] for d in c.differences],
-                             caption="Each group against the top group of its data: the difference paired by seed is "
-                                     "evidence when its 95 % interval excludes 0, else the two are not "
-                                     "distinguishable; Welch's two-sided t-test over seeds beside it."))
+        summary.append(differences_table(c))
     if c.without_results:
         summary.append(Text(f"Not finished or without results (not compared): {describe_without_results(c.without_results)}.",
                             note=True))
+    elsewhere = other_commits_text(c)
+    if elsewhere:
+        summary.append(Text(elsewhere[0].upper() + elsewhere[1:] + ".", note=True))
     summary += [Text(note[0].upper() + note[1:] + ".", note=True) for note in c.notes]
 
     warnings: list[Block] = []

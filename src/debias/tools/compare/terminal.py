@@ -3,17 +3,21 @@ metric columns are dropped first, and the page shows them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pandas as pd
 
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import LABELS
+from debias.metrics.paired import ALPHA, MAX_SEEDS, POWER
+from debias.report.card import points_text
 from debias.tools.compare.collect import Experiment
-from debias.tools.compare.data import (METRICS, MIN_EVIDENCE_PAIRS, ZERO_WIDTH, Comparison, data_family,
-                                       evidence_of_best, fmt, fmt_mean_std, group_label, metric_present)
+from debias.tools.compare.data import (METRICS, MIN_EVIDENCE_PAIRS, STEP_SHOWN, Comparison, MetricVerdict,
+                                       data_family, evidence_of_best, fmt, fmt_mean_std, group_label, metric_present)
 
 MAX_WIDTH = 160  # terminal table, characters
+POWER_WORDS = f"{100 * POWER:g} % power, two-sided paired t-test at alpha {ALPHA:g}"
 LEGEND = ("test split; accuracies in %: avg = sample-weighted, unb = unbiased (mean over groups), wg = worst-group, "
           "wc = worst-class (data without bias labels); "
           "align = alignment loss (CNC Eq. 2-3); Î(A;Z) in nats; ! = warnings (listed in the page)")
@@ -162,9 +166,11 @@ def groups_columns(groups: pd.DataFrame, group_params: list[str]) -> list[TextCo
 
 
 def wrap(text: str, width: int = MAX_WIDTH) -> list[str]:
+    """``text`` in lines of at most ``width`` characters; an indented text's further lines indented two more."""
     import textwrap
 
-    return textwrap.wrap(text, width) or [""]
+    lead = text[: len(text) - len(text.lstrip(" "))]
+    return textwrap.wrap(text, width, subsequent_indent=lead + "  " if lead else "") or [""]
 
 
 def seed_count(measured: int, seeds: int) -> str:
@@ -174,31 +180,101 @@ def seed_count(measured: int, seeds: int) -> str:
     return text + (f" of {seeds}: the other{'s lack' if missing > 1 else ' lacks'} it" if missing > 0 else "")
 
 
-def difference_line(d: dict) -> str:
-    """One group against the top of its data family: the difference of means, and the verdict paired by seed."""
-    if d["paired"] is None:
-        how = ("not distinguishable: fewer than 2 seeds in common, nothing to pair (run more seeds: "
-               "-S 'seed=0,1,2')")
-    else:
-        mean, low, high = d["paired"]
-        reason = {"evidence": "evidence of a difference",
-                  "too few seeds": f"no verdict: {d['pairs']} seeds (evidence needs {MIN_EVIDENCE_PAIRS} or more)",
-                  "not distinguishable": ("not distinguishable (the interval holds 0)" if high - low > ZERO_WIDTH else
-                                          "not distinguishable (every seed differs by the same amount: an interval "
-                                          "without width is no evidence)")}[d["verdict"]]
-        how = f"paired by seed ({d['pairs']} seeds): {mean:+.1f} points, 95 % interval [{low:+.1f}, {high:+.1f}]: {reason}"
-    return f"  {d['group']} vs {d['best']}: {d['difference']:+.1f} points in the means; {how}"
+def seeds_text(count: int | None) -> str:
+    """'about 512 seeds', or 'more than 10000 seeds' where no count up to the search's bound decides it."""
+    return f"more than {MAX_SEEDS} seeds" if count is None else f"about {count} seed{'s' if count != 1 else ''}"
 
 
-def difference_lines(comparison: Comparison) -> list[str]:
-    """'Is the difference real?': per data family, the top group against the others, paired by seed; "best" only
-    where every paired interval excludes 0."""
+def detect_phrase(v: MetricVerdict) -> str:
+    """What these seeds could detect: '3 seeds detect 50.4 points (80 % power at alpha 0.05)'."""
+    if not v.spread:
+        return "the differences have no spread: what more seeds would detect is unknown"
+    return f"{v.pairs} seeds detect {v.detectable:.1f} points or more ({POWER_WORDS})"
+
+
+def decide_parts(v: MetricVerdict) -> tuple[str, str]:
+    """('about 512 seeds', 'for two one-sided tests to show ±2 at a true difference of 0; for the t-test to find a
+    2-point difference: about 470 seeds'): the seeds that decide ±decide_points whichever holds (the larger count),
+    and which test needs them, the other's count beside it."""
+    count, which = v.seeds_to_decide
+    margin = f"{v.decide_points:g}"
+    within = f"for two one-sided tests to show ±{margin} at a true difference of 0"
+    differ = f"for the t-test to find a {margin}-point difference"
+    if which == "within":
+        return seeds_text(count), f"{within}; {differ}: {seeds_text(v.seeds_differ)}"
+    return seeds_text(count), f"{differ}; {within}: {seeds_text(v.seeds_within)}"
+
+
+def decide_phrase(v: MetricVerdict) -> str:
+    """'±2 points: about 512 seeds decide it (for two one-sided tests ...; for the t-test ...: about 470 seeds)'."""
+    if not v.spread:
+        return f"±{v.decide_points:g} points: no seed count follows from differences without spread"
+    count, which = decide_parts(v)
+    return f"±{v.decide_points:g} points: {count} decide it ({which})"
+
+
+def step_phrase(v: MetricVerdict) -> str | None:
+    """'one image moves it by up to 7.7 points (its worst group holds as few as 13 test images)' where that is more than
+    :data:`STEP_SHOWN` points; None otherwise."""
+    if v.step is None or v.step <= STEP_SHOWN:
+        return None
+    return f"one image moves it by up to {points_text(v.step)} points (its worst group holds as few as {v.worst_n} test images)"
+
+
+def verdict_phrase(v: MetricVerdict) -> str:
+    """The verdict in words; 'not distinguishable' always with what the seeds could detect, 'undecided' with the
+    seeds that would decide it."""
+    if v.verdict == "unpaired":
+        return ("not distinguishable: fewer than 2 seeds in common, nothing to pair (run more seeds: "
+                "-S 'seed=0,1,2')")
+    if v.verdict == "too few seeds":
+        return f"no verdict: {v.pairs} seeds (evidence needs {MIN_EVIDENCE_PAIRS} or more)"
+    if v.verdict == "evidence":
+        return "evidence of a difference (the interval excludes 0)"
+    if v.verdict == "differs":
+        return "differs (the interval excludes 0)"
+    if v.verdict == "within":
+        smaller = (f", a difference smaller than ±{v.margin:g} (the interval excludes 0)"
+                   if v.paired.excludes_zero else "")
+        return f"within ±{v.margin:g} points (two one-sided tests at alpha {ALPHA:g}: p = {v.tost_p:.3f}){smaller}"
+    if not v.spread:
+        return (f"{v.verdict} (every seed differs by the same amount: an interval without width is no evidence, and "
+                "tells nothing of what more seeds would show)")
+    if v.verdict == "undecided":
+        count, which = decide_parts(v)
+        return f"undecided: {count} would decide it ({which})"
+    return (f"not distinguishable (the interval holds 0): {v.pairs} seeds detect only differences of "
+            f"{v.detectable:.1f} points or more ({POWER_WORDS})")
+
+
+def metric_line(v: MetricVerdict) -> str:
+    """One metric of a difference: the means, the paired interval and verdict, what the seeds detect, the seeds
+    that decide ±decide_points and, for a worst group of few images, what one image moves it by."""
+    label = LABELS.get(v.metric, v.metric)
+    means = "–" if math.isnan(v.difference) else f"{v.difference:+.1f}"
+    parts = [f"{label}: {means} points in the means"]
+    if v.pairs >= 2:
+        parts[0] += (f"; paired by seed ({v.pairs} seeds): {v.paired.mean:+.1f} points, 95 % interval "
+                     f"[{v.paired.low:+.1f}, {v.paired.high:+.1f}]")
+    parts[0] += f": {verdict_phrase(v)}"
+    if v.pairs >= 2:
+        if v.verdict not in ("not distinguishable",):
+            parts.append(detect_phrase(v))
+        if v.verdict != "undecided":
+            parts.append(decide_phrase(v))
+    parts.append(step_phrase(v))
+    return "; ".join(part for part in parts if part)
+
+
+def difference_lines(comparison: Comparison, max_width: int = MAX_WIDTH) -> list[str]:
+    """'Is the difference real?': per data family, the top group against the others, paired by seed on each judged
+    metric; "best" only where every paired interval of the rank metric excludes 0. Lines of at most ``max_width``."""
     if not comparison.differences:
         return []
-    rank = comparison.differences[0]["metric"]
+    rank = comparison.differences[0].rank.metric
     label = LABELS.get(rank, rank)
     lines = []
-    for family in dict.fromkeys(d["family"] for d in comparison.differences):
+    for family in dict.fromkeys(d.family for d in comparison.differences):
         top = next(row for _, row in comparison.groups.iterrows()
                    if data_family(row, comparison.group_params) == family)
         n = int(pd.to_numeric(comparison.frame.loc[
@@ -212,10 +288,23 @@ def difference_lines(comparison: Comparison) -> list[str]:
         else:
             lines.append(f"no best by {label}{where}: the highest mean, {shown}, is not shown better than every other "
                          "group")
-        lines += [difference_line(d) for d in comparison.differences if d["family"] == family][:4]
-    if len({d["family"] for d in comparison.differences}) > 1:
+        for d in [d for d in comparison.differences if d.family == family][:4]:
+            lines.append(f"  {d.group} vs {d.best}:")
+            lines += [f"    {metric_line(v)}" for v in d.verdicts]
+    if len({d.family for d in comparison.differences}) > 1:
         lines.append("groups on different data (data.*, bias.* differ) are not ranked against each other")
-    return [line for text in lines for line in wrap(text)]
+    return [line for text in lines for line in wrap(text, max_width)]
+
+
+def other_commits_text(comparison: Comparison) -> str | None:
+    """'4 experiments of 2 other commits are not shown ...': DVC's experiments of other commits, which ``dvc exp
+    show`` (and so compare) leaves out, and how to show them; None when there is none."""
+    count, commits = sum(map(len, comparison.other_commits.values())), len(comparison.other_commits)
+    if not count:
+        return None
+    return (f"{count} experiment{'s' if count != 1 else ''} of {commits} other commit{'s' if commits != 1 else ''} "
+            f"{'are' if count != 1 else 'is'} not shown (DVC lists this commit's experiments only): `debias compare "
+            "--all-commits` compares them too, `dvc exp show -A` lists them")
 
 
 def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
@@ -237,10 +326,13 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
         group_lines, group_dropped = fit_columns(columns, max_width)
         out += group_lines
         dropped += [c for c in group_dropped if c.key not in {d.key for d in dropped}]
-        out += difference_lines(comparison)
+        out += difference_lines(comparison, max_width)
     out.append("")
     for note in comparison.notes:
         out += wrap(note if note.startswith("WARNING ") else f"note: {note}", max_width)
+    elsewhere = other_commits_text(comparison)
+    if elsewhere:
+        out += wrap(f"note: {elsewhere}", max_width)
     if unlabelled:
         out += wrap(f"{NEEDS_BIAS_LABELS} (the data has no bias attribute; no number): " + ", ".join(unlabelled),
                     max_width)
