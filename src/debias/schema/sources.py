@@ -132,29 +132,30 @@ SOURCES: dict[str, str] = {
     "erm.augment_shift": "code: CNC's code trains on random crops (schema default 0: off); params.yaml 2 (ours: a "
                          "random shift of up to 2 px; not measured against 0)",
     # ----------------------------------------------------------------------------------------------- groups
-    "erm.step": "ours: eager (default), the only path on the CPU; ERM's split step before / after: 0.945 steps/s, "
-                "0.954 steps per CPU-second, inside the run's own spread (benchmarks/results/captured_step.md); "
+    "erm.step": "ours: eager (default), the only path on the CPU; ERM's split step measured against the unsplit one "
+                "(unsplit / split 0.945 steps/s, 0.954 steps per CPU-second), inside the run's own spread "
+                "(benchmarks/results/captured_step.md); "
                 "cuda_graph not measured on a GPU",
     "groups.method": "paper: CNC App. D.2.3 (schema default pred; clusters chosen for all datasets in D.2.4); "
                      "params.yaml cluster (ours: the tool's card, README)",
     # ----------------------------------------------------------------------------------------------- stage 2
     "stage2.optimizer": "paper: CNC App. D.2.4 (schema default sgd); params.yaml adam (FairKL App. B.2.1; ours for CNC: "
-                        "CNC's SGD schedule stays near chance on these cells, benchmarks/results/default_search.md; "
+                        "CNC's SGD schedule measured near chance on these cells, benchmarks/results/default_search.md; "
                         "the cnc-* presets set SGD)",
     "stage2.lr": "paper: CNC App. D.2.4 and FairKL App. B.2.1 (default 1e-3)",
     "stage2.momentum": "paper: CNC App. D.2.4 (default 0.9; unused by Adam)",
-    "stage2.weight_decay": "paper: CNC App. D.2.4 (default 1e-4; the default schedule of "
+    "stage2.weight_decay": "paper: CNC App. D.2.4 (default 1e-4; the default schedule measured in "
                            "benchmarks/results/default_search.md)",
     "stage2.batch_size": "paper: CNC App. D.2.4's batch is 2M + 2N, its ERM's 32 (schema default 32); params.yaml 256 "
                          "(FairKL App. B.2.1; WCL Sec. 6.1: 128)",
     "stage2.epochs": "paper: CNC App. D.2.4 (default 3), each over stage2.cnc.anchor_fraction of the anchors (the "
-                     "default schedule of benchmarks/results/default_search.md)",
+                     "default schedule measured in benchmarks/results/default_search.md)",
     "stage2.lr_milestones": "ours: none in the default's 3 epochs (FairKL App. B.2.1's 26 and 53 of 80 in the "
                             "fairkl-bmnist presets)",
     "stage2.lr_gamma": "paper: FairKL App. B.2.1: x0.1 (default 0.1)",
     "stage2.selection": "paper: CNC App. D.2.4: early stopping on validation worst-group accuracy (schema default "
-                        "best_worst_group); ours: params.yaml best_unbiased (every validation image counts; on the "
-                        "default's held-out runs degenerate in none of 15, best_worst_group in 2, "
+                        "best_worst_group); ours: params.yaml best_unbiased (every validation image counts; measured "
+                        "on the default's held-out runs: degenerate in none of 15, best_worst_group in 2, "
                         "benchmarks/results/default_search.md); the label-free choices: best_worst_class after "
                         "SubpopBench (Yang et al., ICML 2023, Change is Hard: worst-class validation accuracy when "
                         "attributes are unknown), best_worst_inferred_group ours (the worst-group rule on the "
@@ -162,31 +163,33 @@ SOURCES: dict[str, str] = {
     "stage2.eval_batch_size": "ours: 1024 images per evaluation batch (default 1024; memory only, no effect on "
                               "results)",
     "stage2.augment_shift": "code: FairKL debiasing/main_infonce.py: no augmentation on Biased-MNIST (schema default "
-                            "0); params.yaml 2 (the default CNC schedule of benchmarks/results/default_search.md; CNC's "
-                            "code trains on random crops)",
-    "stage2.method": "paper: CNC (default cnc); chosen in benchmarks/results/default_search.md (15 held-out cells: "
-                     "+3.0 [+0.2, +5.7] points of test unbiased accuracy over the released FairKL objective)",
+                            "0); params.yaml 2 (the default CNC schedule measured in "
+                            "benchmarks/results/default_search.md; CNC's code trains on random crops)",
+    "stage2.method": "paper: CNC (default cnc); chosen in benchmarks/results/default_search.md (measured on 15 "
+                     "held-out cells: +3.0 [+0.2, +5.7] points of test unbiased accuracy over the released FairKL "
+                     "objective)",
     "stage2.head.weight_decay": "ours: 1e-4 L2 on the per-epoch linear head (default 1e-4), scikit-learn's C = 1 "
                                 "ridge order (not tuned); FairKL trains its linear classifier separately too (App. "
                                 "B.2)",
     "stage2.head.max_iter": "code: scikit-learn LogisticRegression's own max_iter: 100 L-BFGS iterations (default 100)",
-    "stage2.head.warm_start": "ours: the previous epoch's head as the start (default true); default data, 3 seeds: "
-                              "the same selected epoch and accuracies as a cold start in fewer L-BFGS iterations "
-                              "(908, 1,018, 890 against 1,098, 1,200, 1,082: benchmarks/results/head_warm_start.md)",
+    "stage2.head.warm_start": "ours: the previous epoch's head as the start (default true); measured on the default "
+                              "data, 3 seeds: the same selected epoch and accuracies as a cold start in fewer L-BFGS "
+                              "iterations (908, 1,018, 890 against 1,098, 1,200, 1,082: "
+                              "benchmarks/results/head_warm_start.md)",
     "stage2.head.features": "ours: raw (default raw: z as the linear probe reads it); the released FairKL code's "
                             "classifier reads z / |z| (debiasing/models/simpleconvnet.py and resnet.py, "
                             "train_on_head=True): the fairkl-* presets set unit",
     "stage2.head.tolerance": "code: torch.optim.LBFGS's own tolerance_grad (default 1e-7); looser values changed the "
-                             "selected epoch on the default data (benchmarks/results/head_warm_start.md)",
+                             "selected epoch on the default data (measured: benchmarks/results/head_warm_start.md)",
     "stage2.speed.autocast": "ours: none (off) until measured on CPU and GPU: bf16 gave 1.27x steps/s on the CPU, "
                              "accuracy and GPU not measured (benchmarks/results/speed_settings.md)",
     "stage2.speed.compile": "ours: off (default false): torch.compile measured 0.99x steps/s on the CPU "
                             "(benchmarks/results/speed_settings_compile.md); GPU not measured",
     "stage2.speed.channels_last": "ours: off (default false): channels-last measured 0.95x steps/s on the CPU "
                                   "(benchmarks/results/speed_settings.md); GPU not measured",
-    "stage2.speed.step": "ours: eager (default), the only path on the CPU; the eager step split for capture kept the "
-                         "CPU's stage-2 steps/s (eps-SupInfoNCE + FairKL before / after: 0.957 steps/s, 0.999 steps per "
-                         "CPU-second; benchmarks/results/captured_step.md); cuda_graph "
+    "stage2.speed.step": "ours: eager (default), the only path on the CPU; the eager step split for capture measured "
+                         "as fast as the unsplit one on the CPU's stage 2 (eps-SupInfoNCE + FairKL, unsplit / split "
+                         "0.957 steps/s, 0.999 steps per CPU-second; benchmarks/results/captured_step.md); cuda_graph "
                          "not measured on a GPU",
     "stage2.tabular_view.corruption_rate": "paper: SCARF: corruption rate (default 0.6)",
     # ----------------------------------------------------------------------------------------------- loss
@@ -194,9 +197,9 @@ SOURCES: dict[str, str] = {
     "loss.epsilon": "paper: CNC Eq. 15 has no margin (default 0: CNC's loss, and eps-SupInfoNCE's limit); FairKL Table "
                     "6: 0.5 for eps-SupInfoNCE at every rho (the fairkl-bmnist-*-eps-supinfonce presets)",
     "loss.alpha": "paper: FairKL Eq. 11 with the kl variant (schema default 1.0); params.yaml 0.03: FairKL Table 6's, "
-                  "in the released objective (which applies it squared), the best of the supcon family in "
-                  "benchmarks/results/default_choice.md (12 cells); there the eps term weighs 0.0013 against "
-                  "FairKL's 0.5 (negligible-param)",
+                  "in the released objective (which applies it squared), measured the best of the supcon family in "
+                  "benchmarks/results/default_choice.md (12 cells); there the eps term weighs "
+                  "`0.03^2 * 0.1 / 0.07 = 0.0013` against lambda 0.5 (negligible-param)",
     "loss.eps_supcon.epsilon": "paper: FairKL Table 6: eps-SupCon's eps 0.25 / 0 / 0.5 / 0 at rho 0.999 / 0.997 / "
                                "0.995 / 0.99; rho 0.99's (default 0), the column nearest the default data's weaker "
                                "bias (the presets fairkl-bmnist-*-eps-supcon set each rho's); not measured on the "
@@ -204,14 +207,14 @@ SOURCES: dict[str, str] = {
     "loss.eps_supcon.fairkl_weight": "paper: FairKL Table 6: eps-SupCon's lambda 0.75 / 0.5 / 0.5 / 0.5 at rho 0.999 "
                                      "/ 0.997 / 0.995 / 0.99 (schema default 0: FairKL off); params.yaml 0.5 (rho "
                                      "0.99's, as loss.fairkl.weight; not measured on the default data)",
-    "loss.fairkl.weight": "paper: FairKL Table 6: lambda 0.75 for eps-SupInfoNCE at rho 0.995-0.999, 0.5 at 0.99 "
+    "loss.fairkl.weight": "paper: FairKL Table 6: lambda 0.75 for eps-SupInfoNCE at rho 0.995-0.999, 0.5 at rho 0.99 "
                           "(schema default 0: off, the plain losses); params.yaml 0.5 (rho 0.99's, the column nearest "
-                          "the default data's weaker bias; ours: 0.5 led 0.75 on validation with kl at alpha 1, "
-                          "41.3 against 37.9 % worst-group, 3 seeds, benchmarks/results/eps_sweep.md)",
+                          "the default data's weaker bias; ours: measured on validation with kl at alpha 1, lambda 0.5 "
+                          "and 0.75 gave 41.3 and 37.9 % worst-group, 3 seeds, benchmarks/results/eps_sweep.md)",
     "loss.fairkl.variant": "paper: FairKL Eq. 10 (schema default kl); params.yaml released: the code behind the "
                            "paper's tables (debiasing/main_infonce.py; the loss is tested equal to that code's, no run "
-                           "here reproduces a FairKL table), the best objective of benchmarks/results/default_choice.md; "
-                           "also set by the fairkl-* presets",
+                           "here reproduces a FairKL table), the best objective measured in "
+                           "benchmarks/results/default_choice.md; also set by the fairkl-* presets",
     "loss.fairkl.variance_floor": "ours: 1e-6 squared-distance units (default 1e-6; unit vectors lie 0..4 apart): far "
                                   "below any spread of real distances, it keeps Eq. 10's Gaussian KL finite on a pair "
                                   "set of equal distances",
