@@ -18,7 +18,11 @@ Its MLflow runs go to the experiment ``<mlflow experiment>-upstream``.
 The whole grid is validated against the params schema (and the targets against dvc.yaml) before anything is
 queued or submitted. The plan and the SLURM job ids are kept in ``sweeps/<name>/sweep.json``: ``--status`` shows
 each experiment queued / running / done / failed with its log, ``--resume`` reruns what is neither done nor
-queued nor running (an experiment is done when its DVC experiment exists at the sweep's baseline commit).
+queued nor running (an experiment is done when its DVC experiment exists at the sweep's baseline commit);
+``--resume --seeds`` adds seeds to a finished sweep and ``--until-decided`` adds them in batches until a corrected
+verdict (:mod:`.extend`). While anything runs, a line at least every 15 s names each running run's stage, epoch
+and ETA (:mod:`.watch`); afterwards each experiment's stages that DVC restored from its run-cache get their MLflow
+runs (:mod:`.records`).
 """
 
 from debias.tools.sweep.command import add_parser
