@@ -218,9 +218,11 @@ def test_compare_names_the_experiments_of_other_commits_and_all_commits_compares
     message = ("3 experiments of 1 other commit are not shown (DVC lists this commit's experiments only): `debias "
                "compare --all-commits` compares them too, `dvc exp show -A` lists them")
     assert message in flat(text) and message in flat(written["md"].read_text(encoding="utf-8"))
+    with pytest.raises(ValueError, match="3 experiments of other commits are not shown: --all-commits compares them"):
+        compare_module.compare(tmp_path, mlflow=False, out=tmp_path / "page", param_filters=["loss.epsilon=0.25"])
 
     comparison, _, text = compare_module.compare(tmp_path, mlflow=False, out=tmp_path / "page", all_commits=True)
-    assert asked == [False, True] and comparison.other_commits == {}
+    assert asked == [False, False, True] and comparison.other_commits == {}
     assert {e.name for e in comparison.experiments} == {e.name for e in now + earlier}
     assert "main" in {e.name for e in comparison.without_results} and "c" * 7 not in flat(text)
     assert "--all-commits: experiments of 2 commits compared together; the code may differ between commits" in flat(text)
