@@ -21,7 +21,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -29,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import scipy.stats
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -37,6 +35,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from debias.core.trees import merge  # noqa: E402
+from debias.metrics.paired import paired  # noqa: E402
 
 #: The upstream recipe of benchmarks/quality.yaml on mnist10k's 10k real digits (5,999 training images, ERM 5 epochs).
 MNIST10K: dict[str, Any] = {
@@ -373,13 +372,8 @@ def write_text(path: Path, text: str) -> None:
 
 def interval(values: list[float]) -> tuple[float, float, float]:
     """Mean and the 95 % t-interval of the mean; NaN bounds from fewer than 2 values, and no mean from none."""
-    if not values:
-        return math.nan, math.nan, math.nan
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, math.nan, math.nan
-    half = float(scipy.stats.t.ppf(0.975, len(values) - 1)) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
+    found = paired(values)
+    return found.mean, found.low, found.high
 
 
 def fmt_interval(values: tuple[float, float, float], signed: bool = False) -> str:

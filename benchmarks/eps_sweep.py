@@ -19,17 +19,18 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
-import math
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from debias.metrics.paired import paired  # noqa: E402
 # Every objective sets all four loss keys it depends on, so the committed params.yaml's values do not leak in.
 OBJECTIVES: dict[str, dict[str, object]] = {
     "released_a003_l05": {"loss.fairkl.variant": "released", "loss.alpha": 0.03, "loss.fairkl.weight": 0.5},
@@ -41,7 +42,6 @@ FIELDS = ["objective", "epsilon", "seed", "epoch", "val_worst", "val_unbiased", 
           "test_unbiased", "loss_epoch0", "loss_last", "command"]
 METRICS = {"val_worst": "val/worst_group", "val_unbiased": "val/unbiased", "val_avg": "val/avg",
            "test_avg": "test/avg", "test_worst": "test/worst_group", "test_unbiased": "test/unbiased"}
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571}  # Student t, two-sided 95 %, by degrees of freedom
 
 
 def workspace(workdir: Path, seed: int, threads: int) -> Path:
@@ -79,11 +79,10 @@ def run_one(path: Path, objective: str, epsilon: float, seed: int, threads: int)
 
 def interval(values: list[float]) -> str:
     """Mean in % with the 95 % t-interval of the mean over the seeds (``mean [low, high]``), clipped to [0, 100]."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return f"{100 * mean:.1f}"
-    half = T_975[len(values) - 1] * statistics.stdev(values) / math.sqrt(len(values))
-    return f"{100 * mean:.1f} [{100 * max(0.0, mean - half):.1f}, {100 * min(1.0, mean + half):.1f}]"
+    found = paired(values)
+    if found.n < 2:
+        return f"{100 * found.mean:.1f}"
+    return f"{100 * found.mean:.1f} [{100 * max(0.0, found.low):.1f}, {100 * min(1.0, found.high):.1f}]"
 
 
 def table(rows: list[dict[str, str]]) -> str:
