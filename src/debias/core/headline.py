@@ -27,19 +27,27 @@ key), and the accuracies add ``<prefix>_worst_class`` (worst-class accuracy, e.g
 Values are rounded to :data:`DIGITS` decimals (a test split of 10,000 images moves an accuracy by 1e-4);
 a value the detailed file lacks (a stage 2 that did not train) is left out, never written as 0.
 Every reader tolerates files without ``warnings`` or ``selection``: older outputs have neither.
+
+The headline files are git-tracked (``cache: false``), so a merge, a rebase or a hand edit can leave them out of step
+with dvc.lock. Every reader of a metrics file (``debias compare``, the report, the sweep) checks it against the md5
+dvc.lock records (:func:`lock_mismatches`, :func:`mismatches`) and leaves a file that does not match out, saying so
+(:func:`mismatch_message`). DVC deletes a stage's outputs before it runs it and ``dvc checkout`` cannot restore a
+``cache: false`` one, so the harness puts the headline file back as dvc.lock records it before the stage does
+anything (:func:`restore_recorded`, from a copy :func:`keep_copy` kept, HEAD or DVC's cache): a failed run leaves the
+recorded numbers.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from debias.core import paths
 from debias.core.errors import NEEDS_BIAS_LABELS
-from debias.core.io import load_json, save_json
+from debias.core.io import atomic_path, load_json, save_json
 
 DIGITS = 4
 STAGES = ("inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate")
@@ -98,8 +106,182 @@ def committed_metrics(root: Path) -> list[Path]:
 def forget_committed_run(root: Path) -> None:
     """Remove ``root``'s dvc.lock and the headline metrics of the run it records (a benchmark's or a test's fresh
     copy, with other params: every stage runs, and no number of another run is shown as its own)."""
-    for path in [root / "dvc.lock", *committed_metrics(root)]:
+    for path in [root / LOCK, *committed_metrics(root)]:
         path.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- metrics files against dvc.lock
+
+LOCK = Path("dvc.lock")
+# Why a metrics file's numbers are left out (after its path); the same words wherever a metrics file is read.
+MISMATCH = "does not match dvc.lock (edited, merged or from another run)"
+UNRECORDED = "is no output of a run dvc.lock records (dvc.lock replaced, or its stage never finished under DVC)"
+LEFT_OUT = "its numbers are left out; run `dvc repro`, or `git checkout` it with dvc.lock"
+
+
+def parse_lock(text: str) -> dict[str, Any] | None:
+    """dvc.lock's text parsed as DVC parses it (ruamel.yaml, YAML 1.2); None for text that is no YAML mapping."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        lock = YAML(typ="safe").load(text)
+    except YAMLError:
+        return None
+    return lock if isinstance(lock, dict) else None
+
+
+def read_lock(root: Path = Path(".")) -> dict[str, Any] | None:
+    """``root/dvc.lock`` parsed (:func:`parse_lock`); None without one."""
+    try:
+        return parse_lock((root / LOCK).read_text(encoding="utf-8"))
+    except OSError:
+        return None
+
+
+def recorded_outputs(lock: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Output path -> its dvc.lock entry (``md5``, ``hash``, ``size``), every stage's outputs together."""
+    stages = (lock or {}).get("stages") or {}
+    return {str(out["path"]): out for entry in stages.values() if isinstance(entry, dict)
+            for out in entry.get("outs") or [] if isinstance(out, dict) and out.get("path") is not None}
+
+
+def dvc_md5(data: bytes, hash_name: str | None) -> str:
+    """DVC's md5 of a file holding ``data``: the md5 of the bytes under DVC 3 (an entry with ``hash: md5``); DVC 2's
+    ``md5-dos2unix`` (CRLF read as LF in a text file) for an entry without ``hash``."""
+    import hashlib
+
+    if hash_name == "md5":
+        return hashlib.md5(data, usedforsecurity=False).hexdigest()
+    import io
+
+    from dvc_data.hashfile.hash import fobj_md5  # DVC's own, for the legacy rule
+
+    return fobj_md5(io.BytesIO(data), name=hash_name or "md5-dos2unix")
+
+
+def matches_lock(data: bytes, entry: dict[str, Any]) -> bool:
+    """Whether a file holding ``data`` is the one a dvc.lock output ``entry`` records."""
+    return entry.get("md5") is not None and dvc_md5(data, entry.get("hash")) == str(entry["md5"])
+
+
+def mismatches(lock: dict[str, Any] | None, read: Callable[[str], bytes | None],
+               files: Iterable[str]) -> dict[str, str]:
+    """File -> why its bytes (``read``; None: absent, nothing shown, nothing to check) are not what ``lock`` records:
+    :data:`MISMATCH`, or :data:`UNRECORDED` for a file no output of ``lock`` names or holds. A file inside a recorded
+    folder is not checked (its md5 is in DVC's cache, not in dvc.lock). Empty without a lock (nothing recorded)."""
+    if lock is None:
+        return {}
+    outputs = recorded_outputs(lock)
+    found: dict[str, str] = {}
+    for name in files:
+        data = read(name)
+        if data is None:
+            continue
+        entry = outputs.get(name)
+        if entry is None:
+            if not any(name.startswith(out.rstrip("/") + "/") for out in outputs):
+                found[name] = UNRECORDED
+        elif not str(entry.get("md5", "")).endswith(".dir") and not matches_lock(data, entry):
+            found[name] = MISMATCH
+    return found
+
+
+def mismatch_message(name: str, why: str) -> str:
+    """``'<file> does not match dvc.lock (...): its numbers are left out; run ...'``: one line, wherever it is shown."""
+    return f"{name} {why}: {LEFT_OUT}"
+
+
+def _read_bytes(root: Path) -> Callable[[str], bytes | None]:
+    def read(name: str) -> bytes | None:
+        try:
+            return (root / name).read_bytes()
+        except OSError:
+            return None
+    return read
+
+
+def lock_mismatches(root: Path = Path("."), files: Iterable[Path | str] | None = None) -> dict[str, str]:
+    """The files under ``root`` (relative paths; default: the git-tracked headline metrics) that do not match
+    ``root``'s dvc.lock, each with why (:func:`mismatches`): what every reader of a metrics file leaves out."""
+    names = [Path(f).as_posix() for f in (files if files is not None else [headline_path(s) for s in STAGES])]
+    return mismatches(read_lock(root), _read_bytes(root), names)
+
+
+# --------------------------------------------------------------------------- a failed stage keeps its headline
+
+KEPT = paths.METRICS / ".kept"  # copies of the headline files this workspace's runs wrote: <stage>.<md5>.json
+KEPT_PER_STAGE = 8  # the newest copies kept of each stage's
+
+
+def keep_copy(stage: str, root: Path = Path(".")) -> Path | None:
+    """Copy ``stage``'s headline file into :data:`KEPT` under its md5 (a DVC stage deletes the file before it runs,
+    and ``dvc checkout`` does not restore a ``cache: false`` output); the stage's older copies beyond
+    :data:`KEPT_PER_STAGE` are removed. Returns the copy; None without a headline file."""
+    import hashlib
+
+    try:
+        data = (root / headline_path(stage)).read_bytes()
+    except OSError:
+        return None
+    copy = root / KEPT / f"{stage}.{hashlib.md5(data, usedforsecurity=False).hexdigest()}.json"
+    if not copy.exists():
+        with atomic_path(copy) as tmp:
+            tmp.write_bytes(data)
+    older = sorted(copy.parent.glob(f"{stage}.*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for stale in older[KEPT_PER_STAGE:]:
+        stale.unlink(missing_ok=True)
+    return copy
+
+
+def _kept_here(root: Path, name: str, entry: dict[str, Any]) -> bytes | None:
+    matches = (root / KEPT).glob(f"{Path(name).stem}.*.json")
+    return next((data for data in (p.read_bytes() for p in matches) if matches_lock(data, entry)), None)
+
+
+def _at_head(root: Path, name: str, entry: dict[str, Any]) -> bytes | None:
+    import subprocess
+
+    try:
+        done = subprocess.run(["git", "show", f"HEAD:{name}"], cwd=root, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _in_dvc_cache(root: Path, name: str, entry: dict[str, Any]) -> bytes | None:
+    """The object of DVC's cache with the recorded md5 (DVC's run-cache stores ``cache: false`` outputs there)."""
+    try:
+        from dvc.repo import Repo
+
+        with Repo(str(root)) as repo:
+            return Path(repo.cache.local.oid_to_path(str(entry["md5"]))).read_bytes()
+    except Exception:  # no DVC repository, no such object, a cache DVC cannot open: no copy here
+        return None
+
+
+# Where a copy of the headline file dvc.lock records may be, cheapest first; each is checked against dvc.lock's md5.
+COPIES: tuple[Callable[[Path, str, dict[str, Any]], bytes | None], ...] = (_kept_here, _at_head, _in_dvc_cache)
+
+
+def restore_recorded(stage: str, root: Path = Path(".")) -> bool | None:
+    """Put back ``stage``'s headline file as dvc.lock records it when it is missing (DVC deletes a stage's outputs,
+    ``cache: false`` ones too, before it runs it), from the first of :data:`COPIES` with dvc.lock's md5; the stage
+    replaces it when it succeeds, and a failed run leaves the recorded numbers. True: restored; False: dvc.lock records
+    a file no copy here matches; None: nothing to restore (no headline, the file is there, or dvc.lock records none)."""
+    name = headline_path(stage).as_posix()
+    if stage not in STAGES or (root / name).exists():
+        return None
+    entry = recorded_outputs(read_lock(root)).get(name)
+    if entry is None or entry.get("md5") is None:
+        return None
+    for source in COPIES:
+        data = source(root, name, entry)
+        if data is not None and matches_lock(data, entry):
+            with atomic_path(root / name) as tmp:
+                tmp.write_bytes(data)
+            return True
+    return False
 
 
 def _number(value: Any) -> float | int | str | None:
@@ -315,12 +497,37 @@ def recorded_unread(root: Path = Path("."), stages: tuple[str, ...] = PIPELINE) 
     return out
 
 
+MISMATCH_CODE = "metrics-mismatch"  # a warning's code: a metrics file that is not the one dvc.lock records
+
+
+def metrics_files(root: Path = Path(".")) -> list[str]:
+    """The files under ``root`` the run's numbers are read from: every JSON under ``reports/metrics``, the per-epoch
+    curves under ``reports/plots`` and the bias summary (the report's own outputs are none of them)."""
+    found = [*(root / paths.METRICS).glob("*.json"), *(root / paths.PLOTS).glob("*_curves.csv"),
+             root / paths.BIAS_SUMMARY]
+    return sorted(p.relative_to(root).as_posix() for p in found if p.is_file())
+
+
+def mismatch_warnings(root: Path = Path(".")) -> dict[str, list[str]]:
+    """Stage (the one dvc.lock says wrote the file, else the reader, ``report``) -> a :data:`MISMATCH_CODE` warning for
+    each of :func:`metrics_files` that does not match dvc.lock (:func:`lock_mismatches`)."""
+    lock = read_lock(root)
+    found = mismatches(lock, _read_bytes(root), metrics_files(root))
+    writers = {str(out.get("path")): stage for stage, entry in ((lock or {}).get("stages") or {}).items()
+               if isinstance(entry, dict) for out in entry.get("outs") or [] if isinstance(out, dict)}
+    out: dict[str, list[str]] = {}
+    for name, why in found.items():
+        out.setdefault(writers.get(name, "report"), []).append(f"{MISMATCH_CODE}: {mismatch_message(name, why)}")
+    return out
+
+
 def run_warnings(root: Path = Path(".")) -> dict[str, list[str]]:
-    """Every warning of the run in the workspace, by stage in pipeline order: those its stages wrote into their metrics
-    files (:func:`local_warnings`) and the unread-param warnings their run records kept (:func:`recorded_unread`)."""
-    local, unread = local_warnings(root), recorded_unread(root)
-    merged = {stage: unread.get(stage, []) + [m for m in local.get(stage, []) if m not in unread.get(stage, [])]
-              for stage in PIPELINE}
+    """Every warning of the run in the workspace, by stage in pipeline order: a metrics file that does not match
+    dvc.lock (:func:`mismatch_warnings`), those its stages wrote into their metrics files (:func:`local_warnings`) and
+    the unread-param warnings their run records kept (:func:`recorded_unread`)."""
+    local, unread, mismatched = local_warnings(root), recorded_unread(root), mismatch_warnings(root)
+    merged = {stage: mismatched.get(stage, []) + unread.get(stage, [])
+              + [m for m in local.get(stage, []) if m not in unread.get(stage, [])] for stage in PIPELINE}
     return {stage: messages for stage, messages in merged.items() if messages}
 
 

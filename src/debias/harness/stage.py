@@ -20,7 +20,9 @@ Every message is cut to :data:`MESSAGE_LIMIT` characters: no value is ever echoe
 Outputs are written atomically, so a stage run by hand (``python pipeline/<stage>.py``) that fails leaves the
 previous outputs intact; under DVC (``dvc repro``, ``dvc exp run``: ``$DVC_STAGE`` set) DVC has already removed
 the stage's outputs (``persist: true`` ones excepted) before running it, and the message says so and how to get
-them back (:func:`outputs_note`).
+them back (:func:`outputs_note`); the git-tracked headline metrics, which ``dvc checkout`` cannot restore, are put
+back as dvc.lock records them before anything else runs and replaced only when the stage succeeds
+(:func:`keep_recorded`).
 Under ``torchrun`` every rank runs the body; only rank 0 opens the MLflow run and writes the run
 record (:func:`debias.harness.tracking.stage_run`), and the other ranks name themselves in error messages.
 """
@@ -99,14 +101,40 @@ def stage_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
     return paths
 
 
+# The stage's git-tracked headline file and whether it was put back as dvc.lock records it (:func:`keep_recorded`).
+_KEPT: dict[str, bool] = {}
+
+
+def keep_recorded(stage: str) -> None:
+    """Put back the stage's git-tracked headline metrics that DVC deleted before running it, as dvc.lock records
+    them (:func:`debias.core.headline.restore_recorded`): the stage replaces them when it succeeds, so a failed run
+    leaves the recorded run's numbers, which ``dvc checkout`` (``cache: false``) would not bring back."""
+    from debias.core.headline import headline_path, restore_recorded
+
+    _KEPT.clear()  # one stage per process under DVC; several when a test or script runs stages in one process
+    restored = restore_recorded(stage)
+    if restored is not None:
+        _KEPT[headline_path(stage).as_posix()] = restored
+
+
+def kept_note() -> str:
+    """What happened to the stage's git-tracked headline file (:func:`keep_recorded`), for :func:`outputs_note`."""
+    return "".join(
+        f"; {name} (git-tracked, which `dvc checkout` does not restore) "
+        + ("holds the numbers dvc.lock records, put back from a copy" if restored else
+           "has no copy here that matches dvc.lock: `git checkout` it with dvc.lock, or `dvc repro` recomputes it")
+        for name, restored in _KEPT.items())
+
+
 def outputs_note() -> str:
     """What is true of the stage's previous outputs after it failed: under DVC (``$DVC_STAGE`` set, as DVC sets it
-    for every stage command) DVC removed them before the command ran, and ``dvc checkout <stage>`` restores the
-    ones dvc.lock records; run by hand, the atomic writes left them intact."""
+    for every stage command) DVC removed them before the command ran, ``dvc checkout <stage>`` restores the cached
+    ones dvc.lock records, and the git-tracked headline file was put back (:func:`kept_note`); run by hand, the atomic
+    writes left them intact."""
     addressing = os.environ.get("DVC_STAGE", "").strip()
     if addressing:
         return (f"DVC removed this stage's previous outputs before running it (persist: true ones excepted); "
-                f"`dvc checkout {addressing}` restores the ones dvc.lock records")
+                f"`dvc checkout {addressing}` restores the ones dvc.lock records{kept_note()}")
     return "the previous outputs are intact"
 
 
@@ -131,9 +159,12 @@ def publish(stage: str, run: StageRun) -> None:
     """After a stage's body: its headline file ``reports/metrics/<stage>.json`` (:mod:`debias.core.headline`), logged
     to its MLflow run with its warnings; on the pipeline's parent run, the headline metrics and warnings of this
     stage and those before it (their files are current; later stages' files may be an earlier run's)."""
-    from debias.core.headline import local_warnings, read_headlines, upstream_stages, warnings_summary, write_headline
+    from debias.core.headline import (keep_copy, local_warnings, read_headlines, upstream_stages, warnings_summary,
+                                      write_headline)
 
     values = write_headline(stage)
+    if values is not None:
+        keep_copy(stage)  # DVC deletes the file before the stage's next run: a copy puts it back (keep_recorded)
     if values:
         run.log_metrics(values)
     for path in stage_outputs(stage):  # small JSON/CSV outputs, for `debias compare --source mlflow`
@@ -172,7 +203,11 @@ def check_params_unchanged(stage: str, params: Params) -> None:
     if not changed:
         return
     removed = []
+    from debias.core.headline import headline_path
+
     for path in stage_outputs(stage):
+        if path == headline_path(stage):  # not written yet: the recorded run's numbers (keep_recorded), kept
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         elif path.exists() or path.is_symlink():
@@ -377,6 +412,8 @@ def _run(stage: str, body: Callable[[Params, "StageRun"], None], activity: objec
     who = ", ".join(filter(None, [stage, "" if distributed.is_main() else distributed.describe()]))
     debug = bool(os.environ.get("DEBIAS_DEBUG"))
     try:
+        if distributed.is_main():
+            keep_recorded(stage)  # first: whatever fails next, the recorded numbers stay
         params = load_params()
         pick_device()  # a DEBIAS_DEVICE this machine lacks fails here, not after data loading
         configure_threads()

@@ -99,17 +99,22 @@ def read_train_umap(root: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def load_inputs(root: Path) -> ReportInputs:
-    """Read every input under ``root`` that exists; a corrupt file raises (CorruptFileError), a missing one is listed."""
+    """Read every input under ``root`` that exists; a corrupt file raises (CorruptFileError), a missing one is listed,
+    and so is one that does not match dvc.lock (:func:`debias.core.headline.lock_mismatches`: never read; the warnings
+    say why, :func:`debias.core.headline.mismatch_warnings`)."""
+    from debias.core.headline import lock_mismatches
+
+    mismatched = {Path(name) for name in lock_mismatches(root, [*JSON_INPUTS.values(), *CURVE_INPUTS.values()])}
     missing: list[Path] = []
     loaded: dict[str, Any] = {}
     for name, rel in JSON_INPUTS.items():
-        if (root / rel).exists():
+        if (root / rel).exists() and rel not in mismatched:
             loaded[name] = load_json(root / rel)
         else:
             missing.append(rel)
     curves = {}
     for model, rel in CURVE_INPUTS.items():
-        if (root / rel).exists():
+        if (root / rel).exists() and rel not in mismatched:
             curves[model] = read_curves(root / rel)
         else:
             missing.append(rel)

@@ -238,10 +238,7 @@ def dvc_reader(root: Path, experiment: Experiment, repo: Any) -> DvcReader:
 
 def read_lock(root: Path, experiment: Experiment) -> dict[str, Any] | None:
     """``experiment``'s dvc.lock, parsed: the workspace's from disk, a commit's or an experiment's from git;
-    None where there is none or it cannot be read. Parsed as DVC parses it (ruamel.yaml, YAML 1.2)."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
-
+    None where there is none or it cannot be read. Parsed as DVC parses it (:func:`headline.parse_lock`)."""
     if experiment.kind == "workspace":
         try:
             text = (root / "dvc.lock").read_text(encoding="utf-8")
@@ -255,29 +252,65 @@ def read_lock(root: Path, experiment: Experiment) -> dict[str, Any] | None:
         text = done.stdout
     else:
         return None
-    try:
-        lock = YAML(typ="safe").load(text)
-    except YAMLError:
-        return None
-    return lock if isinstance(lock, dict) else None
+    return headline.parse_lock(text)
 
 
-def blank_stale(experiment: Experiment, lock: dict[str, Any] | None) -> None:
-    """Blank the metrics and files of ``experiment``'s stale stages (:mod:`debias.tools.compare.stale`) and say why."""
+def git_files(root: Path, specs: list[str]) -> dict[str, bytes | None]:
+    """``REV:PATH`` -> the file's bytes in git (one ``git cat-file --batch``), None where git has none."""
+    if not specs:
+        return {}
+    done = subprocess.run(["git", "cat-file", "--batch"], cwd=root, input="".join(f"{s}\n" for s in specs).encode(),
+                          capture_output=True, timeout=120)
+    found: dict[str, bytes | None] = dict.fromkeys(specs)
+    out, at = done.stdout, 0
+    for spec in specs if done.returncode == 0 else []:
+        end = out.index(b"\n", at)
+        header = out[at:end].split()
+        at = end + 1
+        if len(header) == 3 and header[1] == b"blob":
+            size = int(header[2])
+            found[spec], at = out[at:at + size], at + size + 1
+    return found
+
+
+def headline_bytes(root: Path, experiments: list[Experiment]) -> dict[int, Callable[[str], bytes | None]]:
+    """id(experiment) -> a reader of its headline files' bytes: the workspace's on disk, a revision's from git."""
+    revs = [e.rev for e in experiments if e.kind != "workspace" and e.rev]
+    stored = git_files(root, [f"{rev}:{name}" for rev in revs for name in HEADLINE_FILES])
+    readers: dict[int, Callable[[str], bytes | None]] = {}
+    for experiment in experiments:
+        if experiment.kind == "workspace":
+            readers[id(experiment)] = lambda name: (root / name).read_bytes() if (root / name).is_file() else None
+        elif experiment.rev:
+            readers[id(experiment)] = lambda name, rev=experiment.rev: stored.get(f"{rev}:{name}")
+    return readers
+
+
+def blank_stale(experiment: Experiment, lock: dict[str, Any] | None,
+                read: Callable[[str], bytes | None] | None = None) -> None:
+    """Blank the metrics and files of ``experiment``'s stale stages (:mod:`debias.tools.compare.stale`) and the metrics
+    of each headline file that does not match its dvc.lock (``read``: its bytes; :func:`headline.mismatches`), and say
+    why."""
     found = stale_stages(lock, experiment.params)
-    if not found:
+    files = headline.mismatches(lock, read, HEADLINE_FILES) if read is not None else {}
+    if not found and not files:
         return
-    experiment.stale = found
-    experiment.blanked = stale_outputs(lock, found)
-    for key in [k for k, stage in experiment.metric_stages.items() if stage in found]:
+    experiment.stale = {**found, **{HEADLINE_FILES[name]: f"{name} {why}" for name, why in files.items()
+                                    if HEADLINE_FILES[name] not in found}}
+    experiment.blanked = stale_outputs(lock, found) | set(files)
+    for key in [k for k, stage in experiment.metric_stages.items() if stage in experiment.stale]:
         experiment.metrics.pop(key, None)
         experiment.rejected.pop(key, None)
-    stage, why = next(iter(found.items()))
-    others = f" (and {len(found) - 1} more stage{'s' if len(found) > 2 else ''} after it)" if len(found) > 1 else ""
-    experiment.reason = f"stale: {stage} {why}{others}; its metrics are another run's, left blank"
-    experiment.fix = ("dvc repro" if experiment.kind == "workspace" else
-                      "dvc repro, then commit dvc.lock" if experiment.kind == "baseline" else
-                      rerun_command(experiment.params, experiment.baseline_params))
+    reasons = []
+    if found:
+        stage, why = next(iter(found.items()))
+        others = f" (and {len(found) - 1} more stage{'s' if len(found) > 2 else ''} after it)" if len(found) > 1 else ""
+        reasons.append(f"stale: {stage} {why}{others}; its metrics are another run's, left blank")
+    reasons += [f"{name} {why}: its numbers are left out" for name, why in files.items()]
+    experiment.reason = "; ".join(reasons)
+    committed = "dvc repro, then commit dvc.lock" + (" and reports/metrics" if files else "")
+    experiment.fix = ("dvc repro" if experiment.kind == "workspace" else committed if experiment.kind == "baseline"
+                      else rerun_command(experiment.params, experiment.baseline_params))
     if not experiment.metrics and experiment.status == "done":
         experiment.status = "no results"
 
@@ -320,10 +353,11 @@ def from_dvc(root: Path, all_commits: bool = False) -> list[Experiment]:
     (:func:`blank_stale`)."""
     progress(f"reading DVC's experiments (dvc exp show{' -A' if all_commits else ''})")
     experiments = parse_exp_show(dvc_exp_show(root, all_commits))
-    progress(f"{len(experiments)} experiments; checking each one's dvc.lock against its params")
+    progress(f"{len(experiments)} experiments; checking each one's dvc.lock against its params and metrics files")
+    readers = headline_bytes(root, [e for e in experiments if e.status in ("done", "no results")])
     for experiment in experiments:
         if experiment.status in ("done", "no results"):
-            blank_stale(experiment, read_lock(root, experiment))
+            blank_stale(experiment, read_lock(root, experiment), readers.get(id(experiment)))
         explain_missing(experiment)
     from dvc.repo import Repo
 

@@ -72,12 +72,21 @@ def restored_stages(records: dict[str, dict[str, Any]], parent_id: str | None) -
 
 
 def headline_values(root: Path, ref: str) -> dict[str, Any]:
-    """The experiment's headline values (``reports/metrics/<stage>.json``, git-tracked), numbers or text."""
-    from debias.core.headline import STAGES, headline_path
+    """The experiment's headline values (``reports/metrics/<stage>.json``, git-tracked), numbers or text; a file that is
+    not the one the experiment's dvc.lock records is left out, said on stderr (:func:`headline.mismatches`)."""
+    import sys
 
+    from debias.core.headline import STAGES, headline_path, mismatch_message, mismatches, parse_lock
+
+    lock = parse_lock(git_file(root, ref, "dvc.lock") or "")
     found: dict[str, Any] = {}
     for stage in STAGES:
-        text = git_file(root, ref, headline_path(stage).as_posix())
+        name = headline_path(stage).as_posix()
+        text = git_file(root, ref, name)
+        why = mismatches(lock, lambda _: None if text is None else text.encode(), [name]).get(name)
+        if why:
+            print(f"[sweep] WARNING {ref.rsplit('/', 1)[-1]}: {mismatch_message(name, why)}", file=sys.stderr)
+            continue
         try:
             values = json.loads(text) if text else {}
         except ValueError:

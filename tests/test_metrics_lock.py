@@ -1,0 +1,409 @@
+"""The git-tracked headline metrics against dvc.lock: every reader leaves out a file whose md5 is not the one dvc.lock
+records (an edit, a merge, another run) and says so; a failed stage keeps the numbers dvc.lock records, which
+``dvc checkout`` cannot restore; README's way back to the committed params leaves no other run's numbers in DVC's
+views. Md5s are checked against DVC's own hashing (``dvc_data``) and ``dvc status``, never a hand-made assumption."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from debias.core import headline
+from tests.conftest import REPO
+
+ERM = "reports/metrics/train_erm.json"
+S2 = "reports/metrics/train_contrastive.json"
+
+
+def dvc_hash(path: Path, name: str = "md5") -> str:
+    """DVC's own md5 of a file (the function DVC 3 hashes outputs with)."""
+    from dvc_data.hashfile.hash import file_md5
+
+    return file_md5(str(path), name=name)
+
+
+def write(root: Path, name: str, text: str) -> Path:
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode())
+    return path
+
+
+def lock_for(root: Path, outputs: dict[str, list[str]], hashed: dict[str, str] | None = None) -> dict:
+    """A dvc.lock (written under ``root`` and returned) recording, per stage, the listed files with DVC's md5."""
+    import yaml
+
+    hashed = hashed or {}
+    lock = {"schema": "2.0", "stages": {stage: {"cmd": f"python pipeline/{stage}.py", "outs": [
+        {"path": name, "hash": "md5", "md5": hashed.get(name) or dvc_hash(root / name), "size": 1} for name in names]}
+        for stage, names in outputs.items()}}
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+    return lock
+
+
+# --------------------------------------------------------------------------- the md5 dvc.lock records
+
+
+@pytest.mark.parametrize("text", ['{"s2_worst": 0.5}\n', '{\r\n  "s2_worst": 0.5\r\n}\r\n', ""])
+def test_the_md5_is_dvcs_own_for_dvc_3_and_legacy_entries(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, "m.json", text)
+    assert headline.dvc_md5(path.read_bytes(), "md5") == dvc_hash(path)
+    assert headline.dvc_md5(path.read_bytes(), None) == dvc_hash(path, "md5-dos2unix")  # no `hash:` field: DVC 2
+
+
+def test_an_edited_metrics_file_does_not_match_and_nothing_else_is_named(tmp_path: Path) -> None:
+    """s2_worst hand-edited to 0.9 after the run dvc.lock records: named, with why; the untouched file, a file inside
+    a recorded folder (its md5 is in DVC's cache) and an absent one are not. A file dvc.lock names no run of is. No
+    dvc.lock: nothing recorded, nothing to check."""
+    write(tmp_path, ERM, '{"erm_worst": 0.1}\n')
+    write(tmp_path, S2, '{"s2_worst": 0.5}\n')
+    write(tmp_path, "data/groups/summary.json", "{}\n")
+    lock_for(tmp_path, {"train_erm": [ERM], "train_contrastive": [S2]})
+    with open(tmp_path / "dvc.lock", "a") as handle:  # a folder output, as DVC records one
+        handle.write("  infer_groups:\n    outs:\n    - path: data/groups\n      hash: md5\n      md5: abc.dir\n")
+    assert headline.lock_mismatches(tmp_path) == {}
+    write(tmp_path, S2, '{"s2_worst": 0.9}\n')
+    write(tmp_path, "reports/metrics/linear_probe.json", '{"probe_s2_worst": 0.4}\n')
+    files = [ERM, S2, "reports/metrics/linear_probe.json", "data/groups/summary.json", "reports/metrics/absent.json"]
+    assert headline.lock_mismatches(tmp_path, files) == {S2: headline.MISMATCH,
+                                                         "reports/metrics/linear_probe.json": headline.UNRECORDED}
+    assert headline.mismatch_message(S2, headline.MISMATCH) == (
+        "reports/metrics/train_contrastive.json does not match dvc.lock (edited, merged or from another run): its "
+        "numbers are left out; run `dvc repro`, or `git checkout` it with dvc.lock")
+    (tmp_path / "dvc.lock").unlink()
+    assert headline.lock_mismatches(tmp_path, files) == {}
+
+
+# --------------------------------------------------------------------------- readers: compare and the report
+
+
+def test_compare_blanks_a_headline_file_that_does_not_match_its_dvc_lock(tmp_path: Path) -> None:
+    """The numbers of the one stage whose file does not match are blanked, with the file and why, and the fix; the
+    other stage's stay."""
+    from debias.tools.compare.collect import Experiment, blank_stale
+
+    write(tmp_path, ERM, '{"erm_worst": 0.1}\n')
+    write(tmp_path, S2, '{"s2_worst": 0.5}\n')
+    lock = lock_for(tmp_path, {"train_erm": [ERM], "train_contrastive": [S2]})
+    files = {ERM: (tmp_path / ERM).read_bytes(), S2: b'{"s2_worst": 0.9}\n'}  # the committed file, edited
+    experiment = Experiment("workspace", "workspace", {}, {"erm_worst": 0.1, "s2_worst": 0.9},
+                            metric_stages={"erm_worst": "train_erm", "s2_worst": "train_contrastive"})
+    blank_stale(experiment, lock, files.get)
+    assert experiment.metrics == {"erm_worst": 0.1}
+    assert set(experiment.stale) == {"train_contrastive"} and S2 in experiment.blanked
+    assert experiment.reason == f"{S2} {headline.MISMATCH}: its numbers are left out" and experiment.fix == "dvc repro"
+    matching = Experiment("b", "baseline", {}, {"erm_worst": 0.1, "s2_worst": 0.5}, rev="abc",
+                          metric_stages={"erm_worst": "train_erm", "s2_worst": "train_contrastive"})
+    blank_stale(matching, lock, {ERM: files[ERM], S2: (tmp_path / S2).read_bytes()}.get)
+    assert matching.metrics == {"erm_worst": 0.1, "s2_worst": 0.5} and not matching.stale and not matching.reason
+
+
+def test_the_report_leaves_out_and_warns_about_a_metrics_file_that_does_not_match(tmp_path: Path) -> None:
+    """A detailed metrics file edited after its run: the report does not read it (listed as missing) and its warnings
+    name it under the stage that wrote it; the files that match are read. The warnings say nothing without a lock."""
+    from debias.report.inputs import load_inputs
+
+    write(tmp_path, "reports/metrics/erm.json", json.dumps({"test": {"avg": 0.3}}))
+    write(tmp_path, "reports/metrics/probe.json", json.dumps({"erm": {"trained": False}}))
+    lock_for(tmp_path, {"train_erm": ["reports/metrics/erm.json"], "linear_probe": ["reports/metrics/probe.json"]})
+    assert headline.run_warnings(tmp_path) == {}
+    write(tmp_path, "reports/metrics/erm.json", json.dumps({"test": {"avg": 0.9}}))
+    inputs = load_inputs(tmp_path)
+    assert "erm" not in inputs.json and Path("reports/metrics/erm.json") in inputs.missing
+    assert inputs.json["probe"] == {"erm": {"trained": False}}
+    assert headline.run_warnings(tmp_path) == {"train_erm": [
+        f"metrics-mismatch: reports/metrics/erm.json {headline.MISMATCH}: {headline.LEFT_OUT}"]}
+    (tmp_path / "dvc.lock").unlink()
+    assert headline.run_warnings(tmp_path) == {} and load_inputs(tmp_path).json["erm"]["test"]["avg"] == 0.9
+
+
+# --------------------------------------------------------------------------- a failed stage keeps the recorded numbers
+
+
+def failed_stage(workspace: Path, stage: str, monkeypatch: pytest.MonkeyPatch, capsys) -> str:
+    """``stage`` run in-process under DVC's variables (``$DVC_STAGE``) with a body that fails; returns its stderr."""
+    from debias.core.errors import DebiasError
+    from debias.harness import stage as harness
+
+    def body(params, run) -> None:
+        raise DebiasError("the stage's own error")
+
+    monkeypatch.chdir(workspace)
+    monkeypatch.setenv("DVC_STAGE", stage)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        harness.main(stage, body)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_a_failed_stage_under_dvc_keeps_the_headline_dvc_lock_records(tmp_path: Path, monkeypatch, capsys) -> None:
+    """DVC deleted the file before the stage ran (cache: false: `dvc checkout` cannot bring it back); the stage puts
+    back the copy its successful run kept, byte-identical, and the message says so. Without a copy that matches
+    dvc.lock the file stays missing and the message says what restores it."""
+    from tests.faults.conftest import make_workspace
+
+    workspace = make_workspace(tmp_path / "ws")
+    recorded = write(workspace, ERM, '{\n  "erm_avg": 0.3123,\n  "erm_worst": 0.0\n}\n').read_bytes()
+    lock_for(workspace, {"train_erm": [ERM]})
+    monkeypatch.chdir(workspace)
+    assert headline.keep_copy("train_erm") is not None  # what publish does after a successful run
+    write(workspace, ERM, '{"erm_avg": 0.5}\n')
+    headline.keep_copy("train_erm")  # a later run's copy, not the one dvc.lock records
+    (workspace / ERM).unlink()  # DVC, before it runs the stage
+    err = failed_stage(workspace, "train_erm", monkeypatch, capsys)
+    assert (workspace / ERM).read_bytes() == recorded
+    assert "the stage's own error" in err
+    assert (f"`dvc checkout train_erm` restores the ones dvc.lock records; {ERM} (git-tracked, which `dvc checkout` "
+            "does not restore) holds the numbers dvc.lock records, put back from a copy") in " ".join(err.split())
+
+    (workspace / ERM).unlink()
+    shutil.rmtree(workspace / headline.KEPT)
+    err = failed_stage(workspace, "train_erm", monkeypatch, capsys)
+    assert not (workspace / ERM).exists()
+    assert (f"{ERM} (git-tracked, which `dvc checkout` does not restore) has no copy here that matches dvc.lock: "
+            "`git checkout` it with dvc.lock, or `dvc repro` recomputes it") in " ".join(err.split())
+
+
+def test_the_recorded_headline_comes_back_from_head_or_dvcs_cache(tmp_path: Path) -> None:
+    """A fresh clone's run recorded in the committed dvc.lock: HEAD's file; a run DVC's run-cache saved (queued,
+    temporary): its object in DVC's cache. Only bytes with dvc.lock's md5 are written; none when nothing matches."""
+    from dvc.repo import Repo
+
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    recorded = write(tmp_path, S2, '{"s2_worst": 0.5}\n').read_bytes()
+    lock_for(tmp_path, {"train_contrastive": [S2]})
+    for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "run"]):
+        subprocess.run(command, cwd=tmp_path, env=env, check=True, capture_output=True)
+    (tmp_path / S2).unlink()
+    assert headline.restore_recorded("train_contrastive", tmp_path) is True
+    assert (tmp_path / S2).read_bytes() == recorded
+    assert headline.restore_recorded("train_contrastive", tmp_path) is None  # there: nothing to do
+
+    other = b'{"s2_worst": 0.7}\n'  # another run's file, only in DVC's cache
+    lock_for(tmp_path, {"train_contrastive": [S2]}, {S2: headline.dvc_md5(other, "md5")})
+    (tmp_path / S2).unlink()
+    assert headline.restore_recorded("train_contrastive", tmp_path) is False  # HEAD's is not the recorded one
+    assert not (tmp_path / S2).exists()
+    subprocess.run(["dvc", "init", "-q"], cwd=tmp_path, env=env, check=True, capture_output=True)
+    with Repo(str(tmp_path)) as repo:
+        cached = Path(repo.cache.local.oid_to_path(headline.dvc_md5(other, "md5")))
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_bytes(other)
+    assert headline.restore_recorded("train_contrastive", tmp_path) is True
+    assert (tmp_path / S2).read_bytes() == other
+    assert headline.restore_recorded("inject_bias", tmp_path) is None  # dvc.lock records no run of it
+
+
+def test_params_that_change_while_a_stage_runs_keep_the_recorded_headline(tmp_path: Path, monkeypatch,
+                                                                         capsys) -> None:
+    """The check that removes what a stage wrote under params changed meanwhile leaves the headline file: the stage
+    had not written it yet, it holds the run dvc.lock records."""
+    from debias.harness.stage import check_params_unchanged
+    from debias.schema import load_params
+    from tests.faults.conftest import make_workspace, write_params
+
+    workspace = make_workspace(tmp_path / "ws")
+    monkeypatch.chdir(workspace)
+    recorded = write(workspace, ERM, '{"erm_worst": 0.0}\n').read_bytes()
+    write(workspace, "reports/metrics/erm.json", "{}")
+    params = load_params()
+    write_params(workspace, {"erm": {"epochs": 4}})
+    with pytest.raises(Exception, match="params.yaml changed while train_erm ran"):
+        check_params_unchanged("train_erm", params)
+    assert not (workspace / "reports/metrics/erm.json").exists() and (workspace / ERM).read_bytes() == recorded
+
+
+# --------------------------------------------------------------------------- for real: DVC, git and the pipeline
+
+
+def fake_repo(root: Path) -> Callable[..., str]:
+    """A git + DVC repository of one stage writing stage 2's git-tracked headline file (``cache: false``) from
+    ``loss.epsilon``; returns a runner of commands in it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+
+    def sh(*command: str) -> str:
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+        return done.stdout + done.stderr
+
+    write(root, "params.yaml", "loss:\n  epsilon: 0.5\n")
+    write(root, "run.py", "import json, os, yaml\neps = yaml.safe_load(open('params.yaml'))['loss']['epsilon']\n"
+                          "os.makedirs('reports/metrics', exist_ok=True)\nopen('model.txt', 'w').write(str(eps))\n"
+                          f"json.dump({{'s2_worst': 0.5 if eps < 1 else 0.25}}, open('{S2}', 'w'))\n")
+    write(root, "dvc.yaml", f"stages:\n  train_contrastive:\n    cmd: python run.py\n    deps: [run.py]\n"
+                            f"    params: [loss]\n    outs: [model.txt]\n    metrics:\n      - {S2}:\n"
+                            "          cache: false\n")
+    for command in (["git", "init", "-q", "-b", "main"], ["dvc", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "commit", "-qm", "pipeline"]):
+        sh(*command)
+    return sh
+
+
+@pytest.mark.slow
+def test_a_merge_that_keeps_one_branchs_lock_with_the_others_metrics_is_shown_blank(tmp_path: Path) -> None:
+    """Branch A ran ε 0.5, branch B ε 100; the merge kept A's dvc.lock and params.yaml with B's metrics. compare shows
+    no stage-2 number under ε 0.5 for the commit or the workspace, and says why; `dvc status` (DVC itself) agrees that
+    the file changed. A hand edit of the workspace's file to 0.9 is blanked the same way, the commit's stays blank."""
+    from debias.tools.compare.collect import from_dvc
+
+    sh = fake_repo(tmp_path)
+    sh("git", "checkout", "-qb", "b")
+    write(tmp_path, "params.yaml", "loss:\n  epsilon: 100\n")
+    sh("dvc", "repro", "-q")
+    sh("git", "add", "-A")
+    sh("git", "commit", "-qm", "eps 100")
+    sh("git", "checkout", "-q", "main")
+    sh("dvc", "repro", "-q")
+    sh("git", "add", "-A")
+    sh("git", "commit", "-qm", "eps 0.5")
+    baseline_numbers = json.loads((tmp_path / S2).read_text())
+    sh("git", "merge", "-q", "-s", "ours", "--no-commit", "b")
+    sh("git", "checkout", "b", "--", S2)
+    sh("git", "commit", "-qm", "merge b: A's dvc.lock and params, B's metrics")
+    assert json.loads((tmp_path / S2).read_text()) == {"s2_worst": 0.25} != baseline_numbers
+    assert "reports/metrics/train_contrastive.json" in sh("dvc", "status")  # DVC notices: modified
+
+    found = {e.kind: e for e in from_dvc(tmp_path) if e.kind in ("workspace", "baseline")}
+    for experiment in found.values():
+        assert "s2_worst" not in experiment.metrics, experiment
+        assert f"{S2} does not match dvc.lock (edited, merged or from another run)" in experiment.reason
+    assert found["workspace"].fix == "dvc repro"
+    assert found["baseline"].fix == "dvc repro, then commit dvc.lock and reports/metrics"
+
+    write(tmp_path, S2, '{"s2_worst": 0.9}')  # a hand edit of the workspace's
+    found = {e.kind: e for e in from_dvc(tmp_path) if e.kind in ("workspace", "baseline")}
+    assert "s2_worst" not in found["workspace"].metrics and "does not match dvc.lock" in found["workspace"].reason
+    sh("dvc", "repro", "-q")  # what the message says: the numbers of the run dvc.lock records come back
+    found = {e.kind: e for e in from_dvc(tmp_path) if e.kind == "workspace"}
+    assert found["workspace"].metrics == baseline_numbers and not found["workspace"].reason
+
+
+@pytest.fixture(scope="module")
+def repro_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """README's first step in a fresh clone of the tiny pipeline: `dvc repro`, dvc.lock and the metrics left
+    uncommitted."""
+    from tests.faults.conftest import dvc, make_clone
+
+    clone = make_clone(tmp_path_factory.mktemp("lock") / "clone")
+    dvc(clone, "repro")
+    return clone
+
+
+@pytest.fixture
+def repro_clone(repro_template: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "clone"
+    shutil.copytree(repro_template, target, symlinks=True)
+    return target
+
+
+def changed(clone: Path) -> dict:
+    """What `dvc status` finds changed, but the `source` stage (always_changed: it fingerprints the external data on
+    every run)."""
+    from tests.faults.conftest import dvc
+
+    status = json.loads(dvc(clone, "status", "--json").stdout)
+    return {stage: what for stage, what in status.items() if stage != "source"}
+
+
+def headline_bytes(clone: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in headline.committed_metrics(clone)}
+
+
+@pytest.mark.slow
+def test_a_failed_rerun_keeps_the_uncommitted_runs_metrics_and_the_hint_restores_the_rest(repro_clone: Path) -> None:
+    """After an uncommitted `dvc repro` (HEAD holds no such file), a rerun of linear_probe that fails leaves its
+    git-tracked metrics byte-identical, put back from DVC's run-cache (this workspace's own copies removed first);
+    `dvc checkout linear_probe`, as the message says, restores the rest: `dvc status` is clean."""
+    from tests.faults.conftest import dvc
+
+    clone = repro_clone
+    before = headline_bytes(clone)
+    shutil.rmtree(clone / headline.KEPT)  # only DVC's cache holds a copy now
+    failed = dvc(clone, "repro", "-f", "-s", "linear_probe", check=False, DEBIAS_DEVICE="tpu")
+    assert failed.returncode != 0 and "DEBIAS_DEVICE = 'tpu'" in failed.stderr, failed.stderr
+    assert headline_bytes(clone) == before
+    assert not (clone / "reports/metrics/probe.json").exists()  # a cached output: DVC removed it
+    message = " ".join(failed.stderr.split())
+    assert ("`dvc checkout linear_probe` restores the ones dvc.lock records; reports/metrics/linear_probe.json "
+            "(git-tracked, which `dvc checkout` does not restore) holds the numbers dvc.lock records") in message
+    assert "linear_probe" in changed(clone)
+    dvc(clone, "checkout", "linear_probe")
+    assert changed(clone) == {}
+
+
+def readme_step(pattern: str) -> str:
+    """The command of README's "Did it help?" section whose line matches ``pattern`` (its comment dropped)."""
+    section = (REPO / "README.md").read_text(encoding="utf-8").split("## Did it help?")[1].split("\n## ")[0]
+    line = next(line for line in section.splitlines() if re.match(rf"\s+{pattern}", line))
+    return line.split("  #")[0].strip()
+
+
+@pytest.mark.slow
+def test_readmes_way_back_to_the_committed_params_leaves_no_other_runs_numbers(repro_clone: Path) -> None:
+    """README's sequence: `dvc exp run -S loss.epsilon=0.25`, then its step back to the committed params. After it
+    dvc.lock records the params in params.yaml and the metrics of the run `dvc repro` made (DVC restored them from
+    its run-cache: no stage ran), so `dvc exp show`'s workspace row and `dvc metrics diff` pair nothing with another
+    run's numbers; `dvc status` is clean, and compare, the report's warnings and every reader find nothing that
+    disagrees with dvc.lock."""
+    from debias.tools.compare.collect import from_dvc
+    from tests.faults.conftest import dvc, stage_env
+
+    clone = repro_clone
+    before = headline_bytes(clone)
+    committed_epsilon = headline.read_lock(clone)["stages"]["train_contrastive"]["params"]["params.yaml"]["loss"][
+        "epsilon"]
+    experiment = readme_step("dvc exp run -S loss.epsilon=")
+    assert experiment == "dvc exp run -S loss.epsilon=0.25"
+    dvc(clone, *experiment.split()[1:])
+    assert headline.read_lock(clone)["stages"]["train_contrastive"]["params"]["params.yaml"]["loss"]["epsilon"] == 0.25
+
+    step = readme_step("git checkout params.yaml")
+    done = subprocess.run(["bash", "-c", step], cwd=clone, env=stage_env(DVC_NO_ANALYTICS="1"), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = [line.split("'")[1] for line in done.stdout.splitlines() if line.startswith("Running stage '")]
+    assert set(ran) <= {"source"}, ran  # restored from DVC's run-cache, nothing trained
+    lock = headline.read_lock(clone)
+    assert lock["stages"]["train_contrastive"]["params"]["params.yaml"]["loss"]["epsilon"] == committed_epsilon
+    assert headline_bytes(clone) == before
+    assert changed(clone) == {}
+    shown = json.loads(dvc(clone, "exp", "show", "--json").stdout)
+    workspace = next(entry for entry in shown if entry.get("rev") == "workspace")["data"]
+    assert workspace["params"]["params.yaml"]["data"]["loss"]["epsilon"] == committed_epsilon
+    assert workspace["metrics"][S2]["data"] == json.loads(before["train_contrastive.json"])
+
+    assert headline.lock_mismatches(clone, headline.metrics_files(clone)) == {}
+    assert headline.mismatch_warnings(clone) == {}
+    found = {e.name: e for e in from_dvc(clone)}
+    assert not found["workspace"].stale and found["workspace"].metrics.get("s2_worst") is not None
+    assert all(not e.stale for e in found.values()), {e.name: e.reason for e in found.values()}
+
+
+def test_the_sweep_reads_no_experiment_number_that_its_dvc_lock_does_not_record(tmp_path: Path, capsys) -> None:
+    """An experiment's headline files at its revision against its dvc.lock there: a file edited after the run is left
+    out of the numbers the sweep decides and logs on, and said so; one that matches is read."""
+    from debias.tools.sweep.records import headline_values
+
+    write(tmp_path, ERM, '{"erm_worst": 0.1}\n')
+    write(tmp_path, S2, '{"s2_worst": 0.5}\n')
+    lock_for(tmp_path, {"train_erm": [ERM], "train_contrastive": [S2]})
+    write(tmp_path, S2, '{"s2_worst": 0.9}\n')  # committed beside the lock of the 0.5 run
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    for command in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "run"],
+                    ["git", "update-ref", "refs/exps/ab/cdef/eps-s0", "HEAD"]):
+        subprocess.run(command, cwd=tmp_path, env=env, check=True, capture_output=True)
+    capsys.readouterr()
+    assert headline_values(tmp_path, "refs/exps/ab/cdef/eps-s0") == {"erm_worst": 0.1}
+    assert (f"[sweep] WARNING eps-s0: {S2} does not match dvc.lock (edited, merged or from another run): its numbers "
+            "are left out") in capsys.readouterr().err
