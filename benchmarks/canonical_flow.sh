@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README's canonical flow in a fresh clone of this repository, each command's output and wall time kept:
-#   dvc repro; dvc exp run -S KEY=VALUE; debias compare; git checkout params.yaml;
+#   dvc repro; dvc exp run -S KEY=VALUE; debias compare; git checkout params.yaml && dvc repro;
 #   debias sweep --name NAME -S 'KEY=V1,V2' --seeds 0 1 2 --upstream infer_groups --jobs 2; debias compare --sweep NAME
 #
 #   bash benchmarks/canonical_flow.sh SCRATCH 'loss.epsilon=0.25' 'loss.epsilon=0,0.25' eps > OUT.log
@@ -25,6 +25,7 @@ step dvc repro
 step dvc exp run -S "$experiment"
 step debias compare --no-mlflow
 step git checkout params.yaml
+step dvc repro  # the committed params' run back from DVC's run-cache (README)
 step debias sweep --name "$name" -S "$grid" --seeds 0 1 2 --upstream infer_groups --jobs 2
 step debias compare --no-mlflow --sweep "$name"
 step dvc metrics diff
