@@ -136,6 +136,16 @@ def is_setting(text: str, start: int, end: int) -> bool:
             or SETTING_AFTER.match(text[end:]) is not None)
 
 
+def ratio_of(match: re.Match) -> float:
+    """The ratio a :data:`RATIO_WORD` match names: a seventh 1/7, half 1/2, twice 2, three (or 3) times 3."""
+    if match.group("fraction"):
+        return 1 / ORDINALS[match.group("fraction").lower()]
+    if match.group("half") or match.group("twice"):
+        return 0.5 if match.group("half") else 2.0
+    times = match.group("times").lower()
+    return float(CARDINALS.get(times) or times)
+
+
 def quoted_numbers(text: str, ratio_words: bool = True) -> list[Number]:
     """The numbers of ``text`` quoted as results, in order: decimals, integers with a unit and (``ratio_words``) ratio
     words; not in `code`, not a version, not a setting."""
@@ -147,22 +157,13 @@ def quoted_numbers(text: str, ratio_words: bool = True) -> list[Number]:
         start = match.start() + len(sign)
         if is_setting(masked, match.start(), match.end()):
             continue
-        found.append(Number(raw[len(sign):].replace(",", ""), sign in "-−" and sign != "", start, match.end(),
+        found.append(Number(raw[len(sign):].replace(",", ""), sign in ("-", "−"), start, match.end(),
                             _unit_after(masked, match.end())))
     if ratio_words:
         for match in RATIO_WORD.finditer(masked):
             if RATIO_SETTING_AFTER.match(masked[match.end():]) or BOUND_BEFORE.search(masked[:match.start()]):
                 continue
-            if match.group("fraction"):
-                ratio = 1 / ORDINALS[match.group("fraction").lower()]
-            elif match.group("half"):
-                ratio = 0.5
-            elif match.group("twice"):
-                ratio = 2.0
-            else:
-                word = match.group("times").lower()
-                ratio = float(CARDINALS.get(word) or word)
-            found.append(Number("", False, match.start(), match.end(), "ratio", ratio, match.group(0)))
+            found.append(Number("", False, match.start(), match.end(), "ratio", ratio_of(match), match.group(0)))
     return sorted(found, key=lambda n: n.start)
 
 
@@ -280,6 +281,7 @@ def _label_cells(cells: list[str]) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=256)
 def _parse(name: str, text: str, is_csv: bool) -> tuple[Record, ...]:
+    """The records of a results file named ``name`` holding ``text`` (see the module's docstring)."""
     records: list[Record] = []
     if is_csv:
         lines = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
@@ -353,7 +355,7 @@ def records(path: Path) -> tuple[Record, ...]:
 # a number a results file prints: signed where the sign starts a word, unsigned after a range's hyphen (0.936-1.027);
 # not the digits of a name (cmnist-096, s0)
 TOKEN = re.compile(rf"(?:(?<![\w.])({SIGN})|(?<![\w.+\-−])|(?<=\d-))"
-                   rf"((?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:e[+-]?\d+)?)(?![\w])")
+                   rf"((?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?:\.\d+)?(?:e[+-]?\d+)?)(?:(?!\w)|(?=x(?!\w)))")
 
 
 @functools.lru_cache(maxsize=65536)
@@ -366,32 +368,37 @@ def _tokens(text: str) -> tuple[tuple[bool, str, float], ...]:
     return tuple(out)
 
 
-def _rounds_to(value: float, number: Number) -> bool:
-    """Whether ``value`` (a magnitude) rounds to ``number``'s magnitude at its digits (half to even, or half up)."""
-    target = float(number.magnitude)
-    scale = 10 ** number.digits
-    return round(value, number.digits) == target or math.floor(value * scale + 0.5 + 1e-9) / scale == target
+def _rounds_to(value: float, magnitude: float, digits: int) -> bool:
+    """Whether ``value`` rounds to ``magnitude`` at ``digits`` decimals (half to even, or half up)."""
+    scale = 10 ** digits
+    return round(value, digits) == magnitude or math.floor(value * scale + 0.5 + 1e-9) / scale == magnitude
 
 
 def stands_in(number: Number, cell: Cell, is_csv: bool) -> bool:
     """Whether ``cell`` holds ``number`` as printed (sign included), or a value rounding to it, or that value read as
     a fraction in % or as seconds in minutes (page unit min)."""
-    if is_csv and not _is_float(cell.text):
+    return _stands(number.magnitude, number.negative, number.digits, number.unit == "min", cell.text, is_csv)
+
+
+@functools.lru_cache(maxsize=1 << 20)
+def _stands(magnitude: str, negative: bool, digits: int, minutes: bool, text: str, is_csv: bool) -> bool:
+    if is_csv and not _is_float(text):
         return False
-    for negative, magnitude, value in _tokens(cell.text):
-        if negative != number.negative:
+    target = float(magnitude)
+    for token_negative, token, value in _tokens(text):
+        if token_negative != negative:
             continue
-        if magnitude == number.magnitude:
+        if token == magnitude:
             return True
-        digits = len(magnitude.split(".")[1]) if "." in magnitude else 0
+        token_digits = len(token.split(".")[1]) if "." in token else 0
         readings = []
-        if digits > number.digits or is_csv:
+        if token_digits > digits or is_csv:
             readings.append(value)
-        if (is_csv or digits >= 2) and 0 <= value <= 1:
+        if (is_csv or token_digits >= 2) and 0 <= value <= 1:
             readings.append(value * 100)
-        if number.unit == "min" and value >= 60:
+        if minutes and value >= 60:
             readings.append(value / 60)
-        if any(_rounds_to(reading, number) for reading in readings):
+        if any(_rounds_to(reading, target, digits) for reading in readings):
             return True
     return False
 
@@ -428,8 +435,8 @@ def nearest_ratio_word(ratio: float) -> float:
 
 def ratios(candidates: list[Record], named: list[Record]) -> set[float]:
     """The measured ratios ``candidates`` hold: the values of ratio columns (a header with "ratio", " / ", " over ",
-    "vs", "×"; not a difference, Δ) and factors printed with × anywhere; and the ratio of two values of one ratio, time, cost or rate column of
-    the ``named`` rows (0.81 and 5.71 times FairKL's cost: a seventh)."""
+    "vs", "×"; not a difference, Δ) and factors printed with × anywhere; and the ratio of two values of one ratio,
+    time, cost or rate column of the ``named`` rows (0.81 and 5.71 times FairKL's cost: a seventh)."""
     found: set[float] = set()
     columns: dict[tuple, list[float]] = {}
     for record in candidates:
@@ -533,11 +540,17 @@ def named_rows(block: str) -> tuple[str, ...]:
 
 def row_matches(record: Record, label: str) -> bool:
     """Whether ``record`` is the row ``label`` (``*`` a wildcard): a table row with the label among its label cells, a
-    CSV row holding it as a field, a code line (a program's table) starting with it; never a paragraph."""
+    CSV row holding it as a field, a code line (a program's table) starting with it; never a paragraph. A label of
+    several words (`cmnist_096 eps_supinfonce_fairkl_cluster`) names the rows holding each of them."""
     if record.table < 0 and not record.csv and not record.code:
         return False
-    pattern = re.compile(re.escape(label).replace(r"\*", ".*") + "$")
-    return any(pattern.match(normalized(value).strip("* ")) for value in record.labels)
+    values = [normalized(value).strip("* ") for value in record.labels]
+
+    def holds(part: str) -> bool:
+        pattern = re.compile(re.escape(part).replace(r"\*", ".*") + "$")
+        return any(pattern.match(value) for value in values)
+
+    return holds(label) or len(label.split()) > 1 and all(holds(part) for part in label.split())
 
 
 def mentions(record: Record, label: str) -> bool:
@@ -555,10 +568,10 @@ class Context:
     rows: tuple[str, ...] = ()
     seed: str | None = None
 
-    def candidates(self, extra_rows: tuple[str, ...] = ()) -> list[Record]:
+    def candidates(self) -> list[Record]:
         """The records a number may stand in: in each file holding one of the named rows, those rows and the
         paragraphs naming them; in a CSV, only named rows (of ``seed`` when a seed column names one)."""
-        rows = extra_rows or self.rows
+        rows = self.rows
         out = []
         for path in self.files:
             file_records = records(path)
@@ -694,14 +707,18 @@ def table_problems(name: str, block: str, context: Context) -> list[str]:
                      if column == "seed" and re.fullmatch(r"\d+", normalized(cell))), None)
         rows_named = named_rows(" ".join(cells)) or context.rows
         row_context = Context(context.files, (first,) if labelled else rows_named, seed)
+        candidates = row_context.candidates()
         for column, text in zip(header, cells):
             if "paper" in column.split() or column == "the paper":
                 continue
             word = _column_word(re.search(COLUMN_WORD, column, re.IGNORECASE))
             for quote in quotes(text, word):
                 if quote.numbers[0].ratio:
-                    continue
-                if not quote_cells(quote, row_context.candidates()):
+                    named = [r for r in candidates if any(row_matches(r, label) for label in row_context.rows)]
+                    if not ratio_stands(quote.numbers[0], candidates, named):
+                        problems.append(f"{name}: {quote.printed} (a ratio word) is no ratio {_names(row_context)} "
+                                        f"holds ({where})")
+                elif not quote_cells(quote, candidates):
                     fits = f" under a '{quote.column}' header" if quote.column else ""
                     problems.append(f"{name}: {quote.printed} not in {_names(row_context)}{fits} ({where})")
     return problems
