@@ -126,7 +126,7 @@ def fake_runs(repo: Path, effect: dict[int, float], noise: float, seed: int = 0)
     rng = np.random.default_rng(seed)
     ran: list[str] = []
 
-    def rerun(root: Path, state: dict, args) -> int:
+    def rerun(root: Path, state: dict, args, watch=None) -> int:
         done = workspace.finished_experiments(root, state["commit"])
         for job in state["jobs"]:
             if job["name"] not in done:
@@ -209,10 +209,16 @@ def record_in_cache(cache: Path, record: dict) -> str:
     return md5
 
 
-def lock_with(records_md5: dict[str, str]) -> str:
-    return yaml.safe_dump({"schema": "2.0", "stages": {stage: {"outs": [
-        {"path": f"reports/runs/{stage}.json", "md5": md5}, {"path": "models/x.pt", "md5": "0" * 32}]}
-        for stage, md5 in records_md5.items()}})
+def lock_with(records_md5: dict[str, str], metrics: dict[str, str] | None = None) -> str:
+    """A dvc.lock whose stages output their run records (md5s given) and, as DVC records them, ``metrics``'
+    git-tracked files (path -> text)."""
+    stages = {stage: {"outs": [{"path": f"reports/runs/{stage}.json", "md5": md5, "hash": "md5"},
+                               {"path": "models/x.pt", "md5": "0" * 32, "hash": "md5"}]}
+              for stage, md5 in records_md5.items()}
+    for path, text in (metrics or {}).items():
+        stages.setdefault(Path(path).stem, {"outs": []})["outs"].append(
+            {"path": path, "md5": hashlib.md5(text.encode()).hexdigest(), "hash": "md5"})
+    return yaml.safe_dump({"schema": "2.0", "stages": stages})
 
 
 def test_every_experiment_gets_its_mlflow_run_and_each_restored_stage_names_its_source(
@@ -252,7 +258,7 @@ def test_every_experiment_gets_its_mlflow_run_and_each_restored_stage_names_its_
     restored = {stage: record_in_cache(cache, {"stage": stage, "run_id": run, "parent_run_id": earlier})
                 for stage, run in sources.items()}
     make_experiment(repo, state["commit"], "eps-epsilon0.25-seed0", {
-        "dvc.lock": lock_with(restored), "params.yaml": committed_text("params.yaml").replace(
+        "dvc.lock": lock_with(restored, {"reports/metrics/train_contrastive.json": metrics}), "params.yaml": committed_text("params.yaml").replace(
             "epsilon: 0.0", "epsilon: 0.25"), "reports/metrics/train_contrastive.json": metrics})
     mixed = {"train_erm": restored["train_erm"], "train_contrastive": record_in_cache(cache, {
         "stage": "train_contrastive", "run_id": own.info.run_id, "parent_run_id": ran_here})}

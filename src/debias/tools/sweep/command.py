@@ -37,17 +37,17 @@ def tracking_default() -> str | None:
     return os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
-def launch(root: Path, args: argparse.Namespace) -> int:
+def launch(root: Path, args: argparse.Namespace, watch: SweepWatch) -> int:
     """Validate, save the plan, run phase 1 (local) or submit both phases (slurm); wait if asked."""
     name, jobs, upstream = plan_from_args(args, root)
     here = sweep_dir(root, name)
     if (here / "sweep.json").exists():
         raise SweepError(f"sweep {name!r} exists ({here / 'sweep.json'}): `debias sweep --name {name} --status` "
                          "shows it, `--resume` reruns what is not done; or choose another --name")
-    print(f"[sweep] {name}: {len(jobs)} experiments; validating them against the params schema", flush=True)
+    watch.say(f"[sweep] {name}: {len(jobs)} experiments; validating them against the params schema")
     merged = check_grid(root, jobs, upstream)
     for message in unread_in_grid(jobs, merged):
-        print(f"[sweep] {name}: WARNING {message}", flush=True)
+        watch.say(f"[sweep] {name}: WARNING {message}")
     if args.launcher == "slurm":
         if shutil.which("sbatch") is None:
             raise SweepError("--launcher slurm: sbatch is not on PATH (no SLURM client here)")
@@ -72,10 +72,10 @@ def launch(root: Path, args: argparse.Namespace) -> int:
              "jobs": [asdict(j) for j in jobs], "options": options, "created": time.time()}
     state["phase1"] = upstream_runs(root, jobs, merged, upstream)
     save_state(root, state)
-    print(f"[sweep] {name}: {len(jobs)} experiments valid against the params schema"
+    watch.say(f"[sweep] {name}: {len(jobs)} experiments valid against the params schema"
           + (f", {len(state['phase1'])} shared upstream run(s) of {upstream}" if upstream else "")
-          + f"; plan in {here / 'sweep.json'}", flush=True)
-    return execute(root, state, jobs, args)
+          + f"; plan in {here / 'sweep.json'}")
+    return execute(root, state, jobs, args, watch)
 
 
 def shared_upstream(root: Path, state: dict[str, Any], todo: list[Job], env: dict[str, str], watch: SweepWatch,
@@ -123,22 +123,15 @@ def shared_upstream(root: Path, state: dict[str, Any], todo: list[Job], env: dic
             save_state(root, state)
 
 
-def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.Namespace) -> int:
-    """Run ``todo`` (phase 1 first where it is not done), a line at least every 15 s while anything runs; then the
-    MLflow runs of the experiments DVC restored (:func:`record_restored`) and the status."""
-    watch = SweepWatch("sweep")
-    with Heartbeat(watch.line) as beat:
-        code = _execute(root, state, todo, args, watch, beat.say)
-    return code
-
-
-def _execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.Namespace, watch: SweepWatch,
-             say: Callable[[str], None]) -> int:
+def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.Namespace, watch: SweepWatch) -> int:
+    """Run ``todo`` (phase 1 first where it is not done), ``watch`` saying where it is; then the MLflow runs of the
+    experiments DVC restored (:func:`record_restored`) and the status."""
+    say = watch.say
     options = state["options"]
     threads = options["threads"] or options["cpus_per_task"] or 1
     local = state["launcher"] == "local"  # queued experiments run this tree's code; SLURM tasks their clone's
     env = task_env(threads, options["tracking_uri"], options["mlflow_experiment"], root / "src" if local else None)
-    started = watch.started
+    started = time.time()
     if state["launcher"] == "local":
         shared_upstream(root, state, todo, env, watch, say)
         state["launched"] = True
@@ -162,7 +155,7 @@ def _execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.
     return 0 if all(s == "done" for s, _ in final.values()) else 1
 
 
-def resume(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
+def resume(root: Path, state: dict[str, Any], args: argparse.Namespace, watch: SweepWatch) -> int:
     """Rerun the experiments neither done nor queued nor running (a failed or killed one's clone is made anew), at
     the commit the sweep was launched at: a HEAD that moved since is refused (the rest would run other code or params
     than the experiments done, and compare would not find those on the new commit)."""
@@ -172,16 +165,17 @@ def resume(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
                          f"its experiments done there are not this commit's. `git checkout {state['commit'][:12]}` "
                          "and resume, or launch a new sweep (another --name) at this commit")
     if args.seeds:
-        add_seeds(root, state, parse_seeds(args.seeds))
-    code = rerun_unfinished(root, state, args)
+        add_seeds(root, state, parse_seeds(args.seeds), watch)
+    code = rerun_unfinished(root, state, args, watch)
     if code == 0 and args.until_decided is not None:
-        return until_decided(root, state, args)
+        return until_decided(root, state, args, watch)
     return code
 
 
-def add_seeds(root: Path, state: dict[str, Any], seeds: list[int]) -> list[Job]:
+def add_seeds(root: Path, state: dict[str, Any], seeds: list[int], watch: SweepWatch | None = None) -> list[Job]:
     """Add to the plan every seed of ``seeds`` it lacks, for each setting (:func:`extended_jobs`), validated like a
     new sweep, with the shared upstream runs the new seeds need; saved. The experiments done stay as they are."""
+    watch = watch or SweepWatch("sweep")
     jobs = [Job(**j) for j in state["jobs"]]
     new = extended_jobs(jobs, seeds)
     if not new:
@@ -197,28 +191,31 @@ def add_seeds(root: Path, state: dict[str, Any], seeds: list[int]) -> list[Job]:
     state["jobs"] += [asdict(job) for job in new]
     save_state(root, state)
     settings_count = len(settings(jobs))
-    print(f"[sweep] {state['name']}: {len(new)} new experiments ({len(new) // settings_count} seed(s) x "
+    watch.say(f"[sweep] {state['name']}: {len(new)} new experiments ({len(new) // settings_count} seed(s) x "
           f"{settings_count} setting(s)), {added_upstream} new shared upstream run(s); the experiments and upstream "
-          "runs done are kept", flush=True)
+          "runs done are kept")
     return new
 
 
-def rerun_unfinished(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
+def rerun_unfinished(root: Path, state: dict[str, Any], args: argparse.Namespace, watch: SweepWatch | None = None) -> int:
     """Run the experiments of the plan neither done nor queued nor running (failed, stopped or new)."""
+    watch = watch or SweepWatch("sweep")
     states = statuses(root, state)
     todo = [Job(**j) for j in state["jobs"] if states[j["name"]][0] == "failed"]
     if not todo:
-        print(status_text(state, states))
-        print("[sweep] nothing to resume")
+        for line in record_restored(root, state, [name for name, (status, _) in states.items() if status == "done"]):
+            watch.say(f"[sweep] {line}")  # a SLURM sweep not waited for records its restored stages here
+        watch.say(status_text(state, states))
+        watch.say("[sweep] nothing to resume")
         return 0 if all(s == "done" for s, _ in states.values()) else 1
-    print(f"[sweep] resuming {len(todo)} experiment(s): {', '.join(j.name for j in todo)}", flush=True)
+    watch.say(f"[sweep] resuming {len(todo)} experiment(s): {', '.join(j.name for j in todo)}")
     marked = mark_stopped_attempts(root, state, [job.name for job in todo])
     if marked:
-        print(f"[sweep] {marked} MLflow parent run(s) of the stopped attempts marked KILLED", flush=True)
+        watch.say(f"[sweep] {marked} MLflow parent run(s) of the stopped attempts marked KILLED")
     if state["launcher"] == "slurm":
         for name, entry in state.get("upstream", {}).items():
             entry["result"] = result_of(entry["result_pickle"])
-    return execute(root, state, todo, args)
+    return execute(root, state, todo, args, watch)
 
 
 def metric_values(root: Path, state: dict[str, Any], names: list[str], metric: str) -> dict[str, float]:
@@ -237,9 +234,10 @@ def metric_values(root: Path, state: dict[str, Any], names: list[str], metric: s
     return values
 
 
-def until_decided(root: Path, state: dict[str, Any], args: argparse.Namespace) -> int:
+def until_decided(root: Path, state: dict[str, Any], args: argparse.Namespace, watch: SweepWatch | None = None) -> int:
     """Look at the paired difference of the sweep's two settings at each planned look (:mod:`.extend`), adding the
     next batch of seeds and running it while the verdict is open and the plan has looks left."""
+    watch = watch or SweepWatch("sweep")
     from debias.core.headline import LABELS, PERCENT_KEYS
     from debias.tools.compare.data import RANK_METRIC
 
@@ -262,36 +260,35 @@ def until_decided(root: Path, state: dict[str, Any], args: argparse.Namespace) -
                       Plan(metric, float(args.margin), planned_looks(have, batch, args.until_decided), batch))
     state["sequential"] = {**state.get("sequential", {}), **plan.as_state()}
     save_state(root, state)
-    print(f"[sweep] sequential plan: {metric} {names[1]} - {names[0]}, looks at {', '.join(map(str, plan.looks))} "
+    watch.say(f"[sweep] sequential plan: {metric} {names[1]} - {names[0]}, looks at {', '.join(map(str, plan.looks))} "
           f"seeds, each test at alpha/{len(plan.looks)} = {plan.alpha / len(plan.looks):.4g} (Bonferroni: a false "
-          f"'differs' or a false 'within ±{plan.margin:g}' over all looks stays at alpha = {plan.alpha:g} or below)",
-          flush=True)
+          f"'differs' or a false 'within ±{plan.margin:g}' over all looks stays at alpha = {plan.alpha:g} or below)")
     for index, count in enumerate(plan.looks):
         seeds = sorted({job["overrides"]["seed"] for job in state["jobs"]})
         if len(seeds) < count:
-            add_seeds(root, state, next_seeds(seeds, count - len(seeds)))
+            add_seeds(root, state, next_seeds(seeds, count - len(seeds)), watch)
             seeds = sorted({job["overrides"]["seed"] for job in state["jobs"]})
         members = settings([Job(**j) for j in state["jobs"] if j["overrides"]["seed"] in seeds[:count]])
         states = statuses(root, state)
         if any(states[job.name][0] != "done" for jobs in members.values() for job in jobs):
-            code = rerun_unfinished(root, state, args)
+            code = rerun_unfinished(root, state, args, watch)
             if code != 0:
-                print(f"[sweep] look {index + 1} not taken: experiments failed; `debias sweep --name {state['name']} "
-                      "--resume` with the same options reruns them and goes on with the plan", flush=True)
+                watch.say(f"[sweep] look {index + 1} not taken: experiments failed; `debias sweep --name {state['name']} "
+                      "--resume` with the same options reruns them and goes on with the plan")
                 return code
         values = metric_values(root, state, [job.name for jobs in members.values() for job in jobs], metric)
         _, differences = paired_differences(members, values)
         look = sequential_look(differences, plan.margin, len(plan.looks), plan.alpha)
-        print(f"[sweep] {look_text(look, index, plan, metric, names, unit)}", flush=True)
+        watch.say(f"[sweep] {look_text(look, index, plan, metric, names, unit)}")
         state["sequential"].setdefault("seen", {})[str(count)] = {
             "mean": look.paired.mean, "low": look.paired.low, "high": look.paired.high, "differs": look.differs,
             "within": look.within}
         save_state(root, state)
         if look.decided:
-            print(f"[sweep] decided at {count} seeds", flush=True)
+            watch.say(f"[sweep] decided at {count} seeds")
             return 0
-    print(f"[sweep] undecided after {plan.looks[-1]} seeds (the plan's last look): neither a difference nor "
-          f"equivalence within ±{plan.margin:g} {unit} shown", flush=True)
+    watch.say(f"[sweep] undecided after {plan.looks[-1]} seeds (the plan's last look): neither a difference nor "
+          f"equivalence within ±{plan.margin:g} {unit} shown")
     return 0
 
 
@@ -309,11 +306,15 @@ def main(args: argparse.Namespace) -> int:
             if args.status:
                 print(status_text(state, statuses(root, state)))
                 return 0
-            return resume(root, state, args)
-        code = launch(root, args)
-        if code == 0 and args.until_decided is not None:
-            return until_decided(root, load_state(root, plan_from_args(args, root)[0]), args)
-        return code
+        watch = SweepWatch("sweep")  # from here on a line at least every 15 s, whatever runs
+        with Heartbeat(watch.line) as beat:
+            watch.beat = beat
+            if args.resume:
+                return resume(root, state, args, watch)
+            code = launch(root, args, watch)
+            if code == 0 and args.until_decided is not None:
+                return until_decided(root, load_state(root, plan_from_args(args, root)[0]), args, watch)
+            return code
     except (SweepError, ParamsError, DebiasError, RuntimeError) as exc:
         print(f"debias sweep: {exc}", file=sys.stderr)
         return 2

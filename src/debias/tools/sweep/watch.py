@@ -11,6 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from debias.harness.progress import duration
 
@@ -112,6 +113,14 @@ class SweepWatch:
         self.logs: dict[str, Path | None] = {}  # running run -> its log
         self.counts = ""  # e.g. "2/6 experiments done, 2 running, 2 queued"
         self.done, self.total, self.phase_started, self.what = 0, 0, self.started, "the sweep"
+        self.beat: Any = None  # the Heartbeat writing this watch's lines, once one runs (:meth:`say` goes through it)
+
+    def say(self, line: str) -> None:
+        """Write ``line`` (through the heartbeat, one writer at a time, counting as a line said)."""
+        if self.beat is not None:
+            self.beat.say(line)
+        else:
+            print(line, flush=True)
 
     def phase(self, doing: str, total: int = 0, what: str = "the experiments") -> None:
         """A new phase (shared upstream, the experiments): its words, how many runs it has and what its ETA is of."""
