@@ -11,7 +11,7 @@ import pytest
 
 from debias.core.errors import TrackingError
 from debias.core.paths import repo_root
-from debias.harness import tracking
+from debias.harness import tracking, workspace
 from debias.harness.tracking import runs, stage_run, store, tracking_uri
 from tests.conftest import fresh_store
 
@@ -194,7 +194,7 @@ def test_pipeline_run_key_is_the_experiment_and_the_dvc_process(monkeypatch) -> 
             800: (["/venv/bin/python", "/venv/bin/dvc", "exp", "exec-run", "--infofile", "x"], 700, "12345"),
             700: (["celery", "worker"], 1, "5")}
     monkeypatch.setattr(runs.os, "getppid", lambda: 900)
-    monkeypatch.setattr(runs, "_process", lambda pid: tree.get(pid))
+    monkeypatch.setattr(workspace, "process_info", lambda pid: tree.get(pid))
     assert runs.dvc_invocation() == "800-12345"
     monkeypatch.setenv("DVC_EXP_NAME", "q81")
     key = runs.pipeline_run_key()
@@ -203,8 +203,8 @@ def test_pipeline_run_key_is_the_experiment_and_the_dvc_process(monkeypatch) -> 
     assert runs.pipeline_run_key().startswith("workspace@")
     tree[800] = (["/venv/bin/python", "-m", "pytest"], 700, "12345")
     assert runs.dvc_invocation() is None and runs.pipeline_run_key() is None
-    assert runs.is_dvc_command(["dvc", "repro"]) and runs.is_dvc_command(["python", "-m", "dvc", "repro"])
-    assert not runs.is_dvc_command(["python", "pipeline/dvc_helper.py"])
+    assert workspace.is_dvc_command(["dvc", "repro"]) and workspace.is_dvc_command(["python", "-m", "dvc", "repro"])
+    assert not workspace.is_dvc_command(["python", "pipeline/dvc_helper.py"])
 
 
 def test_stage_runs_nest_under_one_parent_per_pipeline_run(tmp_path, monkeypatch, mlflow_template) -> None:

@@ -18,6 +18,9 @@ machine, one per GPU on CUDA (``CUDA_VISIBLE_DEVICES`` picks them), any number o
   one message above) instead of torchrun's blanket 1. A SIGTERM (``dvc queue kill``) reaches
   torchrun, which passes it on to the workers.
 
+Before anything, the command claims the workspace for the DVC run it belongs to and is refused, naming the running
+one, when another DVC run holds it (:mod:`debias.harness.workspace`).
+
 dvc.yaml runs the training stages through it (``python -m debias.harness.launch pipeline/train_erm.py``);
 since it reads no param, changing ``DEBIAS_NPROC`` never makes DVC rerun a stage.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 NPROC_VARIABLE = "DEBIAS_NPROC"
 USAGE = "usage: python -m debias.harness.launch [--single] SCRIPT [ARGS ...]   (DEBIAS_NPROC processes, default 1; --single: 1)"
@@ -94,6 +98,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(USAGE, file=sys.stderr)
             sys.exit(2)
     script, args = argv[0], argv[1:]
+    from debias.harness.workspace import claim
+
+    refused = claim()  # before the stage: one DVC run at a time in this workspace
+    if refused is not None:
+        print(f"[{Path(script).stem}] error: {refused}", file=sys.stderr)
+        sys.exit(2)
     try:
         nproc = 1 if single else nproc_from_env()
     except ValueError as exc:

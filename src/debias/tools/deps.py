@@ -81,6 +81,8 @@ SIDE_CHANNELS: dict[str, str] = {
                                "return nothing and research loops iterate over their own ranges (tests/test_layers.py)",
     "debias.harness.unread": "names the declared params changed since the stage's last run (dvc.lock) that the run "
                              "does not read; prints and records them, returns research code nothing",
+    "debias.harness.workspace": "refuses a stage command of a second DVC run in the workspace before the stage "
+                                "starts (the launcher's claim); the standard library only, it hands the stage nothing",
 }
 
 # Harness modules that call nothing computing an output either: the walk stops at them (the memory check reads

@@ -21,6 +21,7 @@ from debias.core.io import save_json
 from debias.core.paths import repo_root
 from debias.harness.forkserver import LAUNCHER_VARIABLE
 from debias.harness.tracking.artifacts import StageRun
+from debias.harness.workspace import dvc_ancestor
 from debias.params import flatten, params_hash
 from debias.harness.tracking.store import (DEFAULT_EXPERIMENT, _store_lock, check_reachable, ensure_experiment, git_commit,
                                            run_label, tracking_mode, tracking_uri)
@@ -34,51 +35,14 @@ class StageTerminated(SystemExit):
     """SIGTERM arrived (``kill``, ``dvc queue kill``, a scheduler): the process exits 128 + 15."""
 
 
-def _process(pid: int) -> tuple[list[str], int, str] | None:
-    """``(argv, parent pid, start time)`` of a process: /proc on Linux, else ``ps``; None when it is gone."""
-    proc = Path("/proc") / str(pid)
-    if proc.is_dir():
-        try:
-            argv = [a for a in (proc / "cmdline").read_bytes().decode(errors="replace").split("\0") if a]
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            return argv, int(fields[1]), fields[19]  # fields after the name: state, ppid, ..., starttime (22nd)
-        except (OSError, IndexError, ValueError):
-            return None
-    try:
-        out = subprocess.run(["ps", "-o", "ppid=", "-o", "lstart=", "-o", "args=", "-p", str(pid)],
-                             capture_output=True, text=True, timeout=5).stdout.split()
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if len(out) < 7:
-        return None
-    return out[6:], int(out[0]), "-".join(out[1:6])
-
-
-def is_dvc_command(argv: list[str]) -> bool:
-    """Whether ``argv`` runs DVC: ``dvc ...``, ``python /path/bin/dvc ...`` or ``python -m dvc ...``."""
-    head = argv[:3]
-    if any(Path(arg).name == "dvc" for arg in head[:2]):
-        return True
-    return any(a == "-m" and b == "dvc" for a, b in zip(head, head[1:]))
-
-
-def dvc_invocation(max_depth: int = 32) -> str | None:
+def dvc_invocation() -> str | None:
     """``'<pid>-<start time>'`` of the nearest ancestor ``dvc`` process (the ``dvc repro``, ``dvc exp run`` or
-    queued ``dvc exp exec-run`` running this stage), None outside DVC. A stage forked by the fork server starts
-    from its launcher (``DEBIAS_LAUNCHER_PID``), whose ancestors are the stage's."""
+    queued ``dvc exp exec-run`` running this stage: :func:`debias.harness.workspace.dvc_ancestor`), None outside
+    DVC. A stage forked by the fork server starts from its launcher (``DEBIAS_LAUNCHER_PID``), whose ancestors are
+    the stage's."""
     launcher = os.environ.get(LAUNCHER_VARIABLE, "")
-    pid = int(launcher) if launcher.isascii() and launcher.isdigit() else os.getppid()
-    for _ in range(max_depth):
-        if pid <= 1:
-            return None
-        info = _process(pid)
-        if info is None:
-            return None
-        argv, parent, started = info
-        if is_dvc_command(argv):
-            return f"{pid}-{started}"
-        pid = parent
-    return None
+    found = dvc_ancestor(int(launcher) if launcher.isascii() and launcher.isdigit() else os.getppid())
+    return None if found is None else f"{found[0]}-{found[2]}"
 
 
 def _boot_id() -> str:
