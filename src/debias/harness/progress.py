@@ -42,7 +42,8 @@ def on_terminal() -> bool:
 # for a thread woken late on a loaded machine (two busy processes per core delayed wake-ups by up to seconds).
 HEARTBEAT_S = 10.0
 
-_stage_beat: Heartbeat | None = None  # the running stage's heartbeat (stage_heartbeat): say() tells it a line was written
+# The running stage's heartbeat (stage_heartbeat): say() tells it a line was written.
+_stage_beat: Heartbeat | None = None
 
 
 def is_main() -> bool:
@@ -64,8 +65,9 @@ def say(line: str) -> None:
 
 class Heartbeat:
     """While open (a context manager), a daemon thread writes ``describe()`` whenever ``interval`` seconds (default
-    :data:`HEARTBEAT_S`) passed since the last line (this one's, or one :meth:`said` marks); :meth:`tick` is that check, once. ``clock`` is
-    read for every check (a test passes its own). A ``describe`` that raises is reported in the line, never fatal."""
+    :data:`HEARTBEAT_S`) passed since the last line (this one's, or one :meth:`said` marks); :meth:`tick` is that
+    check, once. ``clock`` is read for every check (a test passes its own). A ``describe`` that raises is reported
+    in the line, never fatal."""
 
     def __init__(self, describe: Callable[[], str], interval: float | None = None,
                  write: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
@@ -132,7 +134,8 @@ class StageActivity:
         """``'[train_erm] still working: epoch 3/20 done; ETA 1 min 05 s; 45 s since the stage started'``."""
         now = self.clock()
         eta = "" if self.eta_at is None else f"; ETA {duration(max(0.0, self.eta_at - now))}"
-        return f"[{self.label}] still working: {self.doing}{eta}; {duration(now - self.started)} since the stage started"
+        elapsed = duration(now - self.started)
+        return f"[{self.label}] still working: {self.doing}{eta}; {elapsed} since the stage started"
 
 
 @contextlib.contextmanager

@@ -172,7 +172,8 @@ def resume(root: Path, state: dict[str, Any], args: argparse.Namespace, watch: S
     return code
 
 
-def add_seeds(root: Path, state: dict[str, Any], seeds: list[int], watch: SweepWatch | None = None) -> list[Job]:
+def add_seeds(root: Path, state: dict[str, Any], seeds: list[int],
+              watch: SweepWatch | None = None) -> list[Job]:
     """Add to the plan every seed of ``seeds`` it lacks, for each setting (:func:`extended_jobs`), validated like a
     new sweep, with the shared upstream runs the new seeds need; saved. The experiments done stay as they are."""
     watch = watch or SweepWatch("sweep")
@@ -197,7 +198,8 @@ def add_seeds(root: Path, state: dict[str, Any], seeds: list[int], watch: SweepW
     return new
 
 
-def rerun_unfinished(root: Path, state: dict[str, Any], args: argparse.Namespace, watch: SweepWatch | None = None) -> int:
+def rerun_unfinished(root: Path, state: dict[str, Any], args: argparse.Namespace,
+                     watch: SweepWatch | None = None) -> int:
     """Run the experiments of the plan neither done nor queued nor running (failed, stopped or new)."""
     watch = watch or SweepWatch("sweep")
     states = statuses(root, state)
@@ -234,7 +236,8 @@ def metric_values(root: Path, state: dict[str, Any], names: list[str], metric: s
     return values
 
 
-def until_decided(root: Path, state: dict[str, Any], args: argparse.Namespace, watch: SweepWatch | None = None) -> int:
+def until_decided(root: Path, state: dict[str, Any], args: argparse.Namespace,
+                  watch: SweepWatch | None = None) -> int:
     """Look at the paired difference of the sweep's two settings at each planned look (:mod:`.extend`), adding the
     next batch of seeds and running it while the verdict is open and the plan has looks left."""
     watch = watch or SweepWatch("sweep")
