@@ -155,15 +155,18 @@ def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.N
     return 0 if all(s == "done" for s, _ in final.values()) else 1
 
 
-def resume(root: Path, state: dict[str, Any], args: argparse.Namespace, watch: SweepWatch) -> int:
+def resume(root: Path, state: dict[str, Any], args: argparse.Namespace,
+           watch: SweepWatch | None = None) -> int:
     """Rerun the experiments neither done nor queued nor running (a failed or killed one's clone is made anew), at
     the commit the sweep was launched at: a HEAD that moved since is refused (the rest would run other code or params
-    than the experiments done, and compare would not find those on the new commit)."""
+    than the experiments done, and compare would not find those on the new commit). With ``--seeds``, the seeds the
+    plan lacks are added first (:func:`add_seeds`); with ``--until-decided``, the sequential looks follow."""
     head = run(["git", "rev-parse", "HEAD"], root).strip()
     if head != state["commit"]:
         raise SweepError(f"sweep {state['name']!r} ran at commit {state['commit'][:12]}; HEAD is now {head[:12]}: "
                          f"its experiments done there are not this commit's. `git checkout {state['commit'][:12]}` "
                          "and resume, or launch a new sweep (another --name) at this commit")
+    watch = watch or SweepWatch("sweep")
     if args.seeds:
         add_seeds(root, state, parse_seeds(args.seeds), watch)
     code = rerun_unfinished(root, state, args, watch)
