@@ -29,11 +29,12 @@ a value the detailed file lacks (a stage 2 that did not train) is left out, neve
 Every reader tolerates files without ``warnings`` or ``selection``: older outputs have neither.
 
 The headline files are git-tracked (``cache: false``), so a merge, a rebase or a hand edit can leave them out of step
-with dvc.lock. Every reader of a metrics file (``debias compare``, the report, the sweep) checks it against the md5
-dvc.lock records (:func:`lock_mismatches`, :func:`mismatches`) and leaves a file that does not match out, saying so
-(:func:`mismatch_message`). DVC deletes a stage's outputs before it runs it and ``dvc checkout`` cannot restore a
-``cache: false`` one, so the harness puts the headline file back as dvc.lock records it before the stage does
-anything (:func:`restore_recorded`, from a copy :func:`keep_copy` kept, HEAD or DVC's cache): a failed run leaves the
+with dvc.lock. Every reader of a metrics file outside a DVC stage (``debias compare``, the sweep, the report run by
+hand) checks it against the md5 dvc.lock records (:func:`lock_mismatches`, :func:`mismatches`) and leaves a file that
+does not match out, saying so (:func:`mismatch_message`); under DVC a stage reads only its deps, which DVC has brought
+in line with dvc.lock before running it (:func:`checks_lock`). DVC deletes a stage's outputs before it runs it and
+``dvc checkout`` cannot restore a ``cache: false`` one, so when a stage fails under DVC the harness puts its headline
+file back as dvc.lock records it, from HEAD or DVC's cache (:func:`restore_recorded`): a failed run leaves the
 recorded numbers.
 """
 
@@ -41,9 +42,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from debias.core import paths
 from debias.core.errors import NEEDS_BIAS_LABELS
@@ -210,36 +212,9 @@ def lock_mismatches(root: Path = Path("."), files: Iterable[Path | str] | None =
 
 # --------------------------------------------------------------------------- a failed stage keeps its headline
 
-KEPT = paths.METRICS / ".kept"  # copies of the headline files this workspace's runs wrote: <stage>.<md5>.json
-KEPT_PER_STAGE = 8  # the newest copies kept of each stage's
-
-
-def keep_copy(stage: str, root: Path = Path(".")) -> Path | None:
-    """Copy ``stage``'s headline file into :data:`KEPT` under its md5 (a DVC stage deletes the file before it runs,
-    and ``dvc checkout`` does not restore a ``cache: false`` output); the stage's older copies beyond
-    :data:`KEPT_PER_STAGE` are removed. Returns the copy; None without a headline file."""
-    import hashlib
-
-    try:
-        data = (root / headline_path(stage)).read_bytes()
-    except OSError:
-        return None
-    copy = root / KEPT / f"{stage}.{hashlib.md5(data, usedforsecurity=False).hexdigest()}.json"
-    if not copy.exists():
-        with atomic_path(copy) as tmp:
-            tmp.write_bytes(data)
-    older = sorted(copy.parent.glob(f"{stage}.*.json"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for stale in older[KEPT_PER_STAGE:]:
-        stale.unlink(missing_ok=True)
-    return copy
-
-
-def _kept_here(root: Path, name: str, entry: dict[str, Any]) -> bytes | None:
-    matches = (root / KEPT).glob(f"{Path(name).stem}.*.json")
-    return next((data for data in (p.read_bytes() for p in matches) if matches_lock(data, entry)), None)
-
 
 def _at_head(root: Path, name: str, entry: dict[str, Any]) -> bytes | None:
+    """The file at git's HEAD (a fresh clone's, or the committed run's)."""
     import subprocess
 
     try:
@@ -260,28 +235,46 @@ def _in_dvc_cache(root: Path, name: str, entry: dict[str, Any]) -> bytes | None:
         return None
 
 
-# Where a copy of the headline file dvc.lock records may be, cheapest first; each is checked against dvc.lock's md5.
-COPIES: tuple[Callable[[Path, str, dict[str, Any]], bytes | None], ...] = (_kept_here, _at_head, _in_dvc_cache)
+# Where a copy of the headline file dvc.lock records may be, by the name the message gives it, cheapest first; each
+# copy is checked against dvc.lock's md5 before it is written.
+COPIES: dict[str, Callable[[Path, str, dict[str, Any]], bytes | None]] = {"HEAD": _at_head,
+                                                                          "DVC's cache": _in_dvc_cache}
 
 
-def restore_recorded(stage: str, root: Path = Path(".")) -> bool | None:
-    """Put back ``stage``'s headline file as dvc.lock records it when it is missing (DVC deletes a stage's outputs,
-    ``cache: false`` ones too, before it runs it), from the first of :data:`COPIES` with dvc.lock's md5; the stage
-    replaces it when it succeeds, and a failed run leaves the recorded numbers. True: restored; False: dvc.lock records
-    a file no copy here matches; None: nothing to restore (no headline, the file is there, or dvc.lock records none)."""
-    name = headline_path(stage).as_posix()
-    if stage not in STAGES or (root / name).exists():
+class Restored(NamedTuple):
+    """What :func:`restore_recorded` left at ``path``: ``recorded``, whether dvc.lock records a headline file of the
+    stage; ``source``, the copy its bytes came from (a :data:`COPIES` key; ``""``: the file already held them), None
+    where the file is absent (no copy matches, or nothing recorded)."""
+
+    path: str
+    recorded: bool
+    source: str | None
+
+
+def restore_recorded(stage: str, root: Path = Path(".")) -> Restored | None:
+    """After ``stage`` failed under DVC, which deleted its outputs (``cache: false`` ones too) before running it:
+    leave its headline file as dvc.lock records it, from the first of :data:`COPIES` with dvc.lock's md5, or absent
+    where no copy matches or dvc.lock records none (a file the failed run wrote is no result). None for a stage
+    without a headline file. It reads dvc.lock, HEAD and DVC's cache, none of them a dep of the stage: only on the
+    way out of a failed run, which produces no result, so they are inputs of none."""
+    if stage not in STAGES:
         return None
+    name = headline_path(stage).as_posix()
+    path = root / name
     entry = recorded_outputs(read_lock(root)).get(name)
     if entry is None or entry.get("md5") is None:
-        return None
-    for source in COPIES:
-        data = source(root, name, entry)
+        path.unlink(missing_ok=True)
+        return Restored(name, False, None)
+    if path.is_file() and matches_lock(path.read_bytes(), entry):
+        return Restored(name, True, "")
+    for source, copy in COPIES.items():
+        data = copy(root, name, entry)
         if data is not None and matches_lock(data, entry):
-            with atomic_path(root / name) as tmp:
+            with atomic_path(path) as tmp:
                 tmp.write_bytes(data)
-            return True
-    return False
+            return Restored(name, True, source)
+    path.unlink(missing_ok=True)
+    return Restored(name, True, None)
 
 
 def _number(value: Any) -> float | int | str | None:
@@ -521,11 +514,21 @@ def mismatch_warnings(root: Path = Path(".")) -> dict[str, list[str]]:
     return out
 
 
+def checks_lock() -> bool:
+    """Whether this process checks the metrics files it reads against dvc.lock: yes unless it is a stage DVC runs
+    (``$DVC_STAGE`` set, as DVC sets it for every stage command). Under DVC a stage's inputs are exactly its deps as
+    DVC saw them, and DVC reruns (or restores from its cache) a stage whose recorded outputs no longer match dvc.lock
+    before any stage that reads them (tests/test_metrics_lock.py); comparing with dvc.lock's md5s there would read
+    other stages' files and list their folder, reads no dep declares (tests/test_trace.py)."""
+    return not os.environ.get("DVC_STAGE", "").strip()
+
+
 def run_warnings(root: Path = Path(".")) -> dict[str, list[str]]:
     """Every warning of the run in the workspace, by stage in pipeline order: a metrics file that does not match
-    dvc.lock (:func:`mismatch_warnings`), those its stages wrote into their metrics files (:func:`local_warnings`) and
-    the unread-param warnings their run records kept (:func:`recorded_unread`)."""
-    local, unread, mismatched = local_warnings(root), recorded_unread(root), mismatch_warnings(root)
+    dvc.lock (:func:`mismatch_warnings`, where :func:`checks_lock`), those its stages wrote into their metrics files
+    (:func:`local_warnings`) and the unread-param warnings their run records kept (:func:`recorded_unread`)."""
+    local, unread = local_warnings(root), recorded_unread(root)
+    mismatched = mismatch_warnings(root) if checks_lock() else {}
     merged = {stage: mismatched.get(stage, []) + unread.get(stage, [])
               + [m for m in local.get(stage, []) if m not in unread.get(stage, [])] for stage in PIPELINE}
     return {stage: messages for stage, messages in merged.items() if messages}

@@ -21,8 +21,7 @@ Outputs are written atomically, so a stage run by hand (``python pipeline/<stage
 previous outputs intact; under DVC (``dvc repro``, ``dvc exp run``: ``$DVC_STAGE`` set) DVC has already removed
 the stage's outputs (``persist: true`` ones excepted) before running it, and the message says so and how to get
 them back (:func:`outputs_note`); the git-tracked headline metrics, which ``dvc checkout`` cannot restore, are put
-back as dvc.lock records them before anything else runs and replaced only when the stage succeeds
-(:func:`keep_recorded`).
+back as dvc.lock records them when the stage fails, and the message says so (:func:`restore_headline`).
 Under ``torchrun`` every rank runs the body; only rank 0 opens the MLflow run and writes the run
 record (:func:`debias.harness.tracking.stage_run`), and the other ranks name themselves in error messages.
 """
@@ -47,6 +46,7 @@ from debias.params import Params, as_dict
 from debias.schema import load_params
 
 if TYPE_CHECKING:  # tracking (MLflow) is imported inside main(), after the params and the device are checked
+    from debias.core.headline import Restored
     from debias.harness.tracking import StageRun
 
 MESSAGE_LIMIT = 2000  # characters of an error message printed; the rest is cut with a note
@@ -101,41 +101,62 @@ def stage_outputs(stage: str, dvc_yaml: Path = Path("dvc.yaml")) -> list[Path]:
     return paths
 
 
-# The stage's git-tracked headline file and whether it was put back as dvc.lock records it (:func:`keep_recorded`).
-_KEPT: dict[str, bool] = {}
-
-
-def keep_recorded(stage: str) -> None:
-    """Put back the stage's git-tracked headline metrics that DVC deleted before running it, as dvc.lock records
-    them (:func:`debias.core.headline.restore_recorded`): the stage replaces them when it succeeds, so a failed run
-    leaves the recorded run's numbers, which ``dvc checkout`` (``cache: false``) would not bring back."""
-    from debias.core.headline import headline_path, restore_recorded
-
-    _KEPT.clear()  # one stage per process under DVC; several when a test or script runs stages in one process
-    restored = restore_recorded(stage)
-    if restored is not None:
-        _KEPT[headline_path(stage).as_posix()] = restored
-
-
-def kept_note() -> str:
-    """What happened to the stage's git-tracked headline file (:func:`keep_recorded`), for :func:`outputs_note`."""
-    return "".join(
-        f"; {name} (git-tracked, which `dvc checkout` does not restore) "
-        + ("holds the numbers dvc.lock records, put back from a copy" if restored else
-           "has no copy here that matches dvc.lock: `git checkout` it with dvc.lock, or `dvc repro` recomputes it")
-        for name, restored in _KEPT.items())
-
-
 def outputs_note() -> str:
     """What is true of the stage's previous outputs after it failed: under DVC (``$DVC_STAGE`` set, as DVC sets it
-    for every stage command) DVC removed them before the command ran, ``dvc checkout <stage>`` restores the cached
-    ones dvc.lock records, and the git-tracked headline file was put back (:func:`kept_note`); run by hand, the atomic
+    for every stage command) DVC removed them before the command ran, and ``dvc checkout <stage>`` restores the
+    cached ones dvc.lock records (the git-tracked headline file: :func:`headline_note`); run by hand, the atomic
     writes left them intact."""
     addressing = os.environ.get("DVC_STAGE", "").strip()
     if addressing:
         return (f"DVC removed this stage's previous outputs before running it (persist: true ones excepted); "
-                f"`dvc checkout {addressing}` restores the ones dvc.lock records{kept_note()}")
+                f"`dvc checkout {addressing}` restores the ones dvc.lock records")
     return "the previous outputs are intact"
+
+
+# What the failure path did with the stage's git-tracked headline file (:func:`restore_headline`), for the message.
+_RESTORED: list[str] = []
+GIT_TRACKED = "(git-tracked, which `dvc checkout` does not restore)"
+
+
+def restored_note(done: Restored) -> str:
+    """One clause saying what :func:`debias.core.headline.restore_recorded` left and, where the numbers dvc.lock
+    records are not there, what brings them back."""
+    if done.source is not None:
+        return (f"{done.path} {GIT_TRACKED} holds the numbers dvc.lock records"
+                + (f", put back from {done.source}" if done.source else ""))
+    if done.recorded:
+        return (f"{done.path} {GIT_TRACKED} has no copy here that matches dvc.lock: `git checkout` it with dvc.lock, "
+                "or `dvc repro` recomputes it")
+    return f"{done.path} is absent: dvc.lock records no run of this stage, and `dvc repro` writes it"
+
+
+def restore_headline(stage: str) -> None:
+    """On a failed stage's way out under DVC (``$DVC_STAGE`` set; the harness calls it on the main rank): put back
+    its git-tracked headline metrics, which DVC deleted before running it and ``dvc checkout`` (``cache: false``) does
+    not restore, as dvc.lock records them (:func:`debias.core.headline.restore_recorded`, from HEAD or DVC's cache),
+    and keep what was done for the message (:func:`headline_note`). A successful run reads none of dvc.lock, HEAD or
+    DVC's cache (the trace holds it to its deps); a failed one produces no result, so what it reads here while
+    cleaning up is an input of none."""
+    from debias.core.headline import headline_path, restore_recorded
+
+    _RESTORED.clear()
+    if not os.environ.get("DVC_STAGE", "").strip():
+        return
+    try:
+        done = restore_recorded(stage)
+    except Exception as exc:  # the clean-up's own failure never hides the stage's error
+        _RESTORED.append(f"{headline_path(stage).as_posix()} {GIT_TRACKED} could not be put back as dvc.lock records "
+                         f"it ({type(exc).__name__}: {bounded(str(exc), 200)}): `git checkout` it with dvc.lock, or "
+                         "`dvc repro` recomputes it")
+        return
+    if done is not None:
+        _RESTORED.append(restored_note(done))
+
+
+def headline_note() -> str:
+    """``'; <what the failure path left of the headline file>'`` to follow :func:`outputs_note`; empty where
+    :func:`restore_headline` did nothing (run by hand, a stage without a headline file, no failure)."""
+    return "".join(f"; {note}" for note in _RESTORED)
 
 
 def check_writable(outputs: list[Path]) -> None:
@@ -159,12 +180,9 @@ def publish(stage: str, run: StageRun) -> None:
     """After a stage's body: its headline file ``reports/metrics/<stage>.json`` (:mod:`debias.core.headline`), logged
     to its MLflow run with its warnings; on the pipeline's parent run, the headline metrics and warnings of this
     stage and those before it (their files are current; later stages' files may be an earlier run's)."""
-    from debias.core.headline import (keep_copy, local_warnings, read_headlines, upstream_stages, warnings_summary,
-                                      write_headline)
+    from debias.core.headline import local_warnings, read_headlines, upstream_stages, warnings_summary, write_headline
 
     values = write_headline(stage)
-    if values is not None:
-        keep_copy(stage)  # DVC deletes the file before the stage's next run: a copy puts it back (keep_recorded)
     if values:
         run.log_metrics(values)
     for path in stage_outputs(stage):  # small JSON/CSV outputs, for `debias compare --source mlflow`
@@ -206,8 +224,8 @@ def check_params_unchanged(stage: str, params: Params) -> None:
     from debias.core.headline import headline_path
 
     for path in stage_outputs(stage):
-        if path == headline_path(stage):  # not written yet: the recorded run's numbers (keep_recorded), kept
-            continue
+        if path == headline_path(stage):  # not written yet: by hand the previous run's; under DVC the failure path
+            continue  # puts back the one dvc.lock records (restore_headline)
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
         elif path.exists() or path.is_symlink():
@@ -226,8 +244,11 @@ def check_params_unchanged(stage: str, params: Params) -> None:
 
 def _fail(who: str, message: str, code: int = 2) -> None:
     text = bounded(message)
-    if os.environ.get("DVC_STAGE", "").strip() and "DVC removed" not in text:  # under DVC: the outputs are gone
-        text += f"\n({outputs_note()})"
+    if os.environ.get("DVC_STAGE", "").strip():  # under DVC: the outputs are gone, the headline file put back
+        if "DVC removed" not in text:
+            text += f"\n({outputs_note()}{headline_note()})"
+        elif headline_note():  # a message that already said what DVC removed (before the failure path ran)
+            text += f"\n({headline_note().removeprefix('; ')})"
     print(f"[{who}] error: {text}\n(set DEBIAS_DEBUG=1 for the traceback)", file=sys.stderr)
     sys.exit(code)
 
@@ -401,7 +422,14 @@ def main(stage: str, body: Callable[[Params, "StageRun"], None]) -> None:  # noq
     from debias.harness.progress import stage_heartbeat
 
     with stage_heartbeat(stage) as activity:
-        _run(stage, body, activity)
+        try:
+            _run(stage, body, activity)
+        except SystemExit:
+            raise  # its message said what the failure path left (_fail, Ctrl-C)
+        except BaseException:  # a traceback follows: what was left of the headline file first
+            if headline_note():
+                print(f"[{stage}] {headline_note().removeprefix('; ')}", file=sys.stderr, flush=True)
+            raise
 
 
 def _run(stage: str, body: Callable[[Params, "StageRun"], None], activity: object) -> None:  # noqa: F821
@@ -411,35 +439,39 @@ def _run(stage: str, body: Callable[[Params, "StageRun"], None], activity: objec
     params = None
     who = ", ".join(filter(None, [stage, "" if distributed.is_main() else distributed.describe()]))
     debug = bool(os.environ.get("DEBIAS_DEBUG"))
+    _RESTORED.clear()  # one stage per process under DVC; several when a test or script runs stages in one process
     try:
-        if distributed.is_main():
-            keep_recorded(stage)  # first: whatever fails next, the recorded numbers stay
-        params = load_params()
-        pick_device()  # a DEBIAS_DEVICE this machine lacks fails here, not after data loading
-        configure_threads()
-        unread: list[str] = []
-        check_imports(stage)
-        if distributed.is_main():
-            check_writable(stage_outputs(stage))
-            unread = unread_since_last_run(stage, params, STAGE_PARAMS[stage])
-            for message in unread:  # said before the body loads data or trains
-                print(f"[{stage}] WARNING {bounded(message)}", file=sys.stderr, flush=True)
-        from debias.harness.tracking import stage_run
-
-        with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run, \
-                installed(activity):
-            if unread:
-                run.note(UNREAD_KEY, unread)
-            body(params, run)
+        try:
+            params = load_params()
+            pick_device()  # a DEBIAS_DEVICE this machine lacks fails here, not after data loading
+            configure_threads()
+            unread: list[str] = []
             check_imports(stage)
             if distributed.is_main():
-                check_params_unchanged(stage, params)
-                publish(stage, run)
-        end_stage_process(stage)
+                check_writable(stage_outputs(stage))
+                unread = unread_since_last_run(stage, params, STAGE_PARAMS[stage])
+                for message in unread:  # said before the body loads data or trains
+                    print(f"[{stage}] WARNING {bounded(message)}", file=sys.stderr, flush=True)
+            from debias.harness.tracking import stage_run
+
+            with stage_run(stage, as_dict(params, STAGE_PARAMS[stage]), record_path=RUNS / f"{stage}.json") as run, \
+                    installed(activity):
+                if unread:
+                    run.note(UNREAD_KEY, unread)
+                body(params, run)
+                check_imports(stage)
+                if distributed.is_main():
+                    check_params_unchanged(stage, params)
+                    publish(stage, run)
+            end_stage_process(stage)
+        except BaseException as exc:  # failed or interrupted: the recorded headline file back, before any message
+            if distributed.is_main() and not (isinstance(exc, SystemExit) and not exc.code):
+                restore_headline(stage)
+            raise
     except KeyboardInterrupt:
         if debug:
             raise
-        print(f"[{who}] interrupted (Ctrl-C); {outputs_note()}", file=sys.stderr)
+        print(f"[{who}] interrupted (Ctrl-C); {outputs_note()}{headline_note()}", file=sys.stderr)
         sys.exit(130)
     except (DebiasError, FileNotFoundError, ValueError) as exc:
         if debug:

@@ -99,12 +99,14 @@ def read_train_umap(root: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def load_inputs(root: Path) -> ReportInputs:
-    """Read every input under ``root`` that exists; a corrupt file raises (CorruptFileError), a missing one is listed,
-    and so is one that does not match dvc.lock (:func:`debias.core.headline.lock_mismatches`: never read; the warnings
-    say why, :func:`debias.core.headline.mismatch_warnings`)."""
-    from debias.core.headline import lock_mismatches
+    """Read every input under ``root`` that exists; a corrupt file raises (CorruptFileError), a missing one is listed.
+    Run by hand, so is one that does not match dvc.lock (:func:`debias.core.headline.lock_mismatches`: never read; the
+    warnings say why, :func:`debias.core.headline.mismatch_warnings`); under DVC the inputs are the stage's deps as
+    DVC saw them, and neither dvc.lock nor any other file is read (:func:`debias.core.headline.checks_lock`)."""
+    from debias.core.headline import checks_lock, lock_mismatches
 
-    mismatched = {Path(name) for name in lock_mismatches(root, [*JSON_INPUTS.values(), *CURVE_INPUTS.values()])}
+    mismatched = ({Path(name) for name in lock_mismatches(root, [*JSON_INPUTS.values(), *CURVE_INPUTS.values()])}
+                  if checks_lock() else set())
     missing: list[Path] = []
     loaded: dict[str, Any] = {}
     for name, rel in JSON_INPUTS.items():
