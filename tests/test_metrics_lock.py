@@ -538,7 +538,8 @@ def test_a_failed_rerun_keeps_the_metrics_from_dvcs_cache_then_from_head(repro_c
         assert "linear_probe" in changed(clone)
         dvc(clone, "checkout", "linear_probe")
         assert changed(clone) == {}
-        git_commit_all(clone, "the tiny run")
+        if source != "HEAD":
+            git_commit_all(clone, "the tiny run")  # HEAD holds it from now on
 
 
 def readme_step(pattern: str) -> str:
