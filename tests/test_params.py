@@ -54,6 +54,8 @@ def test_shipped_params_yaml_is_valid_and_complete(tmp_path) -> None:
         ({"erm": {"lr": -1}}, "erm.lr = -1"),
         ({"erm": {"lr": "fast"}}, "erm.lr = 'fast'"),
         ({"stage2": {"cnc": {"num_positives": 0}}}, "stage2.cnc.num_positives = 0"),
+        ({"stage2": {"cnc": {"contrastive_weight": 1}}},
+         "stage2.cnc.contrastive_weight = 1: the classifier head's cross-entropy weight 1 - lambda is then 0"),
         ({"stage2": {"method": "cnx"}}, "stage2.method = 'cnx' is not allowed; allowed: 'cnc'"),
         ({"data": {"source": "imagenet"}}, "data.source = 'imagenet' is not allowed"),
         ({"bias": {"protocol": "stripes"}}, "bias.protocol = 'stripes'"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from debias.params import MIN_TEMPERATURE, Section
 from debias.training.methods.registry import LossTerm, register_method
@@ -26,7 +26,7 @@ class CNCParams(Section):
                                      "one epoch, a fresh random subset each epoch; 1: Alg. 3 (one batch per anchor); the "
                                      "released code's target_sample_ratio")
     accumulation: int = Field(32, ge=1, le=1024, description="contrastive batches per optimiser step")
-    contrastive_weight: float = Field(0.75, ge=0, le=1, description="lambda: lambda * contrastive + (1 - lambda) * CE")
+    contrastive_weight: float = Field(0.75, ge=0, lt=1, description="lambda: lambda * contrastive + (1 - lambda) * CE")
     init: Literal["scratch", "erm"] = "scratch"
     forward_chunk: int = Field(8, ge=1, le=1024, description="contrastive batches per forward pass; >= accumulation: a "
                                "step's batches in one pass. The same gradient without BatchNorm; with BatchNorm the "
@@ -42,6 +42,14 @@ class CNCParams(Section):
                                "short pools drawn with replacement, with a cnc-small-pools warning) | shrink (the "
                                "released contrastive_supervised_loader.py's adjust_num_pos_neg_: M and N cut to the "
                                "smallest pool, for every batch)")
+    @field_validator("contrastive_weight", mode="before")
+    @classmethod
+    def _head_trains(cls, value: object) -> object:
+        if isinstance(value, (int, float)) and value == 1:
+            raise ValueError("the classifier head's cross-entropy weight 1 - lambda is then 0: the head gets no gradient "
+                             "and every accuracy (the epoch selection's too) is an untrained head's")
+        return value
+
     head_gradient: Literal["step", "epoch_sum"] = Field(
         "step", description="the classifier head's gradient at each optimiser step: step (CNC Alg. 3: this step's "
                             "batches, like the encoder's) | epoch_sum (the released train_supervised_contrast.py, "
