@@ -325,11 +325,45 @@ def test_status_counts_every_state_and_lists_logs() -> None:
     assert "b  failed   /l/b.out (no result)" in text
 
 
+def timed_run(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, list[tuple[float, str]]]:
+    """Run ``command`` (stderr into stdout); its exit code and each line with when it arrived (from the start)."""
+    import threading
+    import time
+
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    lines = [(time.monotonic() - started, line.rstrip("\n")) for line in process.stdout]
+    code = process.wait()
+    timer.cancel()
+    return code, [(0.0, ""), *lines, (time.monotonic() - started, "")]
+
+
+def longest_silence(lines: list[tuple[float, str]]) -> tuple[float, str]:
+    """The longest time between two lines, and the line before it."""
+    return max(((b - a, before) for (a, before), (b, _) in zip(lines, lines[1:])), default=(0.0, ""))
+
+
+def mlflow_stages(uri: str) -> dict[str, list]:
+    """MLflow experiment -> its stage runs (tag debias.stage)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    return {e.name: [r for r in client.search_runs([e.experiment_id], max_results=5000) if r.data.tags.get("debias.stage")]
+            for e in client.search_experiments()}
+
+
 @pytest.mark.slow
-def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resume_keeps_them(
+@pytest.mark.timeout(3600)
+def test_a_finished_sweep_gets_more_seeds_without_rerunning_anything_and_every_experiment_its_mlflow_run(
         tmp_path: Path, mlflow_template: Path) -> None:
-    """``--launcher local`` end to end on DVC's queue: 2 tiny experiments sharing one upstream (computed once in a
-    clone on this repository's cache), both DVC experiments, ``--status`` done, ``--resume`` reruns nothing."""
+    """``--launcher local`` end to end on DVC's queue: 3 seeds x 2 values sharing one upstream run per seed (each
+    computed once in a clone on this repository's cache), then ``--resume --seeds 0-5``: exactly 6 new experiments
+    train their stage 2 (3 seeds x 2 values), the new seeds' upstream runs once each, no finished experiment or
+    upstream run is rerun, and no line of the sweep's output is more than 15 s after the one before. Then a sweep
+    whose every stage DVC restores from its run-cache: each experiment still gets its MLflow run, its restored stage
+    runs naming the runs that computed them."""
     import os
     import sys
 
@@ -340,35 +374,79 @@ def test_the_local_launcher_runs_dvc_experiments_with_the_upstream_once_and_resu
 
     repo = make_clone(tmp_path / "repo")
     fresh_store(mlflow_template, repo)
+    uri = f"sqlite:///{repo / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_TRACKING"))}
     env.update(DEBIAS_TRACKING="required", PYTHONPATH=str(repo / "src"), GIT_AUTHOR_NAME="t",
                GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
 
-    def debias(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "debias.tools.cli", "sweep", "--name", "loc", *args], cwd=repo,
-                              env=env, capture_output=True, text=True, timeout=900)
+    def text(lines: list[tuple[float, str]]) -> str:
+        return "\n".join(f"{t:7.1f} {line}" for t, line in lines)
 
-    done = debias("-S", "loss.epsilon=0.1,0.25", "--seeds", "0", "--upstream", "infer_groups", "--targets",
-                  "train_contrastive", "--jobs", "2", "--poll", "5")  # each poll is a `dvc queue status`: ~1.3 s of CPU
-    assert done.returncode == 0, done.stdout + done.stderr
-    names = {"loc-epsilon0.1-seed0", "loc-epsilon0.25-seed0"}
+    def debias(*args: str, name: str = "loc") -> tuple[int, list[tuple[float, str]]]:
+        code, lines = timed_run([sys.executable, "-m", "debias.tools.cli", "sweep", "--name", name, *args], repo, env,
+                                1800)
+        print(f"$ debias sweep --name {name} {' '.join(args)}\n{text(lines)}")  # whole, where a test fails
+        return code, lines
+
+    grid_args = ("-S", "loss.epsilon=0.1,0.25", "--upstream", "infer_groups", "--targets", "train_contrastive",
+                 "--jobs", "2", "--poll", "5")  # each poll is a `dvc queue status`: ~1.3 s of CPU
+    code, first = debias("--seeds", "0-2", *grid_args)
+    assert code == 0, text(first)
+    assert longest_silence(first)[0] <= 15, (longest_silence(first), text(first))
     state = workspace.load_state(repo, "loc")
-    assert workspace.finished_experiments(repo, state["commit"]) == names
-    assert "0 queued, 0 running, 2 done, 0 failed" in debias("--status").stdout
-    again = debias("--resume")
-    assert again.returncode == 0 and "nothing to resume" in again.stdout
-    client = MlflowClient(f"sqlite:///{repo / 'mlflow.db'}")
-    stages, names = {}, {}
-    for experiment in client.search_experiments():
-        for run in client.search_runs([experiment.experiment_id]):
-            stage = run.data.tags.get("debias.stage")
-            if stage:
-                stages.setdefault(experiment.name, []).append(stage)
-                names.setdefault(experiment.name, set()).add(run.info.run_name)
-    assert stages["debias-upstream"].count("train_erm") == 1  # once, for both experiments
-    # named after the sweep and its upstream run, not `workspace`: two sweeps' upstream runs stay apart in the UI
-    assert "train_erm-loc-upstream-0" in names["debias-upstream"], names["debias-upstream"]
-    assert "train_erm" not in stages["debias"] and stages["debias"].count("train_contrastive") == 2
+    old = {f"loc-epsilon{e}-seed{s}" for e in ("0.1", "0.25") for s in range(3)}
+    assert workspace.finished_experiments(repo, state["commit"]) == old
+    refs = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps/"], cwd=repo,
+                          capture_output=True, text=True, check=True).stdout
+    before = mlflow_stages(uri)
+    ran_here = lambda runs, stage: [r for r in runs if r.data.tags["debias.stage"] == stage  # noqa: E731
+                                    and "debias.restored_from" not in r.data.tags]
+    assert len(ran_here(before["debias-upstream"], "train_erm")) == 3  # once per seed, for both values
+    assert len(ran_here(before["debias"], "train_contrastive")) == 6 and not ran_here(before["debias"], "train_erm")
+    names = {r.info.run_name for r in before["debias-upstream"]}
+    assert "train_erm-loc-upstream-0" in names, names  # named after the sweep: two sweeps' upstream runs stay apart
+
+    code, extended = debias("--resume", "--seeds", "0-5")
+    assert code == 0, text(extended)
+    assert longest_silence(extended)[0] <= 15, (longest_silence(extended), text(extended))
+    out = text(extended)
+    assert "6 new experiments (3 seed(s) x 2 setting(s)), 3 new shared upstream run(s)" in out
+    new = {f"loc-epsilon{e}-seed{s}" for e in ("0.1", "0.25") for s in range(3, 6)}
+    assert workspace.finished_experiments(repo, state["commit"]) == old | new
+    assert all(line in subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps/"],
+                                      cwd=repo, capture_output=True, text=True).stdout
+               for line in refs.splitlines())  # the finished experiments are the same commits: none reran
+    after = mlflow_stages(uri)
+    assert len(ran_here(after["debias"], "train_contrastive")) == 12  # exactly 6 new stage-2 trainings
+    assert not ran_here(after["debias"], "train_erm")  # no experiment ran an upstream stage
+    erm = ran_here(after["debias-upstream"], "train_erm")
+    assert sorted(r.data.params["seed"] for r in erm) == [str(s) for s in range(6)]  # each seed's upstream once
+    client = MlflowClient(uri)
+    parents = [r for r in client.search_runs([client.get_experiment_by_name("debias").experiment_id],
+                                             filter_string="tags.`debias.kind` = 'pipeline'")]
+    assert sorted(r.data.tags["debias.dvc_experiment"] for r in parents) == sorted(old | new)  # one each
+    for parent in parents:  # the upstream stages DVC restored are recorded with the run that computed them
+        restored = [r for r in after["debias"] if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+                    and "debias.restored_from" in r.data.tags]
+        assert {r.data.tags["debias.stage"] for r in restored} >= {"train_erm", "infer_groups"}
+        sources = {r.data.tags["debias.restored_from"] for r in restored if r.data.tags["debias.stage"] == "train_erm"}
+        assert sources <= {r.info.run_id for r in erm}
+    assert "nothing to resume" in text(debias("--resume")[1])
+
+    # the same params again under another sweep: DVC restores every stage but download (a persist: true output is in
+    # no run-cache), so no stage with results runs
+    code, again = debias("--seeds", "0", *grid_args, name="again")
+    assert code == 0, text(again)
+    trained = {r.data.tags["debias.dvc_experiment"]: r.info.run_id for r in ran_here(after["debias"], "train_contrastive")}
+    assert len(ran_here(mlflow_stages(uri)["debias"], "train_contrastive")) == 12  # nothing trained
+    for name in ("again-epsilon0.1-seed0", "again-epsilon0.25-seed0"):
+        (parent,) = client.search_runs([client.get_experiment_by_name("debias").experiment_id], filter_string=(
+            f"tags.`debias.kind` = 'pipeline' and tags.`debias.dvc_experiment` = '{name}'"))
+        assert parent.info.status == "FINISHED" and parent.data.metrics.get("s2_avg") is not None
+        children = {r.data.tags["debias.stage"]: r for r in client.search_runs(
+            [parent.info.experiment_id], filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")}
+        assert children["train_contrastive"].data.tags["debias.restored_from"] == trained[name.replace("again", "loc")]
+        assert {"download", "train_erm", "infer_groups", "train_contrastive"} <= set(children)
 
 
 def test_a_sweep_ignores_the_workspaces_run_records_but_not_changed_params(tmp_path: Path) -> None:

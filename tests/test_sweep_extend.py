@@ -262,7 +262,8 @@ def test_every_experiment_gets_its_mlflow_run_and_each_restored_stage_names_its_
             "epsilon: 0.0", "epsilon: 0.25"), "reports/metrics/train_contrastive.json": metrics})
     mixed = {"train_erm": restored["train_erm"], "train_contrastive": record_in_cache(cache, {
         "stage": "train_contrastive", "run_id": own.info.run_id, "parent_run_id": ran_here})}
-    make_experiment(repo, state["commit"], "eps-epsilon0-seed0", {"dvc.lock": lock_with(mixed),
+    erm = {"reports/metrics/train_erm.json": json.dumps({"erm_avg": 0.5})}
+    make_experiment(repo, state["commit"], "eps-epsilon0-seed0", {"dvc.lock": lock_with(mixed, erm), **erm,
                                                                   "params.yaml": committed_text("params.yaml")})
 
     lines = records.record_restored(repo, state, ["eps-epsilon0-seed0", "eps-epsilon0.25-seed0"])
@@ -274,6 +275,9 @@ def test_every_experiment_gets_its_mlflow_run_and_each_restored_stage_names_its_
     parents = {r.data.tags["debias.dvc_experiment"]: r for r in client.search_runs(
         [experiment], filter_string="tags.`debias.kind` = 'pipeline'") if "debias.dvc_experiment" in r.data.tags}
     assert sorted(parents) == ["eps-epsilon0-seed0", "eps-epsilon0.25-seed0"]  # one per experiment
+    partial = parents["eps-epsilon0-seed0"]  # its restored stage's metrics and warnings, as if it had run there
+    assert partial.info.run_id == ran_here and partial.data.metrics == {"erm_avg": 0.5}
+    assert partial.data.tags["debias.warnings.train_erm"] == "w: one"
     made = parents["eps-epsilon0.25-seed0"]
     assert made.info.status == "FINISHED" and made.data.metrics == {"s2_unbiased": 0.8}
     assert made.data.tags["debias.warnings"] == "w: one" and "loss.epsilon=0.25" in made.data.tags["mlflow.runName"]

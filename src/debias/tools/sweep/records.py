@@ -8,7 +8,7 @@ restored. For each restored stage the sweep creates, under the experiment's pipe
 ran at all: the experiment's params, its params difference from the sweep's commit, its headline metrics),
 a stage run tagged ``debias.restored_from`` (the original run's id), with the original run's params, last metrics
 and ``outputs/`` files (which ``debias compare --source mlflow`` reads), and the original logged model linked to
-both runs. Running it again adds nothing: restored stages already recorded are skipped.
+both runs; the pipeline run gets the experiment's headline metrics it lacks and the restored stages' warnings. Running it again adds nothing: restored stages already recorded are skipped.
 """
 
 from __future__ import annotations
@@ -143,9 +143,9 @@ def find_parent(client: Any, experiment_id: str, name: str, records: dict[str, d
 
 def create_parent(client: Any, experiment_id: str, root: Path, state: dict[str, Any], name: str, ref: str,
                   restored: dict[str, dict[str, Any]]) -> str:
-    """A finished pipeline run for experiment ``name`` of which DVC restored every stage: its params, difference from
-    the sweep's commit, headline metrics, and the warnings tags of the run whose last stage it restored."""
-    from mlflow.entities import Metric, Param
+    """A pipeline run for experiment ``name`` of which DVC restored every stage: its params and difference from the
+    sweep's commit (its metrics and warnings: :func:`complete_parent`)."""
+    from mlflow.entities import Param
 
     from debias.harness.tracking import KIND_TAG, PIPELINE_TAG
     from debias.harness.tracking.runs import committed_params, describe_difference, params_difference
@@ -158,23 +158,38 @@ def create_parent(client: Any, experiment_id: str, root: Path, state: dict[str, 
             "debias.params_diff": describe_difference(difference, 5000) or "none (the baseline's params)",
             RESTORED_PARENT_TAG: (f"DVC restored every stage of {name} from its run-cache ({', '.join(restored)}): "
                                   "made by debias sweep; each stage run names the run that computed it")}
-    last = next((record for record in reversed(list(restored.values())) if record.get("parent_run_id")), None)
-    if last is not None:
-        try:
-            original = client.get_run(last["parent_run_id"])
-            tags.update({k: v for k, v in original.data.tags.items() if k.startswith("debias.warnings")})
-        except Exception:  # the original parent is in no store this one reaches
-            pass
     run_id = client.create_run(experiment_id, tags=tags).info.run_id
     params = [Param(k, str(v)[:6000]) for k, v in sorted(experiment_params(root, ref).items())]
     for start in range(0, len(params), 100):
         client.log_batch(run_id, params=params[start:start + 100])
-    stamp = int(time.time() * 1000)
-    metrics = [Metric(k, v, stamp, 0) for k, v in sorted(headline_metrics(root, ref).items())]
-    if metrics:
-        client.log_batch(run_id, metrics=metrics)
-    client.set_terminated(run_id, "FINISHED")
     return run_id
+
+
+def complete_parent(client: Any, parent: Any, root: Path, ref: str, restored: dict[str, dict[str, Any]]) -> None:
+    """Give the experiment's pipeline run what its restored stages would have logged on it: the experiment's headline
+    metrics it lacks, and the warnings tags (``debias.warnings.<stage>``, the summary where it has none) of the
+    pipeline runs that computed them."""
+    from mlflow.entities import Metric
+
+    stamp = int(time.time() * 1000)
+    metrics = [Metric(k, v, stamp, 0) for k, v in sorted(headline_metrics(root, ref).items())
+               if k not in parent.data.metrics]
+    if metrics:
+        client.log_batch(parent.info.run_id, metrics=metrics)
+    tags = dict(parent.data.tags)
+    for stage, record in restored.items():
+        try:
+            original = client.get_run(record["parent_run_id"]) if record.get("parent_run_id") else None
+        except Exception:  # the original parent is in no store this one reaches
+            original = None
+        if original is None:
+            continue
+        found = {f"debias.warnings.{stage}": original.data.tags.get(f"debias.warnings.{stage}"),
+                 "debias.warnings": original.data.tags.get("debias.warnings")}
+        for key, value in found.items():
+            if value is not None and key not in tags:
+                client.set_tag(parent.info.run_id, key, value)
+                tags[key] = value
 
 
 def create_restored_stage(client: Any, experiment_id: str, parent: Any, name: str, stage: str,
@@ -250,6 +265,7 @@ def record_restored(root: Path, state: dict[str, Any], names: list[str]) -> list
 
     if tracking_mode() == "off" or not names:
         return []
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a command line tool: no bar per small file
     stores = [Path(run(["dvc", "cache", "dir"], root).strip())]
     if state["options"].get("dvc_remote"):
         stores.append(Path(state["options"]["dvc_remote"]))
@@ -274,18 +290,21 @@ def record_restored(root: Path, state: dict[str, Any], names: list[str]) -> list
         try:
             parent = find_parent(client, experiment_id, name, records)
             restored = restored_stages(records, parent.info.run_id if parent else None)
+            made = ""
             if parent is None:
                 if not restored:
                     continue
-                parent_id = create_parent(client, experiment_id, root, state, name, ref, restored)
-                parent = client.get_run(parent_id)
+                parent = client.get_run(create_parent(client, experiment_id, root, state, name, ref, restored))
                 made = "its MLflow run (every stage restored) and "
             else:
-                made = ""
                 done = recorded_restorations(client, experiment_id, parent.info.run_id)
                 restored = {stage: record for stage, record in restored.items() if stage not in done}
             for stage, record in restored.items():
                 create_restored_stage(client, experiment_id, parent, name, stage, record)
+            if restored:
+                complete_parent(client, parent, root, ref, restored)
+            if made:
+                client.set_terminated(parent.info.run_id, "FINISHED")
         except Exception as exc:
             lines.append(f"WARNING {name}: its restored stages were not recorded in MLflow: {type(exc).__name__}: "
                          f"{str(exc)[:300]}")
