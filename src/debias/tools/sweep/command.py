@@ -147,7 +147,7 @@ def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.N
         if not args.wait:
             return 0
         final = wait(root, state, args.poll, watch=watch, say=say)
-    watch.update(doing="recording the restored experiments in MLflow", logs={})
+    watch.phase("recording in MLflow the stages DVC restored", 0)
     for line in record_restored(root, state, [name for name, (status, _) in final.items() if status == "done"]):
         say(f"[sweep] {line}")
     say(status_text(state, final))
