@@ -517,7 +517,7 @@ def mismatch_warnings(root: Path = Path(".")) -> dict[str, list[str]]:
 def checks_lock() -> bool:
     """Whether this process checks the metrics files it reads against dvc.lock: yes unless it is a stage DVC runs
     (``$DVC_STAGE`` set, as DVC sets it for every stage command). Under DVC a stage's inputs are exactly its deps as
-    DVC saw them, and DVC reruns (or restores from its cache) a stage whose recorded outputs no longer match dvc.lock
+    DVC saw them, and DVC reruns (or restores from its cache) a stage whose outputs differ from what dvc.lock records
     before any stage that reads them (tests/test_metrics_lock.py); comparing with dvc.lock's md5s there would read
     other stages' files and list their folder, reads no dep declares (tests/test_trace.py)."""
     return not os.environ.get("DVC_STAGE", "").strip()
