@@ -75,15 +75,15 @@ def saved_sweep(root: Path, seeds: list[int], name: str = "eps") -> dict:
 
 
 def test_seeds_are_numbers_or_inclusive_ranges_each_once() -> None:
-    assert extend.parse_seeds(["0-2", "5", "3,4", "1"]) == [0, 1, 2, 5, 3, 4]
+    assert grid.parse_seeds(["0-2", "5", "3,4", "1"]) == [0, 1, 2, 5, 3, 4]
     for bad in ("x", "5-2", "-1", "1.5"):
         with pytest.raises(grid.SweepError, match=r"expected whole numbers >= 0 or ranges FIRST-LAST"):
-            extend.parse_seeds([bad])
+            grid.parse_seeds([bad])
 
 
 def test_more_seeds_add_the_missing_seeds_of_every_setting_named_as_the_sweep_names_them() -> None:
     jobs = grid.grid("eps", {"loss.epsilon": EPS}, [0, 1, 2], {"erm.epochs": 2}, ["train_contrastive"])
-    new = extend.extended_jobs(jobs, extend.parse_seeds(["0-5"]))
+    new = extend.extended_jobs(jobs, grid.parse_seeds(["0-5"]))
     assert [j.name for j in new] == [f"eps-epsilon{e}-seed{s}" for e in EPS for s in (3, 4, 5)]
     assert all(j.overrides["erm.epochs"] == 2 and j.targets == ["train_contrastive"] for j in new)
     assert [j.overrides["seed"] for j in new] == [3, 4, 5, 3, 4, 5]

@@ -16,10 +16,10 @@ from typing import Any
 
 from debias.harness.progress import Heartbeat
 
-from debias.tools.sweep.extend import (Plan, check_plan, extended_jobs, look_text, next_seeds, paired_differences,
-                                       parse_seeds, planned_looks, setting_label, settings)
-from debias.tools.sweep.grid import (MAX_POINTS, Job, SweepError, check_grid, plan_from_args, unread_in_grid,
-                                     upstream_runs)
+from debias.tools.sweep.extend import (DECIDE_METRIC, Plan, check_plan, extended_jobs, look_text, next_seeds,
+                                       paired_differences, planned_looks, setting_label, settings)
+from debias.tools.sweep.grid import (MAX_POINTS, Job, SweepError, check_grid, parse_seeds, plan_from_args,
+                                     unread_in_grid, upstream_runs)
 from debias.harness.tracking.store import RUN_NAME_VARIABLE
 from debias.tools.sweep.local import run_local
 from debias.metrics.paired import sequential_look
@@ -245,9 +245,8 @@ def until_decided(root: Path, state: dict[str, Any], args: argparse.Namespace,
     next batch of seeds and running it while the verdict is open and the plan has looks left."""
     watch = watch or SweepWatch("sweep")
     from debias.core.headline import LABELS, PERCENT_KEYS
-    from debias.tools.compare.data import RANK_METRIC
 
-    metric = args.metric or RANK_METRIC
+    metric = args.metric or DECIDE_METRIC
     if metric not in LABELS:
         raise SweepError(f"--metric {metric!r}: not a headline metric; allowed: {', '.join(LABELS)}")
     if args.margin is None or not args.margin > 0:
@@ -355,8 +354,9 @@ def add_parser(commands: Any) -> None:
                    "at alpha / the planned looks (Bonferroni): docs/comparing.md")
     p.add_argument("--margin", type=float, metavar="D", help="with --until-decided: the difference that counts as "
                    "none (points, for an accuracy)")
-    p.add_argument("--metric", metavar="KEY", help="with --until-decided: the headline metric compared (default: the "
-                   "one debias compare ranks by)")
+    p.add_argument("--metric", metavar="KEY", help=f"with --until-decided: the headline metric compared (default: "
+                   f"{DECIDE_METRIC}, stage 2's test unbiased accuracy: it reads every test image, where a worst group "
+                   "of a few images moves by tens of points per image)")
     p.add_argument("--batch", type=int, metavar="N", help="with --until-decided: seeds added per look (default: the "
                    "sweep's seed count)")
     p.add_argument("--max-points", type=int, default=MAX_POINTS, metavar="N",

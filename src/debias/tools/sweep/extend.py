@@ -15,30 +15,17 @@ is refused (its looks would not be counted)."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from debias.metrics.paired import ALPHA, Look, sequential_look
 from debias.tools.sweep.grid import Job, SweepError, value_label
 
+# What --until-decided compares by default: stage 2's test unbiased accuracy (the mean over the (class, bias) groups:
+# every test image counts; a worst group of a few images moves by 10-50 points per image on the bundled digits)
+DECIDE_METRIC = "s2_unbiased"
+
 SEED = "seed"
-SEEDS_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
-
-
-def parse_seeds(items: list[str]) -> list[int]:
-    """``['0', '1', '5-9']`` -> ``[0, 1, 5, 6, 7, 8, 9]`` (ranges inclusive, order kept, each seed once); a
-    SweepError names an item that is neither."""
-    seeds: list[int] = []
-    for item in items:
-        for part in str(item).split(","):
-            match = SEEDS_ITEM.fullmatch(part.strip())
-            if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
-                raise SweepError(f"--seeds {item!r}: expected whole numbers >= 0 or ranges FIRST-LAST, e.g. "
-                                 "--seeds 0 1 2 or --seeds 0-9")
-            first, last = int(match.group(1)), int(match.group(2) or match.group(1))
-            seeds += [s for s in range(first, last + 1) if s not in seeds]
-    return seeds
 
 
 def setting_key(job: Job) -> str:

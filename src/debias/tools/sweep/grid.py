@@ -342,8 +342,6 @@ def plan_from_args(args: argparse.Namespace, root: Path) -> tuple[str, list[Job]
                 raise SweepError("with --file, -S sets one value for every experiment; put grids in the file")
             jobs = [Job(j.name, {**j.overrides, **fixed}, j.targets) for j in jobs]
         else:
-            from debias.tools.sweep.extend import parse_seeds
-
             jobs = grid(name, axes, parse_seeds(args.seeds) if args.seeds else None, fixed, args.targets, limit)
     if args.targets:
         jobs = [Job(j.name, j.overrides, list(args.targets)) for j in jobs]
@@ -352,3 +350,20 @@ def plan_from_args(args: argparse.Namespace, root: Path) -> tuple[str, list[Job]
         raise too_many(len(jobs), limit, "the sweep")
     check_job_names(jobs)
     return name, jobs, upstream
+
+SEEDS_ITEM = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def parse_seeds(items: list[str]) -> list[int]:
+    """``['0', '1', '5-9']`` -> ``[0, 1, 5, 6, 7, 8, 9]`` (ranges inclusive, order kept, each seed once); a
+    SweepError names an item that is neither."""
+    seeds: list[int] = []
+    for item in items:
+        for part in str(item).split(","):
+            match = SEEDS_ITEM.fullmatch(part.strip())
+            if not match or (match.group(2) and int(match.group(2)) < int(match.group(1))):
+                raise SweepError(f"--seeds {item!r}: expected whole numbers >= 0 or ranges FIRST-LAST, e.g. "
+                                 "--seeds 0 1 2 or --seeds 0-9")
+            first, last = int(match.group(1)), int(match.group(2) or match.group(1))
+            seeds += [s for s in range(first, last + 1) if s not in seeds]
+    return seeds
