@@ -474,6 +474,25 @@ def test_stale_stages_follow_inputs_that_another_run_wrote() -> None:
     assert stale_stages(None, {"seed": 1}) == {}
 
 
+
+def test_a_number_written_0_is_the_0_0_dvc_lock_records_but_a_bool_is_no_number() -> None:
+    """A sweep's ``-S loss.epsilon=0`` and ``dvc repro``'s ``0.0`` are one value, as DVC's run-cache treats them: the
+    restored run is not stale, the two group together, and a ``--param`` filter finds both; ``true`` is not ``1``."""
+    from debias.tools.compare.stale import stale_stages
+
+    lock = {"stages": {"s": {"params": {"params.yaml": {"loss.epsilon": 0.0, "flag": True}}}}}
+    assert stale_stages(lock, {"loss.epsilon": 0, "flag": True}) == {}
+    assert stale_stages(lock, {"loss.epsilon": "0", "flag": True}) == {}  # MLflow's params are text
+    assert stale_stages(lock, {"loss.epsilon": 0, "flag": 1})["s"] == "ran with flag=true (the experiment's: 1)"
+    assert stale_stages(lock, {"loss.epsilon": 1e-9, "flag": True})["s"].startswith("ran with loss.epsilon=0.0")
+    runs = eps_seeds({0.0: [0.5, 0.6, 0.7], 0.25: [0.3, 0.41, 0.49]})
+    for run in runs[1:3]:
+        run.params["loss.epsilon"] = 0  # seeds 1 and 2 of ε 0 written as the sweep writes them
+    comparison = compare_data.build_comparison(runs, runs)
+    [d] = comparison.differences
+    assert d.rank.pairs == 3
+    assert len(compare_data.select(runs, param_filters=["loss.epsilon=0"])) == 3
+
 def eps_seeds(worsts: dict[float, list[float]], extra: dict | None = None) -> list[Experiment]:
     """Hand-made seeds 0, 1, 2 of each ε with the given stage-2 worst-group accuracies."""
     runs = []

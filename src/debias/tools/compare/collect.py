@@ -386,10 +386,10 @@ def baseline_from_mlflow(experiments: list[Experiment], uri: str, experiment_nam
     the baseline's params (``dvc repro`` logs one): metrics, warnings and files, computed here as the experiments are;
     returns a note saying so. Without such a run a baseline keeps what DVC shows: the commit's git-tracked headline
     metrics (computed where its dvc.lock was written), said in the note, or nothing."""
-    from debias.tools.compare.columns import param_text
+    from debias.tools.compare.columns import param_key
 
     def same_params(a: Experiment, b: Experiment) -> bool:
-        return {k: param_text(v) for k, v in a.params.items()} == {k: param_text(v) for k, v in b.params.items()}
+        return {k: param_key(v) for k, v in a.params.items()} == {k: param_key(v) for k, v in b.params.items()}
 
     for baseline in experiments:
         if baseline.kind != "baseline" or not baseline.rev:

@@ -4,6 +4,7 @@ collection (collect, stale) and the tables (compare_data)."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,3 +45,26 @@ def param_text(value: Any) -> str:
             return value
         return value if isinstance(parsed, str) else json.dumps(parsed)
     return "null" if value is None else json.dumps(value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def param_key(value: Any) -> str:
+    """A param value as DVC compares it, as text: numbers by value (``0`` and ``0.0``, as a ``-S key=0`` and YAML
+    write the same value, are both ``0``; a bool is no number), anything else as :func:`param_text`."""
+    number = _number(value)
+    if number is None or math.isnan(number) or math.isinf(number):
+        return param_text(value)
+    return str(int(number)) if number.is_integer() and abs(number) < 2 ** 53 else repr(number)
+
+
+def same_param(a: Any, b: Any) -> bool:
+    """Whether two param values are equal as DVC compares them (:func:`param_key`)."""
+    return param_key(a) == param_key(b)

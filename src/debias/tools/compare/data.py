@@ -21,7 +21,7 @@ from debias.core.headline import DETAILED, LABELS
 from debias.metrics.paired import ALPHA, Paired, detectable_difference, paired, seeds_needed, tost
 from debias.report.card import image_step
 from debias.tools.compare.collect import GROUP_FILES, Experiment
-from debias.tools.compare.columns import METRIC_KEYS, METRICS, Metric, param_text  # noqa: F401  (compare's columns)
+from debias.tools.compare.columns import METRIC_KEYS, METRICS, Metric, param_key, param_text, same_param  # noqa: F401  (compare's columns)
 
 SEED = "seed"
 RANK_METRIC = "s2_worst"  # groups are ranked by it (ERM's worst-group when no stage 2 ran)
@@ -88,7 +88,7 @@ def select(experiments: list[Experiment], method: str | None = None, param_filte
             continue
         if method is not None and param_text(experiment.params.get("stage2.method")) != method:
             continue
-        if any(param_text(experiment.params.get(key)) != value for key, value in wanted):
+        if any(not same_param(experiment.params.get(key), value) for key, value in wanted):
             continue
         chosen.append(experiment)
     chosen = chosen if keep_duplicates else dedupe(chosen)
@@ -108,12 +108,12 @@ def duplicates(experiments: list[Experiment]) -> list[tuple[Experiment, Experime
     kept: list[Experiment] = []
     dropped: list[tuple[Experiment, Experiment]] = []
     for experiment in sorted(experiments, key=lambda e: KIND_PREFERENCE.get(e.kind, 9)):
-        params = {k: param_text(v) for k, v in experiment.params.items()}
+        params = {k: param_key(v) for k, v in experiment.params.items()}
 
         def same_run(other: Experiment) -> bool:
             shared = set(experiment.metrics) & set(other.metrics)  # none shared (a stale run's blanked): no claim
             return (bool(shared) and not experiment.stale and not other.stale
-                    and params == {k: param_text(v) for k, v in other.params.items()}
+                    and params == {k: param_key(v) for k, v in other.params.items()}
                     and all(experiment.metrics[k] == other.metrics[k] for k in shared))
 
         twin = next((other for other in kept if same_run(other)), None)
@@ -144,7 +144,7 @@ def same_params(experiments: list[Experiment]) -> tuple[list[Experiment], list[s
     named experiment is kept before the baseline commit before the workspace, then the newest."""
     kept: list[Experiment] = []
     notes: list[str] = []
-    key = lambda e: {k: param_text(v) for k, v in e.params.items()}  # noqa: E731
+    key = lambda e: {k: param_key(v) for k, v in e.params.items()}  # noqa: E731
     ordered = sorted(experiments, key=lambda e: (KIND_PREFERENCE.get(e.kind, 9), "~" if not e.timestamp else "",
                                                   [-ord(c) for c in (e.timestamp or "")]))
     for experiment in ordered:
@@ -225,7 +225,7 @@ def varying_params(experiments: list[Experiment]) -> list[str]:
     keys: list[str] = []
     for experiment in experiments:
         keys += [k for k in experiment.params if k not in keys]
-    varying = [k for k in keys if len({param_text(e.params.get(k, "—")) for e in experiments}) > 1]
+    varying = [k for k in keys if len({param_key(e.params.get(k, "—")) for e in experiments}) > 1]
     return sorted(varying, key=lambda k: (k != SEED, keys.index(k)))
 
 
@@ -233,10 +233,15 @@ def experiments_frame(experiments: list[Experiment], params: list[str]) -> pd.Da
     """One row per experiment: name, the varying params (as text), the headline metrics, the warning count, and the
     test images of the worst group behind each worst-group metric (:func:`worst_group_size`, NaN where unknown)."""
     sizes = [worst_n_column(metric) for metric in WORST_GROUP_FILES]
+    shown: dict[tuple[str, str], str] = {}  # one text per value as DVC compares it: 0 and 0.0 are one group
+    for experiment in experiments:
+        for key in params:
+            value = experiment.params.get(key, "—")
+            shown.setdefault((key, param_key(value)), param_text(value))
     rows = []
     for experiment in experiments:
         row: dict[str, Any] = {"experiment": experiment.name}
-        row.update({key: param_text(experiment.params.get(key, "—")) for key in params})
+        row.update({key: shown[key, param_key(experiment.params.get(key, "—"))] for key in params})
         row.update({key: experiment.metrics.get(key, math.nan) for key in METRIC_KEYS})
         row["warnings"] = sum(len(m) for m in experiment.warnings.values())
         for metric in WORST_GROUP_FILES:

@@ -28,6 +28,12 @@ def _text(value: Any) -> str:
 _ABSENT = object()
 
 
+def _same(a: Any, b: Any) -> bool:
+    from debias.tools.compare.columns import same_param
+
+    return (a is _ABSENT) == (b is _ABSENT) and (a is _ABSENT or same_param(a, b))
+
+
 def params_reason(entry: dict[str, Any], params: dict[str, Any]) -> str | None:
     """Why a lock ``entry`` does not match the flat ``params`` (the keys its ``params.yaml`` block declares, and
     every key under them), or None when it matches."""
@@ -38,7 +44,7 @@ def params_reason(entry: dict[str, Any], params: dict[str, Any]) -> str | None:
     ran = flatten(recorded)
     now = {k: v for k, v in params.items() if any(k == d or k.startswith(d + ".") for d in declared)}
     keys = sorted(set(ran) | set(now))
-    differ = [k for k in keys if _text(ran.get(k, _ABSENT)) != _text(now.get(k, _ABSENT))]
+    differ = [k for k in keys if not _same(ran.get(k, _ABSENT), now.get(k, _ABSENT))]
     if not differ:
         return None
     shown = ", ".join(f"{k}={_text(ran.get(k, _ABSENT))} (the experiment's: {_text(now.get(k, _ABSENT))})"
@@ -97,9 +103,9 @@ def is_within(path: str, outputs: set[str]) -> bool:
 
 def rerun_command(params: dict[str, Any], baseline: dict[str, Any] | None) -> str:
     """``dvc exp run`` with a ``-S`` for each param that differs from ``baseline`` (the whole pipeline, no target)."""
-    from debias.tools.compare.columns import param_text
+    from debias.tools.compare.columns import param_text, same_param
 
     if baseline is None:
         return "dvc exp run"
-    differ = [k for k in params if param_text(params[k]) != param_text(baseline.get(k))]
+    differ = [k for k in params if not same_param(params[k], baseline.get(k))]
     return " ".join(["dvc exp run", *(f"-S {shlex.quote(f'{k}={param_text(params[k])}')}" for k in differ)])
