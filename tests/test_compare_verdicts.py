@@ -98,6 +98,27 @@ def test_readmes_sweep_shows_interval_power_and_seeds_for_worst_group_and_unbias
     assert text.count("one image moves it") == 1  # unbiased accuracy reads every test image: no step named
 
 
+
+def test_a_sweeps_undecided_verdict_says_what_to_run_next_with_the_seeds_that_decide_it(tmp_path: Path) -> None:
+    runs = sweep_runs(README_WORST, README_UNBIASED, WORST_N)
+    comparison = compare_data.build_comparison(runs, runs)
+    assert "next:" not in compare_terminal.terminal_text(comparison)  # not a sweep: nothing to extend
+    comparison.sweep = "eps"
+    expected = independent([a - b for a, b in zip(README_UNBIASED[0.25], README_UNBIASED[0.0])])
+    seeds = max(expected["within"], expected["differ"])  # the seeds that decide ±2 points, computed independently
+    text = flat(compare_terminal.terminal_text(comparison))
+    assert (f"next: about {seeds} seeds decide ±2 points of stage-2 unbiased accuracy: `debias sweep --name eps "
+            f"--resume --seeds 0-{seeds - 1}` adds the seeds it lacks (finished runs are kept), then `debias compare "
+            f"--sweep eps --margin 2`; or `debias sweep --name eps --resume --until-decided {seeds} --margin 2`") in text
+    md = compare_page.write_page(comparison, tmp_path / "page")["md"].read_text(encoding="utf-8")
+    assert f"--resume --seeds 0-{seeds - 1}" in md
+    # decided (a clear difference on every seed): nothing more to run
+    clear = sweep_runs(README_WORST, {0.0: [80.0, 81.0, 82.0], 0.25: [90.0, 91.5, 92.0]}, WORST_N)
+    decided = compare_data.build_comparison(clear, clear)
+    decided.sweep = "eps"
+    assert decided.differences[0].verdicts[1].verdict == "evidence"
+    assert "next:" not in compare_terminal.terminal_text(decided)
+
 def test_a_worst_group_of_many_images_names_no_step_and_every_number_rests_on_its_own_pairs() -> None:
     many = {0.0: [30, 40, 50], 0.25: [25, 40, 60]}  # one image moves the worst group by 100 / 25 = 4 points
     runs = sweep_runs(README_WORST, README_UNBIASED, many)

@@ -203,6 +203,7 @@ def compare(root: Path, source: str = "dvc", method: str | None = None, param_fi
         experiment.load_notes()
     comparison = build_comparison(chosen, gathered, source, filters, margin)
     comparison.other_commits = elsewhere
+    comparison.sweep = sweep
     commits = commit_count(comparison.experiments, by_commit, head) if all_commits else 1
     if commits > 1:
         commit_notes.insert(0, f"--all-commits: experiments of {commits} commits compared together; the code may "

@@ -562,6 +562,7 @@ class Comparison:
     ranked: int = 0  # the first ``ranked`` groups have the rank metric; the others are listed, never ranked
     margin: float | None = None  # --margin (points): each verdict tests equivalence within ±margin
     other_commits: dict[str, list[str]] = field(default_factory=dict)  # commit -> its experiments, not shown
+    sweep: str | None = None  # --sweep NAME: the sweep compared, which more seeds can extend
 
 
 def build_comparison(experiments: list[Experiment], all_experiments: list[Experiment] | None = None,

@@ -29,7 +29,7 @@ from debias.report.document import Block, Figure, Section, Table, Text, render_h
 from debias.report.sections.base import worst_cell
 from debias.report.sections.headline import card_blocks
 from debias.tools.compare.terminal import (LEGEND, POWER_WORDS, decide_parts, describe_without_results,
-                                           difference_lines, other_commits_text, seeds_text, step_phrase,
+                                           difference_lines, next_text, other_commits_text, seeds_text, step_phrase,
                                            terminal_text)
 
 MAX_FIGURE_RUNS = 8  # runs drawn in the per-group and curve figures
@@ -192,6 +192,9 @@ def page_sections(comparison: Comparison, figure_paths: dict[str, list[Path]], c
     summary += [Text(line.strip()) for line in difference_lines(c)[:1]]
     if c.differences:
         summary.append(differences_table(c))
+    following = next_text(c)
+    if following:
+        summary.append(Text("Next" + following[len("next"):] + "."))
     if c.without_results:
         summary.append(Text(f"Not finished or without results (not compared): {describe_without_results(c.without_results)}.",
                             note=True))

@@ -296,6 +296,26 @@ def difference_lines(comparison: Comparison, max_width: int = MAX_WIDTH) -> list
     return [line for text in lines for line in wrap(text, max_width)]
 
 
+DECIDED = ("evidence", "differs", "within")
+
+
+def next_text(comparison: Comparison) -> str | None:
+    """What to run next where a sweep's stage-2 unbiased accuracy is not decided: the seeds that would decide it (the
+    most any of its differences needs) and the commands that add them, reusing every finished run; None otherwise."""
+    verdicts = [v for d in comparison.differences for v in d.verdicts if v.metric == "s2_unbiased"]
+    if comparison.sweep is None or not verdicts or all(v.verdict in DECIDED for v in verdicts):
+        return None
+    counts = [v.seeds_to_decide[0] for v in verdicts if v.verdict not in DECIDED and v.spread and v.pairs >= 2]
+    if not counts or any(c is None for c in counts):
+        return None
+    seeds, margin = max(counts), verdicts[0].decide_points
+    name = comparison.sweep
+    return (f"next: about {seeds} seeds decide ±{margin:g} points of stage-2 unbiased accuracy: `debias sweep --name "
+            f"{name} --resume --seeds 0-{seeds - 1}` adds the seeds it lacks (finished runs are kept), then `debias "
+            f"compare --sweep {name} --margin {margin:g}`; or `debias sweep --name {name} --resume --until-decided "
+            f"{seeds} --margin {margin:g}` adds them in batches and stops once decided")
+
+
 def other_commits_text(comparison: Comparison) -> str | None:
     """'4 experiments of 2 other commits are not shown ...': DVC's experiments of other commits, which ``dvc exp
     show`` (and so compare) leaves out, and how to show them; None when there is none."""
@@ -327,6 +347,9 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
         out += group_lines
         dropped += [c for c in group_dropped if c.key not in {d.key for d in dropped}]
         out += difference_lines(comparison, max_width)
+        following = next_text(comparison)
+        if following:
+            out += wrap(following, max_width)
     out.append("")
     for note in comparison.notes:
         out += wrap(note if note.startswith("WARNING ") else f"note: {note}", max_width)
