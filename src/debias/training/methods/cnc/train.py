@@ -162,4 +162,8 @@ def pool_warnings(report: dict[str, Any]) -> list[str]:
         return []
     shown = "; ".join(report["short_pools"][:4]) + ("; ..." if len(report["short_pools"]) > 4 else "")
     return [health.warning("cnc-small-pools", f"{len(report['short_pools'])} sampling pools are smaller than a batch "
-                                              f"draws from them, so their points repeat within batches ({shown})")]
+                                              f"draws from them, so their points repeat within batches ({shown}); "
+                                              "for the numbers: cutting M and N to the smallest pool instead "
+                                              "(stage2.cnc.short_pools shrink) was measured and not shown better "
+                                              "(benchmarks/results/default_search.md, row `pools`), but a pool of "
+                                              "a few points repeated in every batch is memorised")]
