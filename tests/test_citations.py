@@ -100,8 +100,8 @@ def planted(tmp_path: Path, path: str, old: str, new: str, check: Callable[[Path
 PAGE_ERRORS = {
     # a flipped sign: a mean and its interval, an interval's bound, a mean with its spread, a cell of a table
     "sign of a mean and its interval": (
-        "README.md", "paired -14.8 points, 95 % interval [-53.1, +23.4]",
-        "paired +14.8 points, 95 % interval [-23.4, +53.1]", "14.8 (-23.4, 53.1) not in"),
+        "README.md", "-0.1 points, 95 % interval [-1.0, +0.9]",
+        "+0.1 points, 95 % interval [-0.9, +1.0]", "0.1 (-0.9, 1.0) not in"),
     "sign of an interval's bound": (
         "docs/methods.md", "by -1.7 [-2.9, -0.6] points", "by -1.7 [-2.9, +0.6] points", "-1.7 (-2.9, 0.6) not in"),
     "sign of a mean with its spread": (
@@ -131,10 +131,10 @@ PAGE_ERRORS = {
         "25.0 not in fullsize_protocol.md, fullsize_protocol.csv row eps_supinfonce_fairkl_true seed 0 under a "
         "'unbiased' header"),
     # a number after /, = or ×: a result unless a parameter's name stands before it
-    "a number after /": ("README.md", "75.2 / 57.7 s", "75.2 / 17.7 s", "README.md: 17.7 not in"),
+    "a number after /": ("README.md", "36.7 / 22.5 s", "36.7 / 17.7 s", "README.md: 17.7 not in"),
     "a number after =": (
-        "docs/gpu.md", "schedule, timed beside it, 75.2 / 57.7 s",
-        "schedule, timed beside it, first = 75.2 s, rerun = 17.7 s",
+        "docs/gpu.md", "timed beside it, 36.7 / 22.5 s",
+        "timed beside it, first = 36.7 s, rerun = 17.7 s",
         "docs/gpu.md: 17.7 not in repro_time_default.md"),
     "a number after ×": (
         "docs/gpu.md", "bf16 autocast gave 1.27x the steps per second",
