@@ -181,7 +181,9 @@ def test_margin_verdicts_agree_with_scipys_tost_and_t_test(true_difference: floa
     text = flat(compare_terminal.terminal_text(comparison))
     mine = independent(differences)
     if expected == "within":
-        assert f"within ±2 points (two one-sided tests at alpha 0.05: p = {max(lower, upper):.3f})" in text
+        p = max(lower, upper)
+        shown = "p < 0.001" if p < 0.0005 else f"p = {p:.3f}"  # three decimals never print a p of 0.000
+        assert f"within ±2 points (two one-sided tests at alpha 0.05: {shown})" in text and "p = 0.000" not in text
     elif expected == "differs":
         assert "differs (the interval excludes 0)" in text and "not distinguishable" not in text
         assert (worst.paired.low, worst.paired.high) == (pytest.approx(mine["low"], rel=1e-9),
@@ -325,3 +327,9 @@ def test_all_commits_in_a_real_dvc_repository(tmp_path: Path, monkeypatch) -> No
     assert "1 experiment of 1 other commit is not shown" in flat(text) and "--all-commits" in flat(text)
     comparison, _, text = compare(tmp_path, mlflow=False, out=tmp_path / "page", all_commits=True)
     assert "earlier-seed1" in {e.name for e in comparison.experiments} and "is not shown" not in flat(text)
+
+
+def test_a_p_value_below_what_three_decimals_show_reads_p_below_0_001() -> None:
+    assert compare_terminal.p_text(0.0001) == "p < 0.001"  # not "p = 0.000", which reads as impossible
+    assert compare_terminal.p_text(0.0006) == "p = 0.001"
+    assert compare_terminal.p_text(0.0123) == "p = 0.012"

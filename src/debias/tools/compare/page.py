@@ -29,7 +29,7 @@ from debias.report.document import Block, Figure, Section, Table, Text, render_h
 from debias.report.sections.base import worst_cell
 from debias.report.sections.headline import card_blocks
 from debias.tools.compare.terminal import (LEGEND, POWER_WORDS, decide_parts, describe_without_results,
-                                           difference_lines, next_text, other_commits_text, seeds_text, step_phrase,
+                                           difference_lines, next_text, other_commits_text, p_text, seeds_text, step_phrase,
                                            terminal_text)
 
 MAX_FIGURE_RUNS = 8  # runs drawn in the per-group and curve figures
@@ -132,7 +132,7 @@ def verdict_cell(v: MetricVerdict) -> str:
     if v.verdict == "undecided" and v.spread:
         return f"undecided: {decide_parts(v)[0]} would decide it"
     if v.verdict == "within":
-        return f"within ±{v.margin:g} (p = {v.tost_p:.3f})" + (" and differs from 0" if v.paired.excludes_zero else "")
+        return f"within ±{v.margin:g} ({p_text(v.tost_p)})" + (" and differs from 0" if v.paired.excludes_zero else "")
     short = {"unpaired": "unpaired (fewer than 2 seeds in common)", "too few seeds": f"no verdict: {v.pairs} seeds",
              "evidence": "evidence of a difference", "differs": "differs"}
     return short.get(v.verdict, f"{v.verdict} (no spread: an interval without width)")

@@ -221,6 +221,11 @@ def step_phrase(v: MetricVerdict) -> str | None:
     return f"one image moves it by up to {points_text(v.step)} points (its worst group holds as few as {v.worst_n} test images)"
 
 
+def p_text(p: float) -> str:
+    """'p = 0.012', or 'p < 0.001' where three decimals would print 0.000."""
+    return "p < 0.001" if p < 0.0005 else f"p = {p:.3f}"
+
+
 def verdict_phrase(v: MetricVerdict) -> str:
     """The verdict in words; 'not distinguishable' always with what the seeds could detect, 'undecided' with the
     seeds that would decide it."""
@@ -236,7 +241,7 @@ def verdict_phrase(v: MetricVerdict) -> str:
     if v.verdict == "within":
         smaller = (f", a difference smaller than ±{v.margin:g} (the interval excludes 0)"
                    if v.paired.excludes_zero else "")
-        return f"within ±{v.margin:g} points (two one-sided tests at alpha {ALPHA:g}: p = {v.tost_p:.3f}){smaller}"
+        return f"within ±{v.margin:g} points (two one-sided tests at alpha {ALPHA:g}: {p_text(v.tost_p)}){smaller}"
     if not v.spread:
         return (f"{v.verdict} (every seed differs by the same amount: an interval without width is no evidence, and "
                 "tells nothing of what more seeds would show)")
