@@ -238,3 +238,42 @@ def test_the_committed_metrics_are_dvc_yaml_s_git_tracked_outputs_and_a_fresh_co
         path.write_text("{}\n")
     forget_committed_run(tmp_path)
     assert not any(path.exists() for path in records) and kept.exists()
+
+
+def test_every_third_party_import_of_the_package_is_a_declared_dependency_or_one_of_theirs() -> None:
+    """A module src/ imports comes from a distribution pyproject.toml declares (dependencies or an extra) or that one
+    of those requires: a fresh `pip install -e .` then has it (an undeclared import passes only where it happens to be
+    installed)."""
+    import ast
+    import sys
+    import tomllib
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    declared = [Requirement(r).name for r in project["dependencies"]]
+    declared += [Requirement(r).name for extra in project.get("optional-dependencies", {}).values() for r in extra]
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+
+    allowed, todo = set(), [norm(n) for n in declared]
+    while todo:  # the declared distributions and everything they require, as installed here
+        name = todo.pop()
+        if name in allowed:
+            continue
+        allowed.add(name)
+        try:
+            todo += [norm(Requirement(r).name) for r in metadata.requires(name) or []]
+        except metadata.PackageNotFoundError:
+            continue
+    modules = set()
+    for path in (REPO / "src" / "debias").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    providers = metadata.packages_distributions()
+    undeclared = {m: providers.get(m) for m in modules - set(sys.stdlib_module_names) - {"debias"}
+                  if not any(norm(d) in allowed for d in providers.get(m, []))}
+    assert not undeclared, f"imported by src/ but no declared dependency provides it: {undeclared}"
