@@ -164,10 +164,10 @@ def test_the_shipped_params_state_every_declared_section(tmp_path: Path) -> None
     are the ones used: a value the file states away from its default comes back as the file's."""
     path = tmp_path / "params.yaml"
     path.write_text(committed_text("params.yaml"))
-    stated = yaml.safe_load(path.read_text())["stage2"]["cnc"]["anchor_fraction"]
-    default = type(load_params(path).stage2.cnc).model_fields["anchor_fraction"].default
+    stated = yaml.safe_load(path.read_text())["stage2"]["cnc"]["num_positives"]
+    default = type(load_params(path).stage2.cnc).model_fields["num_positives"].default
     assert stated != default, "pick another key: the shipped file states the default here"
-    assert load_params(path).stage2.cnc.anchor_fraction == stated
+    assert load_params(path).stage2.cnc.num_positives == stated
 
 
 def _comment_names(text: str, key: str) -> set[str]:

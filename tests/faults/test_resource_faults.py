@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from debias.harness import memory
 from debias.harness.memory import ResourceError
@@ -203,9 +204,11 @@ def test_cpu_allocator_failure_in_stage2_names_the_cnc_knobs(prepared_workspace:
                            "you tried to allocate 94371840000 bytes. Error code 12 (Cannot allocate memory)")
 
     monkeypatch.setattr(methods_module, "fit", oom)
+    cnc = yaml.safe_load((prepared_workspace / "params.yaml").read_text())["stage2"]["cnc"]  # this test's own copy
     done = run_entrypoint_in_process(prepared_workspace, "train_contrastive", monkeypatch, capsys)
-    assert_clean_failure(done, "out of memory", "stage2.cnc.forward_chunk (now 8)", "stage2.cnc.num_positives (now 32)",
-                         stage="train_contrastive")
+    assert_clean_failure(done, "out of memory", f"stage2.cnc.forward_chunk (now {cnc['forward_chunk']})",
+                         f"stage2.cnc.num_positives (now {cnc['num_positives']})",
+                         f"stage2.cnc.num_negatives (now {cnc['num_negatives']})", stage="train_contrastive")
 
 
 def test_other_runtime_errors_still_show_their_traceback(prepared_workspace: Path, monkeypatch) -> None:
