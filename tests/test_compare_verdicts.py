@@ -109,7 +109,8 @@ def test_a_sweeps_undecided_verdict_says_what_to_run_next_with_the_seeds_that_de
     text = flat(compare_terminal.terminal_text(comparison))
     assert (f"next: about {seeds} seeds decide ±2 points of stage-2 unbiased accuracy: `debias sweep --name eps "
             f"--resume --seeds 0-{seeds - 1}` adds the seeds it lacks (finished runs are kept), then `debias compare "
-            f"--sweep eps --margin 2`; or `debias sweep --name eps --resume --until-decided {seeds} --margin 2`") in text
+            f"--sweep eps --margin 2`; or `debias sweep --name eps --resume --until-decided {seeds} "
+            "--margin 2`") in text
     md = compare_page.write_page(comparison, tmp_path / "page")["md"].read_text(encoding="utf-8")
     assert f"--resume --seeds 0-{seeds - 1}" in md
     # decided (a clear difference on every seed): nothing more to run

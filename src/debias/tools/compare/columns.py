@@ -48,6 +48,7 @@ def param_text(value: Any) -> str:
 
 
 def _number(value: Any) -> float | None:
+    """A param value as a float where it is a number (MLflow's text parsed as JSON first); None otherwise."""
     if isinstance(value, str):
         try:
             value = json.loads(value)

@@ -21,7 +21,8 @@ from debias.core.headline import DETAILED, LABELS
 from debias.metrics.paired import ALPHA, Paired, detectable_difference, paired, seeds_needed, tost
 from debias.report.card import image_step
 from debias.tools.compare.collect import GROUP_FILES, Experiment
-from debias.tools.compare.columns import METRIC_KEYS, METRICS, Metric, param_key, param_text, same_param  # noqa: F401  (compare's columns)
+from debias.tools.compare.columns import (  # noqa: F401  (compare's columns)
+    METRIC_KEYS, METRICS, Metric, param_key, param_text, same_param)
 
 SEED = "seed"
 RANK_METRIC = "s2_worst"  # groups are ranked by it (ERM's worst-group when no stage 2 ran)

@@ -29,8 +29,8 @@ from debias.report.document import Block, Figure, Section, Table, Text, render_h
 from debias.report.sections.base import worst_cell
 from debias.report.sections.headline import card_blocks
 from debias.tools.compare.terminal import (LEGEND, POWER_WORDS, decide_parts, describe_without_results,
-                                           difference_lines, next_text, other_commits_text, p_text, seeds_text, step_phrase,
-                                           terminal_text)
+                                           difference_lines, next_text, other_commits_text, p_text, seeds_text,
+                                           step_phrase, terminal_text)
 
 MAX_FIGURE_RUNS = 8  # runs drawn in the per-group and curve figures
 # The page holds wide tables: a wider column, and cells that do not wrap ("85.4 ± 3.6" stays on one line).
