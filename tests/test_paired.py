@@ -95,6 +95,28 @@ def test_the_detectable_difference_is_where_the_power_reaches_80_percent(sd: flo
     assert math.isnan(pm.detectable_difference(sd, 1)) and math.isnan(pm.detectable_difference(float("nan"), n))
 
 
+@pytest.mark.parametrize("x, df, shift", [(12.7, 1, 5.0), (-12.7, 1, 5.0), (2.0, 3, 1.5), (-2.0, 9, -0.5), (4.3, 2, 9.0)])
+def test_the_integrated_noncentral_t_tail_is_scipys_where_scipys_answers(x: float, df: int, shift: float) -> None:
+    assert pm.noncentral_t_sf(x, df, shift) == pytest.approx(float(stats.nct.sf(x, df, shift)), abs=1e-9)
+
+
+def test_the_power_has_no_hole_where_scipys_noncentral_t_fails() -> None:
+    """At 2 seeds scipy's nct returns NaN for effects of 8 and 11 to 17 sds: the power still rises smoothly there."""
+    found = [pm.t_test_power(effect, 1.0, 2) for effect in np.arange(4.0, 20.0, 0.25)]
+    assert not any(math.isnan(value) for value in found)
+    assert all(0 < later - earlier < 0.05 for earlier, later in zip(found, found[1:]))
+
+
+def test_the_detectable_difference_is_the_positive_root_at_every_seed_count() -> None:
+    """At every n from 2 to 200 (statsmodels' own solver returns an array at 73 and 87, the negative root at 73): a
+    positive number where the power is 80 %, shrinking as seeds are added."""
+    found = [pm.detectable_difference(1.0, n) for n in range(2, 201)]
+    assert all(isinstance(value, float) and value > 0 for value in found)
+    assert all(later < earlier for earlier, later in zip(found, found[1:]))
+    for n in (2, 73, 87, 200):
+        assert pm.t_test_power(found[n - 2], 1.0, n) == pytest.approx(0.8, abs=1e-9)
+
+
 @pytest.mark.parametrize("differences, margin", [([0.5, -0.3, 0.1, 0.4], 2.0), ([1.5, 2.5, 1.0], 2.0),
                                                  ([-14.0, 20.0, -50.0], 2.0), ([0.2, 0.1, -0.1, 0.0, 0.3], 0.5)])
 def test_tost_is_two_one_sided_scipy_t_tests(differences: list[float], margin: float) -> None:

@@ -4,7 +4,7 @@ For ``n`` paired differences ``d_i = a_i - b_i`` with mean ``m`` and sample sd `
 
 - interval: ``m ± t_{0.975, n-1} s / sqrt(n)`` (Student t);
 - detectable difference: the smallest true ``|δ|`` a two-sided paired t-test at ``alpha`` rejects with probability
-  ``power`` (statsmodels' ``TTestPower``, effect size ``δ / s``);
+  ``power`` (the root in ``δ / s`` of statsmodels' ``TTestPower`` power, found by scipy's ``brentq``);
 - equivalence within ``±D`` (two one-sided tests, TOST): ``m - t_{1-alpha, n-1} s/sqrt(n) > -D`` and
   ``m + t_{1-alpha, n-1} s/sqrt(n) < D`` (statsmodels' ``DescrStatsW.ttost_mean``), i.e. the ``1 - 2 alpha``
   interval lies inside ``(-D, D)``;
@@ -67,10 +67,17 @@ def detectable_difference(sd: float, n: int, power: float = POWER, alpha: float 
         return math.nan
     if sd == 0:
         return 0.0
-    from statsmodels.stats.power import TTestPower
+    from scipy.optimize import brentq
 
-    effect = TTestPower().solve_power(effect_size=None, nobs=n, alpha=alpha, power=power, alternative="two-sided")
-    return float(effect) * sd
+    def short(effect: float) -> float:  # power at a true difference of ``effect`` sds, less the power asked for
+        return t_test_power(effect, 1.0, n, alpha) - power
+
+    high = 1.0
+    while short(high) < 0:  # the power grows with the effect from alpha at 0: bracket the one root above 0
+        high *= 2.0
+    # statsmodels' TTestPower.solve_power is not used: at some n (73, 87 at 80 %) it returns an array, at 73 the
+    # negative root
+    return brentq(short, 0.0, high, xtol=1e-12) * sd
 
 
 def t_test_power(delta: float, sd: float, n: int, alpha: float = ALPHA) -> float:
@@ -78,16 +85,26 @@ def t_test_power(delta: float, sd: float, n: int, alpha: float = ALPHA) -> float
     difference is ``delta`` (statsmodels' ``TTestPower``)."""
     if n < 2 or math.isnan(sd) or sd <= 0:
         return math.nan
-    from scipy.stats import norm
+    from scipy.stats import t as student_t
     from statsmodels.stats.power import TTestPower
 
     effect = abs(delta) / sd
     found = float(TTestPower().power(effect_size=effect, nobs=n, alpha=alpha, alternative="two-sided"))
-    if math.isnan(found):  # the noncentral t's tail fails far out (noncentrality in the tens): the normal limit
-        shift = effect * math.sqrt(n)
-        critical = float(norm.ppf(1 - alpha / 2))
-        found = float(norm.cdf(shift - critical) + norm.cdf(-shift - critical))
+    if math.isnan(found):  # scipy's noncentral t fails at some points (df 1, noncentrality 11 to 17): integrate
+        df, shift = n - 1, effect * math.sqrt(n)
+        critical = float(student_t.ppf(1 - alpha / 2, df))
+        found = noncentral_t_sf(critical, df, shift) + 1.0 - noncentral_t_sf(-critical, df, shift)
     return found
+
+
+def noncentral_t_sf(x: float, df: int, shift: float) -> float:
+    """``P(T > x)`` for ``T = (Z + shift) / sqrt(V / df)``, ``Z`` standard normal, ``V`` chi-square with ``df``:
+    ``∫ Φ(shift - x sqrt(v / df)) χ²_df(v) dv`` by quadrature (where scipy's ``nct`` returns NaN)."""
+    from scipy.integrate import quad
+    from scipy.stats import chi2, norm
+
+    value, _ = quad(lambda v: norm.cdf(shift - x * math.sqrt(v / df)) * chi2.pdf(v, df), 0.0, math.inf, limit=200)
+    return min(1.0, max(0.0, value))
 
 
 def tost(differences: list[float], margin: float, alpha: float = ALPHA) -> float:
@@ -123,11 +140,10 @@ def tost_power(margin: float, sd: float, n: int, true_difference: float = 0.0, a
     # lower test: (m + D) / se > c; upper test: (m - D) / se < -c; m ~ se * t-like with noncentrality (δ ± D) / se
     above_lower = float(nct.sf(critical, df, (true_difference + margin) / se))
     below_upper = float(nct.cdf(-critical, df, (true_difference - margin) / se))
-    if math.isnan(above_lower) or math.isnan(below_upper):  # far out in the tails: the normal limit
-        from scipy.stats import norm
-
-        above_lower = float(norm.sf(critical - (true_difference + margin) / se))
-        below_upper = float(norm.cdf(-critical - (true_difference - margin) / se))
+    if math.isnan(above_lower):  # scipy's noncentral t fails at some points: integrate
+        above_lower = noncentral_t_sf(critical, df, (true_difference + margin) / se)
+    if math.isnan(below_upper):
+        below_upper = 1.0 - noncentral_t_sf(-critical, df, (true_difference - margin) / se)
     return max(0.0, above_lower + below_upper - 1.0)
 
 
