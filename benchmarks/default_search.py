@@ -22,13 +22,17 @@ The protocol (:data:`PROTOCOL`, printed at the top of the results file with the 
 5. **Report** the carried candidates on held-out cells: the other half of mnist10k (disjoint images, palettes the
    choice never saw, Biased-MNIST at 0.98 too) and other seeds of the bundled digits, test numbers per regime with
    intervals clustered by cell (one paired difference per cell).
+6. **Extend** (:data:`EXTENSION_PROTOCOL`, written after steps 1-5 ran and before its own runs): where the default is
+   neither a regime's winner nor shown equivalent to it, and shown worse than no one, the two meet again on fresh
+   validation cells sized for the equivalence test (:func:`extension_plan`, :func:`decide_extension`).
 
     python benchmarks/default_search.py --npz PATH/mnist10k.npz --workdir SCRATCH --jobs 2
 
 Every run is keyed by its data file, the code and params.yaml at ``--rev``, the torch threads and the run's params;
 rows of ``OUT.csv`` under another key are not reused (counted as stale). Each row records the threads, runs at once,
 commit and data it was made with, and the header is read from the rows. ``--collect-only`` rewrites ``OUT.md`` from
-the CSV; ``--phase screen`` / ``confirm`` stops after that phase.
+the CSV; ``--phase screen`` / ``confirm`` stops after that phase; ``--phase extension`` runs step 7 alone on the
+confirmation rows the CSV holds (made at their own commit), leaving every other row as it is.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ CAP = {"digits": 40, "cmnist": 20, "bmnist": 20}
 RULES = ("best_unbiased", "best_worst_group", "last")
 RANKED_RULE = "best_unbiased"
 DIGITS_SCREEN, CONFIRM_SEED, HELDOUT_SEED = 4, 10, 100
+EXTENSION_SEED = 200  # the extension's fresh validation cells: seeds from here on
+EXTENSION_CAP = 100  # cells at most, a regime
 
 SCREEN_CELLS = ([digits_cell(s) for s in range(DIGITS_SCREEN)]
                 + [Cell("mnist10k-A", p, "paper", s) for p in cells.PROTOCOLS for s in (0, 1)])
@@ -121,6 +127,8 @@ PROTOCOL = f"""1. Screen every candidate on {len(SCREEN_CELLS)} validation cells
 4. Confirm on fresh validation cells (seeds {CONFIRM_SEED} on). Decide on their validation numbers only: per regime, the winner is the candidate with the highest mean validation unbiased accuracy; a candidate holds a regime when it is the winner or shown equivalent to it (TOST within ±{MARGIN:g} point, α 0.05), and is shown worse (95 % paired interval below 0) than no carried candidate on validation unbiased or worst-group accuracy. The default is the cheapest candidate (stage-2 CPU seconds summed over the confirmation cells) that holds every regime; if none does, the page says so and names the candidate holding the bundled digits and the most other regimes (ties: the higher mean of the regime means).
 5. Eligible: stage-2 CPU seconds summed over each regime's cells at most {COST_BUDGET:g} times FairKL's on the same cells, in every regime. Nothing else gates; a warning a candidate carries is reported with what was measured.
 6. Report every carried candidate on held-out cells: half B of mnist10k (images the choice never saw; palettes other and fresh; Biased-MNIST at 0.98 too) and the bundled digits at seeds {HELDOUT_SEED}-{HELDOUT_SEED + 9}; test numbers per regime, each difference paired by cell (one difference per cell: intervals clustered by cell), with the difference its cells could detect."""
+
+EXTENSION_PROTOCOL = f"""7. Extension, written after steps 1-6 ran and before its own runs. For each regime where the default of step 4 is neither the winner nor shown equivalent to it, and is shown worse than no carried candidate, run the default and that regime's winner on fresh validation cells of the regime's data (half A of mnist10k or the bundled digits, seeds {EXTENSION_SEED} on): as many cells as show equivalence within ±{MARGIN:g} point at 80 % power for a true difference of 0 (TOST, α 0.05), given the two's paired sd of validation unbiased accuracy over the confirmation cells; at most {EXTENSION_CAP}. The verdict reads the extension's cells alone (the confirmation's cells decided that it runs) and their validation numbers only, by step 4's rule for the two: the default holds the regime when its mean validation unbiased accuracy is the higher or it is shown equivalent (TOST within ±{MARGIN:g} point, α 0.05), and it is shown worse (95 % paired interval below 0) on neither validation unbiased nor worst-group accuracy. If it then holds every regime, it is a default that holds every regime; if not, the page names the regime no single setting holds, with the interval."""
 
 FIELDS = ["phase", "regime", "data", "protocol", "strength", "palette", "seed", "candidate", "rule", "epoch",
           "degenerate", "val_unbiased", "val_worst", "test_avg", "test_unbiased", "test_worst", "test_worst_n",
@@ -353,6 +361,65 @@ def validation_only(rows: list[dict[str, str]], phase: str) -> tuple[Table, Tabl
             table(blind, (phase,), "cpu_seconds"))
 
 
+def validation_cell(regime: str, seed: int) -> Cell:
+    """A validation cell of ``regime`` (the bundled digits, or half A of mnist10k with the papers' palette)."""
+    return digits_cell(seed) if regime == "digits" else Cell("mnist10k-A", regime, "paper", seed)
+
+
+@dataclass(frozen=True)
+class Extension:
+    regime: str
+    default: str
+    rival: str  # the regime's winner on the confirmation
+    sd: float  # the two's paired sd of validation unbiased accuracy over the confirmation cells (points)
+    cells: int
+
+    def chosen(self) -> list[Cell]:
+        return [validation_cell(self.regime, EXTENSION_SEED + i) for i in range(self.cells)]
+
+
+def extension_plan(decision: Decision, val_u: Table) -> list[Extension]:
+    """Step 7's runs: each regime the default neither wins nor is shown equivalent in, while shown worse than no one
+    there; cells for TOST within ±MARGIN at 80 % power from the confirmation's paired sd, at most EXTENSION_CAP."""
+    plan = []
+    default = decision.default
+    for regime, winner in decision.winners.items():
+        shown_worse = any(w.startswith(f"{regime}:") for w in decision.worse.get(default, []))
+        if not default or decision.holds[default][regime] or shown_worse:
+            continue
+        sd = paired(differences(val_u[regime], default, winner)).sd
+        wanted = seeds_needed(sd, margin=MARGIN)
+        plan.append(Extension(regime, default, winner, sd, min(EXTENSION_CAP, wanted or EXTENSION_CAP)))
+    return plan
+
+
+@dataclass(frozen=True)
+class Verdict:
+    unbiased: Paired  # default - rival, validation unbiased, one difference per extension cell
+    worst: Paired  # the same for validation worst-group accuracy
+    p_equivalent: float  # TOST within ±MARGIN
+    holds: str  # "winner" | "equivalent (p ...)" | "" (not held)
+    shown_worse: list[str]
+
+
+def decide_extension(val_u: Table, val_w: Table, extension: Extension) -> Verdict:
+    """Step 7's verdict on the extension's validation numbers only (``val_u``, ``val_w`` from
+    :func:`validation_only` of the extension's rows): step 4's rule for the default and the regime's winner."""
+    per_u, per_w = val_u.get(extension.regime, {}), val_w.get(extension.regime, {})
+    du = paired(differences(per_u, extension.default, extension.rival))
+    dw = paired(differences(per_w, extension.default, extension.rival))
+    p_value = tost(differences(per_u, extension.default, extension.rival), MARGIN)
+    worse = [metric for metric, found in (("unbiased", du), ("worst-group", dw))
+             if found.excludes_zero and found.high < 0]
+    if du.n < extension.cells or worse:
+        held = ""
+    elif du.mean >= 0:
+        held = "winner"
+    else:
+        held = f"equivalent (p {p_value:.3f})" if p_value < 0.05 else ""
+    return Verdict(du, dw, p_value, held, worse)
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -382,6 +449,12 @@ def protocol_commit(rev: str) -> str:
         return cells.git("log", "-1", "--format=%h %cs", rev, "--", "benchmarks/default_search.py")
     except Exception:  # noqa: BLE001 (a copy outside the repository: said as unknown)
         return ""
+
+
+def commits_of(rows: list[dict[str, str]], base: bool) -> str:
+    """The protocol commit(s) the rows of steps 1-6 (``base``) or of step 7 were made under, one per code commit."""
+    revs = sorted({row["rev"] for row in rows if (row["phase"] != "extension") == base})
+    return " / ".join(protocol_commit(rev) or rev for rev in revs)
 
 
 def screen_section(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], names: list[str]) -> list[str]:
@@ -498,6 +571,45 @@ def decision_section(rows: list[dict[str, str]], names: list[str]) -> tuple[list
     return lines, decision
 
 
+def extension_section(rows: list[dict[str, str]], decision: Decision) -> list[str]:
+    """Step 7 on the page: each extended regime's pair on its fresh validation cells, and what the default holds."""
+    confirm_u = validation_only(rows, "confirm")[0]
+    plan = extension_plan(decision, confirm_u)
+    if not plan:
+        return []
+    val_u, val_w, _ = validation_only(rows, "extension")
+    lines = ["## 3b. Extension (fresh validation cells, validation numbers only)", "",
+             "Where the default neither won nor was shown equivalent, the default and the regime's winner on fresh "
+             "validation cells, sized from the two's paired sd over the confirmation cells; Δ: the default minus the "
+             "winner, paired by cell.", "",
+             "| regime | default | winner on the confirmation | paired sd (confirmation) | cells planned | cells run | "
+             "default val unbiased | winner val unbiased | Δ unbiased | detectable | TOST p (±1) | Δ worst-group | "
+             "holds |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    verdicts = {}
+    for extension in plan:
+        verdict = verdicts[extension.regime] = decide_extension(val_u, val_w, extension)
+        per_u = val_u.get(extension.regime, {})
+        p_value = "—" if math.isnan(verdict.p_equivalent) else f"{verdict.p_equivalent:.3f}"
+        lines.append(f"| {extension.regime} | {extension.default} | {extension.rival} | {extension.sd:.2f} | "
+                     f"{extension.cells} | {verdict.unbiased.n} | "
+                     f"{fmt_mean(list(per_u.get(extension.default, {}).values()))} | "
+                     f"{fmt_mean(list(per_u.get(extension.rival, {}).values()))} | {fmt(verdict.unbiased)} | "
+                     f"{detectable(verdict.unbiased)} | {p_value} | {fmt(verdict.worst)} | "
+                     f"{verdict.holds or ('not yet: cells missing' if verdict.unbiased.n < extension.cells else 'no')} |")
+    still = [e.regime for e in plan if not verdicts[e.regime].holds]
+    missing = [r for r, held in decision.holds[decision.default].items() if not held]
+    short = [e.regime for e in plan if verdicts[e.regime].unbiased.n < e.cells]
+    if short:
+        verdict = f"**The extension has not run all its cells yet ({', '.join(short)}): no verdict.**"
+    elif not still and set(missing) <= set(verdicts):
+        verdict = f"**After the extension, {decision.default} holds every regime.**"
+    else:
+        named = ", ".join(still) or ", ".join(r for r in missing if r not in verdicts)
+        verdict = (f"**After the extension, no single setting holds every regime: {decision.default} does not hold "
+                   f"{named}.**")
+    return lines + ["", verdict, ""]
+
+
 def heldout_section(rows: list[dict[str, str]], names: list[str], default: str) -> list[str]:
     test_u, test_w = table(rows, ("heldout",), "test_unbiased"), table(rows, ("heldout",), "test_worst")
     cpu = table(rows, ("heldout",), "cpu_seconds")
@@ -590,14 +702,15 @@ def per_cell_table(rows: list[dict[str, str]], names: list[str]) -> list[str]:
 
 
 def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], command: str,
-             stale: int = 0, commit: str = "") -> str:
+             stale: int = 0, commit: str = "", extension_commit: str = "") -> str:
     names = carried(rows, all_candidates)
     lines = ["# The default stage 2: a rule written before the runs, decided on validation per regime, reported on "
              "held-out images", "",
              f"- Command (SCRATCH: any empty folder; mnist10k.npz from the datasets folder): `{FULL_COMMAND}`; this file "
              f"was last written by `{command}` on {dt.date.today().isoformat()}",
              f"- Protocol: benchmarks/default_search.py at commit {commit or 'unknown'} (below, as the script "
-             "states it)",
+             "states it)" + (f"; step 7 at commit {extension_commit}, the commit its runs were made at"
+                             if extension_commit else ""),
              f"- Rows made with: {cells.made_with(rows)}",
              "- Data: the bundled digits as `dvc repro` runs them (1,078 training images, CMNIST* p_corr 0.9); mnist10k "
              "(10k real digits) split class by class into two disjoint halves of 5,000 images (benchmarks/cells.py, "
@@ -607,7 +720,8 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
     if stale:
         lines += [f"- {stale} row(s) of the CSV were made from other data, code, threads or params and are not shown "
                   "(kept in the CSV until the run that replaces them).", ""]
-    lines += ["## Protocol", "", PROTOCOL, "", "## Candidates", "", "| schedule | settings |", "|---|---|"]
+    lines += ["## Protocol", "", PROTOCOL, EXTENSION_PROTOCOL, "", "## Candidates", "", "| schedule | settings |",
+              "|---|---|"]
     for name, sets in SCHEDULES.items():
         lines.append(f"| {name} | " + ", ".join(f"{k.removeprefix('stage2.')} {v}" for k, v in sets.items()) + " |")
     lines += ["", "Common to CNC: " + ", ".join(f"{k.removeprefix('stage2.')} {v}" for k, v in CNC_COMMON.items()
@@ -619,6 +733,8 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
         lines += sizing_section(sizes(rows, names))
     section, decision = decision_section(rows, names)
     lines += section
+    if decision is not None and decision.default:
+        lines += extension_section(rows, decision)
     if decision is not None and decision.default:
         lines += heldout_section(rows, names, decision.default)
         if any(row["phase"] == "heldout" for row in rows):
@@ -636,7 +752,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--jobs", type=int, default=2, help="runs at once")
     parser.add_argument("--rev", default="HEAD", help="the commit every cell is cloned at")
-    parser.add_argument("--phase", choices=("screen", "confirm", "all"), default="all")
+    parser.add_argument("--phase", choices=("screen", "confirm", "extension", "all"), default="all",
+                        help="stop after screen or confirm; extension: run step 7 alone on the CSV's confirmation")
     parser.add_argument("--out", type=Path, default=HERE / "results/default_search")
     parser.add_argument("--collect-only", action="store_true", help="rewrite OUT.md from OUT.csv")
     args = parser.parse_args(argv)
@@ -649,8 +766,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.collect_only:
             rows = cells.read_results(csv_path, FIELDS, "--collect-only")
-            revs = sorted({row["rev"] for row in rows})
-            cells.write_text(md_path, markdown(rows, all_candidates, command, commit=protocol_commit(revs[-1])))
+            cells.write_text(md_path, markdown(rows, all_candidates, command, commit=commits_of(rows, base=True),
+                                               extension_commit=commits_of(rows, base=False)))
             print(md_path.read_text())
             return 0
         if args.workdir is None:
@@ -713,7 +830,12 @@ def run_search(args: argparse.Namespace, rev: str, csv_path: Path, md_path: Path
         return ready
 
     def write(stale: int = 0) -> None:
-        cells.write_text(md_path, markdown(rows, all_candidates, command, stale, commit))
+        if args.phase == "extension":  # the earlier phases' rows stand as stored, made at their own commit
+            shown = [row for row in stored_others() if row["phase"] != "extension"] + rows
+            cells.write_text(md_path, markdown(shown, all_candidates, command, commit=commits_of(shown, base=True),
+                                               extension_commit=commit))
+        else:
+            cells.write_text(md_path, markdown(rows, all_candidates, command, stale, commit, commit))
 
     def run_one(phase: str, cell: Cell, name: str) -> None:
         result = cells.train(workspace(cell), name, all_candidates[name].sets, all_candidates[name].group_source,
@@ -731,7 +853,7 @@ def run_search(args: argparse.Namespace, rev: str, csv_path: Path, md_path: Path
 
     def run_phase(phase: str, chosen: list[Cell], names: list[str]) -> None:
         stale = keep_valid(chosen)
-        tasks = [(cell, name) for name in names for cell in chosen if expected_key(cell, name) not in done]
+        tasks = [(cell, name) for cell in chosen for name in names if expected_key(cell, name) not in done]
         print(f"{phase}: {len(tasks)} run(s) to do, {len(chosen) * len(names) - len(tasks)} kept", flush=True)
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
             try:
@@ -744,6 +866,19 @@ def run_search(args: argparse.Namespace, rev: str, csv_path: Path, md_path: Path
                 raise
         write(stale)
 
+    def extend(earlier: list[dict[str, str]], names: list[str]) -> None:
+        """Step 7 on the confirmation rows of ``earlier`` (validation columns only)."""
+        val_u, val_w, cpu = validation_only(earlier, "confirm")
+        decision = decide(val_u, val_w, cpu, names)
+        for extension in extension_plan(decision, val_u):
+            run_phase("extension", extension.chosen(), [extension.default, extension.rival])
+
+    if args.phase == "extension":
+        names = carried(stored, all_candidates)
+        if not any(row["phase"] == "confirm" for row in stored):
+            raise BenchmarkError(f"--phase extension reads the confirmation's rows, and {csv_path} has none")
+        extend(stored, names)
+        return
     run_phase("screen", SCREEN_CELLS, [FAIRKL] + [n for n in all_candidates if n != FAIRKL])
     names = carried(rows, all_candidates)
     if not names:
@@ -754,6 +889,7 @@ def run_search(args: argparse.Namespace, rev: str, csv_path: Path, md_path: Path
     run_phase("confirm", confirm_cells({r: s.cells for r, s in found.items()}), names)
     if args.phase == "confirm":
         return
+    extend(rows, names)
     run_phase("heldout", HELDOUT_CELLS, names)
 
 

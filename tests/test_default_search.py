@@ -381,3 +381,94 @@ def test_the_speed_benchmarks_cnc_row_times_the_authors_loss() -> None:
     spec = yaml.safe_load((REPO / "benchmarks/speed.yaml").read_text())["throughput"]
     resolved = merge(spec["base"], spec["methods"]["cnc"])
     assert resolved["loss"]["epsilon"] == 0.0 and resolved["stage2"]["method"] == "cnc"
+
+
+def extension_case(default_bmnist: float, winner_bmnist: float) -> tuple[list[dict[str, str]], list[str]]:
+    """Confirmation rows where the default (digits and cmnist winner) trails bmnist's winner by a little, neither
+    shown worse nor shown equivalent over 12 noisy cells."""
+    default, winner = "cnc-q3m8-cluster-replace-e0", "cnc-q3m8-pred-shrink-e0"
+    values = {default: {"digits": 0.92, "cmnist": 0.94, "bmnist": default_bmnist},
+              winner: {"digits": 0.88, "cmnist": 0.90, "bmnist": winner_bmnist},
+              search.FAIRKL: {"digits": 0.80, "cmnist": 0.80, "bmnist": 0.80}}
+    chosen = search.confirm_cells({r: 12 for r in search.REGIMES})
+    swing = [0.04, -0.04, 0.03, -0.03, 0.02, -0.02, 0.04, -0.04, 0.01, -0.01, 0.0, 0.0]  # paired sd ~2.8 points
+    per_cell = {name: [means[search.regime_of(c)] + (swing[i % 12] if name == default and search.regime_of(c) ==
+                                                     "bmnist" else 0.001 * NOISE[i % 12]) for i, c in enumerate(chosen)]
+                for name, means in values.items()}
+    cpu = {default: 50.0, winner: 50.0, search.FAIRKL: 40.0}
+    return fake_rows(per_cell, "confirm", chosen, cpu), list(values)
+
+
+def test_the_extension_pairs_the_default_with_the_regime_it_missed_sized_for_equivalence() -> None:
+    """Step 7's plan: only the regime the default neither wins nor is equivalent in, against that regime's winner,
+    with the cells TOST ±MARGIN needs at 80 % power from the two's paired sd over the confirmation, capped."""
+    from debias.metrics.paired import paired, seeds_needed
+
+    rows, names = extension_case(0.925, 0.93)
+    val_u, val_w, cpu = search.validation_only(rows, "confirm")
+    decision = search.decide(val_u, val_w, cpu, names)
+    assert decision.default == names[0] and not decision.holds[names[0]]["bmnist"]
+    (plan,) = search.extension_plan(decision, val_u)
+    assert (plan.regime, plan.default, plan.rival) == ("bmnist", names[0], names[1])
+    sd = paired(search.differences(val_u["bmnist"], names[0], names[1])).sd
+    assert plan.sd == pytest.approx(sd) and plan.cells == min(search.EXTENSION_CAP, seeds_needed(sd, margin=search.MARGIN))
+    assert plan.chosen()[0] == search.Cell("mnist10k-A", "bmnist", "paper", search.EXTENSION_SEED)
+    assert not set(plan.chosen()) & set(search.confirm_cells({r: 40 for r in search.REGIMES}))  # fresh cells
+    # a default shown worse there is not extended: that is a verdict already
+    rows, names = extension_case(0.85, 0.93)
+    val_u, val_w, cpu = search.validation_only(rows, "confirm")
+    decision = search.decide(val_u, val_w, cpu, names)
+    assert decision.default == names[0] and search.extension_plan(decision, val_u) == []
+
+
+def extension_rows(plan, default: list[float], rival: list[float], worst_gap: float = 0.0) -> list[dict[str, str]]:
+    chosen = plan.chosen()
+    worst = {plan.default: [v - 0.3 - worst_gap * (1 + 50 * NOISE[i % len(NOISE)]) for i, v in enumerate(default)],
+             plan.rival: [v - 0.3 for v in rival]}
+    return fake_rows({plan.default: default, plan.rival: rival}, "extension", chosen,
+                     {plan.default: 1.0, plan.rival: 1.0}, worst)
+
+
+def test_the_extension_verdict_is_step_4s_rule_on_its_own_cells_and_reads_no_test_column() -> None:
+    plan = search.Extension("bmnist", "cnc-q3m8-cluster-replace-e0", "cnc-q3m8-pred-shrink-e0", 3.0, 12)
+    rival = [0.90 + 0.01 * NOISE[i] for i in range(12)]
+
+    def verdict(default: list[float], worst_gap: float = 0.0, drop: int = 0) -> search.Verdict:
+        rows = extension_rows(plan, default, rival, worst_gap)
+        rows = [r for r in rows if not (r["candidate"] == plan.default and int(r["seed"]) < search.EXTENSION_SEED + drop)]
+        scrambled = [{**r, "test_unbiased": "0.0", "test_worst": "0.0"} for r in rows]
+        u, w, _ = search.validation_only(scrambled, "extension")
+        found = search.decide_extension(u, w, plan)
+        blind = search.validation_only([{k: v for k, v in r.items() if k not in search.TEST_FIELDS} for r in rows],
+                                       "extension")
+        assert search.decide_extension(blind[0], blind[1], plan) == found
+        return found
+
+    assert verdict([v + 0.002 for v in rival]).holds == "winner"  # ahead on the fresh cells
+    near = verdict([v - 0.002 + 3.5 * NOISE[i] for i, v in enumerate(rival)])  # Δ -0.2, sd ~0.9 points
+    assert near.holds.startswith("equivalent") and near.p_equivalent < 0.05 and not near.unbiased.excludes_zero
+    assert verdict([v - 0.009 + 0.3 * NOISE[i] for i, v in enumerate(rival)]).holds == ""  # behind, too noisy to tell
+    worse = verdict([v + 0.002 for v in rival], worst_gap=0.05)
+    assert worse.holds == "" and worse.shown_worse == ["worst-group"]
+    assert verdict([v + 0.002 for v in rival], drop=2).holds == ""  # cells missing: no verdict
+    import inspect
+
+    assert not any(f in inspect.getsource(search.decide_extension) for f in search.TEST_FIELDS)
+
+
+def test_the_page_shows_the_extension_and_its_verdict() -> None:
+    rows, names = extension_case(0.925, 0.93)
+    val_u, val_w, cpu = search.validation_only(rows, "confirm")
+    (plan,) = search.extension_plan(search.decide(val_u, val_w, cpu, names), val_u)
+    every = search.candidates()
+    screen = fake_rows({n: noisy(0.9 if n in names else 0.5, search.SCREEN_CELLS) for n in every}, "screen",
+                       search.SCREEN_CELLS, {n: 40.0 for n in every})
+    base = screen + rows
+    text = search.markdown(base, every, "cmd", commit="a 2026", extension_commit="b 2026")
+    assert search.EXTENSION_PROTOCOL in text and "step 7 at commit b 2026" in text
+    assert "## 3b. Extension" in text and "not yet: cells missing" in text and "no verdict" in text
+    rival = [0.93 + 0.01 * NOISE[i % len(NOISE)] for i in range(plan.cells)]
+    text = search.markdown(base + extension_rows(plan, [v + 0.001 for v in rival], rival), every, "cmd")
+    assert f"**After the extension, {plan.default} holds every regime.**" in text
+    text = search.markdown(base + extension_rows(plan, [v - 0.05 for v in rival], rival), every, "cmd")
+    assert f"no single setting holds every regime: {plan.default} does not hold bmnist" in text
