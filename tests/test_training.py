@@ -137,6 +137,7 @@ def test_selection_ties_never_fall_back_to_the_first_epoch_by_accident() -> None
     first = scripted_fit([(0.5, 0.5, 0.5), (0.2, 0.9, 0.9), (0.1, 0.9, 0.9)])
     assert first.selected_epoch == 0 and first.selection["degenerate"]
     assert "first epoch" in first.selection["reason"]
+    assert "the later epochs' validation worst-group: 0.200, 0.100" in first.selection["reason"]  # plateau or decline
     # last: the last epoch, never degenerate
     last = scripted_fit([(0.0, 0.2, 0.2), (0.0, 0.1, 0.1)], selection="last")
     assert last.selected_epoch == 1 and not last.selection["degenerate"]

@@ -25,9 +25,12 @@ CHANCE_MARGIN = 0.1
 
 
 CODES: dict[str, str] = {
-    "degenerate-selection": "the selection rule had nothing to choose by (its validation worst-group, worst-class or "
-                            "worst-inferred-group accuracy 0 at every epoch, or the first epoch kept): the kept epoch "
-                            "came from the tie-breaks, so its worst-group number is no better than ERM's",
+    "degenerate-selection": "the selection rule did not pick a later epoch on its own terms: either its validation "
+                            "worst-group, worst-class or worst-inferred-group accuracy was 0 at every epoch, so the "
+                            "tie-breaks chose and the kept epoch's worst-group number is no evidence of robustness; or "
+                            "the first of several epochs was kept, no later one beating it on the rule's validation "
+                            "number (the reason lists the later epochs': a plateau or a decline), so the numbers are "
+                            "those of the model trained one epoch",
     "fragile-selection": "the kept epoch tied another epoch's validation number (worst-group, worst-class or "
                          "worst-inferred-group accuracy) and the tie-breaks chose, or beat it by only one or two images "
                          "of that group or class: the choice rests on noise, and so do the kept epoch's numbers",

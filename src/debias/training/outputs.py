@@ -103,8 +103,8 @@ def load_embeddings(directory: Path, split: str) -> dict[str, torch.Tensor]:
 
 
 def selection_warnings(result: FitResult) -> list[str]:
-    """A ``degenerate-selection`` warning when the selection had nothing to choose by, a ``fragile-selection`` one
-    when one or two validation images decided it (see ``describe_selection``)."""
+    """A ``degenerate-selection`` warning when the selection had nothing to choose by or kept the first of several
+    epochs, a ``fragile-selection`` one when one or two validation images decided it (see ``describe_selection``)."""
     if result.selection.get("degenerate"):
         return [health.warning("degenerate-selection", result.selection["reason"])]
     if result.selection.get("fragile"):

@@ -191,8 +191,9 @@ def describe_selection(history: list[dict[str, float]], selected_epoch: int, sel
                                              f"epoch {selected_epoch} kept by validation {WORDS[r.tie_breaks[0]]} "
                                              f"accuracy ({scores})")
     elif selected_epoch == int(history[0]["epoch"]) and len(history) > 1:
+        later = ", ".join(f"{float(row[key]):.3f}" for row in history[1:])
         block.update(degenerate=True, reason=f"the first epoch was kept: no later epoch of {len(history)} beat its "
-                                             f"{scores}")
+                                             f"{scores} (the later epochs' validation {word}: {later})")
     elif len(tied) > 1:
         block.update(fragile=True, reason=f"epochs {tied} tie on validation {word} accuracy; epoch {selected_epoch} "
                                           f"kept by the tie-breaks ({scores})")
