@@ -607,7 +607,24 @@ def extension_section(rows: list[dict[str, str]], decision: Decision) -> list[st
         named = ", ".join(still) or ", ".join(r for r in missing if r not in verdicts)
         verdict = (f"**After the extension, no single setting holds every regime: {decision.default} does not hold "
                    f"{named}.**")
-    return lines + ["", verdict, ""]
+    return lines + ["", verdict, ""] + first_epochs(rows, "extension")
+
+
+def first_epochs(rows: list[dict[str, str]], phase: str) -> list[str]:
+    """How often ``best_unbiased`` kept the first of the 3 epochs (a ``degenerate-selection`` warning) in ``phase``,
+    and the last epoch's validation unbiased accuracy against the kept one's, paired by run."""
+    kept, last = table(rows, (phase,), "val_unbiased"), table(rows, (phase,), "val_unbiased", "last")
+    lines = ["First epoch kept by `best_unbiased` (a `degenerate-selection` warning) and what the later epochs did: "
+             "the last epoch's validation unbiased accuracy minus the kept epoch's, paired by run.", "",
+             "| regime | candidate | first epoch kept | last − kept, val unbiased |", "|---|---|---|---|"]
+    for regime, per_cell in kept.items():
+        for name in sorted(per_cell):
+            first = sum(int(r["degenerate"]) for r in rows if r["phase"] == phase and r["regime"] == regime
+                        and r["candidate"] == name and r["rule"] == RANKED_RULE)
+            found = paired([last[regime][name][c] - v for c, v in per_cell[name].items()
+                            if c in last.get(regime, {}).get(name, {})])
+            lines.append(f"| {regime} | {name} | {first} of {len(per_cell[name])} | {fmt(found)} |")
+    return lines + [""]
 
 
 def heldout_section(rows: list[dict[str, str]], names: list[str], default: str) -> list[str]:

@@ -472,3 +472,17 @@ def test_the_page_shows_the_extension_and_its_verdict() -> None:
     assert f"**After the extension, {plan.default} holds every regime.**" in text
     text = search.markdown(base + extension_rows(plan, [v - 0.05 for v in rival], rival), every, "cmd")
     assert f"no single setting holds every regime: {plan.default} does not hold bmnist" in text
+
+
+def test_the_extension_counts_first_epochs_kept_and_what_the_last_epoch_did() -> None:
+    plan = search.Extension("bmnist", "cnc-q3m8-cluster-replace-e0", "cnc-q3m8-pred-shrink-e0", 3.0, 4)
+    rows = extension_rows(plan, [0.90, 0.91, 0.92, 0.93], [0.90, 0.90, 0.90, 0.90])
+    for row in rows:
+        if row["candidate"] == plan.default and row["seed"] in ("200", "201"):
+            if row["rule"] == search.RANKED_RULE:
+                row["degenerate"] = "1"
+            if row["rule"] == "last":
+                row["val_unbiased"] = str(float(row["val_unbiased"]) - 0.03 - 0.01 * (row["seed"] == "201"))
+    text = "\n".join(search.first_epochs(rows, "extension"))
+    assert f"| bmnist | {plan.default} | 2 of 4 | -1.8 [" in text  # -3, -4, 0, 0 points: mean -1.75
+    assert f"| bmnist | {plan.rival} | 0 of 4 | +0.0" in text
