@@ -129,6 +129,7 @@ PROTOCOL = f"""1. Screen every candidate on {len(SCREEN_CELLS)} validation cells
 6. Report every carried candidate on held-out cells: half B of mnist10k (images the choice never saw; palettes other and fresh; Biased-MNIST at 0.98 too) and the bundled digits at seeds {HELDOUT_SEED}-{HELDOUT_SEED + 9}; test numbers per regime, each difference paired by cell (one difference per cell: intervals clustered by cell), with the difference its cells could detect."""
 
 EXTENSION_PROTOCOL = f"""7. Extension, written after steps 1-6 ran and before its own runs. For each regime where the default of step 4 is neither the winner nor shown equivalent to it, and is shown worse than no carried candidate, run the default and that regime's winner on fresh validation cells of the regime's data (half A of mnist10k or the bundled digits, seeds {EXTENSION_SEED} on): as many cells as show equivalence within ±{MARGIN:g} point at 80 % power for a true difference of 0 (TOST, α 0.05), given the two's paired sd of validation unbiased accuracy over the confirmation cells; at most {EXTENSION_CAP}. The verdict reads the extension's cells alone (the confirmation's cells decided that it runs) and their validation numbers only, by step 4's rule for the two: the default holds the regime when its mean validation unbiased accuracy is the higher or it is shown equivalent (TOST within ±{MARGIN:g} point, α 0.05), and it is shown worse (95 % paired interval below 0) on neither validation unbiased nor worst-group accuracy. If it then holds every regime, it is a default that holds every regime; if not, the page names the regime no single setting holds, with the interval."""
+REPORT_PROTOCOL = """8. Report only, written after step 7 ran and before its own runs: on step 7's cells, every other carried candidate whose mean validation unbiased accuracy on that regime's confirmation cells is above the default's, each against the default, paired by cell, on validation unbiased and worst-group accuracy, with the difference the cells detect. It changes no verdict: it says whether the default trails any of them on cells that can tell."""
 
 FIELDS = ["phase", "regime", "data", "protocol", "strength", "palette", "seed", "candidate", "rule", "epoch",
           "degenerate", "val_unbiased", "val_worst", "test_avg", "test_unbiased", "test_worst", "test_worst_n",
@@ -373,6 +374,7 @@ class Extension:
     rival: str  # the regime's winner on the confirmation
     sd: float  # the two's paired sd of validation unbiased accuracy over the confirmation cells (points)
     cells: int
+    others: tuple[str, ...] = ()  # step 8, report only: carried candidates ahead of the default on the confirmation
 
     def chosen(self) -> list[Cell]:
         return [validation_cell(self.regime, EXTENSION_SEED + i) for i in range(self.cells)]
@@ -389,7 +391,9 @@ def extension_plan(decision: Decision, val_u: Table) -> list[Extension]:
             continue
         sd = paired(differences(val_u[regime], default, winner)).sd
         wanted = seeds_needed(sd, margin=MARGIN)
-        plan.append(Extension(regime, default, winner, sd, min(EXTENSION_CAP, wanted or EXTENSION_CAP)))
+        ahead = tuple(n for n in decision.contenders if n not in (default, winner)
+                      and mean_of(val_u[regime], n) > mean_of(val_u[regime], default))
+        plan.append(Extension(regime, default, winner, sd, min(EXTENSION_CAP, wanted or EXTENSION_CAP), ahead))
     return plan
 
 
@@ -449,6 +453,15 @@ def protocol_commit(rev: str) -> str:
         return cells.git("log", "-1", "--format=%h %cs", rev, "--", "benchmarks/default_search.py")
     except Exception:  # noqa: BLE001 (a copy outside the repository: said as unknown)
         return ""
+
+
+def introduced(text: str) -> str:
+    """The commit that first put ``text`` into this file (a protocol step's own commit), or 'unknown'."""
+    try:
+        found = cells.git("log", "--reverse", "--format=%h %cs", "-S", text, "--", "benchmarks/default_search.py")
+    except Exception:  # noqa: BLE001 (a copy outside the repository: said as unknown)
+        return "unknown"
+    return found.splitlines()[0] if found else "unknown"
 
 
 def commits_of(rows: list[dict[str, str]], base: bool) -> str:
@@ -607,7 +620,26 @@ def extension_section(rows: list[dict[str, str]], decision: Decision) -> list[st
         named = ", ".join(still) or ", ".join(r for r in missing if r not in verdicts)
         verdict = (f"**After the extension, no single setting holds every regime: {decision.default} does not hold "
                    f"{named}.**")
-    return lines + ["", verdict, ""] + first_epochs(rows, "extension")
+    return lines + ["", verdict, ""] + report_only(val_u, val_w, plan) + first_epochs(rows, "extension")
+
+
+def report_only(val_u: Table, val_w: Table, plan: list[Extension]) -> list[str]:
+    """Step 8 on the page: the default against each carried candidate that was ahead of it on the confirmation, on
+    step 7's cells (validation numbers; no verdict reads them)."""
+    pairs = [(e, other) for e in plan for other in e.others if val_u.get(e.regime, {}).get(other)]
+    if not pairs:
+        return []
+    lines = ["Step 8 (report only): the default against the other carried candidates ahead of it on the confirmation, "
+             "on the same fresh cells; Δ: the default minus the candidate, paired by cell.", "",
+             "| regime | candidate | cells | candidate val unbiased | Δ unbiased | detectable | Δ worst-group | "
+             "detectable worst-group |", "|---|---|---|---|---|---|---|---|"]
+    for extension, other in pairs:
+        per_u, per_w = val_u[extension.regime], val_w.get(extension.regime, {})
+        du = paired(differences(per_u, extension.default, other))
+        dw = paired(differences(per_w, extension.default, other))
+        lines.append(f"| {extension.regime} | {other} | {du.n} | {fmt_mean(list(per_u[other].values()))} | {fmt(du)} | "
+                     f"{detectable(du)} | {fmt(dw)} | {detectable(dw)} |")
+    return lines + [""]
 
 
 def first_epochs(rows: list[dict[str, str]], phase: str) -> list[str]:
@@ -727,7 +759,9 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
              f"was last written by `{command}` on {dt.date.today().isoformat()}",
              f"- Protocol: benchmarks/default_search.py at commit {commit or 'unknown'} (below, as the script "
              "states it)" + (f"; step 7 at commit {extension_commit}, the commit its runs were made at"
-                             if extension_commit else ""),
+                             if extension_commit else "")
+             + (f"; step 8 at commit {introduced('REPORT_PROTOCOL = ')}, before its runs" if len(
+                 {row["candidate"] for row in rows if row["phase"] == "extension"}) > 2 else ""),
              f"- Rows made with: {cells.made_with(rows)}",
              "- Data: the bundled digits as `dvc repro` runs them (1,078 training images, CMNIST* p_corr 0.9); mnist10k "
              "(10k real digits) split class by class into two disjoint halves of 5,000 images (benchmarks/cells.py, "
@@ -737,7 +771,7 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
     if stale:
         lines += [f"- {stale} row(s) of the CSV were made from other data, code, threads or params and are not shown "
                   "(kept in the CSV until the run that replaces them).", ""]
-    lines += ["## Protocol", "", PROTOCOL, EXTENSION_PROTOCOL, "", "## Candidates", "", "| schedule | settings |",
+    lines += ["## Protocol", "", PROTOCOL, EXTENSION_PROTOCOL, REPORT_PROTOCOL, "", "## Candidates", "", "| schedule | settings |",
               "|---|---|"]
     for name, sets in SCHEDULES.items():
         lines.append(f"| {name} | " + ", ".join(f"{k.removeprefix('stage2.')} {v}" for k, v in sets.items()) + " |")
@@ -888,7 +922,7 @@ def run_search(args: argparse.Namespace, rev: str, csv_path: Path, md_path: Path
         val_u, val_w, cpu = validation_only(earlier, "confirm")
         decision = decide(val_u, val_w, cpu, names)
         for extension in extension_plan(decision, val_u):
-            run_phase("extension", extension.chosen(), [extension.default, extension.rival])
+            run_phase("extension", extension.chosen(), [extension.default, extension.rival, *extension.others])
 
     if args.phase == "extension":
         names = carried(stored, all_candidates)
