@@ -486,3 +486,25 @@ def test_the_extension_counts_first_epochs_kept_and_what_the_last_epoch_did() ->
     text = "\n".join(search.first_epochs(rows, "extension"))
     assert f"| bmnist | {plan.default} | 2 of 4 | -1.8 [" in text  # -3, -4, 0, 0 points: mean -1.75
     assert f"| bmnist | {plan.rival} | 0 of 4 | +0.0" in text
+
+
+def test_step_8_reports_the_candidates_ahead_of_the_default_on_the_same_cells_without_a_verdict() -> None:
+    rows, names = extension_case(0.925, 0.93)
+    ahead, behind = "cnc-q3m16-cluster-replace-e0", "cnc-q3-cluster-shrink-e0"
+    chosen = search.confirm_cells({r: 12 for r in search.REGIMES})
+    means = {ahead: {"digits": 0.85, "cmnist": 0.85, "bmnist": 0.928}, behind: {"digits": 0.85, "cmnist": 0.85,
+                                                                              "bmnist": 0.90}}
+    rows += fake_rows({n: [m[search.regime_of(c)] + 0.001 * NOISE[i % 12] for i, c in enumerate(chosen)]
+                       for n, m in means.items()}, "confirm", chosen, {ahead: 50.0, behind: 50.0})
+    val_u, val_w, cpu = search.validation_only(rows, "confirm")
+    decision = search.decide(val_u, val_w, cpu, names + [ahead, behind])
+    (plan,) = search.extension_plan(decision, val_u)
+    assert plan.others == (ahead,) and plan.rival == names[1]  # ahead of the default there; not the one behind
+    base = [0.90 + 0.01 * NOISE[i % len(NOISE)] for i in range(plan.cells)]
+    fresh = extension_rows(plan, [v + 0.001 for v in base], base)
+    fresh += fake_rows({ahead: [v + 0.02 + 0.01 * NOISE[(i + 3) % len(NOISE)] for i, v in enumerate(base)]},
+                       "extension", plan.chosen(), {ahead: 1.0})
+    u, w, _ = search.validation_only(fresh, "extension")
+    text = "\n".join(search.report_only(u, w, [plan]))
+    assert f"| bmnist | {ahead} | {plan.cells} | " in text and "| -1.9 [" in text  # the default 1.9 points behind
+    assert search.decide_extension(u, w, plan).holds == "winner"  # step 8 changes no verdict
