@@ -435,6 +435,11 @@ def fmt_mean(values: list[float]) -> str:
     return cells.fmt_interval(cells.interval(values))
 
 
+def p_shown(p_value: float) -> str:
+    """A p-value in three decimals, "< 0.001" below 0.0005, "—" when there is none."""
+    return "—" if math.isnan(p_value) else "< 0.001" if p_value < 0.0005 else f"{p_value:.3f}"
+
+
 def detectable(found: Paired) -> str:
     value = detectable_difference(found.sd, found.n)
     return "–" if math.isnan(value) else f"{value:.1f}"
@@ -602,7 +607,7 @@ def extension_section(rows: list[dict[str, str]], decision: Decision) -> list[st
     for extension in plan:
         verdict = verdicts[extension.regime] = decide_extension(val_u, val_w, extension)
         per_u = val_u.get(extension.regime, {})
-        p_value = "—" if math.isnan(verdict.p_equivalent) else f"{verdict.p_equivalent:.3f}"
+        p_value = p_shown(verdict.p_equivalent)
         lines.append(f"| {extension.regime} | {extension.default} | {extension.rival} | {extension.sd:.2f} | "
                      f"{extension.cells} | {verdict.unbiased.n} | "
                      f"{fmt_mean(list(per_u.get(extension.default, {}).values()))} | "
@@ -631,14 +636,16 @@ def report_only(val_u: Table, val_w: Table, plan: list[Extension]) -> list[str]:
         return []
     lines = ["Step 8 (report only): the default against the other carried candidates ahead of it on the confirmation, "
              "on the same fresh cells; Δ: the default minus the candidate, paired by cell.", "",
-             "| regime | candidate | cells | candidate val unbiased | Δ unbiased | detectable | Δ worst-group | "
-             "detectable worst-group |", "|---|---|---|---|---|---|---|---|"]
+             "| regime | candidate | cells | candidate val unbiased | Δ unbiased | detectable | TOST p (±1) | "
+             "Δ worst-group | detectable worst-group |", "|---|---|---|---|---|---|---|---|---|"]
     for extension, other in pairs:
         per_u, per_w = val_u[extension.regime], val_w.get(extension.regime, {})
         du = paired(differences(per_u, extension.default, other))
         dw = paired(differences(per_w, extension.default, other))
+        p_value = tost(differences(per_u, extension.default, other), MARGIN)
         lines.append(f"| {extension.regime} | {other} | {du.n} | {fmt_mean(list(per_u[other].values()))} | {fmt(du)} | "
-                     f"{detectable(du)} | {fmt(dw)} | {detectable(dw)} |")
+                     f"{detectable(du)} | {p_shown(p_value)} | {fmt(dw)} | "
+                     f"{detectable(dw)} |")
     return lines + [""]
 
 
