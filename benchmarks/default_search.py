@@ -22,16 +22,18 @@ The protocol (:data:`PROTOCOL`, printed at the top of the results file with the 
 5. **Report** the carried candidates on held-out cells: the other half of mnist10k (disjoint images, palettes the
    choice never saw, Biased-MNIST at 0.98 too) and other seeds of the bundled digits, test numbers per regime with
    intervals clustered by cell (one paired difference per cell).
-6. **Extend** (:data:`EXTENSION_PROTOCOL`, written after steps 1-5 ran and before its own runs): where the default is
-   neither a regime's winner nor shown equivalent to it, and shown worse than no one, the two meet again on fresh
-   validation cells sized for the equivalence test (:func:`extension_plan`, :func:`decide_extension`).
+6. **Extend** (step 7 of the printed protocol, :data:`EXTENSION_PROTOCOL`, written after the steps above ran and
+   before its own runs): where the default is neither a regime's winner nor shown equivalent to it, and shown worse
+   than no one, the two meet again on fresh validation cells sized for the equivalence test (:func:`extension_plan`,
+   :func:`decide_extension`); step 8 (:data:`REPORT_PROTOCOL`, report only) runs the other carried candidates that
+   were ahead of the default there on the same cells (:func:`report_only`).
 
     python benchmarks/default_search.py --npz PATH/mnist10k.npz --workdir SCRATCH --jobs 2
 
 Every run is keyed by its data file, the code and params.yaml at ``--rev``, the torch threads and the run's params;
 rows of ``OUT.csv`` under another key are not reused (counted as stale). Each row records the threads, runs at once,
 commit and data it was made with, and the header is read from the rows. ``--collect-only`` rewrites ``OUT.md`` from
-the CSV; ``--phase screen`` / ``confirm`` stops after that phase; ``--phase extension`` runs step 7 alone on the
+the CSV; ``--phase screen`` / ``confirm`` stops after that phase; ``--phase extension`` runs steps 7 and 8 alone on the
 confirmation rows the CSV holds (made at their own commit), leaving every other row as it is.
 """
 
@@ -470,7 +472,7 @@ def introduced(text: str) -> str:
 
 
 def commits_of(rows: list[dict[str, str]], base: bool) -> str:
-    """The protocol commit(s) the rows of steps 1-6 (``base``) or of step 7 were made under, one per code commit."""
+    """The protocol commit(s) the rows of steps 1-6 (``base``) or of steps 7-8 were made under, one per code commit."""
     revs = sorted({row["rev"] for row in rows if (row["phase"] != "extension") == base})
     return " / ".join(protocol_commit(rev) or rev for rev in revs)
 
@@ -760,6 +762,10 @@ def per_cell_table(rows: list[dict[str, str]], names: list[str]) -> list[str]:
 def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], command: str,
              stale: int = 0, commit: str = "", extension_commit: str = "") -> str:
     names = carried(rows, all_candidates)
+    section, decision = decision_section(rows, names)
+    ran = {row["candidate"] for row in rows if row["phase"] == "extension"}
+    step_8 = decision is not None and bool(decision.default) and any(
+        ran & set(e.others) for e in extension_plan(decision, validation_only(rows, "confirm")[0]))
     lines = ["# The default stage 2: a rule written before the runs, decided on validation per regime, reported on "
              "held-out images", "",
              f"- Command (SCRATCH: any empty folder; mnist10k.npz from the datasets folder): `{FULL_COMMAND}`; this file "
@@ -767,8 +773,7 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
              f"- Protocol: benchmarks/default_search.py at commit {commit or 'unknown'} (below, as the script "
              "states it)" + (f"; step 7 at commit {extension_commit}, the commit its runs were made at"
                              if extension_commit else "")
-             + (f"; step 8 at commit {introduced('REPORT_PROTOCOL = ')}, before its runs" if len(
-                 {row["candidate"] for row in rows if row["phase"] == "extension"}) > 2 else ""),
+             + (f"; step 8 at commit {introduced('REPORT_PROTOCOL = ')}, before its runs" if step_8 else ""),
              f"- Rows made with: {cells.made_with(rows)}",
              "- Data: the bundled digits as `dvc repro` runs them (1,078 training images, CMNIST* p_corr 0.9); mnist10k "
              "(10k real digits) split class by class into two disjoint halves of 5,000 images (benchmarks/cells.py, "
@@ -778,8 +783,8 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
     if stale:
         lines += [f"- {stale} row(s) of the CSV were made from other data, code, threads or params and are not shown "
                   "(kept in the CSV until the run that replaces them).", ""]
-    lines += ["## Protocol", "", PROTOCOL, EXTENSION_PROTOCOL, REPORT_PROTOCOL, "", "## Candidates", "", "| schedule | settings |",
-              "|---|---|"]
+    lines += ["## Protocol", "", PROTOCOL, EXTENSION_PROTOCOL, REPORT_PROTOCOL, "", "## Candidates", "",
+              "| schedule | settings |", "|---|---|"]
     for name, sets in SCHEDULES.items():
         lines.append(f"| {name} | " + ", ".join(f"{k.removeprefix('stage2.')} {v}" for k, v in sets.items()) + " |")
     lines += ["", "Common to CNC: " + ", ".join(f"{k.removeprefix('stage2.')} {v}" for k, v in CNC_COMMON.items()
@@ -789,11 +794,9 @@ def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], c
     if any(row["phase"] == "screen" for row in rows):
         lines += screen_section(rows, all_candidates, names)
         lines += sizing_section(sizes(rows, names))
-    section, decision = decision_section(rows, names)
     lines += section
     if decision is not None and decision.default:
         lines += extension_section(rows, decision)
-    if decision is not None and decision.default:
         lines += heldout_section(rows, names, decision.default)
         if any(row["phase"] == "heldout" for row in rows):
             lines += rules_compared(rows, names) + per_cell_table(rows, names)
@@ -811,7 +814,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs at once")
     parser.add_argument("--rev", default="HEAD", help="the commit every cell is cloned at")
     parser.add_argument("--phase", choices=("screen", "confirm", "extension", "all"), default="all",
-                        help="stop after screen or confirm; extension: run step 7 alone on the CSV's confirmation")
+                        help="stop after screen or confirm; extension: run steps 7 and 8 alone on the CSV's confirmation")
     parser.add_argument("--out", type=Path, default=HERE / "results/default_search")
     parser.add_argument("--collect-only", action="store_true", help="rewrite OUT.md from OUT.csv")
     args = parser.parse_args(argv)

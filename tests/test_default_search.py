@@ -470,6 +470,7 @@ def test_the_page_shows_the_extension_and_its_verdict() -> None:
     rival = [0.93 + 0.01 * NOISE[i % len(NOISE)] for i in range(plan.cells)]
     text = search.markdown(base + extension_rows(plan, [v + 0.001 for v in rival], rival), every, "cmd")
     assert f"**After the extension, {plan.default} holds every regime.**" in text
+    assert "step 8 at commit" not in text  # no candidate was ahead of the default: step 8 ran nothing
     text = search.markdown(base + extension_rows(plan, [v - 0.05 for v in rival], rival), every, "cmd")
     assert f"no single setting holds every regime: {plan.default} does not hold bmnist" in text
 
