@@ -702,3 +702,26 @@ def test_a_forked_stage_trains_on_the_cuda_device_as_a_plain_one(server, tmp_pat
     assert outcomes["1"].stage != outcomes["1"].launcher  # forked
     assert outcomes["0"].code == 0 and json.loads(outcomes["0"].stdout)["device"] == "cuda:0"
     assert outcomes["1"].same_as(outcomes["0"]), (outcomes["1"], outcomes["0"])
+
+
+def test_stages_of_two_debias_trees_share_a_server_and_each_imports_its_own_tree(tmp_path: Path) -> None:
+    """A queued experiment's copy of the tree puts its own ``src`` on PYTHONPATH: the same server as another
+    tree's (only debias is re-imported per stage), and the forked stage's ``sys.path`` holds its own ``src`` where the
+    server's held the first tree's; any other PYTHONPATH folder is another server."""
+    trees = []
+    for name in ("a", "b"):
+        (tmp_path / name / "src" / "debias").mkdir(parents=True)
+        (tmp_path / name / "src" / "debias.egg-info").mkdir()
+        trees.append(str(tmp_path / name / "src"))
+    other = tmp_path / "other"
+    (other / "debias").mkdir(parents=True)
+    (other / "numpy").mkdir()  # a folder that shadows a library the server imported: never shared
+    base = {"HOME": "/home/a"}
+    assert protocol.is_tree_src(trees[0]) and not protocol.is_tree_src(str(other))
+    key = forkserver.identity({**base, "PYTHONPATH": trees[0]}, [])
+    assert forkserver.identity({**base, "PYTHONPATH": trees[1]}, []) == key
+    assert forkserver.identity({**base, "PYTHONPATH": str(other)}, []) != key
+    assert forkserver.identity({**base, "PYTHONPATH": os.pathsep.join([trees[1], str(other)])}, []) != key
+    server_path = ["/usr/lib/python", trees[0], "/site-packages"]
+    assert protocol.stage_path(server_path, trees[0], trees[1]) == ["/usr/lib/python", trees[1], "/site-packages"]
+    assert protocol.stage_path(server_path, "", "") == server_path

@@ -4,9 +4,11 @@ tests/test_cluster.py."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -570,3 +572,146 @@ def test_the_sweeps_line_names_its_phase_counts_runs_and_eta(tmp_path: Path) -> 
     line = shown.line()
     assert line.startswith("[sweep] shared upstream 1/3 done; running upstream-1: train_erm epoch 3/5 (ETA 2"), line
     assert "upstream-2: starting; 1 min 10 s since the start, ETA of the shared upstream 1 min 00 s" in line
+
+
+def test_a_sweep_s_plan_is_checked_against_its_commit_s_params_not_the_workspace_s(repo: Path) -> None:
+    """After README's "Your own data" step params.yaml holds that run's `-S` values: a sweep's new seeds are planned
+    on the params committed at the sweep's commit, never on them."""
+    commit = workspace.run(["git", "rev-parse", "HEAD"], repo).strip()
+    committed = workspace.committed_params(repo, commit)
+    changed = yaml.safe_load((repo / "params.yaml").read_text())
+    changed["data"]["source"] = "imagefolder"  # data.imagefolder.root left empty: invalid on its own
+    (repo / "params.yaml").write_text(yaml.safe_dump(changed, sort_keys=False))
+    assert workspace.committed_params(repo, commit)["data"]["source"] == committed["data"]["source"] != "imagefolder"
+    jobs = grid.grid("g", {"loss.epsilon": [0.1, 0.25]}, [3])
+    merged = grid.check_grid(repo, jobs, "infer_groups", committed)
+    assert all(params["data"]["source"] == committed["data"]["source"] for params in merged)
+    with pytest.raises(grid.SweepError, match="imagefolder"):
+        grid.check_grid(repo, jobs, "infer_groups")  # the workspace's own base: what a new sweep would refuse
+
+
+def test_resume_refuses_a_changed_params_yaml_naming_the_undo_and_leaves_the_plan_as_it_was(
+        repo: Path, capsys) -> None:
+    commit = workspace.run(["git", "rev-parse", "HEAD"], repo).strip()
+    jobs = grid.grid("r", {"loss.epsilon": [0.1, 0.25]}, [0])
+    state = {"name": "r", "launcher": "local", "commit": commit, "upstream_stage": None, "phase1": [],
+             "jobs": [{"name": j.name, "overrides": j.overrides, "targets": j.targets} for j in jobs],
+             "options": {"jobs": 1, "threads": 1, "cpus_per_task": 1, "tracking_uri": None, "mlflow_experiment": None}}
+    path = workspace.save_state(repo, state)
+    before = path.read_text()
+    (repo / "params.yaml").write_text((repo / "params.yaml").read_text().replace("source: ", "source:  ", 1))
+    assert cli(["sweep", "--repo", str(repo), "--name", "r", "--resume", "--seeds", "0-3"]) == 2
+    err = capsys.readouterr().err
+    assert "before resuming sweep 'r'" in err and "params.yaml" in err and "git checkout params.yaml" in err, err
+    assert path.read_text() == before  # no seed added, nothing queued
+
+
+def test_two_sweep_commands_on_one_sweep_are_one_at_a_time(repo: Path) -> None:
+    """A second ``debias sweep`` on a sweep another one is launching or resuming is refused, naming it (both would
+    rewrite its plan: one's new seeds vanished); the lock goes with its holder."""
+    with workspace.sweep_lock(repo, "s"):
+        with pytest.raises(grid.SweepError, match=rf"being launched or resumed by `debias sweep` pid {os.getpid()}"):
+            with workspace.sweep_lock(repo, "s"):
+                pass
+        with workspace.sweep_lock(repo, "other"):  # another sweep is not held
+            pass
+        held = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
+                               "from debias.tools.sweep.workspace import sweep_lock; "
+                               "sweep_lock(Path(sys.argv[1]), 's').__enter__()", str(repo)],
+                              capture_output=True, text=True, timeout=60)
+        assert held.returncode == 1 and "being launched or resumed" in held.stderr  # another process too
+    with workspace.sweep_lock(repo, "s"):  # released
+        pass
+
+
+def _e2e_env(repo: Path) -> dict[str, str]:
+    """A user's shell in ``repo`` without tracking; PYTHONPATH the workspace's ``src`` (as a sweep used to give its
+    queue workers): a queued experiment's stages must run their own copy's code even so."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_TRACKING"))}
+    env.update(DEBIAS_TRACKING="off", DEBIAS_THREADS="1", PYTHONPATH=str(repo / "src"), GIT_AUTHOR_NAME="t",
+               GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    return env
+
+
+def _locked_md5(repo: Path, ref: str, stage: str, path: str) -> str:
+    lock = yaml.safe_load(workspace.run(["git", "show", f"{ref}:dvc.lock"], repo))
+    return next(dep["md5"] for dep in lock["stages"][stage]["deps"] if dep["path"] == path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_queued_experiment_runs_the_committed_code_when_the_workspace_s_changes_after_it_was_queued(
+        tmp_path: Path, monkeypatch) -> None:
+    """An edit of src/ saved while a sweep's experiment waits on DVC's queue must not reach it: the experiment's
+    stages run its own copy of the commit, the code its dvc.lock records (here the edit would fail the stage)."""
+    import hashlib
+
+    from tests.test_pipeline import make_clone
+
+    repo = make_clone(tmp_path / "repo")
+    env = _e2e_env(repo)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    job = grid.Job("live-seed1", {"seed": 1}, ["download"])
+    workspace.run(["dvc", "exp", "run", "--queue", "-n", job.name, *grid.set_args(job.overrides), *job.targets], repo,
+                  workspace.task_env(1, None, None))
+    module = repo / "src" / "debias" / "data" / "raw.py"  # imported by `source` and `download`
+    committed = module.read_bytes()
+    module.write_text(module.read_text() + "\nraise RuntimeError('the workspace changed after the queueing ran')\n")
+    failed = local.run_local(repo, [job], 1, workspace.task_env(1, None, None), poll_s=2)
+    assert failed == [], workspace.run(["dvc", "queue", "logs", job.name], repo, check=False)[-3000:]
+    commit = workspace.run(["git", "rev-parse", "HEAD"], repo).strip()
+    assert job.name in workspace.finished_experiments(repo, commit)
+    ref = f"refs/exps/{commit[:2]}/{commit[2:]}/{job.name}"
+    assert _locked_md5(repo, ref, "download", "src/debias/data/raw.py") == hashlib.md5(committed).hexdigest()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_resume_after_your_own_data_queues_nothing_on_that_data_and_reruns_nothing_done(tmp_path: Path) -> None:
+    """README's order: a sweep, then "Your own data" (`dvc exp run -S data.source=imagefolder ...` leaves its values
+    in params.yaml), then `--resume --seeds`: refused, naming params.yaml and `git checkout params.yaml`, with the
+    plan unchanged; after the checkout the new seed runs on the sweep's committed data and no finished experiment
+    is redone."""
+    import sys
+
+    from tests.test_pipeline import make_clone
+
+    repo = make_clone(tmp_path / "repo")
+    env = _e2e_env(repo)
+
+    def command(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run(list(args), cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+        print(f"$ {' '.join(args)}\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def sweep(*args: str) -> subprocess.CompletedProcess:
+        return command(sys.executable, "-m", "debias.tools.cli", "sweep", "--name", "own", *args)
+
+    first = sweep("--seeds", "0", "--targets", "download", "--jobs", "1", "--poll", "2")
+    assert first.returncode == 0, first.stderr
+    commit = workspace.run(["git", "rev-parse", "HEAD"], repo).strip()
+    refs = {name: workspace.run(["git", "rev-parse", f"refs/exps/{commit[:2]}/{commit[2:]}/{name}"], repo).strip()
+            for name in ("own-seed0",)}
+    assert command(sys.executable, "-m", "debias.tools.cli", "example-folder", "data/external/shapes").returncode == 0
+    own = ["-S", "data.source=imagefolder", "-S", "data.imagefolder.root=data/external/shapes",
+           "-S", "data.imagefolder.metadata=metadata.csv", "-S", "data.imagefolder.path_column=img_filename",
+           "-S", "data.imagefolder.label_column=y", "-S", "data.imagefolder.attribute_column=place",
+           "-S", "data.imagefolder.split_column=split"]
+    assert command("dvc", "exp", "run", *own, "download").returncode == 0
+    plan = (repo / "sweeps" / "own" / "sweep.json").read_text()
+    refused = sweep("--resume", "--seeds", "0-1")
+    assert refused.returncode == 2
+    assert "params.yaml" in refused.stderr and "git checkout params.yaml" in refused.stderr, refused.stderr
+    assert (repo / "sweeps" / "own" / "sweep.json").read_text() == plan
+    assert "own-seed1" not in command("dvc", "queue", "status").stdout
+    assert command("git", "checkout", "params.yaml").returncode == 0
+    resumed = sweep("--resume", "--seeds", "0-1", "--poll", "2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "1 new experiments (1 seed(s) x 1 setting(s))" in resumed.stdout
+    for name, sha in refs.items():  # the finished experiments are the same commits: none was redone
+        assert workspace.run(["git", "rev-parse", f"refs/exps/{commit[:2]}/{commit[2:]}/{name}"], repo).strip() == sha
+    params = yaml.safe_load(workspace.run(["git", "show", f"refs/exps/{commit[:2]}/{commit[2:]}/own-seed1:params.yaml"],
+                                          repo))
+    committed = workspace.committed_params(repo, commit)
+    assert params["data"] == committed["data"] and params["seed"] == 1

@@ -85,9 +85,42 @@ def run_torchrun(script: str, args: Sequence[str], nproc: int) -> int:
     return 0
 
 
+def tree_src(cwd: Path, package: Path) -> Path | None:
+    """The ``src`` of the tree a stage runs in (``cwd``: DVC runs every command at the repository's root) when this
+    ``debias`` (``package``) was imported from elsewhere, else None. A queued or ``--temp`` experiment runs in its own
+    copy of the committed tree (``.dvc/tmp/exps/...``) while an editable install points at the workspace, whose code
+    may have changed since: its stages must run the code its dvc.lock records."""
+    src = cwd / "src"
+    if not (src / "debias" / "__init__.py").is_file() or (src / "debias").resolve() == package.resolve():
+        return None
+    return src.resolve()
+
+
+def run_tree_code(argv: Sequence[str]) -> None:
+    """``exec`` this command again with the tree's ``src`` first on ``PYTHONPATH`` (:func:`tree_src`), the same
+    interpreter, options and arguments (same pid, signals and exit code); nothing where this is the tree's code.
+    Exits 2 naming the folder where the tree's code cannot be imported even so (``python -E`` / ``-I``)."""
+    src = tree_src(Path.cwd(), Path(__file__).resolve().parents[1])
+    if src is None:
+        return
+    paths = os.environ.get("PYTHONPATH", "")
+    if paths.split(os.pathsep)[0] == str(src):
+        print(f"[debias.harness.launch] error: debias was imported from {Path(__file__).resolve().parents[1]}, not "
+              f"from this tree's {src}, with {src} first on PYTHONPATH (an interpreter that ignores PYTHONPATH, "
+              "python -E or -I?); run the stage with this tree's code on the path", file=sys.stderr)
+        sys.exit(2)
+    from debias.harness.forkserver import interpreter_options
+
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [paths])])
+    command = [sys.executable, *interpreter_options(list(getattr(sys, "orig_argv", []))), "-m", "debias.harness.launch", *argv]
+    os.execv(command[0], command)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Start ``SCRIPT ARGS`` as one process (exec) or as ``DEBIAS_NPROC`` torchrun workers."""
+    """Start ``SCRIPT ARGS`` as one process (exec) or as ``DEBIAS_NPROC`` torchrun workers, with the code of the
+    tree it runs in (:func:`run_tree_code`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    run_tree_code(argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, file=sys.stderr)
         sys.exit(0 if argv else 2)

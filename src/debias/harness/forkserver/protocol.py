@@ -57,6 +57,34 @@ def _text(path: str) -> str:
         return ""
 
 
+TREE_SRC = "<debias src>"  # a debias source folder in an identity: any tree's, since each stage re-imports debias
+
+
+def is_tree_src(entry: str) -> bool:
+    """Whether a path entry is the ``src`` of a debias tree (``debias`` and build records only): the stages of
+    different trees (the workspace, a queued experiment's copy) share a server, each importing its own tree's code."""
+    try:
+        names = os.listdir(entry or ".")
+    except OSError:
+        return False
+    return "debias" in names and all(n in ("debias", "__pycache__") or n.endswith(".egg-info") for n in names)
+
+
+def tree_neutral(pythonpath: str) -> str:
+    """``PYTHONPATH`` with each debias source folder (:func:`is_tree_src`) as :data:`TREE_SRC`."""
+    return os.pathsep.join(TREE_SRC if is_tree_src(e) else e for e in pythonpath.split(os.pathsep))
+
+
+def stage_path(server_path: list[str], server_pythonpath: str, stage_pythonpath: str) -> list[str]:
+    """The server's ``sys.path`` with each folder of its ``PYTHONPATH`` replaced by the stage's folder in the same
+    place (they differ only in debias source folders, :func:`identity`): a stage imports its own tree's debias."""
+    def entries(value: str) -> list[str]:
+        return [os.path.abspath(e) for e in value.split(os.pathsep) if e]
+
+    mapping = dict(zip(entries(server_pythonpath), entries(stage_pythonpath)))
+    return [mapping.get(entry, entry) for entry in server_path]
+
+
 def identity(environ: dict[str, str], options: list[str]) -> str:
     """A hash of everything an import may have read: the key of the server that may run this process's stages."""
     paths = []
@@ -64,7 +92,7 @@ def identity(environ: dict[str, str], options: list[str]) -> str:
         # are installed into: an install changes their listing
         installed = os.path.basename(entry) in ("site-packages", "dist-packages")
         try:
-            paths.append((entry, os.stat(entry).st_mtime_ns if installed else None))
+            paths.append((TREE_SRC if is_tree_src(entry) else entry, os.stat(entry).st_mtime_ns if installed else None))
         except OSError:
             paths.append((entry, None))
     try:
@@ -73,7 +101,8 @@ def identity(environ: dict[str, str], options: list[str]) -> str:
         namespace = ""
     state = {
         "executable": sys.executable, "version": sys.version, "options": options, "flags": repr(sys.flags),
-        "environment": sorted((k, v) for k, v in environ.items() if read_at_import(k)),
+        "environment": sorted((k, tree_neutral(v) if k == "PYTHONPATH" else v) for k, v in environ.items()
+                              if read_at_import(k)),
         "paths": paths, "cgroup": _text("/proc/self/cgroup"), "namespace": namespace, "nice": os.nice(0),
         "uid": os.getuid(), "code": [_text(str(path)) for path in sorted(Path(__file__).parent.glob("*.py"))],
         # the interpreter hooks site ran at start-up (the server ran them once; an edited one needs a new server)

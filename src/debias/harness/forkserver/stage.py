@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from debias.harness.forkserver.protocol import LAUNCHER_VARIABLE
+from debias.harness.forkserver.protocol import LAUNCHER_VARIABLE, stage_path
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PR_SET_NAME = 15
@@ -102,6 +102,7 @@ def adopt(state: dict, fds: list[int]) -> None:
     for fd in fds:
         if fd > 2:
             os.close(fd)
+    server_pythonpath = os.environ.get("PYTHONPATH", "")
     os.environ.clear()
     os.environ.update(state["environ"])
     os.environ[LAUNCHER_VARIABLE] = str(int(state["pid"]))
@@ -123,6 +124,7 @@ def adopt(state: dict, fds: list[int]) -> None:
     sys.argv = [script, *state["args"]]
     sys.orig_argv = list(state["orig_argv"])
     sys.path[0] = os.path.dirname(os.path.abspath(script))
+    sys.path[1:] = stage_path(sys.path[1:], server_pythonpath, os.environ.get("PYTHONPATH", ""))
     for name in [name for name in sys.modules if name == "debias" or name.startswith("debias.")]:
         del sys.modules[name]
     importlib.invalidate_caches()

@@ -27,8 +27,8 @@ from debias.tools.sweep.records import experiment_ref, headline_values, is_numbe
 from debias.tools.sweep.slurm import launch_slurm, result_of
 from debias.tools.sweep.status import mark_stopped_attempts, status_text, statuses, wait
 from debias.tools.sweep.watch import SweepWatch
-from debias.tools.sweep.workspace import (CLONES, compute_upstream, dirty_files, load_state, run, save_state, sweep_dir, task_env,
-                                    upstream_experiment)
+from debias.tools.sweep.workspace import (CLONES, committed_params, compute_upstream, load_state, refuse_dirty, run,
+                                          save_state, sweep_dir, sweep_lock, task_env, upstream_experiment)
 
 LAUNCHERS = ("local", "slurm")
 
@@ -58,11 +58,17 @@ def launch(root: Path, args: argparse.Namespace, watch: SweepWatch) -> int:
         if not args.dvc_remote:
             raise SweepError("--launcher slurm needs --dvc-remote PATH (a folder every node sees): the tasks share "
                              "DVC's run-cache and push their experiments' outputs there")
-    dirty = dirty_files(root)
-    if dirty:
-        undo = (" (params.yaml holds a `dvc exp run -S`'s values: `git checkout params.yaml` restores the committed "
-                "ones)" if "params.yaml" in dirty else "")
-        raise SweepError("commit these first (the experiments run the committed tree): " + ", ".join(dirty[:20]) + undo)
+    refuse_dirty(root, "a sweep")
+    with sweep_lock(root, name):
+        if (here / "sweep.json").exists():  # launched meanwhile by another `debias sweep`
+            raise SweepError(f"sweep {name!r} exists ({here / 'sweep.json'}): `debias sweep --name {name} --resume`")
+        return start(root, args, name, jobs, upstream, merged, watch)
+
+
+def start(root: Path, args: argparse.Namespace, name: str, jobs: list[Job], upstream: str | None,
+          merged: list[dict[str, Any]], watch: SweepWatch) -> int:
+    """Save a validated sweep's plan at HEAD and run it (:func:`execute`); the caller holds its lock."""
+    here = sweep_dir(root, name)
     commit = run(["git", "rev-parse", "HEAD"], root).strip()
     options = {k: getattr(args, k) for k in ("jobs", "partition", "time", "gpus", "cpus_per_task",
                                                  "array_parallelism", "mem_gb", "threads")}
@@ -129,8 +135,7 @@ def execute(root: Path, state: dict[str, Any], todo: list[Job], args: argparse.N
     say = watch.say
     options = state["options"]
     threads = options["threads"] or options["cpus_per_task"] or 1
-    local = state["launcher"] == "local"  # queued experiments run this tree's code; SLURM tasks their clone's
-    env = task_env(threads, options["tracking_uri"], options["mlflow_experiment"], root / "src" if local else None)
+    env = task_env(threads, options["tracking_uri"], options["mlflow_experiment"])
     started = time.time()
     if state["launcher"] == "local":
         shared_upstream(root, state, todo, env, watch, say)
@@ -166,6 +171,7 @@ def resume(root: Path, state: dict[str, Any], args: argparse.Namespace,
         raise SweepError(f"sweep {state['name']!r} ran at commit {state['commit'][:12]}; HEAD is now {head[:12]}: "
                          f"its experiments done there are not this commit's. `git checkout {state['commit'][:12]}` "
                          "and resume, or launch a new sweep (another --name) at this commit")
+    refuse_dirty(root, f"resuming sweep {state['name']!r}")
     watch = watch or SweepWatch("sweep")
     if args.seeds:
         add_seeds(root, state, parse_seeds(args.seeds), watch)
@@ -184,7 +190,7 @@ def add_seeds(root: Path, state: dict[str, Any], seeds: list[int],
     new = extended_jobs(jobs, seeds)
     if not new:
         return []
-    merged = check_grid(root, jobs + new, state["upstream_stage"])
+    merged = check_grid(root, jobs + new, state["upstream_stage"], committed_params(root, state["commit"]))
     known = {u["key"]: u for u in state["phase1"]}
     for entry in upstream_runs(root, jobs + new, merged, state["upstream_stage"]):
         if entry["key"] not in known:
@@ -315,10 +321,13 @@ def main(args: argparse.Namespace) -> int:
         with Heartbeat(watch.line) as beat:
             watch.beat = beat
             if args.resume:
-                return resume(root, state, args, watch)
+                with sweep_lock(root, args.name):
+                    return resume(root, load_state(root, args.name), args, watch)  # the plan as the lock found it
             code = launch(root, args, watch)
             if code == 0 and args.until_decided is not None:
-                return until_decided(root, load_state(root, plan_from_args(args, root)[0]), args, watch)
+                name = plan_from_args(args, root)[0]
+                with sweep_lock(root, name):
+                    return until_decided(root, load_state(root, name), args, watch)
             return code
     except (SweepError, ParamsError, DebiasError, RuntimeError) as exc:
         print(f"debias sweep: {exc}", file=sys.stderr)

@@ -253,10 +253,11 @@ def upstream_key(params: dict[str, Any], prefixes: list[str]) -> str:
     return json.dumps(chosen, sort_keys=True, default=str)
 
 
-def check_grid(root: Path, jobs: list[Job], upstream: str | None = None) -> list[dict[str, Any]]:
-    """Every job's params (params.yaml with its overrides) checked against the schema and its targets against
-    dvc.yaml, all before any launch; returns the merged params of each job. Raises :class:`SweepError` listing
-    every problem."""
+def check_grid(root: Path, jobs: list[Job], upstream: str | None = None,
+               base: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every job's params (``base``, default params.yaml, with its overrides) checked against the schema and its
+    targets against dvc.yaml, all before any launch; returns the merged params of each job. Raises
+    :class:`SweepError` listing every problem."""
     from debias.params import ParamsError, read_yaml
     from debias.schema import validate
 
@@ -277,7 +278,7 @@ def check_grid(root: Path, jobs: list[Job], upstream: str | None = None) -> list
     for stage in [*(t for job in jobs for t in job.targets), *([upstream] if upstream else [])]:
         if stage not in graph:
             problems.append(f"stage {stage!r} is not in dvc.yaml; stages: {', '.join(graph)}")
-    base = read_yaml(root / "params.yaml") or {}
+    base = (read_yaml(root / "params.yaml") or {}) if base is None else base
     merged = []
     for job in jobs:
         params = nested(base, job.overrides)

@@ -3,12 +3,14 @@ clones at the sweep's commit, and phase 1 (shared upstream stages computed once)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from debias.tools.sweep.grid import SweepError, check_name, set_args
@@ -71,13 +73,12 @@ def push_run_cache_outputs() -> None:
         raise SystemExit(f"pushing {len(failed)} run-cache output(s) to the DVC remote failed")
 
 
-def task_env(threads: int, tracking_uri: str | None, experiment: str | None, src: Path | None = None) -> dict[str, str]:
-    """The environment of every stage a sweep runs: machine settings only (never params), the tracking server,
-    and ``PYTHONPATH`` with ``src`` first so the stages run the commit being swept."""
+def task_env(threads: int, tracking_uri: str | None, experiment: str | None) -> dict[str, str]:
+    """The environment of every stage a sweep runs: machine settings only (never params) and the tracking server.
+    Each stage runs its own tree's code: a queued experiment's copy of the commit (the stage launcher puts that
+    tree's ``src`` first, :func:`debias.harness.launch.run_tree_code`), a clone's (:func:`with_src`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_TRACKING", "SLURM_JOB",
                                                                      "SLURM_ARRAY", "SLURM_TASK", "SLURM_STEP"))}
-    if src is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [env.get("PYTHONPATH")])])
     env.update(DEBIAS_THREADS=str(threads), DEBIAS_TRACKING=env.get("DEBIAS_TRACKING", "required"),
                MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true", OMP_WAIT_POLICY="PASSIVE",
                DEBIAS_DEVICE=env.get("DEBIAS_DEVICE", "cpu"),
@@ -91,6 +92,47 @@ def task_env(threads: int, tracking_uri: str | None, experiment: str | None, src
     if experiment:
         env["MLFLOW_EXPERIMENT_NAME"] = experiment
     return env
+
+
+def committed_params(root: Path, commit: str) -> dict[str, Any]:
+    """params.yaml as committed at ``commit``: a sweep's base, never the workspace's (which a ``dvc exp run -S``
+    leaves changed), parsed as DVC parses it (YAML 1.2)."""
+    from ruamel.yaml import YAML
+
+    return YAML(typ="safe", pure=True).load(run(["git", "show", f"{commit}:params.yaml"], root)) or {}
+
+
+def refuse_dirty(root: Path, doing: str) -> None:
+    """A SweepError naming the tracked inputs with uncommitted changes (:func:`dirty_files`) and how to undo them:
+    queued experiments snapshot the workspace, so they would run them while the sweep's records say its commit."""
+    dirty = dirty_files(root)
+    if dirty:
+        undo = (" (params.yaml holds a `dvc exp run -S`'s values: `git checkout params.yaml` restores the committed "
+                "ones)" if "params.yaml" in dirty else "")
+        raise SweepError(f"commit or undo these before {doing} (the experiments run the committed tree): "
+                         + ", ".join(dirty[:20]) + undo)
+
+
+@contextlib.contextmanager
+def sweep_lock(root: Path, name: str) -> Iterator[None]:
+    """Hold ``sweeps/<name>/.lock`` (an exclusive ``flock``) while a sweep is launched or resumed: a second ``debias
+    sweep`` on it is refused, naming the first, instead of both rewriting its plan. The lock goes with the process."""
+    import fcntl
+
+    path = sweep_dir(root, name) / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise SweepError(f"sweep {name!r} is being launched or resumed by {holder}; wait for it to end (`debias "
+                             f"sweep --name {name} --status` shows where it is), then resume") from None
+        handle.truncate(0)
+        handle.write(f"`debias sweep` pid {os.getpid()}\n")
+        handle.flush()
+        yield
 
 
 def sweep_dir(root: Path, name: str) -> Path:
