@@ -715,3 +715,116 @@ def test_resume_after_your_own_data_queues_nothing_on_that_data_and_reruns_nothi
                                           repo))
     committed = workspace.committed_params(repo, commit)
     assert params["data"] == committed["data"] and params["seed"] == 1
+
+
+def _resume_args(**given) -> "argparse.Namespace":
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    commands = parser.add_subparsers()
+    from debias.tools.sweep import command
+
+    command.add_parser(commands)
+    args = parser.parse_args(["sweep", "--name", "r", "--resume"])
+    for key, value in given.items():
+        setattr(args, key, value)
+    return args
+
+
+def test_resume_refuses_what_would_change_the_plan_and_takes_new_workers() -> None:
+    """`--resume` once ignored -S, --jobs and --threads without a word: what shapes the experiments is refused
+    (naming the option and what works); --jobs, which changes no result, is taken."""
+    from debias.tools.sweep import command
+
+    state = {"name": "r", "options": {"jobs": 2, "threads": 1, "cpus_per_task": 1}}
+    for given, named in (({"set": ["loss.epsilon=0.5"]}, "-S"), ({"targets": ["train_erm"]}, "--targets"),
+                         ({"upstream": "infer_groups"}, "--upstream"), ({"file": "g.yaml"}, "--file")):
+        with pytest.raises(grid.SweepError, match=f"{named} would change its experiments.*launch a new sweep"):
+            command.resume_options(state, _resume_args(**given))
+    with pytest.raises(grid.SweepError, match="--threads 4: sweep 'r' runs with --threads 1.*resume without --threads"):
+        command.resume_options(state, _resume_args(threads=4))
+    command.resume_options(state, _resume_args(threads=1))  # the plan's own count
+    command.resume_options(state, _resume_args())
+    assert state["options"]["jobs"] == 2  # not given: the plan's
+    command.resume_options(state, _resume_args(jobs=1))
+    assert state["options"]["jobs"] == 1
+
+
+def test_an_interrupted_sequential_plan_goes_on_with_the_options_it_says_to_repeat(repo: Path, monkeypatch) -> None:
+    """After a look's experiments failed, the sweep says to resume `with the same options`: the seeds its plan
+    added since (6 where it started with 3) must not change the plan those options give."""
+    from debias.tools.sweep import command
+
+    commit = workspace.run(["git", "rev-parse", "HEAD"], repo).strip()
+    jobs = grid.grid("q", {"loss.epsilon": [0.0, 0.25]}, list(range(6)))
+    state = {"name": "q", "launcher": "local", "commit": commit, "upstream_stage": None, "phase1": [],
+             "jobs": [{"name": j.name, "overrides": j.overrides, "targets": j.targets} for j in jobs],
+             "options": {"jobs": 1, "threads": 1}, "sequential": {"metric": "s2_unbiased", "margin": 2.0,
+                                                                  "looks": [3, 6, 9], "batch": 3, "alpha": 0.05}}
+    workspace.save_state(repo, state)
+    monkeypatch.setattr(command, "statuses", lambda root, state: {j["name"]: ("failed", "") for j in state["jobs"]})
+    monkeypatch.setattr(command, "rerun_unfinished", lambda root, state, args, watch: 1)  # the look's runs fail again
+    args = _resume_args(until_decided=9, margin=2.0)
+    assert command.until_decided(repo, state, args) == 1  # not refused as "another plan"
+    assert workspace.load_state(repo, "q")["sequential"]["looks"] == [3, 6, 9]
+
+
+def test_ctrl_c_or_sigterm_takes_the_sweeps_experiments_off_dvcs_queue_and_says_so(monkeypatch, tmp_path,
+                                                                                    capsys) -> None:
+    """Killing `debias sweep` left DVC's queue running its experiments unseen: now its queued ones are removed and
+    its running ones killed, by name (another sweep's stay), and it says how to resume."""
+    import os
+    import signal
+
+    from debias.tools.sweep import command
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with command.stopped_by_sigterm():
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert signal.getsignal(signal.SIGTERM) is before  # put back
+    texts = iter([queue_lines(), queue_lines("Running", "Queued")])
+
+    def queue(root):
+        try:
+            return next(texts)
+        except StopIteration:  # the user presses Ctrl-C while the sweep waits
+            raise KeyboardInterrupt from None
+
+    calls = []
+    monkeypatch.setattr(local, "queue_text", queue)
+    monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
+    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
+    monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: calls.append(args) or "0" * 40)
+    stopped = []
+    monkeypatch.setattr(local, "stop_experiments", lambda root, names, say, log="sweep": stopped.append(set(names)))
+    with pytest.raises(KeyboardInterrupt):
+        local.run_local(tmp_path, [grid.Job("e0", {}), grid.Job("e1", {})], 1, {}, poll_s=0)
+    assert stopped == [{"e0", "e1"}]
+    # the stop itself: by name, queued removed, running killed
+    monkeypatch.undo()
+    monkeypatch.setattr(local, "queue_text", lambda root: queue_lines("Running", "Queued", "Queued") + "\n")
+    ran = []
+    monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: ran.append(args) or "")
+    said = []
+    local.stop_experiments(tmp_path, ["e0", "e1"], said.append)
+    assert ["dvc", "queue", "remove", "e1"] in ran and ["dvc", "queue", "kill", "e0"] in ran
+    assert not any("--queued" in args or "e2" in args for args in ran)  # another sweep's e2 stays queued
+    assert "1 running experiment(s) killed, 1 queued one(s) taken off DVC's queue" in said[0]
+
+
+def test_an_earlier_killed_attempt_of_an_experiment_that_finished_is_not_said_to_have_failed(tmp_path, monkeypatch,
+                                                                                             capsys) -> None:
+    """A resumed experiment that finished keeps, in DVC's queue, the entry of its killed attempt (listed Running,
+    its process long gone): the sweep no longer calls it failed."""
+    import time
+
+    _process_record(tmp_path, "aaaaaaa", 4242, -1, age_s=3 * local.ORPHAN_GRACE_S)  # the killed attempt
+    monkeypatch.setattr(local, "queue_text", lambda root: QUEUE_HEADER + "aaaaaaa  e0  01:16 AM  Running\n"
+                        "bbbbbbb  e0  01:20 AM  Success\n")
+    monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
+    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
+    monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
+    assert local.run_local(tmp_path, [grid.Job("e0", {})], 1, {}, poll_s=0, deadline=time.time() + 30) == []
+    out = capsys.readouterr()
+    assert "counted as failed" not in out.out and "FAILED" not in out.err

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
@@ -31,6 +33,10 @@ from debias.tools.sweep.workspace import (CLONES, committed_params, compute_upst
                                           save_state, sweep_dir, sweep_lock, task_env, upstream_experiment)
 
 LAUNCHERS = ("local", "slurm")
+DEFAULT_JOBS = 2  # local: DVC queue workers, one per core of a 2-core machine (quality.py's)
+# What a resumed sweep takes from its plan, never from the command line: (option, attribute, its default).
+PLAN_OPTIONS = (("-S", "set", []), ("--file", "file", None), ("--targets", "targets", None),
+                ("--upstream", "upstream", None))
 
 
 def tracking_default() -> str | None:
@@ -72,6 +78,7 @@ def start(root: Path, args: argparse.Namespace, name: str, jobs: list[Job], upst
     commit = run(["git", "rev-parse", "HEAD"], root).strip()
     options = {k: getattr(args, k) for k in ("jobs", "partition", "time", "gpus", "cpus_per_task",
                                                  "array_parallelism", "mem_gb", "threads")}
+    options["jobs"] = DEFAULT_JOBS if args.jobs is None else args.jobs
     options.update(dvc_remote=str(Path(args.dvc_remote).resolve()) if args.dvc_remote else None,
                    tracking_uri=args.tracking_uri or tracking_default(), mlflow_experiment=args.mlflow_experiment)
     state = {"name": name, "launcher": args.launcher, "commit": commit, "upstream_stage": upstream,
@@ -172,6 +179,7 @@ def resume(root: Path, state: dict[str, Any], args: argparse.Namespace,
                          f"its experiments done there are not this commit's. `git checkout {state['commit'][:12]}` "
                          "and resume, or launch a new sweep (another --name) at this commit")
     refuse_dirty(root, f"resuming sweep {state['name']!r}")
+    resume_options(state, args)
     watch = watch or SweepWatch("sweep")
     if args.seeds:
         add_seeds(root, state, parse_seeds(args.seeds), watch)
@@ -179,6 +187,24 @@ def resume(root: Path, state: dict[str, Any], args: argparse.Namespace,
     if code == 0 and args.until_decided is not None:
         return until_decided(root, state, args, watch)
     return code
+
+
+def resume_options(state: dict[str, Any], args: argparse.Namespace) -> None:
+    """Check a resume's options against the sweep's plan: those that shape its experiments (``-S``, ``--file``,
+    ``--targets``, ``--upstream``, another ``--threads``) are refused, naming the plan's and what works; ``--jobs``
+    (workers, which change no result) replaces the plan's."""
+    given = [flag for flag, name, default in PLAN_OPTIONS if getattr(args, name, default) not in (default, [])]
+    if given:
+        raise SweepError(f"--resume runs sweep {state['name']!r} as planned; {', '.join(given)} would change its "
+                         f"experiments, which the done ones did not run: give --seeds to add seeds, or launch a new "
+                         f"sweep (another --name) with them")
+    options = state["options"]
+    if getattr(args, "threads", None) is not None and args.threads != options.get("threads"):
+        raise SweepError(f"--threads {args.threads}: sweep {state['name']!r} runs with --threads "
+                         f"{options.get('threads') or options.get('cpus_per_task') or 1} (a thread count can change a "
+                         "result's last digits, and its done experiments ran with that): resume without --threads")
+    if getattr(args, "jobs", None) is not None:
+        options["jobs"] = args.jobs
 
 
 def add_seeds(root: Path, state: dict[str, Any], seeds: list[int],
@@ -266,7 +292,8 @@ def until_decided(root: Path, state: dict[str, Any], args: argparse.Namespace,
     names = (setting_label(first, second), setting_label(second, first))
     unit = "points" if metric in PERCENT_KEYS else f"({metric}'s units)"
     have = min(len(jobs) for jobs in members.values())
-    batch = args.batch or have
+    kept = state.get("sequential")  # an interrupted plan goes on with its batch, whatever seeds it added since
+    batch = args.batch or (int(kept["batch"]) if kept and "batch" in kept else have)
     plan = check_plan(state.get("sequential"),
                       Plan(metric, float(args.margin), planned_looks(have, batch, args.until_decided), batch))
     state["sequential"] = {**state.get("sequential", {}), **plan.as_state()}
@@ -318,7 +345,7 @@ def main(args: argparse.Namespace) -> int:
                 print(status_text(state, statuses(root, state)))
                 return 0
         watch = SweepWatch("sweep")  # from here on a line at least every 15 s, whatever runs
-        with Heartbeat(watch.line) as beat:
+        with Heartbeat(watch.line) as beat, stopped_by_sigterm():
             watch.beat = beat
             if args.resume:
                 with sweep_lock(root, args.name):
@@ -332,6 +359,26 @@ def main(args: argparse.Namespace) -> int:
     except (SweepError, ParamsError, DebiasError, RuntimeError) as exc:
         print(f"debias sweep: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        name = args.name or "NAME"
+        print(f"debias sweep: stopped; the experiments done are kept: `debias sweep --name {name} --status` shows "
+              f"them, `debias sweep --name {name} --resume` runs the rest", file=sys.stderr)
+        return 130
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """SIGTERM (``kill``, a scheduler's stop) raises KeyboardInterrupt here as Ctrl-C does, so a killed ``debias
+    sweep`` takes its experiments off DVC's queue and says so (:func:`debias.tools.sweep.local.stop_experiments`)
+    rather than leaving them to run unseen; the previous handler is put back."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 SWEEP_HELP = """\
@@ -377,8 +424,8 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--upstream", metavar="STAGE", help="compute STAGE and its ancestors once per distinct value of "
                    "their params before the experiments (e.g. infer_groups), shared through DVC's run-cache")
     p.add_argument("--launcher", choices=LAUNCHERS, default="local")
-    p.add_argument("--jobs", type=int, default=2, help="local: DVC queue workers (dvc queue start -j; default 2, quality.py's, one per core of a 2-core "
-                   "machine)")
+    p.add_argument("--jobs", type=int, help=f"local: DVC queue workers (dvc queue start -j; default {DEFAULT_JOBS}, "
+                   "quality.py's, one per core of a 2-core machine); with --resume: the workers from now on")
     p.add_argument("--threads", type=int, help="torch CPU threads per experiment (default: --cpus-per-task)")
     p.add_argument("--partition", help="slurm: partition (default: the cluster's default)")
     p.add_argument("--time", type=int, default=60, help="slurm: minutes per task (default 60, ours: SLURM needs a limit; a tiny "

@@ -177,25 +177,63 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
     names = {job.name for job in jobs}
     before = len(names & done)
     watch.phase(f"{len(names) - before} experiments on DVC's queue ({workers} workers)", len(names) - before)
-    for count, job in enumerate(todo, 1):
-        watch.update(doing=f"queueing experiment {count}/{len(todo)} ({job.name}) on DVC's queue")
-        run(["dvc", "exp", "run", "--queue", "-n", job.name, *set_args(job.overrides), *job.targets], root, env)
-        if count % workers == 0:
-            top_up(root, workers, env)
-        if time.time() > deadline:
-            break
+    try:
+        for count, job in enumerate(todo, 1):
+            watch.update(doing=f"queueing experiment {count}/{len(todo)} ({job.name}) on DVC's queue")
+            run(["dvc", "exp", "run", "--queue", "-n", job.name, *set_args(job.overrides), *job.targets], root, env)
+            if count % workers == 0:
+                top_up(root, workers, env)
+            if time.time() > deadline:
+                break
+        finished, statuses = _wait_for_queue(root, names, done, before, workers, env, deadline, poll_s, log, started,
+                                             watch, say)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (debias sweep turns it into this): the queue stops with it
+        stop_experiments(root, names, say, log)
+        raise
+    watch.update(logs={})
+    if len(finished) < len(names):
+        say(f"[{log}] stopping the queue with {len(names) - len(finished)} experiments unfinished")
+        stop_experiments(root, [n for n in names if statuses.get(n) in ("Queued", "Running")], say, log)
+    for name in sorted(n for n in names if statuses.get(n) == "Failed"):
+        print(f"[{log}] experiment {name} FAILED:\n{run(['dvc', 'queue', 'logs', name], root, check=False)[-3000:]}",
+              file=sys.stderr)
+    return sorted(n for n in names if statuses.get(n) != "Success")
+
+
+def stop_experiments(root: Path, names: Collection[str], say: Callable[[str], None], log: str = "sweep") -> None:
+    """Take ``names`` off DVC's queue: the queued ones removed, the running ones killed (``dvc queue remove`` /
+    ``kill`` by name: another sweep's or a user's queued experiments stay); said, with the command that resumes."""
+    text = queue_text(root)
+    statuses = parse_queue_status(text, orphaned(root, text))
+    queued = sorted(n for n in names if statuses.get(n) == "Queued")
+    running = sorted(n for n in names if statuses.get(n) == "Running")
+    if queued:
+        run(["dvc", "queue", "remove", *queued], root, check=False)
+    if running:
+        run(["dvc", "queue", "kill", *running], root, check=False)
+    say(f"[{log}] stopped: {len(running)} running experiment(s) killed, {len(queued)} queued one(s) taken off DVC's "
+        "queue; `debias sweep --resume` with the sweep's --name reruns them")
+
+
+def _wait_for_queue(root: Path, names: set[str], done: set[str], before: int, workers: int, env: dict[str, str],
+                    deadline: float, poll_s: float, log: str, started: float, watch: SweepWatch,
+                    say: Callable[[str], None]) -> tuple[list[str], dict[str, str]]:
+    """Poll DVC's queue until ``names`` finished, nothing of them is left to run, or ``deadline``; the names
+    finished and each one's DVC status (an orphaned entry, :func:`orphaned`, is said once, where nothing else of
+    its name succeeded or runs: an earlier killed attempt of an experiment that finished since is no failure)."""
     top_up(root, workers, env)
     reported, told = -1, set()
     while True:
         text = queue_text(root)
         orphans = orphaned(root, text)
+        statuses = {**parse_queue_status(text, orphans), **{name: "Success" for name in done}}
         for line in text.splitlines():
             words = line.split()
-            if len(words) > 1 and words[0] in orphans and words[0] not in told and words[1] in names:
+            if (len(words) > 1 and words[0] in orphans and words[0] not in told and words[1] in names
+                    and statuses.get(words[1]) == "Failed"):
                 told.add(words[0])
                 say(f"[{log}] {words[1]}: DVC lists it Running, but {orphans[words[0]]} (stopped by `dvc queue "
                     "kill`?): counted as failed; `debias sweep --resume` reruns it")
-        statuses = {**parse_queue_status(text, orphans), **{name: "Success" for name in done}}
         finished = [n for n in names if statuses.get(n) in ("Success", "Failed")]
         running = sum(statuses.get(n) == "Running" for n in names)
         queued = sum(statuses.get(n) == "Queued" for n in names)
@@ -211,15 +249,7 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
             break  # nothing left to run (e.g. experiments not queued before the deadline)
         top_up(root, workers, env, text)  # idle workers exit while queueing is slower than running
         time.sleep(poll_s)
-    watch.update(logs={})
-    if len(finished) < len(names):
-        say(f"[{log}] stopping the queue with {len(names) - len(finished)} experiments unfinished")
-        run(["dvc", "queue", "remove", "--queued"], root, check=False)
-        run(["dvc", "queue", "kill", *[n for n in names if statuses.get(n) == "Running"]], root, check=False)
-    for name in sorted(n for n in names if statuses.get(n) == "Failed"):
-        print(f"[{log}] experiment {name} FAILED:\n{run(['dvc', 'queue', 'logs', name], root, check=False)[-3000:]}",
-              file=sys.stderr)
-    return sorted(n for n in names if statuses.get(n) != "Success")
+    return finished, statuses
 
 
 def local_states(root: Path, state: dict[str, Any]) -> dict[str, tuple[str, str]]:
