@@ -552,7 +552,11 @@ def test_a_runs_stage_epoch_and_eta_are_read_from_its_log() -> None:
     assert watch.parse_progress(log + "Running stage 'linear_probe':\n").text() == "linear_probe"
     assert watch.parse_progress("Stage 'train_erm' is cached - skipping run, checking out outputs\n").text() == "starting"
     assert [watch.seconds(t) for t in ("0.4 s", "12 s", "3 min 41 s", "2 h 05 min")] == [0.4, 12.0, 221.0, 7500.0]
-    assert watch.sweep_eta(100, 2, 6) == 200 and watch.sweep_eta(100, 0, 6) is None and watch.sweep_eta(9, 6, 6) == 0
+    assert watch.sweep_eta([], [10.0], 6, 2) is None and watch.sweep_eta([9.0], [], 0, 2) == 0
+    # 6 runs of 600 s on 2 workers, the first done and the second 10 s from done: 2 rounds of 2 are left
+    assert watch.sweep_eta([600.0], [590.0], 5, 2) == (4 * 600 + 10) / 2
+    assert watch.sweep_eta([600.0], [100.0], 1, 2) == 500  # the last run's rest, not half of it
+    assert watch.sweep_eta([100.0, 300.0], [], 4, 1) == 800  # the mean duration, one at a time
 
 
 def test_the_sweeps_line_names_its_phase_counts_runs_and_eta(tmp_path: Path) -> None:
@@ -563,12 +567,14 @@ def test_the_sweeps_line_names_its_phase_counts_runs_and_eta(tmp_path: Path) -> 
     log = tmp_path / "upstream-1.log"
     log.write_text("Running stage 'train_erm':\n[train_erm] epoch 2 (3/5): loss 1.0 (1.0 s; ETA 20 s)\n")
     shown = SweepWatch("sweep", started=time.time() - 70)
-    shown.phase("shared upstream 0/3 done", 3, "the shared upstream")
+    shown.phase("shared upstream 0/3 done", 3, "the shared upstream", workers=2)
     assert shown.line().startswith("[sweep] shared upstream 0/3 done; 1 min 10 s since the start")
+    shown.started_run("upstream-0", None)
+    shown.run_started["upstream-0"] -= 60
     shown.started_run("upstream-1", log)
     shown.started_run("upstream-2", None)
+    shown.ended_run("upstream-0")  # ran 60 s
     shown.update(counts="shared upstream 1/3 done", done=1)
-    shown.phase_started -= 30
     line = shown.line()
     assert line.startswith("[sweep] shared upstream 1/3 done; running upstream-1: train_erm epoch 3/5 (ETA 2"), line
     assert "upstream-2: starting; 1 min 10 s since the start, ETA of the shared upstream 1 min 00 s" in line

@@ -116,7 +116,7 @@ def shared_upstream(root: Path, state: dict[str, Any], todo: list[Job], env: dic
         Path(spec["log"]).unlink(missing_ok=True)
     say(f"[sweep] computing {len(specs)} shared upstream run(s) of {state['upstream_stage']} "
         f"(step 1 of 2; then {len(todo)} experiments)")
-    watch.phase(f"shared upstream 0/{len(specs)} done", len(specs), "the shared upstream")
+    watch.phase(f"shared upstream 0/{len(specs)} done", len(specs), "the shared upstream", options["jobs"])
 
     def compute(spec: dict[str, Any]) -> str:
         watch.started_run(Path(spec["clone"]).name, Path(spec["log"]))

@@ -176,7 +176,8 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
     started = time.time() if started is None else started
     names = {job.name for job in jobs}
     before = len(names & done)
-    watch.phase(f"{len(names) - before} experiments on DVC's queue ({workers} workers)", len(names) - before)
+    watch.phase(f"{len(names) - before} experiments on DVC's queue ({workers} workers)", len(names) - before,
+                workers=workers)
     try:
         for count, job in enumerate(todo, 1):
             watch.update(doing=f"queueing experiment {count}/{len(todo)} ({job.name}) on DVC's queue")

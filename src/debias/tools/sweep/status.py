@@ -49,7 +49,8 @@ def wait(root: Path, state: dict[str, Any], poll_s: float, timeout_s: float | No
         with Heartbeat(watch.line) as beat:
             return wait(root, state, poll_s, timeout_s, watch, beat.say)
     started, reported = time.time(), None
-    watch.phase(f"{len(state['jobs'])} experiments on SLURM", len(state["jobs"]))
+    watch.phase(f"{len(state['jobs'])} experiments on SLURM", len(state["jobs"]),
+                workers=min(len(state["jobs"]), int(state["options"].get("array_parallelism") or 1)))
     while True:
         states = statuses(root, state)
         counts = tuple(sum(1 for v in states.values() if v[0] == s) for s in STATES)

@@ -93,12 +93,19 @@ def read_progress(log: Path | None) -> tuple[RunProgress, float]:
     return parse_progress(text), age
 
 
-def sweep_eta(elapsed_s: float, done: int, total: int) -> float | None:
-    """Seconds left for ``total`` runs when ``done`` finished in ``elapsed_s`` (their rate so far); None before the
-    first finished."""
-    if done <= 0 or total <= done:
-        return None if done <= 0 else 0.0
-    return elapsed_s * (total - done) / done
+def sweep_eta(durations: list[float], running_ages: list[float], remaining: int, workers: int) -> float | None:
+    """Seconds left for the ``remaining`` runs not finished (those running, of ages ``running_ages``, included) at
+    the mean of the finished runs' own ``durations``, ``workers`` at a time: the work left shared out, but never
+    less than the slowest running run's rest; None before a run finished. (Time since the phase started over the
+    runs done counted the first run's start-up and its workers' parallel runs as its own: 37 min, where 9 were left.)"""
+    if not durations:
+        return None
+    if remaining <= 0:
+        return 0.0
+    mean = sum(durations) / len(durations)
+    left = [max(0.0, mean - age) for age in running_ages]
+    work = (remaining - len(running_ages)) * mean + sum(left)
+    return max(work / max(1, workers), max(left, default=0.0))
 
 
 class SweepWatch:
@@ -113,6 +120,9 @@ class SweepWatch:
         self.logs: dict[str, Path | None] = {}  # running run -> its log
         self.counts = ""  # e.g. "2/6 experiments done, 2 running, 2 queued"
         self.done, self.total, self.phase_started, self.what = 0, 0, self.started, "the sweep"
+        self.workers = 1  # runs at once in this phase
+        self.run_started: dict[str, float] = {}  # running run -> when it was first seen running
+        self.durations: list[float] = []  # the finished runs' own durations, this phase
         self.beat: Any = None  # the Heartbeat writing this watch's lines, once one runs (:meth:`say` goes through it)
 
     def say(self, line: str) -> None:
@@ -122,11 +132,19 @@ class SweepWatch:
         else:
             print(line, flush=True)
 
-    def phase(self, doing: str, total: int = 0, what: str = "the experiments") -> None:
-        """A new phase (shared upstream, the experiments): its words, how many runs it has and what its ETA is of."""
+    def phase(self, doing: str, total: int = 0, what: str = "the experiments", workers: int = 1) -> None:
+        """A new phase (shared upstream, the experiments): its words, how many runs it has, ``workers`` at a time,
+        and what its ETA is of."""
         with self.lock:
             self.doing, self.total, self.done, self.phase_started, self.what = doing, total, 0, time.time(), what
-            self.logs, self.counts = {}, ""
+            self.logs, self.counts, self.workers, self.run_started, self.durations = {}, "", workers, {}, []
+
+    def _running(self, names: set[str], now: float) -> None:
+        """Note the runs that started (first seen) and those that ended (their durations), ``names`` running now."""
+        for name in names - set(self.run_started):
+            self.run_started[name] = now
+        for name in set(self.run_started) - names:
+            self.durations.append(now - self.run_started.pop(name))
 
     def update(self, doing: str | None = None, logs: dict[str, Path | None] | None = None, counts: str | None = None,
                done: int | None = None) -> None:
@@ -135,6 +153,7 @@ class SweepWatch:
                 self.doing = doing
             if logs is not None:
                 self.logs = dict(logs)
+                self._running(set(self.logs), time.time())
             if counts is not None:
                 self.counts = counts
             if done is not None:
@@ -143,10 +162,12 @@ class SweepWatch:
     def started_run(self, name: str, log: Path | None) -> None:
         with self.lock:
             self.logs[name] = log
+            self._running(set(self.logs), time.time())
 
     def ended_run(self, name: str) -> None:
         with self.lock:
             self.logs.pop(name, None)
+            self._running(set(self.logs), time.time())
 
     def line(self, now: float | None = None) -> str:
         """``'[sweep] 2/6 experiments done, 2 running, 2 queued; eps-epsilon0-seed1: train_contrastive epoch 2/3
@@ -154,12 +175,13 @@ class SweepWatch:
         now = time.time() if now is None else now
         with self.lock:
             doing, logs, counts = self.doing, dict(self.logs), self.counts
-            done, total, phase_started, what = self.done, self.total, self.phase_started, self.what
+            done, total, what, workers = self.done, self.total, self.what, self.workers
+            durations, ages = list(self.durations), [now - t for t in self.run_started.values()]
         runs = []
         for name, log in sorted(logs.items()):
             progress, age = read_progress(log)
             runs.append(f"{name}: {progress.text(age)}")
-        eta = sweep_eta(now - phase_started, done, total)
+        eta = sweep_eta(durations, ages, total - done, workers)
         parts = [counts or doing, *(["running " + ", ".join(runs)] if runs else []),
                  f"{duration(now - self.started)} since the start"
                  + ("" if eta is None else f", ETA of {what} {duration(eta)}")]
