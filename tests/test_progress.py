@@ -222,3 +222,30 @@ def test_compare_says_it_started_at_once_and_keeps_saying_it_works(monkeypatch, 
     assert seen[0].startswith("[compare] starting (")
     beats = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[compare] still working, ")]
     assert len(beats) >= 3, beats
+
+
+def test_the_stage_heartbeat_counts_from_the_stage_command_s_start_not_from_after_its_imports() -> None:
+    """'10 s since the stage started' was said 58 s after the stage's command started (its imports not counted)."""
+    import os
+    import subprocess
+    import sys
+
+    clock = FakeClock()
+    activity = progress.StageActivity("train_erm", clock, age=48.0)
+    clock.now += 10
+    assert activity.line().endswith("; 58 s since the stage started")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import time
+
+        time.sleep(1.5)
+        age = progress.process_age(sleeper.pid)
+        assert age is not None and 1.0 <= age <= 30, age
+        assert progress.process_age(os.getpid()) >= age  # pytest started before it
+        os.environ["DEBIAS_LAUNCHER_PID"] = str(sleeper.pid)
+        assert abs(progress.stage_age() - progress.process_age(sleeper.pid)) < 1.0  # the launcher's, not this one's
+    finally:
+        os.environ.pop("DEBIAS_LAUNCHER_PID", None)
+        sleeper.kill()
+        sleeper.wait()
+    assert progress.process_age(2**22 + 7) is None  # no such process

@@ -120,9 +120,9 @@ class StageActivity:
     """What a stage is doing, in words, for its heartbeat: told by :class:`TerminalReporter` (a step begun or ended,
     a loop's count, an epoch ended with its ETA)."""
 
-    def __init__(self, label: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, label: str, clock: Callable[[], float] = time.monotonic, age: float = 0.0) -> None:
         self.label, self.clock = label, clock
-        self.started = clock()
+        self.started = clock() - age  # ``age``: seconds the stage's process ran before this (its imports)
         self.doing = "starting (params, checks, MLflow run)"
         self.eta_at: float | None = None  # when the training is expected to end (clock time)
 
@@ -143,7 +143,7 @@ def stage_heartbeat(label: str, interval: float | None = None) -> Iterator[Stage
     """A heartbeat for the stage ``label`` while the block runs (rank 0 only): a line on stderr whenever the stage
     said nothing for ``interval`` seconds. Yields the :class:`StageActivity` its reporter keeps current."""
     global _stage_beat
-    activity = StageActivity(label)
+    activity = StageActivity(label, age=stage_age())
     if not is_main():
         yield activity
         return
@@ -154,6 +154,32 @@ def stage_heartbeat(label: str, interval: float | None = None) -> Iterator[Stage
             yield activity
         finally:
             _stage_beat = previous
+
+
+def process_age(pid: int) -> float | None:
+    """Seconds since process ``pid`` started (its start in clock ticks since boot, ``/proc/<pid>/stat``, against
+    ``/proc/uptime``); None where that cannot be read."""
+    import os
+    from pathlib import Path
+
+    try:
+        start_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def stage_age() -> float:
+    """Seconds since the stage's command started: its launcher's process (``DEBIAS_LAUNCHER_PID``, which the fork
+    server's stage stands in for) or this one; its imports and checks count, as a user waiting for it sees them."""
+    import os
+
+    from debias.harness.forkserver.protocol import LAUNCHER_VARIABLE
+
+    launcher = os.environ.get(LAUNCHER_VARIABLE, "")
+    pid = int(launcher) if launcher.isdigit() else os.getpid()
+    return process_age(pid) or process_age(os.getpid()) or 0.0
 
 
 def duration(seconds: float) -> str:
