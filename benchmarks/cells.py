@@ -32,10 +32,9 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "src"))
 
-from debias.core.trees import merge  # noqa: E402
-from debias.metrics.paired import paired  # noqa: E402
+from debias.core.trees import merge
+from debias.metrics.paired import paired
 
 #: The upstream recipe of benchmarks/quality.yaml on mnist10k's 10k real digits (5,999 training images, ERM 5 epochs).
 MNIST10K: dict[str, Any] = {

@@ -6,7 +6,7 @@ cluster groups); then every candidate trains stage 2 in that workspace with its 
 stage's method, per-epoch validation and test, 30 epochs) and its per-epoch history is kept, so every selection rule
 is replayed on the same training run (:func:`debias.training.selection.picks_by_rule`).
 
-    python benchmarks/default_choice.py --npz PATH/mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2
+    python -m benchmarks.default_choice --npz PATH/mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2
 
 The criterion is the **test unbiased accuracy** (the mean over the (class, colour) groups of the uniformly coloured
 test split: every one of its 2,501 images counts) at the epoch the selection rule keeps, pooled over the cells and
@@ -35,12 +35,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
-import cells  # noqa: E402
-from cells import BenchmarkError, Cell  # noqa: E402
+from benchmarks import cells
+from benchmarks.cells import BenchmarkError, Cell
 
-from debias.training.selection import describe_selection, picks_by_rule  # noqa: E402
+from debias.training.selection import describe_selection, picks_by_rule
 
 # Stage 2 as the runs of this table made it (Adam 1e-3, wd 1e-5, batch 256, 30 epochs, no shift, tau 0.1, eps 0.5),
 # only the objective changing. Every setting a candidate's loss or schedule reads is pinned here, so a candidate means
@@ -74,7 +73,7 @@ FIELDS = ["protocol", "palette", "seed", "candidate", "rule", "epoch", "degenera
 # Earlier layouts of this script's results (rendered by --collect-only, never resumed from): before runs were keyed,
 # and before rows recorded what they were made with
 LEGACY_FIELDS = [[*FIELDS[:13], "seconds"], [*FIELDS[:15], "date", "key"]]
-FULL_COMMAND = "python benchmarks/default_choice.py --npz mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2"
+FULL_COMMAND = "python -m benchmarks.default_choice --npz mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2"
 
 
 def run_cells(seeds: list[int], protocols: list[str], palettes: list[str]) -> list[Cell]:
@@ -310,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     shown = ["SCRATCH" if i and given[i - 1] == "--workdir" else "mnist10k.npz" if i and given[i - 1] == "--npz"
              else a for i, a in enumerate(given)]
-    command = "python benchmarks/default_choice.py " + " ".join(map(shlex.quote, shown))
+    command = "python -m benchmarks.default_choice " + " ".join(map(shlex.quote, shown))
     csv_path, md_path = args.out.with_suffix(".csv"), args.out.with_suffix(".md")
     try:
         if args.collect_only:

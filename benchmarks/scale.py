@@ -16,7 +16,7 @@ only imports torch (the issue's budget: 1.5 GB above it at 54k).
 Results: OUT.md and OUT.csv (default benchmarks/results/scale); rows are written to the CSV as they come, so an
 interrupted run keeps what it measured (``--render OUT.csv`` rewrites the Markdown).
 
-    nice -n 5 python benchmarks/scale.py [--sizes 6000 18000 54000] [--quick] [--raw DIR] [--threads 1]
+    nice -n 5 python -m benchmarks.scale [--sizes 6000 18000 54000] [--quick] [--raw DIR] [--threads 1]
         [--runner dvc|direct] [--methods cnc fairkl] [--keep] [--out benchmarks/results/scale]
 """
 
@@ -39,9 +39,10 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE))
 
-from quality import link_raw_files, merge  # noqa: E402
+from benchmarks.clones import NUMBA_CACHE, child_env, home_relative, make_clone, run_measured, stage_order
+from benchmarks.dvc_queue import link_raw_files
+from debias.core.trees import merge
 
 # benchmarks/speed.py's clone, environment and measurement helpers, imported when a run starts (it imports torch).
 
@@ -71,7 +72,6 @@ def size_params(config: dict, size: int, method: str, quick: bool) -> dict:
 
 def torch_baseline_rss(env: dict[str, str], cwd: Path, log: Path) -> float:
     """Peak RSS (MiB) of a process that only imports torch, measured like the stages."""
-    from speed import run_measured
 
     status, _, _, rss = run_measured([sys.executable, "-c", "import torch"], cwd, env, log)
     if status != 0:
@@ -85,7 +85,6 @@ def write_params(clone: Path, overrides: dict) -> None:
 
 
 def run_stage(clone: Path, env: dict[str, str], stage: str, cmd: str, runner: str, log: Path) -> dict[str, Any]:
-    from speed import run_measured
 
     command = ["dvc", "repro", "-s", stage] if runner == "dvc" else shlex.split(cmd.split("#")[0])
     if runner == "direct" and command[0] == "python":
@@ -110,7 +109,6 @@ def cnc_batches(clone: Path, stage: str) -> int | None:
 
 def run_size(size: int, config: dict, methods: list[str], args: argparse.Namespace, work: Path, logs: Path,
              writer: csv.DictWriter, handle: Any) -> list[dict[str, Any]]:
-    from speed import NUMBA_CACHE, child_env, make_clone, run_measured, stage_order
 
     clone = work / f"n{size}"
     clone.mkdir()
@@ -243,7 +241,6 @@ def main(argv: list[str] | None = None) -> int:
         header, rows = read_results(Path(args.render))
         Path(args.render).with_suffix(".md").write_text(markdown(rows, header))
         return 0
-    from speed import NUMBA_CACHE, home_relative
 
     config = yaml.safe_load(Path(args.config).read_text())
     sizes = args.sizes or config["sizes"]

@@ -15,7 +15,7 @@ module that times the stage body (the function ``debias.harness.stage.main`` cal
 The `source` stage has no body (a fingerprint, not a harnessed stage): all of it counts as overhead. Several trees
 take turns stage by stage, so they see the same background load. Medians over the repeats.
 
-    nice -n 5 python benchmarks/startup.py [--trees worktree COMMIT ...] [--repeats 3] [--threads 1]
+    nice -n 5 python -m benchmarks.startup [--trees worktree COMMIT ...] [--repeats 3] [--threads 1]
         [--tracking required|off] [--out benchmarks/results/startup]
 """
 
@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-from speed import NUMBA_CACHE, child_env, make_clone, run_measured, stage_order  # noqa: E402
+from benchmarks.clones import NUMBA_CACHE, child_env, make_clone, run_measured, stage_order
 
 # A sitecustomize.py put first on the stages' PYTHONPATH: in a process started as `python pipeline/<stage>.py`
 # (exactly dvc.yaml's command; the debias.harness.launch process before its exec is left alone) it wraps debias.harness.stage.main
