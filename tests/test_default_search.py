@@ -253,6 +253,29 @@ def test_rows_made_with_other_settings_say_so_in_the_header() -> None:
     assert "torch threads per run: 1 / 4; runs at once: 2 / 8" in cells.made_with(rows + other)
 
 
+def test_a_run_given_by_two_rows_is_refused_naming_the_rows_never_decided_by_the_later(tmp_path, capsys) -> None:
+    """A CSV holding one run twice (a stale run under another thread count beside its rerun) must not render a page
+    whose numbers are whichever row came last: the page is refused, naming both rows and what differs."""
+    every = protocol.candidates()
+    screen = protocol.SCREEN_CELLS
+    rows = fake_rows({n: noisy(0.8 + 0.001 * i, screen) for i, n in enumerate(sorted(every))}, "screen", screen,
+                     {n: 40.0 for n in every})
+    first = rows[0]
+    assert protocol.duplicate_runs(rows) == []
+    stale = {**first, "val_unbiased": "0.1", "threads": "4", "key": "stale"}
+    with pytest.raises(cells.BenchmarkError, match="1 run\\(s\\) given by more than one row") as refused:
+        page.markdown(rows + [stale], every, "cmd")
+    message = str(refused.value)
+    assert f"rows 1, {len(rows) + 1} (screen {protocol.cell_of(first).name} {first['candidate']} {first['rule']}" in message
+    assert "threads 1 / 4" in message and " / stale)" in message
+    out = tmp_path / "results"
+    cells.write_rows(out.with_suffix(".csv"), protocol.FIELDS, rows + [stale])
+    assert runner.main(["--collect-only", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 1 run(s) given by more than one row") and f"rows 1, {len(rows) + 1}" in err
+    assert not out.with_suffix(".md").exists()  # no page written from the mixed rows
+
+
 def test_a_header_only_csv_is_refused_in_one_line(tmp_path, capsys) -> None:
     out = tmp_path / "results"
     cells.write_rows(out.with_suffix(".csv"), protocol.FIELDS, [])

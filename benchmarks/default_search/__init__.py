@@ -33,6 +33,10 @@ The protocol (:data:`protocol.PROTOCOL`, printed at the top of the results file 
 Every run is keyed by its data file, the code and params.yaml at ``--rev``, the torch threads and the run's params;
 rows of ``OUT.csv`` under another key are not reused (counted as stale). Each row records the threads, runs at once,
 commit and data it was made with, and the header is read from the rows. ``--collect-only`` rewrites ``OUT.md`` from
-the CSV; ``--phase screen`` / ``confirm`` stops after that phase; ``--phase extension`` runs steps 7 and 8 alone on the
-confirmation rows the CSV holds (made at their own commit), leaving every other row as it is.
+the CSV, and refuses a CSV that gives one run (phase, cell, candidate, rule) by two rows, naming them; ``--phase
+screen`` / ``confirm`` stops after that phase; ``--phase extension`` runs steps 7 and 8 alone on the confirmation rows
+the CSV holds (made at their own commit), leaving every other row as it is.
+
+Modules: :mod:`.protocol` (the steps as data and their decision functions), :mod:`.page` (the results page),
+:mod:`.runner` (the runs and the command line).
 """

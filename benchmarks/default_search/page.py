@@ -14,7 +14,7 @@ from benchmarks.default_search.protocol import (CAP, CNC_COMMON, DETECT, EPSILON
                                                 REPORT_PROTOCOL, RULES, SCHEDULES, Candidate, Decision, Extension,
                                                 Sizing, Table, carried, cost_ratios, decide, decide_extension,
                                                 differences, eligible, extension_plan, mean_of, pooled_mean,
-                                                regime_of, sizes, table, validation_only)
+                                                one_row_per_run, regime_of, sizes, table, validation_only)
 from debias.metrics.paired import Paired, detectable_difference, paired, tost
 
 
@@ -369,6 +369,8 @@ def per_cell_table(rows: list[dict[str, str]], names: list[str]) -> list[str]:
 
 def markdown(rows: list[dict[str, str]], all_candidates: dict[str, Candidate], command: str,
              stale: int = 0, commit: str = "", extension_commit: str = "") -> str:
+    """The results page of ``rows``; refused (:func:`one_row_per_run`) when a run has more than one row."""
+    one_row_per_run(rows)
     names = carried(rows, all_candidates)
     section, decision = decision_section(rows, names)
     ran = {row["candidate"] for row in rows if row["phase"] == "extension"}

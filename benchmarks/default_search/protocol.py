@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks import cells
-from benchmarks.cells import Cell, digits_cell
+from benchmarks.cells import BenchmarkError, Cell, digits_cell
 from debias.metrics.paired import Paired, paired, seeds_needed, tost
 
 
@@ -171,6 +171,32 @@ def regime_of(cell: Cell) -> str:
 def cell_of(row: dict[str, str]) -> Cell:
     return Cell(row["data"], row["protocol"], row["palette"], int(row["seed"]), float(row["strength"]))
 
+
+
+def duplicate_runs(rows: list[dict[str, str]]) -> list[str]:
+    """Each run (phase, cell, candidate, rule) that more than one row gives, with those rows' numbers (1: the first
+    row) and what made them differ; empty when every run has one row."""
+    seen: dict[tuple[str, Cell, str, str], list[int]] = {}
+    for number, row in enumerate(rows, 1):
+        seen.setdefault((row["phase"], cell_of(row), row["candidate"], row["rule"]), []).append(number)
+    found = []
+    for (phase, cell, candidate, rule), numbers in seen.items():
+        if len(numbers) > 1:
+            differ = [f"{field} {' / '.join(dict.fromkeys(rows[n - 1].get(field, '') for n in numbers))}"
+                      for field in (*cells.MADE_WITH, "key")
+                      if len({rows[n - 1].get(field, "") for n in numbers}) > 1]
+            found.append(f"rows {', '.join(map(str, numbers))} ({phase} {cell.name} {candidate} {rule}; "
+                         f"{'; '.join(differ) or 'the same key'})")
+    return found
+
+
+def one_row_per_run(rows: list[dict[str, str]]) -> None:
+    """Refuse rows giving one run twice (a stale run beside its rerun, other threads or code): a table of them
+    would keep whichever came last, and the protocol decides on one run per cell."""
+    found = duplicate_runs(rows)
+    if found:
+        raise BenchmarkError(f"{len(found)} run(s) given by more than one row, e.g. {'; '.join(found[:3])}: keep one "
+                             "row per run (remove the rows of the other key, or rerun with --workdir to replace them)")
 
 Table = dict[str, dict[str, dict[Cell, float]]]  # regime -> candidate -> cell -> value
 
