@@ -10,3 +10,6 @@ Two floors above the library (src/debias, which never imports this package):
 - the studies, one module (or package) each with its own ``--help``; a study imports shared modules and the
   library, never another study.
 """
+
+#: The shared modules (the lower floor); every other module or package here is a study.
+SHARED = ("cells", "clones", "dvc_queue", "pages", "reference_losses", "reference_training", "stage2_epochs", "throughput")
