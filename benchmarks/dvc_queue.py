@@ -8,6 +8,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -311,3 +312,13 @@ def open_workdir(parser: argparse.ArgumentParser, workdir: Path, base: dict) -> 
         workdir.rmdir()
     make_workspace(workdir, base)
     return True
+
+
+
+def finish(out: Path, rows: list[dict], text: str, header: str, workdir: Path, keep: bool) -> int:
+    """Write the results (:func:`write_results`), print them, remove a temporary ``workdir`` unless ``keep``; 0."""
+    write_results(out, rows, text, header)
+    print(header + "\n\n" + text)
+    if not keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0

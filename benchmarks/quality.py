@@ -21,7 +21,6 @@ import argparse
 import csv
 import os
 import platform
-import shutil
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.dvc_queue import (RAW_FILES, UPSTREAM, add_queue_arguments, apply_profile, checked_selection,
+from benchmarks.dvc_queue import (RAW_FILES, UPSTREAM, add_queue_arguments, apply_profile, checked_selection, finish,
                                   link_raw_files, missing_raw_files, open_workdir, plan, run, run_queue, shown_experiments,
                                   stage_env, stage_runs, stage_warnings, write_results, write_sweep_file)
 from benchmarks.pages import mean_std, warning_flag, warning_notes
@@ -238,11 +237,7 @@ def main(argv: list[str] | None = None) -> int:
               f"over all experiments: {total_stage_s / 60:.1f} min; {len(rows)} result rows, {len(jobs)} experiments"
               + (f", {len(unfinished)} unfinished at the time limit." if unfinished else "."))
     text = markdown(rows, config, settings, methods)
-    write_results(Path(args.out), rows, text, header)
-    print(header + "\n\n" + text)
-    if not args.workdir and not args.collect_only:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    return finish(Path(args.out), rows, text, header, workdir, keep=bool(args.workdir) or args.collect_only)
 
 
 if __name__ == "__main__":

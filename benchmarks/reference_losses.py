@@ -26,36 +26,36 @@ def base_supcon(z, y, tau):
     return -mean_log_prob_pos.mean()
 
 
-def base_eps_supcon(z, y, eps, tau):
-    """Authors' EpsilonSupCon.forward_out (without the tau / base_tau factor)."""
+def _epsilon_parts(z, y, tau):
+    """The authors' shared start of both ε-losses: max-shifted logits, the positives and the off-diagonal exps."""
     b = z.shape[0]
     logits = z @ z.T / tau
     logits = logits - logits.max(1, keepdim=True).values.detach()
     inv_diag = ~torch.eye(b, dtype=torch.bool, device=z.device)
     pos = (y[:, None] == y[None, :]) & inv_diag
-    unif = torch.exp(logits) * inv_diag
-    unif = math.exp(-eps) * (unif * pos) + unif * (~pos) * inv_diag
-    unif = torch.log(unif.sum(1, keepdim=True) + 1e-6)
-    log_prob = logits - unif
+    return logits, pos, inv_diag, torch.exp(logits) * inv_diag
+
+
+def _mean_positive_log_prob_loss(logits, log_denominator, pos):
+    """Minus the mean over anchors with a positive of their positives' mean log-probability."""
+    log_prob = logits - log_denominator
     n_pos = pos.sum(1)
     valid = n_pos > 0
     return -((pos * log_prob).sum(1)[valid] / n_pos[valid]).mean()
+
+
+def base_eps_supcon(z, y, eps, tau):
+    """Authors' EpsilonSupCon.forward_out (without the tau / base_tau factor)."""
+    logits, pos, inv_diag, unif = _epsilon_parts(z, y, tau)
+    unif = math.exp(-eps) * (unif * pos) + unif * (~pos) * inv_diag
+    return _mean_positive_log_prob_loss(logits, torch.log(unif.sum(1, keepdim=True) + 1e-6), pos)
 
 
 def base_eps_supinfonce(z, y, eps, tau):
     """Authors' EpsilonSupInfoNCE.forward_out (without the tau / base_tau factor)."""
-    b = z.shape[0]
-    logits = z @ z.T / tau
-    logits = logits - logits.max(1, keepdim=True).values.detach()
-    inv_diag = ~torch.eye(b, dtype=torch.bool, device=z.device)
-    pos = (y[:, None] == y[None, :]) & inv_diag
-    unif = torch.exp(logits) * inv_diag
+    logits, pos, inv_diag, unif = _epsilon_parts(z, y, tau)
     unif = math.exp(-eps) * unif * pos + (unif * (~pos) * inv_diag).sum(1, keepdim=True)
-    unif = torch.log(unif + 1e-6)
-    log_prob = logits - unif
-    n_pos = pos.sum(1)
-    valid = n_pos > 0
-    return -((pos * log_prob).sum(1)[valid] / n_pos[valid]).mean()
+    return _mean_positive_log_prob_loss(logits, torch.log(unif + 1e-6), pos)
 
 
 def base_fairkl(z, y, bias, floor=1e-6):

@@ -42,6 +42,7 @@ REPO = HERE.parent
 
 from benchmarks.clones import NUMBA_CACHE, child_env, home_relative, make_clone, run_measured, stage_order
 from benchmarks.dvc_queue import link_raw_files
+from benchmarks.pages import add_out_arguments, render
 from debias.core.trees import merge
 
 # benchmarks/speed.py's clone, environment and measurement helpers, imported when a run starts (it imports torch).
@@ -207,22 +208,6 @@ def markdown(rows: list[dict[str, Any]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def read_results(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    lines = path.read_text().splitlines()
-    header = [line[2:] for line in lines if line.startswith("# ")]
-
-    def value(text: str) -> Any:
-        for kind in (int, float):
-            try:
-                return kind(text)
-            except ValueError:
-                continue
-        return text if text else None
-
-    rows = [{k: value(v) for k, v in row.items()} for row in csv.DictReader(l for l in lines if not l.startswith("#"))]
-    return header, rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(HERE / "scale.yaml"))
@@ -234,13 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runner", choices=("dvc", "direct"), default="dvc",
                         help="dvc: `dvc repro -s <stage>`; direct: the stage's cmd from dvc.yaml")
     parser.add_argument("--keep", action="store_true", help="keep the temporary clones")
-    parser.add_argument("--out", default=str(HERE / "results" / "scale"), help="writes OUT.md and OUT.csv")
-    parser.add_argument("--render", metavar="CSV", help="only rewrite the Markdown of an earlier run's CSV")
+    add_out_arguments(parser, HERE / "results" / "scale")
     args = parser.parse_args(argv)
     if args.render:
-        header, rows = read_results(Path(args.render))
-        Path(args.render).with_suffix(".md").write_text(markdown(rows, header))
-        return 0
+        return render(Path(args.render), markdown)
 
     config = yaml.safe_load(Path(args.config).read_text())
     sizes = args.sizes or config["sizes"]

@@ -21,7 +21,6 @@ Results: benchmarks/results/speed.md and speed.csv (settings: benchmarks/speed.y
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -54,6 +53,7 @@ from torch import nn  # noqa: E402
 from torch.utils.data import Subset  # noqa: E402
 
 from benchmarks.clones import child_env, home_relative, make_clone, run_measured, stage_order  # noqa: E402
+from benchmarks.pages import add_out_arguments, render, write_commented_csv  # noqa: E402
 from benchmarks.reference_training import (PaperImages, PaperNet, baseline_classifier_epoch,  # noqa: E402
                                            baseline_cnc_epoch, baseline_contrastive_epoch, baseline_wcl_epoch,
                                            loader, paper_transform, simclr_transform)
@@ -338,24 +338,6 @@ def markdown(rows: list[dict], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def read_results(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """The header lines and rows of a results CSV, numbers as numbers (for --render)."""
-    lines = path.read_text().splitlines()
-    header = [line[2:] for line in lines if line.startswith("# ")]
-
-    def value(text: str) -> Any:
-        for kind in (int, float):
-            try:
-                return kind(text)
-            except ValueError:
-                continue
-        return text
-
-    rows = [{k: value(v) for k, v in row.items() if v != ""}
-            for row in csv.DictReader(line for line in lines if not line.startswith("#"))]
-    return header, rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(HERE / "speed.yaml"))
@@ -373,13 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the temporary clones")
-    parser.add_argument("--out", default=str(HERE / "results" / "speed"), help="writes OUT.md and OUT.csv")
-    parser.add_argument("--render", metavar="CSV", help="only rewrite the Markdown of an earlier run's CSV")
+    add_out_arguments(parser, HERE / "results" / "speed")
     args = parser.parse_args(argv)
     if args.render:
-        header, rows = read_results(Path(args.render))
-        Path(args.render).with_suffix(".md").write_text(markdown(rows, header))
-        return 0
+        return render(Path(args.render), markdown, drop_empty=True)
     torch.set_num_threads(args.threads)
     npz = Path(args.npz).resolve()
     config = yaml.safe_load(Path(args.config).read_text())
@@ -412,11 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".md").write_text(markdown(rows, header))
     fields = ["kind", "config", "name", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "batch_size", "steps", "samples",
               "repeats", "debias_s", "baseline_s", "debias_sps", "baseline_sps", "ratio", "outcome"]
-    with open(out.with_suffix(".csv"), "w", newline="") as handle:
-        handle.write("".join(f"# {h}\n" for h in header))
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    write_commented_csv(out.with_suffix(".csv"), header, fields, rows)
     print(out.with_suffix(".md").read_text())
     return 0
 

@@ -22,7 +22,6 @@ take turns stage by stage, so they see the same background load. Medians over th
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -37,6 +36,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 from benchmarks.clones import NUMBA_CACHE, child_env, make_clone, run_measured, stage_order
+from benchmarks.pages import write_commented_csv
 
 # A sitecustomize.py put first on the stages' PYTHONPATH: in a process started as `python pipeline/<stage>.py`
 # (exactly dvc.yaml's command; the debias.harness.launch process before its exec is left alone) it wraps debias.harness.stage.main
@@ -196,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".md").write_text(markdown(rows, header))
     fields = ["tree", "stage", "wall_s", "body_wall_s", "overhead_wall_s", "pre_wall_s", "post_wall_s",
               "interpreter_wall_s", "cpu_s", "body_cpu_s", "overhead_cpu_s", "peak_rss_mib"]
-    with open(out.with_suffix(".csv"), "w", newline="") as handle:
-        handle.write("".join(f"# {h}\n" for h in header))
-        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    write_commented_csv(out.with_suffix(".csv"), header, fields, rows)
     print(out.with_suffix(".md").read_text())
     return 0
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -182,11 +181,7 @@ def main(argv: list[str] | None = None) -> int:
               + f"first stage run's start to last one's end: {span / 60:.1f} min; {len(rows)} result rows, "
               f"{len(jobs)} experiments" + (f", {len(unfinished)} unfinished." if unfinished else "."))
     text = markdown(rows, config, settings, methods)
-    dvc_queue.write_results(Path(args.out), rows, text, header)
-    print(header + "\n\n" + text)
-    if not args.workdir and not args.collect_only:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    return dvc_queue.finish(Path(args.out), rows, text, header, workdir, keep=bool(args.workdir) or args.collect_only)
 
 
 if __name__ == "__main__":

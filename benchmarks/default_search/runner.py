@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import datetime as dt
-import shlex
 import sys
 import threading
 from pathlib import Path
@@ -19,32 +18,18 @@ from benchmarks.default_search.page import commits_of, markdown, protocol_commit
 from benchmarks.default_search.protocol import (FAIRKL, FIELDS, HELDOUT_CELLS, RULES, SCREEN_CELLS, Candidate,
                                                 candidates, carried, confirm_cells, decide, extension_plan,
                                                 regime_of, sizes, validation_only)
-from debias.training.selection import describe_selection, picks_by_rule
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 
 
-def rows_for(phase: str, cell: Cell, candidate: str, result: cells.RunResult, made: dict[str, str]) -> list[dict[str, Any]]:
-    """One row per selection rule: the epoch it keeps on the run's history and that epoch's numbers, with what the
-    run was made with (``made``: threads, jobs, rev, data_sha)."""
-    picks = picks_by_rule(result.history)
-    rows = []
-    for rule in RULES:
-        epoch = picks[rule]
-        kept = next(row for row in result.history if int(row["epoch"]) == epoch)
-        block = describe_selection(result.history, epoch, rule)
-        rows.append({"phase": phase, "regime": regime_of(cell), "data": cell.data, "protocol": cell.protocol,
-                     "strength": f"{cell.strength:g}", "palette": cell.palette, "seed": cell.seed,
-                     "candidate": candidate, "rule": rule, "epoch": epoch,
-                     "degenerate": int(bool(block["degenerate"])), "val_unbiased": round(kept["val/unbiased"], 4),
-                     "val_worst": round(kept["val/worst_group"], 4), "test_avg": round(kept["test/avg"], 4),
-                     "test_unbiased": round(kept["test/unbiased"], 4), "test_worst": round(kept["test/worst_group"], 4),
-                     "test_worst_n": int(kept.get("test/worst_group_n", 0) or 0),
-                     "cpu_seconds": round(result.cpu_seconds, 1), "wall_seconds": round(result.wall_seconds, 1),
-                     **made, "date": result.date or dt.date.today().isoformat(), "key": result.key})
-    return rows
-
-
+def rows_for(phase: str, cell: Cell, candidate: str, result: cells.RunResult,
+             made: dict[str, str]) -> list[dict[str, Any]]:
+    """One row per selection rule (:func:`cells.kept_numbers`), with what the run was made with (``made``: threads,
+    jobs, rev, data_sha)."""
+    return [{"phase": phase, "regime": regime_of(cell), "data": cell.data, "protocol": cell.protocol,
+             "strength": f"{cell.strength:g}", "palette": cell.palette, "seed": cell.seed, "candidate": candidate,
+             **cells.kept_numbers(result, rule), **made, "date": result.date or dt.date.today().isoformat(),
+             "key": result.key} for rule in RULES]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.default_search",
                                      description=sys.modules["benchmarks.default_search"].__doc__,
@@ -59,10 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS / "default_search")
     parser.add_argument("--collect-only", action="store_true", help="rewrite OUT.md from OUT.csv")
     args = parser.parse_args(argv)
-    given = sys.argv[1:] if argv is None else argv
-    shown = ["SCRATCH" if i and given[i - 1] == "--workdir" else "mnist10k.npz" if i and given[i - 1] == "--npz"
-             else a for i, a in enumerate(given)]
-    command = "python -m benchmarks.default_search " + " ".join(map(shlex.quote, shown))
+    command = cells.shown_command("default_search", sys.argv[1:] if argv is None else argv)
     csv_path, md_path = args.out.with_suffix(".csv"), args.out.with_suffix(".md")
     all_candidates = candidates()
     try:
