@@ -169,8 +169,8 @@ def run_row(work: Path, device: str, setting: str, method: str, seed: int, stage
 
     params = validate(yaml.safe_load((work / "params.yaml").read_text()))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "DEBIAS_TRACKING": "off", "DEBIAS_DEVICE": device, "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", str(NUMBA_CACHE)),
-           "DEBIAS_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE", "MLFLOW_DISABLE_TELEMETRY": "true"}
+           "DEBIAS_TRACKING": "off", "DEBIAS_DEVICE": device,
+           "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", str(NUMBA_CACHE)), "DEBIAS_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE", "MLFLOW_DISABLE_TELEMETRY": "true"}
     rows = []
     for stage, cmd in stages:
         with open(log, "a") as handle, DeviceMonitor(device, args.sample_ms) as monitor:  # one log per row
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(name for name, _ in order)}")
     args.device_name = device_name(args.device)
     started = datetime.datetime.now().astimezone()
-    command = shlex.join(["python", "benchmarks/gpu.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.gpu", *(argv if argv is not None else sys.argv[1:])])
     notes = [f"Command: `{command}`", f"Date: {started:%Y-%m-%d %H:%M %Z}", f"Device: {args.device_name}; "
              f"DEBIAS_THREADS={args.threads}; idle fraction: share of {args.sample_ms} ms nvidia-smi samples at 0 % "
              f"utilisation (CUDA only); {args.parallel} row(s) at once (timings of rows run together share the "

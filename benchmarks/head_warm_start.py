@@ -104,7 +104,7 @@ def main() -> None:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(f"{row[k]:.4f}" if isinstance(row[k], float) else str(row[k]) for k in header) + " |"
               for row in rows]
-    command = shlex.join(["python", "benchmarks/head_warm_start.py", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "benchmarks.head_warm_start", *sys.argv[1:]])
     text = (f"# Per-epoch head: cold start against warm starts\n\n- Command: `{command}`\n"
             f"- torch threads {args.threads}, CPU; head_s: the head fits' total wall time over the run\n\n"
             + "\n".join(lines) + "\n")

@@ -43,7 +43,8 @@ FIELDS = ["setting", "seed", "method", "rule", "epoch", "test_avg", "test_worst_
 
 
 def jobs_for(config: dict, settings: list[str], seeds: list[int], methods: list[str]) -> list[dict]:
-    """quality.py's plan with every method experiment stopped at train_contrastive (no probe, no evaluate)."""
+    """The quality study's plan (:func:`benchmarks.dvc_queue.plan`) with every method experiment stopped at
+    train_contrastive (no probe, no evaluate)."""
     return [job if job["method"] == dvc_queue.UPSTREAM else {**job, "targets": [TARGET]}
             for job in dvc_queue.plan(config, settings, seeds, methods)]
 
@@ -73,7 +74,7 @@ def collect(workdir: Path, jobs: list[dict]) -> list[dict[str, Any]]:
 
 
 def mean_std(values: list[float]) -> str:
-    """quality.py's ``mean ± std`` (sample std), with the number of seeds when it is not 3."""
+    """``mean ± std`` (sample std, :func:`benchmarks.pages.mean_std`), with the number of seeds when it is not 3."""
     text = pages.mean_std(values)
     return text if len(values) == 3 else f"{text} (n={len(values)})"
 

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{s} {statistics.median(v):.1f} s" for s, v in walls.items() if v), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    command = shlex.join(["python", "benchmarks/queue_threads.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.queue_threads", *(argv if argv is not None else sys.argv[1:])])
     lines = ["# Queue workers and threads", "",
              f"- Command: `{command}`",
              f"- Date: {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before:.2f}, after "

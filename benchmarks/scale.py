@@ -45,8 +45,6 @@ from benchmarks.dvc_queue import link_raw_files
 from benchmarks.pages import add_out_arguments, render
 from debias.core.trees import merge
 
-# benchmarks/speed.py's clone, environment and measurement helpers, imported when a run starts (it imports torch).
-
 STAGE2_STAGES = ("train_contrastive", "linear_probe", "evaluate", "report")  # rerun for every further method
 FIELDS = ["size", "method", "stage", "n_train", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "rss_above_torch_mib",
           "cnc_batches"]
@@ -235,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now().astimezone()
     load_before = os.getloadavg()[0]
-    command = shlex.join(["python", "benchmarks/scale.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.scale", *(argv if argv is not None else sys.argv[1:])])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     header = [f"Command: `{command}`",
               f"Started {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before:.2f}; {cores} usable cores",

@@ -8,7 +8,7 @@
     classes (ClassifierTask, CNCTask, ContrastiveTask, WCLTask) on mnist10k-sized biased data in memory,
     against a plain PyTorch baseline written the way the papers' code is: a per-sample Dataset with
     torchvision transforms on PIL images, a DataLoader, and mask-and-sum losses over the full B x B
-    matrix (benchmarks/bench_losses.py). Same model (LeNet-5), batch sizes, steps, optimiser and thread
+    matrix (benchmarks/reference_losses.py). Same model (LeNet-5), batch sizes, steps, optimiser and thread
     count; debias and baseline epochs alternate, median of repeats.
 
 Results: benchmarks/results/speed.md and speed.csv (settings: benchmarks/speed.yaml).
@@ -325,7 +325,7 @@ def markdown(rows: list[dict], header: list[str]) -> str:
                   "augmentation, vectorised losses. Baseline: a per-sample Dataset (PIL image, torchvision "
                   "RandomCrop(28, padding=2), ToTensor, Normalize; WCL: two views plus Gaussian noise), a "
                   "DataLoader (shuffle; CNC: every index of its batches loaded through the dataset), the "
-                  "mask-and-sum losses of benchmarks/bench_losses.py, `.item()` per step. Both run the same "
+                  "mask-and-sum losses of benchmarks/reference_losses.py, `.item()` per step. Both run the same "
                   "LeNet-5 module (debias' own, so the model's cost is the same on both sides), optimiser, batch "
                   "size and steps, on one process with the same torch threads; tqdm bars are off when stdout "
                   "is not a terminal.", "",
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         methods = [m for m in config["throughput"]["methods"] if not args.methods or m in args.methods]
         rows += time_throughput(config["throughput"], npz, methods, args.repeats, args.num_workers,
                                 torch.device("cpu"))
-    command = shlex.join(["python", "benchmarks/speed.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.speed", *(argv if argv is not None else sys.argv[1:])])
     header = [f"Command: `{command}`",
               f"Date: {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before[0]:.2f}, "
               f"after {os.getloadavg()[0]:.2f}",

@@ -84,7 +84,7 @@ def main() -> int:
                 (warmup if epoch == 0 else times)[name].append(time.perf_counter() - started)
             print(f"[speed_settings] round {round_} {name}: {[round(t, 2) for t in times[name]]}", flush=True)
     ref = args.steps / statistics.median(times[args.settings[0]])
-    command = shlex.join(["python", "benchmarks/speed_settings.py", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "benchmarks.speed_settings", *sys.argv[1:]])
     lines = [f"# stage2.speed settings: {args.method} on {args.device}\n", f"- Command: `{command}`",
              f"- torch {torch.__version__}, {args.threads} thread(s); median of {args.rounds} x {args.repeats} epochs "
              f"of {args.steps} steps after a warm-up epoch (its time: the first epoch, compile included)\n",

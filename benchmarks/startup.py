@@ -1,6 +1,6 @@
 """Stage start-up benchmark: how long each stage's process runs outside its body (imports, params, MLflow run).
 
-In a fresh temporary clone per tree (the working tree and/or commits, as benchmarks/speed.py makes them), the
+In a fresh temporary clone per tree (the working tree and/or commits, as benchmarks/clones.py makes them), the
 default pipeline is run once with `dvc repro` (so every stage's inputs exist and the MLflow store is migrated),
 then every stage's command (dvc.yaml's, unchanged) is run ``--repeats`` times, in DAG order, with a sitecustomize
 module that times the stage body (the function ``debias.harness.stage.main`` calls) from inside the process. Per stage:
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now().astimezone()
     load_before = os.getloadavg()[0]
     rows = run(args)
-    command = shlex.join(["python", "benchmarks/startup.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.startup", *(argv if argv is not None else sys.argv[1:])])
     header = [f"Command: `{command}`",
               f"Date: {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before:.2f}, after "
               f"{os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs",

@@ -175,8 +175,8 @@ def start_workers(trees: list[Path], spec: dict, args: argparse.Namespace) -> li
                "DEBIAS_TRACKING": "off", "OMP_WAIT_POLICY": "PASSIVE"}
         command = [sys.executable, "-m", "benchmarks.steps_ab", "--worker", "--threads", str(args.threads),
                    "--device", args.device, "--npz", str(Path(args.npz).resolve())]
-        workers.append(subprocess.Popen(command, cwd=HERE.parent, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, bufsize=1))
+        workers.append(subprocess.Popen(command, cwd=HERE.parent, env=env, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, bufsize=1))
         workers[-1].stdin.write(json.dumps(spec) + "\n")
     for tree, worker_process in zip(trees, workers):
         if worker_process.stdout.readline().strip() != "ready":
@@ -244,7 +244,7 @@ def main() -> int:
         rows.append([method, steps[method], *[round(r, 2) for r in rates], *[round(r / rates[0], 3) for r in rates[1:]],
                      *[round(r, 2) for r in cpu_rates], *[round(r / cpu_rates[0], 3) for r in cpu_rates[1:]],
                      *[paired_range(cpu[(str(trees[0]), method)], cpu[(str(t), method)]) for t in trees[1:]]])
-    command = shlex.join(["python", "benchmarks/steps_ab.py", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "benchmarks.steps_ab", *sys.argv[1:]])
     notes = [f"Command: `{command}`", f"Date: {started:%Y-%m-%d %H:%M %Z}; load average after "
              f"{os.getloadavg()[0]:.2f}", f"Device {args.device}, torch threads {args.threads}; trees: "
              + ", ".join(f"{n} = {given} (commit {commit_of(t)})" for n, given, t in zip(names, args.trees, trees)),
