@@ -1,12 +1,14 @@
 """benchmarks/ as a package: no module edits ``sys.path`` (there or in scripts/), none is over 500 lines, src/ never
 imports it, and its imports run one way: studies import shared modules and the library, shared modules import no
-study, a study no other study, and no import cycle anywhere."""
+study, a study no other study, and no import cycle anywhere; every entry point's ``--help`` runs."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+import pytest
 
 import benchmarks
 from tests.conftest import REPO
@@ -157,3 +159,41 @@ def test_src_never_imports_benchmarks() -> None:
     found = [f"{path.relative_to(REPO)}: {target}" for path in sorted((REPO / "src").rglob("*.py"))
              for target in imported(path, "debias.x", set()) if target.startswith("benchmarks")]
     assert not found, found
+
+
+def entry_points(root: Path) -> list[str]:
+    """The modules ``python -m`` runs: a module with a ``__main__`` block, a package with a ``__main__.py``."""
+    found = []
+    for name, path in modules(root).items():
+        text = path.read_text(encoding="utf-8")
+        if (path.name != "__init__.py" and 'if __name__ == "__main__":' in text) or (
+                path.name == "__init__.py" and (path.parent / "__main__.py").is_file() and name != "benchmarks"):
+            found.append(name)
+    return sorted(found)
+
+
+@pytest.mark.slow
+def test_every_benchmark_entry_point_prints_its_help_as_python_m_runs_it() -> None:
+    """One interpreter runs each ``python -m benchmarks.<name> --help`` (runpy, as ``-m`` does): each exits 0 with
+    a usage line; a module that fails to import or parse fails here."""
+    import subprocess
+    import sys
+
+    names = entry_points(REPO)
+    assert {"benchmarks.default_search", "benchmarks.quality", "benchmarks.speed"} <= set(names)
+    script = ("import contextlib, io, runpy, sys\n"
+              "for name in sys.argv[1:]:\n"
+              "    sys.argv = [name, '--help']\n"
+              "    out = io.StringIO()\n"
+              "    try:\n"
+              "        with contextlib.redirect_stdout(out):\n"
+              "            runpy.run_module(name, run_name='__main__', alter_sys=True)\n"
+              "    except SystemExit as stop:\n"
+              "        code = stop.code\n"
+              "    else:\n"
+              "        code = 'no exit'\n"
+              "    print(name, code, 'usage:' in out.getvalue(), flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script, *names], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [f"{name} 0 True" for name in names], done.stdout + done.stderr[-2000:]
