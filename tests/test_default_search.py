@@ -217,7 +217,8 @@ def test_the_decision_reads_no_test_column() -> None:
     first = protocol.decide(*tables, list(values))
     scrambled = [{**row, "test_unbiased": "1.0" if row["candidate"] == other else "0.0", "test_worst": "0.0"}
                  for row in rows]
-    assert protocol.decide(*protocol.validation_only(scrambled, "confirm"), list(values)).default == first.default == best
+    again = protocol.decide(*protocol.validation_only(scrambled, "confirm"), list(values))
+    assert again.default == first.default == best
     import inspect
 
     source = inspect.getsource(protocol.decide)
@@ -266,7 +267,8 @@ def test_a_run_given_by_two_rows_is_refused_naming_the_rows_never_decided_by_the
     with pytest.raises(cells.BenchmarkError, match="1 run\\(s\\) given by more than one row") as refused:
         page.markdown(rows + [stale], every, "cmd")
     message = str(refused.value)
-    assert f"rows 1, {len(rows) + 1} (screen {protocol.cell_of(first).name} {first['candidate']} {first['rule']}" in message
+    run = f"screen {protocol.cell_of(first).name} {first['candidate']} {first['rule']}"
+    assert f"rows 1, {len(rows) + 1} ({run}; " in message
     assert "threads 1 / 4" in message and " / stale)" in message
     out = tmp_path / "results"
     cells.write_rows(out.with_suffix(".csv"), protocol.FIELDS, rows + [stale])
