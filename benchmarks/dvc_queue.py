@@ -314,7 +314,6 @@ def open_workdir(parser: argparse.ArgumentParser, workdir: Path, base: dict) -> 
     return True
 
 
-
 def finish(out: Path, rows: list[dict], text: str, header: str, workdir: Path, keep: bool) -> int:
     """Write the results (:func:`write_results`), print them, remove a temporary ``workdir`` unless ``keep``; 0."""
     write_results(out, rows, text, header)

@@ -146,9 +146,6 @@ def outcome(clone: Path) -> str:
     return "; ".join(parts)
 
 
-
-
-
 # =========================================================================== (b) throughput: both sides
 
 

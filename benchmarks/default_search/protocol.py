@@ -172,7 +172,6 @@ def cell_of(row: dict[str, str]) -> Cell:
     return Cell(row["data"], row["protocol"], row["palette"], int(row["seed"]), float(row["strength"]))
 
 
-
 def duplicate_runs(rows: list[dict[str, str]]) -> list[str]:
     """Each run (phase, cell, candidate, rule) that more than one row gives, with those rows' numbers (1: the first
     row) and what made them differ; empty when every run has one row."""
