@@ -1,8 +1,8 @@
 """Micro-benchmark: forward+backward time of every loss in debias.losses against a
 straightforward mask-and-sum implementation over the full B x B matrix, written the way
-the papers' released code writes it (the baselines live here, not in src/).
+the papers' released code writes it (the baselines: benchmarks/reference_losses.py, not in src/).
 
-    nice python benchmarks/bench_losses.py [--sizes 256 1024 4096] [--dim 128] [--threads N]
+    nice python -m benchmarks.bench_losses [--sizes 256 1024 4096] [--dim 128] [--threads N]
 
 Prints a Markdown table (median of repeated runs; ratio = baseline / debias, > 1 means
 debias is faster).  Each pair is also checked to agree numerically.
@@ -20,171 +20,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from benchmarks.reference_losses import (base_cnc_two_sided, base_eps_supcon, base_eps_supinfonce, base_fairkl,
+                                         base_fairkl_authors, base_nt_xent, base_supcon, base_triplet,
+                                         base_triplet_2view, base_wcl)
 from debias import losses as L
-
-# --------------------------------------------------------------------------- baselines
-
-
-def base_supcon(z, y, tau):
-    """SupContrast (Khosla et al. code): exp, masks and sums over the full matrix."""
-    b = z.shape[0]
-    logits = z @ z.T / tau
-    logits = logits - logits.max(1, keepdim=True).values.detach()
-    mask = (y[:, None] == y[None, :]).float()
-    logits_mask = 1 - torch.eye(b, device=z.device)
-    mask = mask * logits_mask
-    exp_logits = torch.exp(logits) * logits_mask
-    log_prob = logits - torch.log(exp_logits.sum(1, keepdim=True))
-    n_pos = mask.sum(1)
-    valid = n_pos > 0
-    mean_log_prob_pos = (mask * log_prob).sum(1)[valid] / n_pos[valid]
-    return -mean_log_prob_pos.mean()
-
-
-def base_eps_supcon(z, y, eps, tau):
-    """Authors' EpsilonSupCon.forward_out (without the tau / base_tau factor)."""
-    b = z.shape[0]
-    logits = z @ z.T / tau
-    logits = logits - logits.max(1, keepdim=True).values.detach()
-    inv_diag = ~torch.eye(b, dtype=torch.bool, device=z.device)
-    pos = (y[:, None] == y[None, :]) & inv_diag
-    unif = torch.exp(logits) * inv_diag
-    unif = math.exp(-eps) * (unif * pos) + unif * (~pos) * inv_diag
-    unif = torch.log(unif.sum(1, keepdim=True) + 1e-6)
-    log_prob = logits - unif
-    n_pos = pos.sum(1)
-    valid = n_pos > 0
-    return -((pos * log_prob).sum(1)[valid] / n_pos[valid]).mean()
-
-
-def base_eps_supinfonce(z, y, eps, tau):
-    """Authors' EpsilonSupInfoNCE.forward_out (without the tau / base_tau factor)."""
-    b = z.shape[0]
-    logits = z @ z.T / tau
-    logits = logits - logits.max(1, keepdim=True).values.detach()
-    inv_diag = ~torch.eye(b, dtype=torch.bool, device=z.device)
-    pos = (y[:, None] == y[None, :]) & inv_diag
-    unif = torch.exp(logits) * inv_diag
-    unif = math.exp(-eps) * unif * pos + (unif * (~pos) * inv_diag).sum(1, keepdim=True)
-    unif = torch.log(unif + 1e-6)
-    log_prob = logits - unif
-    n_pos = pos.sum(1)
-    valid = n_pos > 0
-    return -((pos * log_prob).sum(1)[valid] / n_pos[valid]).mean()
-
-
-def base_fairkl(z, y, bias, floor=1e-6):
-    """Paper Eq. 10 with four explicit masks over the full distance matrix."""
-    b = z.shape[0]
-    d = torch.cdist(z, z).pow(2)
-    offdiag = ~torch.eye(b, dtype=torch.bool, device=z.device)
-    same_y = y[:, None] == y[None, :]
-    same_b = bias[:, None] == bias[None, :]
-    out = z.new_zeros(())
-    for side in (same_y & offdiag, ~same_y):
-        stats = []
-        for m in (side & same_b, side & ~same_b):
-            m = m.float()
-            n = m.sum()
-            mu = (m * d).sum() / n
-            var = (m * (d - mu) ** 2).sum() / n
-            stats.append((n, mu, var.clamp_min(floor)))
-        (na, mua, va), (nc, muc, vc) = stats
-        if na >= 4 and nc >= 4:  # >= 2 unordered pairs each
-            out = out + 0.5 * ((va + (mua - muc) ** 2) / vc - torch.log(va / vc) - 1)
-    return out
-
-
-def base_fairkl_authors(z, y, bias):
-    """Authors' released fairkl() (temperature 1, kld 1), self-pairs excluded."""
-    b = z.shape[0]
-    sim = z @ z.T
-    offdiag = ~torch.eye(b, dtype=torch.bool, device=z.device)
-    positive = (y[:, None] == y[None, :]) & offdiag
-    aligned = bias[:, None] == bias[None, :]
-    masks = [positive & aligned, positive & ~aligned, ~(y[:, None] == y[None, :]) & aligned,
-             ~(y[:, None] == y[None, :]) & ~aligned]
-    xs = [sim * m for m in masks]
-    mus = [x.sum() / max(int(m.sum()), 1) for x, m in zip(xs, masks)]
-    sds = [torch.std(x) for x in xs]
-    mu_loss = (mus[1] - mus[0]) ** 2 + (mus[2] - mus[3]) ** 2
-    sd_loss = (sds[0] - sds[1]) ** 2 + (sds[2] - sds[3]) ** 2
-    return mu_loss + sd_loss - mus[1] + mus[2]
-
-
-def base_cnc_two_sided(a, p, n, n2, tau):
-    """CNC authors' loss: a Python loop over contrastive batches, exp / sum / log."""
-    total = 0.0
-    for k in range(a.shape[0]):
-        for anchor, pos, neg in ((a[k, 0], p[k], n[k]), (p[k, 0], a[k], n2[k])):
-            exp_pos = torch.exp(F.cosine_similarity(anchor[None], pos) / tau)
-            exp_neg = torch.exp(F.cosine_similarity(anchor[None], neg) / tau)
-            total = total - (torch.log(exp_pos) - torch.log(exp_neg.sum() + exp_pos.sum())).mean()
-    return total / a.shape[0]
-
-
-def base_triplet(a, p, tau_plus):
-    """Full B x B squared-distance matrix, masked mean over j != i."""
-    b = a.shape[0]
-    d_pos = ((a - p) ** 2).sum(1)
-    d_all = torch.cdist(a, a).pow(2)
-    mask = 1 - torch.eye(b, device=a.device)
-    d_neg = (d_all * mask).sum(1) / (b - 1)
-    if tau_plus > 0:
-        d_neg = (d_neg - tau_plus * d_pos) / (1 - tau_plus)
-    return (d_pos - d_neg).mean()
-
-
-def _two_view_negatives(b, device):
-    mask = ~torch.eye(2 * b, dtype=torch.bool, device=device)
-    idx = torch.arange(b, device=device)
-    mask[idx, idx + b] = False
-    mask[idx + b, idx] = False
-    return mask
-
-
-def base_nt_xent(z1, z2, w, tau, tau_plus, beta=None):
-    """DCL / HCL code style (Chuang et al., Robinson et al.): exp of the 2B x 2B matrix,
-    masked_select of the 2B - 2 negatives, (importance-)weighted sum, clamp, log."""
-    b = z1.shape[0]
-    out = torch.cat([z1, z2])
-    mask = _two_view_negatives(b, z1.device)
-    neg = torch.exp(out @ out.T / tau).masked_select(mask).view(2 * b, -1)
-    pos = torch.exp((z1 * z2).sum(-1) / tau)
-    pos = torch.cat([pos, pos])
-    n = 2 * b - 2
-    if beta is not None:
-        imp = (beta * neg.log()).exp()
-        ng = (imp * neg).sum(-1) / imp.mean(-1)
-    else:
-        ng = (neg * w.masked_select(mask).view(2 * b, -1)).sum(-1)
-    if tau_plus > 0:
-        ng = ((ng - tau_plus * n * pos) / (1 - tau_plus)).clamp(min=n * math.exp(-1 / tau))
-    return -torch.log(pos / (pos + ng)).mean()
-
-
-def base_triplet_2view(z1, z2, tau_plus):
-    """Full 2B x 2B squared-distance matrix, masked mean over the 2B - 2 negatives."""
-    b = z1.shape[0]
-    z = torch.cat([z1, z2])
-    d_pos = ((z1 - z2) ** 2).sum(1)
-    d_pos = torch.cat([d_pos, d_pos])
-    mask = _two_view_negatives(b, z1.device).float()
-    d_neg = (torch.cdist(z, z).pow(2) * mask).sum(1) / (2 * b - 2)
-    if tau_plus > 0:
-        d_neg = (d_neg - tau_plus * d_pos) / (1 - tau_plus)
-    return (d_pos - d_neg).mean()
-
-
-def base_wcl(zd_a, zd_p, zb_a, zb_p, tau, tau_plus):
-    with torch.no_grad():
-        mask = _two_view_negatives(zd_a.shape[0], zd_a.device)
-        zd, zb = torch.cat([zd_a, zd_p]), torch.cat([zb_a, zb_p])
-        dd, db = torch.cdist(zd, zd), torch.cdist(zb, zb)
-        dd, db = dd / dd[mask].max(), db / db[mask].max()
-        w = 1 + dd / (dd + db).clamp_min(1e-12)
-    return base_nt_xent(zd_a, zd_p, w, tau, tau_plus) + base_triplet_2view(zb_a, zb_p, tau_plus)
-
 
 # --------------------------------------------------------------------------- cases
 

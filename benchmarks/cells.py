@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,10 +33,10 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "src"))
 
-from debias.core.trees import merge  # noqa: E402
-from debias.metrics.paired import paired  # noqa: E402
+from debias.core.trees import merge
+from debias.metrics.paired import paired
+from debias.training.selection import describe_selection, picks_by_rule
 
 #: The upstream recipe of benchmarks/quality.yaml on mnist10k's 10k real digits (5,999 training images, ERM 5 epochs).
 MNIST10K: dict[str, Any] = {
@@ -250,6 +251,19 @@ class RunResult:
     date: str = ""  # the day the run was made (ISO)
 
 
+def kept_numbers(result: RunResult, rule: str) -> dict[str, Any]:
+    """A results row's columns for selection ``rule`` on the run: the epoch it keeps on the history, whether that pick
+    is degenerate, that epoch's validation and test numbers, and the run's CPU and wall seconds."""
+    epoch = picks_by_rule(result.history)[rule]
+    kept = next(row for row in result.history if int(row["epoch"]) == epoch)
+    return {"rule": rule, "epoch": epoch,
+            "degenerate": int(bool(describe_selection(result.history, epoch, rule)["degenerate"])),
+            "val_unbiased": round(kept["val/unbiased"], 4), "val_worst": round(kept["val/worst_group"], 4),
+            "test_avg": round(kept["test/avg"], 4), "test_unbiased": round(kept["test/unbiased"], 4),
+            "test_worst": round(kept["test/worst_group"], 4),
+            "test_worst_n": int(kept.get("test/worst_group_n", 0) or 0),
+            "cpu_seconds": round(result.cpu_seconds, 1), "wall_seconds": round(result.wall_seconds, 1)}
+
 def _run_measured(command: list[str], env: dict[str, str], log: Path) -> tuple[int, float, float]:
     """Run ``command``; its exit code, the CPU seconds of its process (and its children, user + system) and the wall
     seconds."""
@@ -360,6 +374,13 @@ def write_rows(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> Non
         writer.writerows(rows)
     os.replace(partial, path)
 
+
+def shown_command(module: str, argv: list[str]) -> str:
+    """The command line a results page prints for ``python -m benchmarks.<module> argv``, the scratch folder as
+    SCRATCH and the data file as mnist10k.npz (no machine's paths)."""
+    shown = ["SCRATCH" if i and argv[i - 1] == "--workdir" else "mnist10k.npz" if i and argv[i - 1] == "--npz"
+             else a for i, a in enumerate(argv)]
+    return f"python -m benchmarks.{module} " + " ".join(map(shlex.quote, shown))
 
 def write_text(path: Path, text: str) -> None:
     partial = path.with_suffix(path.suffix + ".tmp")

@@ -6,7 +6,7 @@ cluster groups); then every candidate trains stage 2 in that workspace with its 
 stage's method, per-epoch validation and test, 30 epochs) and its per-epoch history is kept, so every selection rule
 is replayed on the same training run (:func:`debias.training.selection.picks_by_rule`).
 
-    python benchmarks/default_choice.py --npz PATH/mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2
+    python -m benchmarks.default_choice --npz PATH/mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2
 
 The criterion is the **test unbiased accuracy** (the mean over the (class, colour) groups of the uniformly coloured
 test split: every one of its 2,501 images counts) at the epoch the selection rule keeps, pooled over the cells and
@@ -26,7 +26,6 @@ import argparse
 import concurrent.futures
 import datetime as dt
 import math
-import shlex
 import statistics
 import sys
 import threading
@@ -35,12 +34,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
-import cells  # noqa: E402
-from cells import BenchmarkError, Cell  # noqa: E402
+from benchmarks import cells
+from benchmarks.cells import BenchmarkError, Cell
 
-from debias.training.selection import describe_selection, picks_by_rule  # noqa: E402
 
 # Stage 2 as the runs of this table made it (Adam 1e-3, wd 1e-5, batch 256, 30 epochs, no shift, tau 0.1, eps 0.5),
 # only the objective changing. Every setting a candidate's loss or schedule reads is pinned here, so a candidate means
@@ -74,7 +71,7 @@ FIELDS = ["protocol", "palette", "seed", "candidate", "rule", "epoch", "degenera
 # Earlier layouts of this script's results (rendered by --collect-only, never resumed from): before runs were keyed,
 # and before rows recorded what they were made with
 LEGACY_FIELDS = [[*FIELDS[:13], "seconds"], [*FIELDS[:15], "date", "key"]]
-FULL_COMMAND = "python benchmarks/default_choice.py --npz mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2"
+FULL_COMMAND = "python -m benchmarks.default_choice --npz mnist10k.npz --workdir SCRATCH --seeds 0 1 2 --jobs 2"
 
 
 def run_cells(seeds: list[int], protocols: list[str], palettes: list[str]) -> list[Cell]:
@@ -87,25 +84,10 @@ def candidate_sets(candidate: str) -> dict[str, Any]:
 
 
 def rows_for(cell: Cell, candidate: str, result: cells.RunResult, made: dict[str, str]) -> list[dict[str, Any]]:
-    """One row per selection rule: the epoch it keeps on the run's history and that epoch's numbers, with what the run
-    was made with (``made``: threads, jobs, rev, data_sha)."""
-    picks = picks_by_rule(result.history)
-    rows = []
-    for rule in RULES:
-        epoch = picks[rule]
-        kept = next(row for row in result.history if int(row["epoch"]) == epoch)
-        block = describe_selection(result.history, epoch, rule)
-        rows.append({"protocol": cell.protocol, "palette": cell.palette, "seed": cell.seed, "candidate": candidate,
-                     "rule": rule, "epoch": epoch, "degenerate": int(bool(block["degenerate"])),
-                     "val_worst": round(kept["val/worst_group"], 4), "val_unbiased": round(kept["val/unbiased"], 4),
-                     "test_avg": round(kept["test/avg"], 4), "test_unbiased": round(kept["test/unbiased"], 4),
-                     "test_worst": round(kept["test/worst_group"], 4),
-                     "test_worst_n": int(kept.get("test/worst_group_n", 0) or 0),
-                     "cpu_seconds": round(result.cpu_seconds, 1), "wall_seconds": round(result.wall_seconds, 1),
-                     **made, "date": result.date, "key": result.key})
-    return rows
-
-
+    """One row per selection rule (:func:`cells.kept_numbers`), with what the run was made with (``made``: threads,
+    jobs, rev, data_sha)."""
+    return [{"protocol": cell.protocol, "palette": cell.palette, "seed": cell.seed, "candidate": candidate,
+             **cells.kept_numbers(result, rule), **made, "date": result.date, "key": result.key} for rule in RULES]
 interval = cells.interval
 
 
@@ -307,10 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/default_choice")
     parser.add_argument("--collect-only", action="store_true", help="rewrite OUT.md from OUT.csv")
     args = parser.parse_args(argv)
-    given = sys.argv[1:] if argv is None else argv
-    shown = ["SCRATCH" if i and given[i - 1] == "--workdir" else "mnist10k.npz" if i and given[i - 1] == "--npz"
-             else a for i, a in enumerate(given)]
-    command = "python benchmarks/default_choice.py " + " ".join(map(shlex.quote, shown))
+    command = cells.shown_command("default_choice", sys.argv[1:] if argv is None else argv)
     csv_path, md_path = args.out.with_suffix(".csv"), args.out.with_suffix(".md")
     try:
         if args.collect_only:

@@ -6,7 +6,7 @@ For each seed a workspace (a clone of this repository's committed tree, ``seed``
 ``benchmarks/stage2_epochs.py`` (the stage's method, per-epoch validation and selection rule, in one process; its
 numbers differ from the stage's in the last digits) and the epoch the selection rule keeps is recorded.
 
-    python benchmarks/eps_sweep.py --workdir SCRATCH --seeds 0 1 2 --objectives kl_a1_l05 released_a003_l05 \
+    python -m benchmarks.eps_sweep --workdir SCRATCH --seeds 0 1 2 --objectives kl_a1_l05 released_a003_l05 \
         --epsilons 0 0.25 0.5 1 --out benchmarks/results/eps_sweep
 
 Rows already in ``OUT.csv`` (same objective, ε, seed) are kept, so an interrupted sweep resumes; ``OUT.md`` is
@@ -28,9 +28,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT / "src"))
 
-from debias.metrics.paired import paired  # noqa: E402
+from debias.metrics.paired import paired
 # Every objective sets all four loss keys it depends on, so the committed params.yaml's values do not leak in.
 OBJECTIVES: dict[str, dict[str, object]] = {
     "released_a003_l05": {"loss.fairkl.variant": "released", "loss.alpha": 0.03, "loss.fairkl.weight": 0.5},
@@ -60,10 +59,11 @@ def workspace(workdir: Path, seed: int, threads: int) -> Path:
 def run_one(path: Path, objective: str, epsilon: float, seed: int, threads: int) -> dict[str, object]:
     """Stage 2 of one (objective, ε, seed): the kept epoch's metrics and the first / last epoch's training loss."""
     sets = {**OBJECTIVES[objective], "loss.epsilon": epsilon, "seed": seed}
-    command = [sys.executable, str(HERE / "stage2_epochs.py"), str(path), "--threads", str(threads)]
+    command = [sys.executable, "-m", "benchmarks.stage2_epochs", str(Path(path).resolve()), "--threads", str(threads)]
     for key, value in sets.items():
         command += ["-S", f"{key}={value}"]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    out = subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True, text=True).stdout
     epochs = {}
     for line in out.splitlines():
         if line.startswith("epoch "):
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     given = sys.argv[1:] if argv is None else argv
     shown = ["SCRATCH" if i and given[i - 1] == "--workdir" else a for i, a in enumerate(given)]
-    command = "python benchmarks/eps_sweep.py " + " ".join(map(shlex.quote, shown))
+    command = "python -m benchmarks.eps_sweep " + " ".join(map(shlex.quote, shown))
     csv_path, md_path = args.out.with_suffix(".csv"), args.out.with_suffix(".md")
     rows = list(csv.DictReader(csv_path.open())) if csv_path.exists() else []
     done = {(r["objective"], float(r["epsilon"]), int(r["seed"])) for r in rows}

@@ -15,10 +15,10 @@ row's start to the last row's end, its training steps and their rate, the device
 sampled over the whole table (one ``nvidia-smi`` sampler for the run), and the stage walls summed (the time one
 row after another would take at these rates), in OUT.md's notes.
 
-    python benchmarks/gpu.py --raw DIR [--device cuda] [--settings cmnist_0995 ...] [--methods cnc ...]
+    python -m benchmarks.gpu --raw DIR [--device cuda] [--settings cmnist_0995 ...] [--methods cnc ...]
         [--seeds 0 1 2] [--parallel 3] [--until evaluate] [--set stage2.epochs=1 ...]
         [--stages train_erm train_contrastive ...] [--out benchmarks/results/gpu]
-    python benchmarks/gpu.py --device cpu --quick          # a smoke run: the default digits, 1 epoch, 2 stages
+    python -m benchmarks.gpu --device cpu --quick          # a smoke run: the default digits, 1 epoch, 2 stages
 
 ``--quick`` replaces the data by the default source (scikit-learn's digits, offline), one setting and the
 eps-SupInfoNCE + FairKL method at 1 epoch, and runs the stages up to train_contrastive; it checks the tool, not
@@ -48,11 +48,10 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(REPO / "src"))
 
-from quality import expand_preset, merge, parse_sets  # noqa: E402
-from speed import stage_order  # noqa: E402
+from benchmarks.clones import NUMBA_CACHE, stage_order
+from benchmarks.dvc_queue import expand_preset, parse_sets
+from debias.core.trees import merge
 
 FIELDS = ["device", "setting", "method", "seed", "stage", "wall_s", "steps", "steps_per_s", "peak_memory_mib",
           "idle_fraction", "concurrent", "test_avg", "test_unbiased", "test_worst_group", "exit"]
@@ -171,7 +170,7 @@ def run_row(work: Path, device: str, setting: str, method: str, seed: int, stage
     params = validate(yaml.safe_load((work / "params.yaml").read_text()))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "DEBIAS_TRACKING": "off", "DEBIAS_DEVICE": device,
-           "DEBIAS_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE", "MLFLOW_DISABLE_TELEMETRY": "true"}
+           "NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", str(NUMBA_CACHE)), "DEBIAS_THREADS": str(args.threads), "OMP_WAIT_POLICY": "PASSIVE", "MLFLOW_DISABLE_TELEMETRY": "true"}
     rows = []
     for stage, cmd in stages:
         with open(log, "a") as handle, DeviceMonitor(device, args.sample_ms) as monitor:  # one log per row
@@ -288,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(name for name, _ in order)}")
     args.device_name = device_name(args.device)
     started = datetime.datetime.now().astimezone()
-    command = shlex.join(["python", "benchmarks/gpu.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.gpu", *(argv if argv is not None else sys.argv[1:])])
     notes = [f"Command: `{command}`", f"Date: {started:%Y-%m-%d %H:%M %Z}", f"Device: {args.device_name}; "
              f"DEBIAS_THREADS={args.threads}; idle fraction: share of {args.sample_ms} ms nvidia-smi samples at 0 % "
              f"utilisation (CUDA only); {args.parallel} row(s) at once (timings of rows run together share the "

@@ -7,7 +7,7 @@ frozen training features and is validated; the selection rule (``stage2.selectio
 setting. Printed and written (``--out``: Markdown): per setting and seed the head fits' total time and L-BFGS
 iterations, the selected epoch and its validation / test accuracies.
 
-    python benchmarks/head_warm_start.py WORKSPACE [--seeds 0 1 2] [--tolerances 1e-7 1e-5 1e-4] [-S key=value ...]
+    python -m benchmarks.head_warm_start WORKSPACE [--seeds 0 1 2] [--tolerances 1e-7 1e-5 1e-4] [-S key=value ...]
         [--out benchmarks/results/head_warm_start.md]
 
 ``WORKSPACE`` holds data/biased and data/groups (``dvc repro infer_groups`` there) and params.yaml.
@@ -26,18 +26,16 @@ from pathlib import Path
 import torch
 import yaml
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
 
-from debias.core.runtime import seed_everything  # noqa: E402
-from debias.data.store import load_splits  # noqa: E402
-from debias.groups import GROUPS_TABLE, load_groups  # noqa: E402
-from debias.metrics import scalars  # noqa: E402
-from debias.schema import validate  # noqa: E402
-from debias.training.classifier import evaluate  # noqa: E402
-from debias.training.loop import selection_score  # noqa: E402
-from debias.training.methods import Stage2Inputs, fit_head, method_spec, setup_method  # noqa: E402
-from stage2_epochs import set_value  # noqa: E402
+from debias.core.runtime import seed_everything
+from debias.data.store import load_splits
+from debias.groups import GROUPS_TABLE, load_groups
+from debias.metrics import scalars
+from debias.schema import validate
+from debias.training.classifier import evaluate
+from debias.training.loop import selection_score
+from debias.training.methods import Stage2Inputs, fit_head, method_spec, setup_method
+from benchmarks.stage2_epochs import set_value
 
 
 def run_seed(workspace: Path, raw: dict, seed: int, settings: list[tuple[str, bool, float]]) -> list[dict]:
@@ -106,7 +104,7 @@ def main() -> None:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(f"{row[k]:.4f}" if isinstance(row[k], float) else str(row[k]) for k in header) + " |"
               for row in rows]
-    command = shlex.join(["python", "benchmarks/head_warm_start.py", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "benchmarks.head_warm_start", *sys.argv[1:]])
     text = (f"# Per-epoch head: cold start against warm starts\n\n- Command: `{command}`\n"
             f"- torch threads {args.threads}, CPU; head_s: the head fits' total wall time over the run\n\n"
             + "\n".join(lines) + "\n")

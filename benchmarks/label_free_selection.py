@@ -9,7 +9,7 @@ shared through DVC's run-cache), up to train_contrastive. Per run and rule, OUT.
 the oracle's test worst-group accuracy and each label-free rule's loss against it in points, mean +- std over
 seeds (a negative loss: the rule's model did better on test than the oracle's).
 
-    python benchmarks/label_free_selection.py --npz ../shared/datasets/mnist10k.npz --seeds 0 1 2 --jobs 2 \\
+    python -m benchmarks.label_free_selection --npz ../shared/datasets/mnist10k.npz --seeds 0 1 2 --jobs 2 \\
         --workdir /tmp/label-free --out benchmarks/results/label_free_selection
 """
 
@@ -28,9 +28,10 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-import quality  # noqa: E402
+from benchmarks import dvc_queue
+from benchmarks import pages
+from debias.core.trees import merge
 
 ORACLE = "best_worst_group"
 LABEL_FREE = ("best_worst_class", "best_worst_inferred_group", "last")
@@ -42,17 +43,18 @@ FIELDS = ["setting", "seed", "method", "rule", "epoch", "test_avg", "test_worst_
 
 
 def jobs_for(config: dict, settings: list[str], seeds: list[int], methods: list[str]) -> list[dict]:
-    """quality.py's plan with every method experiment stopped at train_contrastive (no probe, no evaluate)."""
-    return [job if job["method"] == quality.UPSTREAM else {**job, "targets": [TARGET]}
-            for job in quality.plan(config, settings, seeds, methods)]
+    """The quality study's plan (:func:`benchmarks.dvc_queue.plan`) with every method experiment stopped at
+    train_contrastive (no probe, no evaluate)."""
+    return [job if job["method"] == dvc_queue.UPSTREAM else {**job, "targets": [TARGET]}
+            for job in dvc_queue.plan(config, settings, seeds, methods)]
 
 
 def collect(workdir: Path, jobs: list[dict]) -> list[dict[str, Any]]:
     """One row per (experiment, rule) from the train_contrastive runs' ``selection.picks`` / ``picks_test`` metrics."""
     from mlflow.tracking import MlflowClient
 
-    by_name = {job["name"]: job for job in jobs if job["method"] != quality.UPSTREAM}
-    client = MlflowClient(tracking_uri=quality.store_uri(workdir))
+    by_name = {job["name"]: job for job in jobs if job["method"] != dvc_queue.UPSTREAM}
+    client = MlflowClient(tracking_uri=dvc_queue.store_uri(workdir))
     experiments = [e.experiment_id for e in client.search_experiments()]
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for found in client.search_runs(experiments, filter_string="attributes.status = 'FINISHED'", max_results=50000):
@@ -72,8 +74,8 @@ def collect(workdir: Path, jobs: list[dict]) -> list[dict[str, Any]]:
 
 
 def mean_std(values: list[float]) -> str:
-    """quality.py's ``mean ± std`` (sample std), with the number of seeds when it is not 3."""
-    text = quality.mean_std(values)
+    """``mean ± std`` (sample std, :func:`benchmarks.pages.mean_std`), with the number of seeds when it is not 3."""
+    text = pages.mean_std(values)
     return text if len(values) == 3 else f"{text} (n={len(values)})"
 
 
@@ -130,15 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     workdir = args.workdir.resolve()
     started = time.time()
     if not args.collect_only:
-        base = quality.merge(config["base"], {"data": {"path": str(Path(args.npz).resolve())}})
-        quality.open_workdir(parser, workdir, base)
-        quality.run_queue(workdir, jobs, args.jobs, quality.stage_env(args.threads, workdir))
+        base = merge(config["base"], {"data": {"path": str(Path(args.npz).resolve())}})
+        dvc_queue.open_workdir(parser, workdir, base)
+        dvc_queue.run_queue(workdir, jobs, args.jobs, dvc_queue.stage_env(args.threads, workdir))
     rows = collect(workdir, jobs)
     if not rows:
         print("[label-free] no results", file=sys.stderr)
         return 1
-    command = "python benchmarks/label_free_selection.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    commit = quality.run(["git", "rev-parse", "--short", "HEAD~1"], cwd=workdir).strip()
+    command = "python -m benchmarks.label_free_selection " + " ".join(sys.argv[1:] if argv is None else argv)
+    commit = dvc_queue.run(["git", "rev-parse", "--short", "HEAD~1"], cwd=workdir).strip()
     header = (f"Command: `{command}` (pipeline code at commit {commit}); date "
               f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}. Machine: {os.cpu_count()} CPUs "
               f"({platform.processor() or platform.machine()}), {args.jobs} queue workers x {args.threads} thread(s)"

@@ -9,7 +9,7 @@ code picks. Stage wall times come from the clone's MLflow store (each stage's ru
 start to end); the queue's wall time from the first `dvc queue start` to an empty queue. ``--alone`` also
 runs one experiment by itself (one worker) per tree, for reference. Trees take turns, ``--rounds`` times.
 
-    nice -n 5 python benchmarks/queue_threads.py --trees COMMIT_BEFORE COMMIT_AFTER [--jobs 2]
+    nice -n 5 python -m benchmarks.queue_threads --trees COMMIT_BEFORE COMMIT_AFTER [--jobs 2]
         [--experiments 2] [--alone] [--set stage2.epochs=3 ...] [--out benchmarks/results/queue_threads]
 """
 
@@ -31,9 +31,8 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-from speed import NUMBA_CACHE, child_env, make_clone  # noqa: E402
+from benchmarks.clones import NUMBA_CACHE, child_env, make_clone
 
 STAGE2_STAGES = ("train_contrastive", "linear_probe", "evaluate", "report")
 
@@ -145,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{s} {statistics.median(v):.1f} s" for s, v in walls.items() if v), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    command = shlex.join(["python", "benchmarks/queue_threads.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.queue_threads", *(argv if argv is not None else sys.argv[1:])])
     lines = ["# Queue workers and threads", "",
              f"- Command: `{command}`",
              f"- Date: {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before:.2f}, after "

@@ -10,8 +10,8 @@ Then that environment's fork server is stopped. Wall seconds of the whole comman
 record, reports/runs/<stage>.json); medians over the rounds and the ratio to the last tree. ``--set KEY=VALUE``
 (as ``dvc exp run -S`` takes it) is written into each clone's params.yaml before its first run: another data source.
 
-    nice -n 5 python benchmarks/repro_time.py --trees worktree COMMIT --rounds 3 --out benchmarks/results/repro_time
-    python benchmarks/repro_time.py --trees worktree COMMIT --rounds 1 --set data.source=adult \
+    nice -n 5 python -m benchmarks.repro_time --trees worktree COMMIT --rounds 3 --out benchmarks/results/repro_time
+    python -m benchmarks.repro_time --trees worktree COMMIT --rounds 1 --set data.source=adult \
         --set data.path=../shared/datasets/adult --out benchmarks/results/repro_time_adult
 """
 
@@ -32,9 +32,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-from speed import child_env, make_clone  # noqa: E402
+from benchmarks.clones import child_env, make_clone
 
 STAGES = ("download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate",
           "report")
@@ -121,7 +120,7 @@ def write(rows: list[dict], table: list[dict], args: argparse.Namespace, out: Pa
     keys = ["wall_s", *(f"{s}_s" for s in STAGES)]
     what = f"with {', '.join(f'-S {o}' for o in args.set)}" if args.set else "of the default pipeline"
     lines = [f"# `dvc repro` {what}, first and warm", "",
-             f"- Command: `python benchmarks/repro_time.py {' '.join(sys.argv[1:])}`",
+             f"- Command: `python -m benchmarks.repro_time {' '.join(sys.argv[1:])}`",
              f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average (1 min) "
              f"before {load[0]:.2f}, after {load[1]:.2f}; {os.cpu_count()} CPUs ({platform.machine()})",
              f"- DEBIAS_THREADS={args.threads}, DEBIAS_TRACKING=required; trees: {', '.join(args.trees)}",

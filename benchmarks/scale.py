@@ -16,7 +16,7 @@ only imports torch (the issue's budget: 1.5 GB above it at 54k).
 Results: OUT.md and OUT.csv (default benchmarks/results/scale); rows are written to the CSV as they come, so an
 interrupted run keeps what it measured (``--render OUT.csv`` rewrites the Markdown).
 
-    nice -n 5 python benchmarks/scale.py [--sizes 6000 18000 54000] [--quick] [--raw DIR] [--threads 1]
+    nice -n 5 python -m benchmarks.scale [--sizes 6000 18000 54000] [--quick] [--raw DIR] [--threads 1]
         [--runner dvc|direct] [--methods cnc fairkl] [--keep] [--out benchmarks/results/scale]
 """
 
@@ -39,11 +39,11 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE))
 
-from quality import link_raw_files, merge  # noqa: E402
-
-# benchmarks/speed.py's clone, environment and measurement helpers, imported when a run starts (it imports torch).
+from benchmarks.clones import NUMBA_CACHE, child_env, home_relative, make_clone, run_measured, stage_order
+from benchmarks.dvc_queue import link_raw_files
+from benchmarks.pages import add_out_arguments, render
+from debias.core.trees import merge
 
 STAGE2_STAGES = ("train_contrastive", "linear_probe", "evaluate", "report")  # rerun for every further method
 FIELDS = ["size", "method", "stage", "n_train", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "rss_above_torch_mib",
@@ -71,7 +71,6 @@ def size_params(config: dict, size: int, method: str, quick: bool) -> dict:
 
 def torch_baseline_rss(env: dict[str, str], cwd: Path, log: Path) -> float:
     """Peak RSS (MiB) of a process that only imports torch, measured like the stages."""
-    from speed import run_measured
 
     status, _, _, rss = run_measured([sys.executable, "-c", "import torch"], cwd, env, log)
     if status != 0:
@@ -85,7 +84,6 @@ def write_params(clone: Path, overrides: dict) -> None:
 
 
 def run_stage(clone: Path, env: dict[str, str], stage: str, cmd: str, runner: str, log: Path) -> dict[str, Any]:
-    from speed import run_measured
 
     command = ["dvc", "repro", "-s", stage] if runner == "dvc" else shlex.split(cmd.split("#")[0])
     if runner == "direct" and command[0] == "python":
@@ -110,7 +108,6 @@ def cnc_batches(clone: Path, stage: str) -> int | None:
 
 def run_size(size: int, config: dict, methods: list[str], args: argparse.Namespace, work: Path, logs: Path,
              writer: csv.DictWriter, handle: Any) -> list[dict[str, Any]]:
-    from speed import NUMBA_CACHE, child_env, make_clone, run_measured, stage_order
 
     clone = work / f"n{size}"
     clone.mkdir()
@@ -209,22 +206,6 @@ def markdown(rows: list[dict[str, Any]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def read_results(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    lines = path.read_text().splitlines()
-    header = [line[2:] for line in lines if line.startswith("# ")]
-
-    def value(text: str) -> Any:
-        for kind in (int, float):
-            try:
-                return kind(text)
-            except ValueError:
-                continue
-        return text if text else None
-
-    rows = [{k: value(v) for k, v in row.items()} for row in csv.DictReader(l for l in lines if not l.startswith("#"))]
-    return header, rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=str(HERE / "scale.yaml"))
@@ -236,14 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runner", choices=("dvc", "direct"), default="dvc",
                         help="dvc: `dvc repro -s <stage>`; direct: the stage's cmd from dvc.yaml")
     parser.add_argument("--keep", action="store_true", help="keep the temporary clones")
-    parser.add_argument("--out", default=str(HERE / "results" / "scale"), help="writes OUT.md and OUT.csv")
-    parser.add_argument("--render", metavar="CSV", help="only rewrite the Markdown of an earlier run's CSV")
+    add_out_arguments(parser, HERE / "results" / "scale")
     args = parser.parse_args(argv)
     if args.render:
-        header, rows = read_results(Path(args.render))
-        Path(args.render).with_suffix(".md").write_text(markdown(rows, header))
-        return 0
-    from speed import NUMBA_CACHE, home_relative
+        return render(Path(args.render), markdown)
 
     config = yaml.safe_load(Path(args.config).read_text())
     sizes = args.sizes or config["sizes"]
@@ -256,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     started = datetime.datetime.now().astimezone()
     load_before = os.getloadavg()[0]
-    command = shlex.join(["python", "benchmarks/scale.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.scale", *(argv if argv is not None else sys.argv[1:])])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     header = [f"Command: `{command}`",
               f"Started {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before:.2f}; {cores} usable cores",

@@ -8,12 +8,12 @@
     classes (ClassifierTask, CNCTask, ContrastiveTask, WCLTask) on mnist10k-sized biased data in memory,
     against a plain PyTorch baseline written the way the papers' code is: a per-sample Dataset with
     torchvision transforms on PIL images, a DataLoader, and mask-and-sum losses over the full B x B
-    matrix (benchmarks/bench_losses.py). Same model (LeNet-5), batch sizes, steps, optimiser and thread
+    matrix (benchmarks/reference_losses.py). Same model (LeNet-5), batch sizes, steps, optimiser and thread
     count; debias and baseline epochs alternate, median of repeats.
 
 Results: benchmarks/results/speed.md and speed.csv (settings: benchmarks/speed.yaml).
 
-    nice -n 5 python benchmarks/speed.py [--npz ../shared/datasets/mnist10k.npz] [--threads 1]
+    nice -n 5 python -m benchmarks.speed [--npz ../shared/datasets/mnist10k.npz] [--threads 1]
         [--pipelines default mnist10k] [--methods ...] [--repeats 5] [--num-workers 0] [--skip-pipeline]
         [--skip-throughput] [--runner dvc|direct] [--cold-numba] [--trees worktree|COMMIT ...]
 """
@@ -21,7 +21,6 @@ Results: benchmarks/results/speed.md and speed.csv (settings: benchmarks/speed.y
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -37,37 +36,35 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.clones import NUMBA_CACHE
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-NUMBA_CACHE = Path.home() / ".cache" / "debias" / "numba"  # what tests/conftest.py and the entrypoints use
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("NUMBA_CACHE_DIR", str(NUMBA_CACHE))
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ["DEBIAS_TRACKING"] = "off"  # this process trains no stage; the pipeline children track
-sys.path.insert(0, str(HERE))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 import torchvision  # noqa: E402
 import yaml  # noqa: E402
-from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, Subset  # noqa: E402
-from torchvision import transforms as T  # noqa: E402
+from torch.utils.data import Subset  # noqa: E402
 
-from bench_losses import (base_cnc_two_sided, base_eps_supcon, base_eps_supinfonce, base_fairkl,  # noqa: E402
-                          base_supcon, base_wcl)
-from quality import merge  # noqa: E402
-from throughput import fill_npz, subset, throughput_train  # noqa: E402
-from debias.core.headline import forget_committed_run  # noqa: E402
+from benchmarks.clones import child_env, home_relative, make_clone, run_measured, stage_order  # noqa: E402
+from benchmarks.pages import add_out_arguments, render, write_commented_csv  # noqa: E402
+from benchmarks.reference_training import (PaperImages, PaperNet, baseline_classifier_epoch,  # noqa: E402
+                                           baseline_cnc_epoch, baseline_contrastive_epoch, baseline_wcl_epoch,
+                                           loader, paper_transform, simclr_transform)
+from benchmarks.throughput import fill_npz, subset, throughput_train  # noqa: E402
+from debias.core.trees import merge  # noqa: E402
 from debias.data.store import BiasedSplit  # noqa: E402
 from debias.models import build_model  # noqa: E402
 from debias.schema import Params, validate  # noqa: E402
 from debias.training.classifier import ClassifierTask  # noqa: E402
 from debias.training.loop import build_optimizer  # noqa: E402
 from debias.training.methods import Stage2Inputs, method_spec, setup_method  # noqa: E402
-from debias.training.methods import supcon as supcon_family  # noqa: E402
 from debias.training.methods.cnc.sampling import CNCBatchSampler  # noqa: E402
 from debias.training.methods.selfsup.train import projection_head  # noqa: E402
 
@@ -76,100 +73,6 @@ CONTRASTIVE_METHODS = ("supcon", "eps_supcon", "eps_supinfonce")
 
 
 # =========================================================================== (a) pipeline timing
-
-
-def make_clone(target: Path, overrides: dict, ref: str | None) -> Path:
-    """A fresh git repository holding the working tree's tracked and unignored files (as
-    tests/test_pipeline.py makes it), or the tree of commit ``ref``; params.yaml with ``overrides``."""
-    if ref:
-        archive = subprocess.run(["git", "archive", "--format=tar", ref], cwd=REPO, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    else:
-        files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.split("\0")
-        for name in filter(None, files):
-            source = REPO / name
-            if source.is_file():
-                (target / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, target / name)
-    forget_committed_run(target)
-    params = yaml.safe_load((target / "params.yaml").read_text())
-    (target / "params.yaml").write_text(yaml.safe_dump(merge(params, overrides), sort_keys=False))
-    for command in (["git", "init", "-q"], ["git", "add", "-A"],
-                    ["git", "-c", "user.name=speed", "-c", "user.email=speed@local", "commit", "-qm", "speed"]):
-        subprocess.run(command, cwd=target, check=True)
-    return target
-
-
-def home_relative(path: Path | str) -> str:
-    """``path`` with the home folder written as ``~`` (results carry no machine paths)."""
-    path, home = Path(path), Path.home()
-    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
-
-
-def stage_order(dvc_yaml: Path) -> list[tuple[str, str]]:
-    """(stage, cmd) of dvc.yaml in an order where every stage follows the stages whose outputs it reads."""
-    stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
-
-    def paths(entries: list) -> list[str]:
-        return [next(iter(e)) if isinstance(e, dict) else e for e in entries or []]
-
-    def produces(out: str, dep: str) -> bool:
-        return dep == out or dep.startswith(out.rstrip("/") + "/") or out.startswith(dep.rstrip("/") + "/")
-
-    outs = {name: paths(s.get("outs")) + paths(s.get("metrics")) + paths(s.get("plots")) for name, s in stages.items()}
-    before = {name: {other for other in stages if other != name
-                     for dep in paths(s.get("deps")) for out in outs[other] if produces(out, dep)}
-              for name, s in stages.items()}
-    order: list[str] = []
-    while len(order) < len(stages):
-        ready = [n for n in stages if n not in order and before[n] <= set(order)]
-        if not ready:
-            raise SystemExit(f"dvc.yaml has a cycle among {sorted(set(stages) - set(order))}")
-        order.append(ready[0])
-    return [(name, stages[name]["cmd"]) for name in order]
-
-
-# A small launcher between this process and the measured command: a child's peak RSS counts the memory of
-# the process it was forked from (the kernel keeps the larger of the old and new image's peak across exec),
-# so forking the command from this torch-loaded process would add ~0.7 GB to every stage.
-LAUNCHER = ("import resource, subprocess, sys; status = subprocess.call(sys.argv[2:]); "
-            "u = resource.getrusage(resource.RUSAGE_CHILDREN); "
-            "open(sys.argv[1], 'w').write(f'{u.ru_maxrss} {u.ru_utime + u.ru_stime}'); sys.exit(status)")
-
-
-def run_measured(command: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[int, float, float, float]:
-    """Run ``command``; return (exit status, wall seconds, CPU seconds, peak RSS in MiB).
-
-    CPU (user + system) and peak RSS come from RUSAGE_CHILDREN of a minimal launcher process
-    (``python -S``): CPU summed over the command and its waited-for descendants, peak RSS the largest of
-    them - with `dvc repro` that is the stage's Python process (or DVC itself, whichever is larger).
-    """
-    with open(log, "ab") as handle, tempfile.NamedTemporaryFile("r", suffix=".rss") as rss:
-        handle.write(f"$ {shlex.join(command)}\n".encode())
-        handle.flush()
-        start = time.perf_counter()
-        status = subprocess.call([sys.executable, "-S", "-c", LAUNCHER, rss.name, *command], cwd=cwd, env=env,
-                                 stdout=handle, stderr=subprocess.STDOUT)
-        wall = time.perf_counter() - start
-        peak_kib, cpu = (float(v) for v in (Path(rss.name).read_text() or "0 0").split())
-    return status, wall, cpu, peak_kib / 1024
-
-
-def child_env(threads: int, numba_cache: Path, clone: Path) -> dict[str, str]:
-    """The stages' environment: tracking required, the thread count, and the clone's own src/ first on the
-    path (the editable install points at this repository's src/, which would make every clone run it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_TRACKING", "DVC_"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(clone / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env.update(DEBIAS_TRACKING="required", DEBIAS_THREADS=str(threads), OMP_WAIT_POLICY="PASSIVE",
-               NUMBA_CACHE_DIR=str(numba_cache), MLFLOW_DISABLE_TELEMETRY="true", PYTHONUNBUFFERED="1",
-               GIT_AUTHOR_NAME="speed", GIT_AUTHOR_EMAIL="speed@local", GIT_COMMITTER_NAME="speed",
-               GIT_COMMITTER_EMAIL="speed@local")
-    env.pop("DEBIAS_DEVICE", None)
-    # a process per stage: the CPU and peak-RSS columns come from the launched process tree, which a stage forked
-    # by the fork server is not part of (benchmarks/repro_time.py measures the pipeline with the server)
-    env["DEBIAS_FORKSERVER"] = "0"
-    return env
 
 
 def time_pipeline(name: str, overrides: dict, args: argparse.Namespace, numba_cache: Path,
@@ -241,151 +144,6 @@ def outcome(clone: Path) -> str:
     representation = json.loads((clone / "reports/metrics/representation.json").read_text())
     parts.append(f"I(Y;Z) stage2 test {representation['stage2']['test']['mi_y']:.4f}")
     return "; ".join(parts)
-
-
-# =========================================================================== (b) throughput: the baseline
-
-
-class PaperImages(Dataset):
-    """One sample at a time: a PIL image through torchvision transforms (``views`` of it), its label and extras."""
-
-    def __init__(self, images_hwc: np.ndarray, labels: np.ndarray, transform: Callable, views: int = 1,
-                 extras: tuple[np.ndarray, ...] = ()) -> None:
-        self.images, self.labels, self.transform, self.views, self.extras = images_hwc, labels, transform, views, extras
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple:
-        image = Image.fromarray(self.images[index])
-        views = [self.transform(image) for _ in range(self.views)]
-        return (*views, int(self.labels[index]), *(int(e[index]) for e in self.extras))
-
-
-class AddGaussianNoise:
-    """Pixel noise in [0, 1] units, clamped (WCL's view; debias adds std/255 of it to 0..255 pixels)."""
-
-    def __init__(self, std: float) -> None:
-        self.std = std
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return (x + torch.randn_like(x) * self.std).clamp(0.0, 1.0)
-
-
-def paper_transform(size: int, shift: int, noise_std: float = 0.0) -> T.Compose:
-    """RandomCrop with zero padding (= a random shift of up to ``shift`` px), ToTensor, (noise), Normalize(0.5, 0.5)."""
-    steps: list[Any] = [T.RandomCrop(size, padding=shift)] if shift else []
-    steps.append(T.ToTensor())
-    if noise_std:
-        steps.append(AddGaussianNoise(noise_std / 255.0))
-    steps.append(T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)))
-    return T.Compose(steps)
-
-
-class PaperNet(nn.Module):
-    """The same LeNet-5 encoder and head, fed normalised float images (the papers' transforms normalise)."""
-
-    def __init__(self, network: nn.Module) -> None:
-        super().__init__()
-        self.encoder, self.head = network.encoder, network.head
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(x))
-
-
-def loader(dataset: Dataset, batch_size: int, num_workers: int, seed: int) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers, drop_last=False,
-                      generator=torch.Generator().manual_seed(seed), persistent_workers=num_workers > 0)
-
-
-def baseline_classifier_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, data: DataLoader,
-                              device: torch.device) -> None:
-    model.train()
-    total_loss, correct, seen = 0.0, 0, 0
-    for x, y in data:
-        x, y = x.to(device), y.to(device)
-        logits = model(x)
-        loss = F.cross_entropy(logits, y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        total_loss += loss.item() * len(y)
-        correct += (logits.argmax(1) == y).sum().item()
-        seen += len(y)
-
-
-def baseline_contrastive_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, data: DataLoader, params: Params,
-                               device: torch.device) -> None:
-    method, loss_params = params.stage2.method, params.loss
-    tau, eps = loss_params.temperature, supcon_family.epsilon(params, method)
-    model.train()
-    running = 0.0
-    for x, y, bias in data:
-        x, y, bias = x.to(device), y.to(device), bias.to(device)
-        z = F.normalize(model.encoder(x), dim=1)
-        if method == "supcon":
-            con = base_supcon(z, y, tau)
-        elif method == "eps_supcon":
-            con = base_eps_supcon(z, y, eps, tau)
-        else:
-            con = base_eps_supinfonce(z, y, eps, tau)
-        loss = loss_params.alpha * con
-        if supcon_family.fairkl_weight(params, method) > 0:
-            loss = loss + supcon_family.fairkl_weight(params, method) * base_fairkl(z, y, bias)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        running += loss.item()
-
-
-def simclr_transform(size: int, wcl: Any) -> T.Compose:
-    """torchvision's SimCLR view with the strengths of stage2.wcl: RandomResizedCrop, ColorJitter (p), RandomGrayscale."""
-    s = wcl.colour_strength
-    return T.Compose([T.RandomResizedCrop(size, scale=(wcl.crop_min_scale, 1.0)),
-                      T.RandomApply([T.ColorJitter(0.8 * s, 0.8 * s, 0.8 * s, min(0.2 * s, 0.5))], p=wcl.jitter_p),
-                      T.RandomGrayscale(p=wcl.grayscale_p), T.ToTensor(), T.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
-
-
-def baseline_wcl_epoch(model: PaperNet, biased: PaperNet, projectors: tuple[nn.Module, nn.Module],
-                       optimizer: torch.optim.Optimizer, data: DataLoader, params: Params, device: torch.device) -> None:
-    wcl = params.stage2.wcl
-    model.train()
-    biased.train()
-    projector, biased_projector = projectors
-    running = 0.0
-    for anchor, positive, _ in data:
-        anchor, positive = anchor.to(device), positive.to(device)
-        z_d_a, z_d_p = (F.normalize(projector(model.encoder(v)), dim=1) for v in (anchor, positive))
-        z_b_a, z_b_p = (F.normalize(biased_projector(biased.encoder(v)), dim=1) for v in (anchor, positive))
-        assert wcl.triplet_weight == 1.0, "base_wcl sums both terms with weight 1"
-        loss = base_wcl(z_d_a, z_d_p, z_b_a, z_b_p, wcl.temperature, wcl.tau_plus)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        running += loss.item()
-
-
-def baseline_cnc_epoch(model: PaperNet, optimizer: torch.optim.Optimizer, dataset: PaperImages,
-                       sampler: CNCBatchSampler, params: Params, device: torch.device) -> None:
-    """CNC's code: per contrastive batch, every index loaded through the dataset, one forward, a loop loss."""
-    lam = params.stage2.cnc.contrastive_weight
-    model.train()
-    running = 0.0
-    for batch in sampler:
-        groups = [batch.anchors, batch.positives, batch.negatives, batch.negatives2]
-        samples = [dataset[i] for group in groups for i in group.tolist()]
-        x = torch.stack([s[0] for s in samples]).to(device)
-        y = torch.tensor([s[1] for s in samples]).to(device)
-        z = model.encoder(x)
-        logits = model.head(z)
-        anchors, positives, negatives, negatives2 = F.normalize(z, dim=1).split([len(g) for g in groups])
-        contrastive = base_cnc_two_sided(anchors[None], positives[None], negatives[None], negatives2[None],
-                                         params.stage2.cnc.temperature)
-        loss = lam * contrastive + (1 - lam) * F.cross_entropy(logits, y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        running += loss.item()
 
 
 # =========================================================================== (b) throughput: both sides
@@ -564,7 +322,7 @@ def markdown(rows: list[dict], header: list[str]) -> str:
                   "augmentation, vectorised losses. Baseline: a per-sample Dataset (PIL image, torchvision "
                   "RandomCrop(28, padding=2), ToTensor, Normalize; WCL: two views plus Gaussian noise), a "
                   "DataLoader (shuffle; CNC: every index of its batches loaded through the dataset), the "
-                  "mask-and-sum losses of benchmarks/bench_losses.py, `.item()` per step. Both run the same "
+                  "mask-and-sum losses of benchmarks/reference_losses.py, `.item()` per step. Both run the same "
                   "LeNet-5 module (debias' own, so the model's cost is the same on both sides), optimiser, batch "
                   "size and steps, on one process with the same torch threads; tqdm bars are off when stdout "
                   "is not a terminal.", "",
@@ -575,24 +333,6 @@ def markdown(rows: list[dict], header: list[str]) -> str:
                          f"{r['baseline_sps']:.0f} | {r['ratio']:.2f} |")
         lines.append("")
     return "\n".join(lines)
-
-
-def read_results(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
-    """The header lines and rows of a results CSV, numbers as numbers (for --render)."""
-    lines = path.read_text().splitlines()
-    header = [line[2:] for line in lines if line.startswith("# ")]
-
-    def value(text: str) -> Any:
-        for kind in (int, float):
-            try:
-                return kind(text)
-            except ValueError:
-                continue
-        return text
-
-    rows = [{k: value(v) for k, v in row.items() if v != ""}
-            for row in csv.DictReader(line for line in lines if not line.startswith("#"))]
-    return header, rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -612,13 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-pipeline", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the temporary clones")
-    parser.add_argument("--out", default=str(HERE / "results" / "speed"), help="writes OUT.md and OUT.csv")
-    parser.add_argument("--render", metavar="CSV", help="only rewrite the Markdown of an earlier run's CSV")
+    add_out_arguments(parser, HERE / "results" / "speed")
     args = parser.parse_args(argv)
     if args.render:
-        header, rows = read_results(Path(args.render))
-        Path(args.render).with_suffix(".md").write_text(markdown(rows, header))
-        return 0
+        return render(Path(args.render), markdown, drop_empty=True)
     torch.set_num_threads(args.threads)
     npz = Path(args.npz).resolve()
     config = yaml.safe_load(Path(args.config).read_text())
@@ -640,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         methods = [m for m in config["throughput"]["methods"] if not args.methods or m in args.methods]
         rows += time_throughput(config["throughput"], npz, methods, args.repeats, args.num_workers,
                                 torch.device("cpu"))
-    command = shlex.join(["python", "benchmarks/speed.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.speed", *(argv if argv is not None else sys.argv[1:])])
     header = [f"Command: `{command}`",
               f"Date: {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before[0]:.2f}, "
               f"after {os.getloadavg()[0]:.2f}",
@@ -651,11 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".md").write_text(markdown(rows, header))
     fields = ["kind", "config", "name", "wall_s", "body_s", "cpu_s", "peak_rss_mib", "batch_size", "steps", "samples",
               "repeats", "debias_s", "baseline_s", "debias_sps", "baseline_sps", "ratio", "outcome"]
-    with open(out.with_suffix(".csv"), "w", newline="") as handle:
-        handle.write("".join(f"# {h}\n" for h in header))
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    write_commented_csv(out.with_suffix(".csv"), header, fields, rows)
     print(out.with_suffix(".md").read_text())
     return 0
 

@@ -4,9 +4,9 @@ mnist10k-sized biased data in memory and benchmarks/speed.yaml's throughput sett
 contrastive methods); per setting a fresh task, one warm-up epoch (``compile``: it compiles there; its time is
 reported apart), then ``--repeats`` timed epochs of ``--steps`` steps; settings take turns per round.
 
-    nice -n 5 python benchmarks/speed_settings.py [--method eps_supinfonce+fairkl] [--device cpu] [--steps 20]
+    nice -n 5 python -m benchmarks.speed_settings [--method eps_supinfonce+fairkl] [--device cpu] [--steps 20]
         [--rounds 2] [--repeats 2] [--settings none bf16 channels_last compile] [--out FILE.md]
-    nice -n 5 python benchmarks/speed_settings.py --method cnc --accumulation 32 --steps 2 \
+    nice -n 5 python -m benchmarks.speed_settings --method cnc --accumulation 32 --steps 2 \
         --settings forward_chunk_1 forward_chunk_8 forward_chunk_32   # CNC's batches per forward pass
 """
 
@@ -23,16 +23,14 @@ import torch
 import yaml
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "src"))
 
-from quality import merge  # noqa: E402
-from throughput import subset, throughput_train  # noqa: E402
+from benchmarks.throughput import subset, throughput_train
+from debias.core.trees import merge
 
-from debias.core.runtime import seed_everything  # noqa: E402
-from debias.schema import validate  # noqa: E402
-from debias.training.methods import Stage2Inputs, setup_method  # noqa: E402
-from debias.training.methods.cnc.sampling import CNCBatchSampler  # noqa: E402
+from debias.core.runtime import seed_everything
+from debias.schema import validate
+from debias.training.methods import Stage2Inputs, setup_method
+from debias.training.methods.cnc.sampling import CNCBatchSampler
 
 SETTINGS = {"none": {}, "bf16": {"speed": {"autocast": "bf16"}}, "channels_last": {"speed": {"channels_last": True}},
             "compile": {"speed": {"compile": True}},
@@ -86,7 +84,7 @@ def main() -> int:
                 (warmup if epoch == 0 else times)[name].append(time.perf_counter() - started)
             print(f"[speed_settings] round {round_} {name}: {[round(t, 2) for t in times[name]]}", flush=True)
     ref = args.steps / statistics.median(times[args.settings[0]])
-    command = shlex.join(["python", "benchmarks/speed_settings.py", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "benchmarks.speed_settings", *sys.argv[1:]])
     lines = [f"# stage2.speed settings: {args.method} on {args.device}\n", f"- Command: `{command}`",
              f"- torch {torch.__version__}, {args.threads} thread(s); median of {args.rounds} x {args.repeats} epochs "
              f"of {args.steps} steps after a warm-up epoch (its time: the first epoch, compile included)\n",

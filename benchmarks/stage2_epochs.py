@@ -21,25 +21,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 import yaml
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "src"))
 
-from debias.core import health  # noqa: E402
-from debias.core.runtime import seed_everything  # noqa: E402
-from debias.data.store import load_splits  # noqa: E402
-from debias.groups import GROUPS_TABLE, load_groups  # noqa: E402
-from debias.models import load_initial_weights  # noqa: E402
-from debias.schema import validate  # noqa: E402
-from debias.training.classifier import evaluate, predict, worst_group_n  # noqa: E402
-from debias.training.loop import describe_selection, selection_score  # noqa: E402
-from debias.training.methods import Stage2Inputs, method_spec, setup_method, stage2_validator  # noqa: E402
+from debias.core import health
+from debias.core.runtime import seed_everything
+from debias.data.store import load_splits
+from debias.groups import GROUPS_TABLE, load_groups
+from debias.models import load_initial_weights
+from debias.schema import validate
+from debias.training.classifier import evaluate, predict, worst_group_n
+from debias.training.loop import describe_selection, selection_score
+from debias.training.methods import Stage2Inputs, method_spec, setup_method, stage2_validator
 
 
 def set_value(tree: dict, dotted: str, value: object) -> None:

@@ -1,6 +1,6 @@
 """Stage start-up benchmark: how long each stage's process runs outside its body (imports, params, MLflow run).
 
-In a fresh temporary clone per tree (the working tree and/or commits, as benchmarks/speed.py makes them), the
+In a fresh temporary clone per tree (the working tree and/or commits, as benchmarks/clones.py makes them), the
 default pipeline is run once with `dvc repro` (so every stage's inputs exist and the MLflow store is migrated),
 then every stage's command (dvc.yaml's, unchanged) is run ``--repeats`` times, in DAG order, with a sitecustomize
 module that times the stage body (the function ``debias.harness.stage.main`` calls) from inside the process. Per stage:
@@ -15,14 +15,13 @@ module that times the stage body (the function ``debias.harness.stage.main`` cal
 The `source` stage has no body (a fingerprint, not a harnessed stage): all of it counts as overhead. Several trees
 take turns stage by stage, so they see the same background load. Medians over the repeats.
 
-    nice -n 5 python benchmarks/startup.py [--trees worktree COMMIT ...] [--repeats 3] [--threads 1]
+    nice -n 5 python -m benchmarks.startup [--trees worktree COMMIT ...] [--repeats 3] [--threads 1]
         [--tracking required|off] [--out benchmarks/results/startup]
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -35,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
-from speed import NUMBA_CACHE, child_env, make_clone, run_measured, stage_order  # noqa: E402
+from benchmarks.clones import NUMBA_CACHE, child_env, make_clone, run_measured, stage_order
+from benchmarks.pages import write_commented_csv
 
 # A sitecustomize.py put first on the stages' PYTHONPATH: in a process started as `python pipeline/<stage>.py`
 # (exactly dvc.yaml's command; the debias.harness.launch process before its exec is left alone) it wraps debias.harness.stage.main
@@ -186,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now().astimezone()
     load_before = os.getloadavg()[0]
     rows = run(args)
-    command = shlex.join(["python", "benchmarks/startup.py", *(argv if argv is not None else sys.argv[1:])])
+    command = shlex.join(["python", "-m", "benchmarks.startup", *(argv if argv is not None else sys.argv[1:])])
     header = [f"Command: `{command}`",
               f"Date: {started:%Y-%m-%d %H:%M %Z}; load average (1 min) before {load_before:.2f}, after "
               f"{os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs",
@@ -197,11 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".md").write_text(markdown(rows, header))
     fields = ["tree", "stage", "wall_s", "body_wall_s", "overhead_wall_s", "pre_wall_s", "post_wall_s",
               "interpreter_wall_s", "cpu_s", "body_cpu_s", "overhead_cpu_s", "peak_rss_mib"]
-    with open(out.with_suffix(".csv"), "w", newline="") as handle:
-        handle.write("".join(f"# {h}\n" for h in header))
-        writer = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    write_commented_csv(out.with_suffix(".csv"), header, fields, rows)
     print(out.with_suffix(".md").read_text())
     return 0
 

@@ -11,7 +11,7 @@ median epoch (``--rounds`` x ``--repeats`` of them) is reported, with the spread
 Methods the speed.yaml section lacks are timed with its ``base`` settings (lff, groupdro: batches of 32 like jtt;
 dcl, hcl like wcl).
 
-    nice -n 5 python benchmarks/steps_ab.py --trees . /tmp/base-11a1806 [--rounds 3] [--repeats 2]
+    nice -n 5 python -m benchmarks.steps_ab --trees . /tmp/base-11a1806 [--rounds 3] [--repeats 2]
         [--methods erm cnc ...] [--device cpu] [--out benchmarks/results/steps_ab]
 
 Writes OUT.md and OUT.csv (with the command). ``--worker`` is the per-tree process (internal).
@@ -90,11 +90,11 @@ def like_for_like(raw: dict, method: str) -> dict:
 
 def build_tasks(spec: dict, npz: Path, device: Any) -> dict[str, tuple[Any, int]]:
     """``{method: (its stage-2 task, steps per epoch)}`` for the resolved settings ``spec`` (:func:`resolve`), built
-    with the debias on ``sys.path`` (the tree under test): each on its own seeded subset of the training split."""
+    with the debias of the tree under test (its worker runs with ``PYTHONPATH=TREE/src``): each on its own seeded
+    subset of the training split."""
     import torch
 
-    sys.path.insert(0, str(HERE))
-    from throughput import fill_npz, subset, throughput_train
+    from benchmarks.throughput import fill_npz, subset, throughput_train
 
     from debias.core.runtime import seed_everything
     from debias.schema import validate
@@ -173,10 +173,10 @@ def start_workers(trees: list[Path], spec: dict, args: argparse.Namespace) -> li
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
                "DEBIAS_THREADS": str(args.threads),
                "DEBIAS_TRACKING": "off", "OMP_WAIT_POLICY": "PASSIVE"}
-        command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--threads", str(args.threads),
-                   "--device", args.device, "--npz", args.npz]
-        workers.append(subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                        bufsize=1))
+        command = [sys.executable, "-m", "benchmarks.steps_ab", "--worker", "--threads", str(args.threads),
+                   "--device", args.device, "--npz", str(Path(args.npz).resolve())]
+        workers.append(subprocess.Popen(command, cwd=HERE.parent, env=env, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, bufsize=1))
         workers[-1].stdin.write(json.dumps(spec) + "\n")
     for tree, worker_process in zip(trees, workers):
         if worker_process.stdout.readline().strip() != "ready":
@@ -244,7 +244,7 @@ def main() -> int:
         rows.append([method, steps[method], *[round(r, 2) for r in rates], *[round(r / rates[0], 3) for r in rates[1:]],
                      *[round(r, 2) for r in cpu_rates], *[round(r / cpu_rates[0], 3) for r in cpu_rates[1:]],
                      *[paired_range(cpu[(str(trees[0]), method)], cpu[(str(t), method)]) for t in trees[1:]]])
-    command = shlex.join(["python", "benchmarks/steps_ab.py", *sys.argv[1:]])
+    command = shlex.join(["python", "-m", "benchmarks.steps_ab", *sys.argv[1:]])
     notes = [f"Command: `{command}`", f"Date: {started:%Y-%m-%d %H:%M %Z}; load average after "
              f"{os.getloadavg()[0]:.2f}", f"Device {args.device}, torch threads {args.threads}; trees: "
              + ", ".join(f"{n} = {given} (commit {commit_of(t)})" for n, given, t in zip(names, args.trees, trees)),

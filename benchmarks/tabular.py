@@ -12,7 +12,7 @@ and a Markdown table of mean +- sample std over seeds beside the paper's numbers
 The original files are read in place through ``data.path`` (``--data-dir``/<source>/: adult.data, adult.test;
 compas-scores-two-years.csv), so the benchmark runs offline:
 
-    python benchmarks/tabular.py --data-dir ../shared/datasets --settings compas --seeds 0 1 2 3 4 --jobs 2
+    python -m benchmarks.tabular --data-dir ../shared/datasets --settings compas --seeds 0 1 2 3 4 --jobs 2
 
 ``--workdir`` keeps the clone and resumes it; ``--collect-only`` rebuilds the tables from an existing workdir.
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -31,8 +30,9 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import quality  # noqa: E402  (benchmarks/quality.py: plan, queue, collection)
+
+from benchmarks import dvc_queue, pages
+from debias.core.trees import merge
 
 FILES = {"adult": ("adult.data", "adult.test"), "compas": ("compas-scores-two-years.csv",)}
 METRICS = ("avg", "worst_group")
@@ -41,7 +41,7 @@ FAIRNESS = ("equalized_odds_difference", "demographic_parity_difference")
 
 def with_data_paths(config: dict, data_dir: Path) -> dict:
     """The config with each setting's ``data.path`` pointing at ``data_dir/<source>`` (checked to hold its files)."""
-    config = quality.merge(config, {})
+    config = merge(config, {})
     for setting, overrides in config["settings"].items():
         source = overrides["data"]["source"]
         folder = (data_dir / source).resolve()
@@ -59,7 +59,7 @@ def result_of(metrics: dict, job: dict, derived: dict | None = None) -> dict:
     if derived is not None:
         prefix = "probe_erm_eo"
     else:
-        prefix = "erm" if job["method"] == quality.UPSTREAM else "s2"
+        prefix = "erm" if job["method"] == dvc_queue.UPSTREAM else "s2"
     found = {"avg": metrics.get(f"{prefix}_avg"), "worst_group": metrics.get(f"{prefix}_worst"),
              "equalized_odds_difference": metrics.get(f"{prefix}_eod"),
              "demographic_parity_difference": metrics.get(f"{prefix}_dpd")}
@@ -69,14 +69,14 @@ def result_of(metrics: dict, job: dict, derived: dict | None = None) -> dict:
 def rows_of(jobs: list[dict], shown: dict[str, dict], seconds: dict[str, dict[str, float]], config: dict,
             warnings: dict[str, dict[str, list[str]]] | None = None) -> list[dict]:
     """One row per (setting, seed, method) with a result: accuracies, EOd, DP difference, training seconds, and the
-    warning codes (``;``-joined) of the stage that produced its numbers (``warnings``: :func:`quality.stage_warnings`)."""
+    warning codes (``;``-joined) of the stage that produced its numbers (``warnings``: :func:`dvc_queue.stage_warnings`)."""
     warnings = warnings or {}
     rows = []
     by_name = {job["name"]: job for job in jobs}
     for job in jobs:
         got = shown.get(job["name"])
         entries = []
-        if job["method"] == quality.UPSTREAM:
+        if job["method"] == dvc_queue.UPSTREAM:
             entries.append(("erm", got, None, "train_erm"))
         else:
             entries.append((job["method"], got, None, "train_contrastive"))
@@ -127,17 +127,17 @@ def markdown(rows: list[dict], config: dict, settings: list[str], methods: list[
             if not group:
                 continue
             seconds = [r["train_seconds"] for r in group if r["train_seconds"] is not None]
-            cells = [quality.mean_std([r["test_avg"] for r in group], 100),
-                     quality.mean_std([r["test_equalized_odds_difference"] for r in group], digits=3),
-                     quality.mean_std([r["test_demographic_parity_difference"] for r in group], digits=3),
-                     quality.mean_std([r["test_worst_group"] for r in group], 100),
+            cells = [pages.mean_std([r["test_avg"] for r in group], 100),
+                     pages.mean_std([r["test_equalized_odds_difference"] for r in group], digits=3),
+                     pages.mean_std([r["test_demographic_parity_difference"] for r in group], digits=3),
+                     pages.mean_std([r["test_worst_group"] for r in group], 100),
                      f"{sum(seconds) / len(seconds):.0f}" if seconds else "–", str(len(group)), paper.get(method, "")]
             picks = sorted({r["chosen"] for r in group if r.get("chosen")})
             note = (" — chosen: " + ", ".join(f"{labels.get(c, c)} ×{sum(r['chosen'] == c for r in group)}" for c in picks)
                     if picks else "")
-            lines.append(f"| {setting} | {labels.get(method, method)}{note}{quality.warning_flag(group)} | "
+            lines.append(f"| {setting} | {labels.get(method, method)}{note}{pages.warning_flag(group)} | "
                          + " | ".join(cells) + " |")
-    return "\n".join(lines + ["", *quality.warning_notes(rows), "", "Paper: WCL paper (difficulty-based sampling "
+    return "\n".join(lines + ["", *pages.warning_notes(rows), "", "Paper: WCL paper (difficulty-based sampling "
                               "for debiased contrastive learning), "
                               "Table 3, 5 random 70/15/15 splits, MLP; EOd = equalized-odds violation (lower is better)."])
 
@@ -146,46 +146,42 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", required=True, help="folder holding adult/ and compas/ with the original files")
     parser.add_argument("--config", default=str(HERE / "tabular.yaml"))
-    quality.add_queue_arguments(parser, seeds=[0, 1, 2, 3, 4])
+    dvc_queue.add_queue_arguments(parser, seeds=[0, 1, 2, 3, 4])
     parser.add_argument("--out", default=str(HERE / "results" / "tabular"))
     args = parser.parse_args(argv)
 
     config = yaml.safe_load(Path(args.config).read_text())
-    settings, methods, forced = quality.checked_selection(parser, config, args)
+    settings, methods, forced = dvc_queue.checked_selection(parser, config, args)
     try:
         config = with_data_paths(config, Path(args.data_dir))
     except FileNotFoundError as exc:
         parser.error(str(exc))
-    jobs = quality.plan(config, settings, args.seeds, methods, forced)
-    command = "python benchmarks/tabular.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    jobs = dvc_queue.plan(config, settings, args.seeds, methods, forced)
+    command = "python -m benchmarks.tabular " + " ".join(sys.argv[1:] if argv is None else argv)
 
     workdir = Path(args.workdir).resolve() if args.workdir else Path(tempfile.mkdtemp(prefix="debias-tabular-"))
     started = time.time()
     unfinished: list[str] = []
     if not args.collect_only:
-        quality.open_workdir(parser, workdir, config["base"])
+        dvc_queue.open_workdir(parser, workdir, config["base"])
         deadline = started + 60 * args.max_minutes if args.max_minutes else float("inf")
-        unfinished = quality.run_queue(workdir, jobs, args.jobs, quality.stage_env(args.threads, workdir), deadline)
+        unfinished = dvc_queue.run_queue(workdir, jobs, args.jobs, dvc_queue.stage_env(args.threads, workdir), deadline)
     wall = time.time() - started
-    seconds, span, _ = quality.stage_runs(workdir)
-    rows = rows_of(jobs, quality.shown_experiments(workdir), seconds, config, quality.stage_warnings(workdir))
+    seconds, span, _ = dvc_queue.stage_runs(workdir)
+    rows = rows_of(jobs, dvc_queue.shown_experiments(workdir), seconds, config, dvc_queue.stage_warnings(workdir))
     if not rows:
         print("[tabular] no results", file=sys.stderr)
         return 1
     import torch
 
-    commit = quality.run(["git", "rev-parse", "--short", "HEAD~1"], cwd=workdir).strip()  # HEAD: the base params
+    commit = dvc_queue.run(["git", "rev-parse", "--short", "HEAD~1"], cwd=workdir).strip()  # HEAD: the base params
     header = (f"Command: `{command}` (pipeline code at commit {commit})\n\nMachine: {os.cpu_count()} CPUs "
               f"({platform.processor() or platform.machine()}), torch {torch.__version__}, {args.jobs} queue workers x "
               f"{args.threads} thread(s). " + ("" if args.collect_only else f"Benchmark wall time: {wall / 60:.1f} min; ")
               + f"first stage run's start to last one's end: {span / 60:.1f} min; {len(rows)} result rows, "
               f"{len(jobs)} experiments" + (f", {len(unfinished)} unfinished." if unfinished else "."))
     text = markdown(rows, config, settings, methods)
-    quality.write_results(Path(args.out), rows, text, header)
-    print(header + "\n\n" + text)
-    if not args.workdir and not args.collect_only:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 0
+    return dvc_queue.finish(Path(args.out), rows, text, header, workdir, keep=bool(args.workdir) or args.collect_only)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Render reports/report.html in headless Chromium and write a screenshot (layout check, broken images).
 
+It stands apart from the package and its CLI: it drives a browser that neither the install nor the pipeline needs.
+
 Usage: python scripts/check_report.py [report.html] [--out screenshot.png] [--chromium /usr/bin/chromium]
 Exit 0 when the screenshot was written and is non-trivial; 2 when Chromium is missing or failed.
 Chromium runs offline-minded: fresh profile, no background networking, sync, updates or QUIC.

@@ -3,30 +3,18 @@ offline here (every experiment's params pass the schema; ``-S`` values parse bac
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 import yaml
 
+from benchmarks import dvc_queue, pages, quality
+from debias.core.trees import flatten, merge
 from debias.schema import validate
 from tests.conftest import REPO, committed_text
-
-
-def _load_quality():
-    spec = importlib.util.spec_from_file_location("bench_quality", REPO / "benchmarks" / "quality.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-quality = _load_quality()
 CONFIG = yaml.safe_load((REPO / "benchmarks" / "quality.yaml").read_text())
 
 
 def _plan(seeds=(0, 1, 2), forced=None):
-    return quality.plan(CONFIG, list(CONFIG["settings"]), list(seeds), list(CONFIG["methods"]), forced)
+    return dvc_queue.plan(CONFIG, list(CONFIG["settings"]), list(seeds), list(CONFIG["methods"]), forced)
 
 
 @pytest.mark.slow
@@ -39,22 +27,22 @@ def test_plan_is_seed_major_with_each_upstream_before_its_methods() -> None:
     seen_upstream = set()
     for job in jobs:
         key = (job["setting"], job["seed"])
-        if job["method"] == quality.UPSTREAM:
+        if job["method"] == dvc_queue.UPSTREAM:
             seen_upstream.add(key)
             assert job["targets"] == ["infer_groups"]
         else:
             assert key in seen_upstream, job["name"]
             assert job["targets"] == CONFIG["methods"][job["method"]].get("targets", ["linear_probe", "evaluate"])
-            assert not set(quality.JOB_KEYS) & set(job["overrides"])  # never passed to dvc as params
+            assert not set(dvc_queue.JOB_KEYS) & set(job["overrides"])  # never passed to dvc as params
 
 
 def test_every_planned_experiment_passes_the_params_schema() -> None:
     base_params = yaml.safe_load(committed_text("params.yaml"))
-    base = quality.merge(base_params, quality.merge(CONFIG["base"], {"data": {"path": "mnist10k.npz"}}))
+    base = merge(base_params, merge(CONFIG["base"], {"data": {"path": "mnist10k.npz"}}))
     for job in _plan(seeds=(0,)):
-        params = validate(quality.merge(base, job["overrides"]))
+        params = validate(merge(base, job["overrides"]))
         assert params.seed == 0
-        if job["method"] not in (quality.UPSTREAM, "erm"):
+        if job["method"] not in (dvc_queue.UPSTREAM, "erm"):
             assert params.stage2.method == CONFIG["methods"][job["method"]]["stage2"]["method"]
     assert set(CONFIG["labels"]) == {"erm", *CONFIG["methods"]}
 
@@ -62,13 +50,13 @@ def test_every_planned_experiment_passes_the_params_schema() -> None:
 def test_set_param_args_parse_back_to_the_planned_values() -> None:
     overrides = {"groups": {"method": "true"}, "probe": {"c_grid": [0.01, 1.0]}, "stage2": {"lr": 0.001,
                  "cnc": {"anchor_fraction": 0.25}}, "bias": {"protocol": "background"}}
-    args = quality.set_param_args(overrides)
+    args = dvc_queue.set_param_args(overrides)
     assert args[::2] == ["-S"] * 5
     parsed = {}
     for item in args[1::2]:
         key, _, text = item.partition("=")
         parsed[key] = yaml.safe_load(text)
-    assert parsed == quality.flatten(overrides)
+    assert parsed == flatten(overrides)
     assert isinstance(parsed["groups.method"], str)  # "true" the group source, not the boolean
 
 
@@ -76,7 +64,7 @@ def test_a_value_longer_than_a_yaml_line_stays_on_one_line() -> None:
     """yaml.safe_dump wraps at 80 characters by default; DVC's -S parser rejects the newline."""
     palette = [[255, 0, 0], [0, 255, 0], [0, 0, 255], [225, 225, 0], [225, 0, 225], [0, 255, 255], [255, 128, 0],
                [255, 0, 128], [128, 0, 255], [128, 128, 128]]
-    (argument,) = quality.set_param_args({"bias": {"background": {"colours": palette}}})[1::2]
+    (argument,) = dvc_queue.set_param_args({"bias": {"background": {"colours": palette}}})[1::2]
     assert "\n" not in argument and len(argument) > 80
     assert yaml.safe_load(argument.partition("=")[2]) == palette
 
@@ -84,7 +72,7 @@ def test_a_value_longer_than_a_yaml_line_stays_on_one_line() -> None:
 def test_forced_overrides_win_over_setting_and_method() -> None:
     jobs = _plan(seeds=(1,), forced={"stage2": {"epochs": 1}, "seed": 7})
     assert all(job["overrides"]["seed"] == 7 for job in jobs)
-    assert all(job["overrides"]["stage2"]["epochs"] == 1 for job in jobs if job["method"] != quality.UPSTREAM)
+    assert all(job["overrides"]["stage2"]["epochs"] == 1 for job in jobs if job["method"] != dvc_queue.UPSTREAM)
 
 
 def test_markdown_reports_mean_and_sample_std_over_seeds_in_percent() -> None:
@@ -95,7 +83,7 @@ def test_markdown_reports_mean_and_sample_std_over_seeds_in_percent() -> None:
     line = next(line for line in table.splitlines() if line.startswith("| cmnist_096 | ERM |"))
     assert "| 30.0 ± 10.0 |" in line and "| 1.000 ± 0.000 |" in line and "| 3 |" in line
     assert "cmnist_096: 4 of 100" in table
-    assert quality.mean_std([0.5], 100) == "50.0" and quality.mean_std([None]) == "–"
+    assert pages.mean_std([0.5], 100) == "50.0" and pages.mean_std([None]) == "–"
 
 
 def test_rows_carry_their_stages_warnings_and_degenerate_selections_are_flagged() -> None:
@@ -126,26 +114,26 @@ def test_unknown_method_is_refused_before_any_work(tmp_path, capsys) -> None:
 
 
 def test_set_overrides_parse_as_yaml_into_nested_keys() -> None:
-    assert quality.parse_sets(["stage2.epochs=1", "stage2.lff.q=0.4", "groups.method=true", "x=[1, 2]"]) == {
+    assert dvc_queue.parse_sets(["stage2.epochs=1", "stage2.lff.q=0.4", "groups.method=true", "x=[1, 2]"]) == {
         "stage2": {"epochs": 1, "lff": {"q": 0.4}}, "groups": {"method": True}, "x": [1, 2]}
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
-        quality.parse_sets(["=3"])
+        dvc_queue.parse_sets(["=3"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("profile", [None, "cpu"])
 def test_fullsize_profiles_plan_experiments_that_pass_the_params_schema(profile) -> None:
-    config = quality.apply_profile(yaml.safe_load((REPO / "benchmarks" / "fullsize.yaml").read_text()), profile)
-    base = quality.merge(yaml.safe_load(committed_text("params.yaml")), config["base"])
-    jobs = quality.plan(config, list(config["settings"]), [0], list(config["methods"]))
+    config = dvc_queue.apply_profile(yaml.safe_load((REPO / "benchmarks" / "fullsize.yaml").read_text()), profile)
+    base = merge(yaml.safe_load(committed_text("params.yaml")), config["base"])
+    jobs = dvc_queue.plan(config, list(config["settings"]), [0], list(config["methods"]))
     for job in jobs:  # the FairKL rows carry the released objective (presets), which the schema may not take yet
-        params = validate(quality.merge(base, job["overrides"]))
+        params = validate(merge(base, job["overrides"]))
         assert params.data.source == "fashion_mnist" and params.data.mnist_val_size == 6000
-    cnc = validate(quality.merge(base, next(j for j in jobs if j["method"] == "cnc")["overrides"])).stage2
+    cnc = validate(merge(base, next(j for j in jobs if j["method"] == "cnc")["overrides"])).stage2
     fairkl_job = next(j for j in jobs if j["method"] == "eps_supinfonce_fairkl_true" and j["setting"] == "bmnist_0997")
     assert fairkl_job["overrides"]["loss"]["fairkl"]["variant"] == "released"
     assert fairkl_job["overrides"]["bias"]["background"]["rho"] == 0.997  # the setting's preset
-    fairkl = validate(quality.merge(base, fairkl_job["overrides"])).stage2
+    fairkl = validate(merge(base, fairkl_job["overrides"])).stage2
     if profile is None:  # the papers' protocols: CNC Alg. 3 epochs with SGD and 32-batch steps, FairKL 80 epochs
         assert (cnc.cnc.anchor_fraction, cnc.cnc.accumulation, cnc.optimizer, cnc.epochs) == (1.0, 32, "sgd", 3)
         assert (fairkl.epochs, fairkl.lr_milestones) == (80, [26, 53])
@@ -179,17 +167,17 @@ def test_rows_read_back_from_csv_files_let_a_rerun_replace_its_row(tmp_path) -> 
 def test_raw_files_are_linked_gz_or_not_and_a_missing_one_is_named(tmp_path) -> None:
     raw = tmp_path / "raw"
     raw.mkdir()
-    for i, name in enumerate(quality.RAW_FILES):
+    for i, name in enumerate(dvc_queue.RAW_FILES):
         (raw / (name + (".gz" if i % 2 else ""))).write_bytes(bytes([i]))
     clone = tmp_path / "clone"
-    quality.link_raw_files(clone, raw)
+    dvc_queue.link_raw_files(clone, raw)
     linked = clone / "data" / "raw" / "fashion_mnist" / "FashionMNIST" / "raw"
     assert sorted(p.name for p in linked.iterdir()) == sorted(p.name for p in raw.iterdir())
     assert (linked / "train-labels-idx1-ubyte.gz").read_bytes() == bytes([1])
     (raw / "t10k-labels-idx1-ubyte.gz").unlink()
-    assert quality.missing_raw_files(raw) == ["t10k-labels-idx1-ubyte"]
+    assert dvc_queue.missing_raw_files(raw) == ["t10k-labels-idx1-ubyte"]
     with pytest.raises(SystemExit, match="lacks t10k-labels-idx1-ubyte"):
-        quality.link_raw_files(tmp_path / "other", raw)
+        dvc_queue.link_raw_files(tmp_path / "other", raw)
 
 
 def test_the_grid_written_as_a_sweep_file_passes_debias_sweeps_checks(tmp_path) -> None:

@@ -4,15 +4,10 @@ refused before any work."""
 from __future__ import annotations
 
 import csv
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import gpu  # noqa: E402
+from benchmarks import gpu
 
 
 @pytest.mark.slow

@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import label_free_selection as lfs  # noqa: E402
+from benchmarks import label_free_selection as lfs
 
 
 def row(seed: int, rule: str, epoch: int, worst_group: float) -> dict:

@@ -102,22 +102,18 @@ def test_figures_draw_a_bounded_subset_with_every_minority_point(tmp_path) -> No
 
 
 def _load_scale_benchmark():
-    import importlib.util
-    import sys
-
+    from benchmarks import scale
     from tests.conftest import REPO
 
-    spec = importlib.util.spec_from_file_location("bench_scale", REPO / "benchmarks" / "scale.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module, REPO
+    return scale, REPO
 
 
 def test_scale_benchmark_fits_growth_exponents_and_plans_valid_params() -> None:
     import yaml
 
     from debias.schema import validate
+
+    from debias.core.trees import merge as merge_trees
 
     scale, repo = _load_scale_benchmark()
     assert abs(scale.growth_exponent([6000, 18000, 54000], [2.0, 6.0, 18.0]) - 1.0) < 1e-9
@@ -128,7 +124,7 @@ def test_scale_benchmark_fits_growth_exponents_and_plans_valid_params() -> None:
     for size in config["sizes"]:
         for method in config["methods"]:
             for quick in (False, True):
-                checked = validate(scale.merge(params, scale.size_params(config, size, method, quick)))
+                checked = validate(merge_trees(params, scale.size_params(config, size, method, quick)))
                 assert checked.data.max_train == size and checked.data.source == "fashion_mnist"
                 assert checked.bias.protocol == "foreground" and checked.groups.method == "cluster"
-    assert validate(scale.merge(params, scale.size_params(config, 6000, "fairkl", True))).loss.fairkl.weight > 0
+    assert validate(merge_trees(params, scale.size_params(config, 6000, "fairkl", True))).loss.fairkl.weight > 0

@@ -3,26 +3,17 @@ validation accuracy (offline: no experiment runs)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import pytest
 import yaml
 
+from benchmarks import dvc_queue, pages, quality, tabular
 from debias.core import headline, health
+from debias.core.trees import merge
 from debias.schema import validate
 from tests.conftest import REPO, SHARED_DATASETS
 
 
-def _load(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tabular = _load("bench_tabular", "tabular.py")
 CONFIG = yaml.safe_load((REPO / "benchmarks" / "tabular.yaml").read_text())
 
 
@@ -32,14 +23,14 @@ def test_every_planned_experiment_passes_the_params_schema(tmp_path) -> None:
         for name in names:
             (tmp_path / source / name).write_text("")
     config = tabular.with_data_paths(CONFIG, tmp_path)
-    base = tabular.quality.merge(yaml.safe_load((REPO / "params.yaml").read_text()), config["base"])
-    jobs = tabular.quality.plan(config, list(config["settings"]), [0, 1], list(config["methods"]))
+    base = merge(yaml.safe_load((REPO / "params.yaml").read_text()), config["base"])
+    jobs = dvc_queue.plan(config, list(config["settings"]), [0, 1], list(config["methods"]))
     assert len(jobs) == 2 * 2 * (1 + len(CONFIG["methods"]))
     for job in jobs:
-        params = validate(tabular.quality.merge(base, job["overrides"]))
+        params = validate(merge(base, job["overrides"]))
         assert params.data.source in ("adult", "compas") and params.data.path == str(tmp_path / params.data.source)
         assert params.model.name == "mlp" and params.probe.postprocess == "equalized_odds"
-        if job["method"] != tabular.quality.UPSTREAM:
+        if job["method"] != dvc_queue.UPSTREAM:
             assert job["targets"] == ["linear_probe"]
     assert set(CONFIG["labels"]) == {"erm", *CONFIG["methods"], *CONFIG["derived"], *CONFIG["grids"]}
     with pytest.raises(FileNotFoundError, match="lacks"):
@@ -50,7 +41,7 @@ def test_rows_read_erm_methods_derived_and_grids() -> None:
     config = {**CONFIG, "derived": {"eq_odds": {"experiment": "lff_q07", "encoder": "erm"}},
               "grids": {"lff": ["lff_q01", "lff_q07"]}}
     fair = lambda eod: {"equalized_odds_difference": eod, "demographic_parity_difference": 0.1}  # noqa: E731
-    jobs = [{"name": "up", "setting": "compas", "seed": 0, "method": tabular.quality.UPSTREAM},
+    jobs = [{"name": "up", "setting": "compas", "seed": 0, "method": dvc_queue.UPSTREAM},
             {"name": "a", "setting": "compas", "seed": 0, "method": "lff_q01"},
             {"name": "b", "setting": "compas", "seed": 0, "method": "lff_q07"}]
     detailed = {  # the stages' detailed files; dvc exp show reports their headline keys (debias.core.headline)
@@ -81,7 +72,7 @@ def test_rows_read_erm_methods_derived_and_grids() -> None:
     assert f"*chance-level*: {health.CODES['chance-level']}." in text and "*weak-groups*" in text
     assert "*collapsed-representation*" not in text
     mixed = [rows["lff_q07"], {**rows["lff_q07"], "seed": 1, "warnings": ""}]
-    assert tabular.quality.warning_flag(mixed) == " ⚠ chance-level in 1 of 2 seeds ⚠ degenerate-selection in 1 of 2 seeds"
+    assert pages.warning_flag(mixed) == " ⚠ chance-level in 1 of 2 seeds ⚠ degenerate-selection in 1 of 2 seeds"
 
 
 @pytest.mark.skipif(not (SHARED_DATASETS / "compas").is_dir(), reason="shared datasets not present")
@@ -91,9 +82,8 @@ def test_shared_datasets_hold_the_files_the_benchmark_reads() -> None:
 
 
 def test_quality_rows_read_a_probe_result_for_methods_that_name_one() -> None:
-    quality = tabular.quality
     config = yaml.safe_load((REPO / "benchmarks" / "quality.yaml").read_text())
-    (job,) = [j for j in quality.plan(config, ["cmnist_096"], [0], ["dfr"]) if j["method"] == "dfr"]
+    (job,) = [j for j in dvc_queue.plan(config, ["cmnist_096"], [0], ["dfr"]) if j["method"] == "dfr"]
     assert job["targets"] == ["linear_probe"] and job["result"] == {"file": "probe", "encoder": "erm"}
     assert job["overrides"]["probe"] == {"method": "dfr"} and "result" not in job["overrides"]
     shown = {job["name"]: {"metrics": {"probe_erm_avg": 0.9, "probe_erm_unbiased": 0.88, "probe_erm_worst": 0.7,
