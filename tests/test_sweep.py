@@ -834,3 +834,33 @@ def test_an_earlier_killed_attempt_of_an_experiment_that_finished_is_not_said_to
     assert local.run_local(tmp_path, [grid.Job("e0", {})], 1, {}, poll_s=0, deadline=time.time() + 30) == []
     out = capsys.readouterr()
     assert "counted as failed" not in out.out and "FAILED" not in out.err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_shared_upstream_run_restores_from_the_run_cache_what_another_machines_dvc_lock_names(tmp_path: Path) -> None:
+    """The committed dvc.lock names the outputs of the run that wrote it (its run records: that run's ids and times),
+    in no cache here. A sweep's clone whose stage matched it reran the stage instead of restoring this machine's
+    identical run from DVC's run-cache (153 s of upstream that `dvc repro` had just cached)."""
+    from tests.test_pipeline import make_clone
+
+    repo = make_clone(tmp_path / "repo")
+    env = _e2e_env(repo)
+    env.pop("PYTHONPATH")
+    workspace.run(["dvc", "repro", "inject_bias"], repo, env)
+    workspace.run(["git", "add", "dvc.lock"], repo)
+    workspace.run(["git", "commit", "-qm", "the lock of a run on another machine"], repo, env)
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    record = next(out["md5"] for out in lock["stages"]["inject_bias"]["outs"]
+                  if out["path"] == "reports/runs/inject_bias.json")
+    workspace.run(["dvc", "repro", "-f", "inject_bias"], repo, env)  # this machine's run: in its cache and run-cache
+    cache = Path(workspace.run(["dvc", "cache", "dir"], repo).strip())
+    (cache / "files" / "md5" / record[:2] / record[2:]).unlink()  # the other machine's run record: not here
+    commit = workspace.run(["git", "rev-parse", "HEAD"], repo).strip()
+    log = tmp_path / "upstream.log"
+    workspace.compute_upstream({"root": str(repo), "commit": commit, "clone": str(tmp_path / "clone"),
+                                "overrides": {}, "stage": "inject_bias", "cache_dir": str(cache), "log": str(log),
+                                "env": env})
+    text = log.read_text()
+    assert "Stage 'inject_bias' is cached - skipping run" in text, text
+    assert "Running stage 'inject_bias'" not in text

@@ -11,8 +11,8 @@ from typing import Any
 
 from debias.tools.sweep.grid import Job, set_args
 from debias.harness.tracking.store import RUN_NAME_VARIABLE
-from debias.tools.sweep.workspace import (CLONES, clone_at, compute_upstream, finished_experiments, push_run_cache,
-                                          run, stream, sweep_dir, upstream_experiment, with_src)
+from debias.tools.sweep.workspace import (CLONES, clone_at, compute_upstream, finished_experiments, forget_lock,
+                                          push_run_cache, run, stream, sweep_dir, upstream_experiment, with_src)
 
 # ``squeue`` job states (man squeue, JOB STATE CODES) -> sweep state; anything else still listed counts as running.
 SLURM_QUEUED = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED")
@@ -24,6 +24,7 @@ def run_experiment(spec: dict[str, Any]) -> str:
     run-cache and the experiment (git ref to the repository, outputs to the DVC remote), remove the clone."""
     clone, root = Path(spec["clone"]), Path(spec["root"])
     clone_at(root, spec["commit"], clone)
+    forget_lock(clone)
     env = with_src(spec["env"], clone)
     run(["dvc", "remote", "add", "--local", "-f", "-d", "sweep", spec["remote"]], clone)
     run(["dvc", "pull", "--run-cache", "--allow-missing"], clone, env, check=False)

@@ -195,6 +195,15 @@ def clone_at(root: Path, commit: str, target: Path) -> None:
         run(["dvc", "config", "--local", *setting], target)
 
 
+def forget_lock(clone: Path) -> None:
+    """Remove a clone's dvc.lock before its ``dvc repro`` / ``dvc exp run``, so that DVC restores each stage from
+    its run-cache. The committed dvc.lock names the outputs of the run that wrote it, elsewhere (its run records
+    hold that run's ids and times): where a stage's deps match it, DVC takes that record for the stage's cached
+    run, finds its outputs in no cache here and reruns the stage, never reading the run-cache, which holds the same
+    stage as run here (a sweep's first seed recomputed the upstream `dvc repro` had just cached)."""
+    (clone / "dvc.lock").unlink(missing_ok=True)
+
+
 def with_src(env: dict[str, str], clone: Path) -> dict[str, str]:
     """``env`` with the clone's ``src`` first on ``PYTHONPATH``: the stages run the swept commit's code, not an
     editable install's (whose tree may change while the sweep runs)."""
@@ -208,6 +217,7 @@ def compute_upstream(spec: dict[str, Any]) -> str:
 
     clone = Path(spec["clone"])
     clone_at(Path(spec["root"]), spec["commit"], clone)
+    forget_lock(clone)
     env = with_src(spec["env"], clone)
     if spec.get("cache_dir"):
         run(["dvc", "cache", "dir", "--local", spec["cache_dir"]], clone)
