@@ -718,3 +718,22 @@ def test_a_baseline_with_committed_metrics_says_where_its_numbers_come_from(tmp_
     bare = experiment("main", 0, "cnc", 0.5, "01", kind="baseline")
     bare.metrics = {}
     assert baseline_from_mlflow([bare], f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}", "debias") is None
+
+
+def test_a_narrow_table_names_each_swept_param_by_its_shortest_unique_key_never_cut(sweep) -> None:
+    """An 80-column terminal cut the swept params' names to '…ge2.method' and '…': each param column is labelled by
+    the shortest dotted suffix no other differing param ends with, whole; its values are what gets shortened."""
+    assert compare_terminal.short_keys(["stage2.method", "loss.epsilon", "seed"]) == {
+        "stage2.method": "method", "loss.epsilon": "epsilon", "seed": "seed"}
+    assert compare_terminal.short_keys(["stage2.cnc.temperature", "stage2.supcon.temperature", "temperature"]) == {
+        "stage2.cnc.temperature": "cnc.temperature", "stage2.supcon.temperature": "supcon.temperature",
+        "temperature": "temperature"}
+    runs = compare_data.select(sweep)
+    text = compare_terminal.terminal_text(compare_data.build_comparison(runs, sweep), max_width=80)
+    comparison = compare_data.build_comparison(runs, sweep)
+    table = text.split("\n\n")[1]
+    assert max(map(len, text.splitlines())) <= 80
+    for key in comparison.params:
+        label = compare_terminal.short_keys(comparison.params)[key]
+        assert f" {label} " in table.splitlines()[1] + " " or table.splitlines()[1].endswith(label), (label, table)
+    assert "…" not in table.splitlines()[1]

@@ -33,10 +33,13 @@ class TextColumn:
     numeric: bool = True
     priority: int = 100  # dropped lowest first; text columns (name, params) are never dropped
     key: str = ""
+    whole_label: bool = False  # a param's label (its shortest unique key): never cut, its values are
 
     def width(self, limit: int | None = None) -> int:
         natural = max([len(self.label), *map(len, self.cells)] or [1])
-        return natural if limit is None or self.numeric else min(natural, limit)
+        if limit is None or self.numeric:
+            return natural
+        return max(len(self.label), min(natural, limit)) if self.whole_label else min(natural, limit)
 
 
 def _cut(text: str, width: int) -> str:
@@ -72,8 +75,9 @@ def render_columns(columns: list[TextColumn], text_limit: int | None = None, sep
         span = sum(widths[first : last + 1]) + len(sep) * (last - first)
         group = columns[first].group
         groups_line.append(group.ljust(span) if not columns[first].numeric else group.center(span))
-    # a param's key is cut from the left: its end tells params of one section apart (…name_0, …name_1)
-    labels_line = [c.label.rjust(w) if c.numeric else _cut_left(c.label, w).ljust(w) for c, w in zip(columns, widths)]
+    # a long label is cut from the left: its end tells columns apart (…name_0, …name_1); a param's label is whole
+    labels_line = [c.label.rjust(w) if c.numeric else (c.label if c.whole_label else _cut_left(c.label, w)).ljust(w)
+                   for c, w in zip(columns, widths)]
     lines = [sep.join(groups_line).rstrip(), sep.join(labels_line).rstrip()]
     for r in range(len(columns[0].cells) if columns else 0):
         cells = [(c.cells[r].rjust(w) if c.numeric else _cut(c.cells[r], w).ljust(w)) for c, w in zip(columns, widths)]
@@ -140,9 +144,25 @@ def split_constant(columns: list[TextColumn]) -> tuple[list[TextColumn], list[st
     return kept, same
 
 
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Each dotted key as its shortest suffix of whole components that no other of ``keys`` ends with
+    (``stage2.method`` -> ``method``; ``stage2.cnc.temperature`` and ``stage2.supcon.temperature`` keep ``cnc.`` and
+    ``supcon.``): a swept param is named in full words in a narrow table, never cut to ``…ge2.method``."""
+    short = {}
+    for key in keys:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            suffix = ".".join(parts[-n:])
+            if not any(other != key and (other == suffix or other.endswith("." + suffix)) for other in keys):
+                break
+        short[key] = suffix
+    return short
+
+
 def _param_columns(frame: pd.DataFrame, params: list[str]) -> list[TextColumn]:
-    return [TextColumn("params" if i == 0 else "", key, [str(v) for v in frame[key]], numeric=False)
-            for i, key in enumerate(params)]
+    labels = short_keys(params)  # the full keys are named above the table
+    return [TextColumn("params" if i == 0 else "", labels[key], [str(v) for v in frame[key]], numeric=False,
+                       whole_label=True) for i, key in enumerate(params)]
 
 
 def experiments_columns(frame: pd.DataFrame, params: list[str]) -> list[TextColumn]:
