@@ -202,10 +202,11 @@ def test_margin_verdicts_agree_with_scipys_tost_and_t_test(true_difference: floa
 def test_margin_is_refused_in_one_line_before_anything_is_written(tmp_path: Path, capsys) -> None:
     from debias.tools.cli import main as cli_main
 
-    for value in ("0", "-2", "nan", "inf"):
+    for value in ("0", "-2", "nan", "inf", "100", "250"):  # 100 points or more: every accuracy difference is within
         assert cli_main(["compare", "--margin", value, "--out", str(tmp_path / "page"), "--no-mlflow"]) == 2
         err = capsys.readouterr().err.splitlines()[-1]  # after compare's progress line
-        assert err.startswith(f"debias compare: --margin {float(value):g}; allowed: a number of points > 0"), err
+        assert err.startswith(f"debias compare: --margin {float(value):g}; allowed: a number of points above 0 and "
+                              "below 100"), err
     assert not (tmp_path / "page").exists()
 
 
