@@ -261,6 +261,23 @@ def test_a_repeat_of_the_same_params_is_not_another_seed(sweep) -> None:
            in " ".join(text.split())
 
 
+def test_a_repeat_whose_numbers_are_left_out_is_not_said_to_have_other_results(sweep) -> None:
+    """A clean workspace holding cnc-s2's params and results, whose stage-2 metrics file does not match dvc.lock
+    (blanked): it counts once, and the note names the numbers left out and why, never "other results"."""
+    workspace = next(e for e in sweep if e.kind == "workspace")
+    reason = "reports/metrics/train_contrastive.json does not match dvc.lock: its numbers are left out"
+    workspace.stale, workspace.reason = {"reports/metrics/train_contrastive.json": reason}, reason
+    for key in [k for k in workspace.metrics if k.startswith("s2_")]:
+        del workspace.metrics[key]
+    runs = [e for e in sweep if e.status == "done"]
+    comparison = compare_data.build_comparison(compare_data.select(runs), runs)
+    assert [e.name for e in comparison.experiments].count("workspace") == 0
+    text = " ".join(compare_terminal.terminal_text(comparison).split())
+    assert "other results" not in text, text
+    assert (f"note: workspace has the same params as cnc-s2 (seed included) and the same results where both have a "
+            f"number (numbers left out: workspace: {reason}): not counted as another seed") in text
+
+
 def test_a_metric_that_is_not_a_number_is_left_out_of_the_mean_with_a_note(sweep) -> None:
     from debias.tools.compare.collect import rejected_values
 
