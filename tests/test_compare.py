@@ -278,6 +278,42 @@ def test_a_repeat_whose_numbers_are_left_out_is_not_said_to_have_other_results(s
             f"number (numbers left out: workspace: {reason}): not counted as another seed") in text
 
 
+CONFLICTED_LOCK = """schema: '2.0'
+stages:
+  train_erm:
+<<<<<<< HEAD
+    cmd: python pipeline/train_erm.py
+=======
+    cmd: python pipeline/train_erm.py --fast
+>>>>>>> other
+"""
+
+
+def test_a_workspace_whose_dvc_lock_holds_conflict_markers_is_said_to_be_that_not_missing_metrics_files(
+        tmp_path: Path, monkeypatch) -> None:
+    """DVC reads no metrics of a workspace whose dvc.lock a merge left with conflict markers: compare names the
+    markers and the command that mends it, never "no metrics files"."""
+    import dvc.repo
+
+    from debias.tools.compare import collect
+
+    (tmp_path / "dvc.lock").write_text(CONFLICTED_LOCK, encoding="utf-8")
+    shown = [{"rev": "workspace", "data": {"params": {"params.yaml": {"data": {"seed": 0}}}}}]
+    monkeypatch.setattr(collect, "dvc_exp_show", lambda root, all_commits=False: shown)
+    monkeypatch.setattr(collect, "headline_bytes", lambda root, experiments: {})
+    monkeypatch.setattr(collect, "dvc_reader", lambda root, experiment, repo: None)
+    monkeypatch.setattr(dvc.repo, "Repo", lambda root: None)
+    [workspace] = collect.from_dvc(tmp_path)
+    reason = compare_data.missing_reason(workspace)
+    assert "no metrics files" not in reason, reason
+    assert reason == ("dvc.lock holds git's merge conflict markers (<<<<<<< at line 4): a merge left it unresolved; "
+                      "DVC reads no metrics of it; run `git checkout HEAD -- dvc.lock` (or resolve the conflict by "
+                      "hand), then `dvc repro`")
+    (tmp_path / "dvc.lock").unlink()  # no dvc.lock at all: no metrics files, as before
+    [workspace] = collect.from_dvc(tmp_path)
+    assert compare_data.missing_reason(workspace) == "no metrics files in the workspace; run `dvc repro`"
+
+
 def test_a_metric_that_is_not_a_number_is_left_out_of_the_mean_with_a_note(sweep) -> None:
     from debias.tools.compare.collect import rejected_values
 
