@@ -376,6 +376,58 @@ def test_a_non_dep_linked_into_the_stages_own_out_is_read(bare_clone) -> None:
         shutil.rmtree(bare_clone.root / "data/evaluate", ignore_errors=True)
 
 
+PLANTED_CODE = ("src/debias/_run_by_runpy.py", "src/debias/_run_by_spec.py", "src/debias/_read_as_data.py")
+RUN_CODE = f"""
+import importlib.util, runpy
+runpy.run_path({PLANTED_CODE[0]!r})
+spec = importlib.util.spec_from_file_location("planted", {PLANTED_CODE[1]!r})
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print(len(open({PLANTED_CODE[2]!r}).read()))
+"""
+
+
+def test_code_run_by_runpy_or_a_spec_loader_or_read_as_data_is_a_read(bare_clone) -> None:
+    """Code under src/ is judged by the imports the hook sees; code run by ``runpy.run_path`` or a spec loader's
+    ``exec_module`` (no import the recorder sees) or read as data is a read DVC does not track."""
+    for rel in PLANTED_CODE:
+        (bare_clone.root / rel).write_text("VALUE = 1\n")
+    try:
+        problems = _as_stage(bare_clone, "evaluate", RUN_CODE)
+        for rel in PLANTED_CODE:
+            assert _found(problems, f"evaluate reads {rel}", "code no import of the stage loaded",
+                          "not among its deps"), (rel, problems)
+        imported = _as_stage(bare_clone, "evaluate", "import debias._run_by_runpy")
+        assert not [p for p in imported if "code no import" in p], imported  # imported: judged as an import
+    finally:
+        for rel in PLANTED_CODE:
+            (bare_clone.root / rel).unlink()
+
+
+GIT_READS = """
+import subprocess
+print(subprocess.run(["git", "show", "HEAD:README.md"], capture_output=True, check=True).stdout[:10])
+print(open(".git/HEAD").read())
+"""
+GIT_DECLARED = """
+import subprocess
+for command in (["git", "show", "HEAD:params.yaml"], ["git", "rev-parse", "--short=12", "HEAD"]):
+    subprocess.run(command, capture_output=True, check=True)
+"""
+
+
+def test_git_store_reads_are_judged_by_the_git_command_that_makes_them(bare_clone) -> None:
+    """git's objects hold every committed file of every commit: a stage's `git show HEAD:README.md` or its own open
+    under .git/ is a read DVC does not track; the report's declared `git show HEAD:params.yaml` and `git rev-parse`
+    are not."""
+    problems = _as_stage(bare_clone, "report", GIT_READS)
+    assert _found(problems, "report reads .git/", "by `git show HEAD:README.md`", "GIT_COMMANDS"), problems
+    assert _found(problems, "report reads .git/HEAD", "`python -c import subprocess"), problems  # its own open
+    declared = _as_stage(bare_clone, "report", GIT_DECLARED)
+    assert not [p for p in declared if ".git/" in p], declared
+    elsewhere = _as_stage(bare_clone, "evaluate", GIT_DECLARED)  # the report's commands alone
+    assert _found(elsewhere, "evaluate reads .git/", "by `git rev-parse --short=12 HEAD`"), elsewhere
+
+
 # --------------------------------------------------------------------------- every variant (slow)
 
 
