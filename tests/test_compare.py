@@ -248,6 +248,20 @@ def test_out_on_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
     assert error == f"debias compare: --out {out}: cannot write there (Read-only file system); choose a writable folder"
 
 
+@pytest.mark.parametrize("methods", [["cnc", "eps_supinfonce"], ["cnc"]])
+def test_one_seed_per_setting_is_said_in_the_terminal_to_answer_nothing(methods: list[str]) -> None:
+    """One seed of each setting (or a single run): the terminal says one seed cannot answer, and draws no verdict;
+    with three seeds of a setting it does not."""
+    runs = [experiment(f"{method}-s0", 0, method, 0.5 + 0.1 * i, f"0{i}") for i, method in enumerate(methods)]
+    text = " ".join(compare_terminal.terminal_text(compare_data.build_comparison(compare_data.select(runs), runs))
+                    .split())
+    what = "whether these settings differ" if len(methods) > 1 else "whether stage 2's gain over ERM holds"
+    assert f"note: one seed cannot answer {what}" in text and "run 3 or more seeds of each" in text, text
+    more = [*runs, experiment("cnc-s1", 1, "cnc", 0.6, "07"), experiment("cnc-s2", 2, "cnc", 0.7, "08")]
+    text = compare_terminal.terminal_text(compare_data.build_comparison(compare_data.select(more), more))
+    assert "one seed cannot answer" not in " ".join(text.split())
+
+
 def test_a_repeat_of_the_same_params_is_not_another_seed(sweep) -> None:
     """The workspace holding the baseline's params (seed included) with other results counts once, with a note."""
     rerun = experiment("workspace", 2, "cnc", 0.1, "09", kind="workspace")  # cnc-s2's params, other metrics

@@ -358,6 +358,19 @@ def next_text(comparison: Comparison) -> str | None:
     return text
 
 
+def one_seed_text(comparison: Comparison) -> str | None:
+    """What a comparison of one seed per setting cannot answer (whether a difference, or stage 2's gain over ERM, is
+    more than seed noise) and the seeds that can; None when a setting has two seeds or more."""
+    if comparison.groups.empty or int(comparison.groups["seeds"].max()) > 1:
+        return None
+    settings = len(comparison.groups)
+    what = "whether these settings differ" if settings > 1 else "whether stage 2's gain over ERM holds"
+    rerun = (f" (`debias sweep --name {comparison.sweep} --resume --seeds` with {MIN_EVIDENCE_PAIRS} or more seeds "
+             "adds them; finished runs are kept)" if comparison.sweep else "")
+    return (f"one seed cannot answer {what}: with one seed per setting no difference can be told from seed noise, "
+            f"and no verdict is drawn; run {MIN_EVIDENCE_PAIRS} or more seeds of each{rerun}")
+
+
 def other_commits_text(comparison: Comparison) -> str | None:
     """'4 experiments of 2 other commits are not shown ...': DVC's experiments of other commits, which ``dvc exp
     show`` (and so compare) leaves out, and how to show them; None when there is none."""
@@ -393,6 +406,9 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
         if following:
             out += wrap(following, max_width)
     out.append("")
+    alone = one_seed_text(comparison)
+    if alone:
+        out += wrap(f"note: {alone}", max_width)
     for note in comparison.notes:
         out += wrap(note if note.startswith("WARNING ") else f"note: {note}", max_width)
     elsewhere = other_commits_text(comparison)
