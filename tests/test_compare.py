@@ -785,3 +785,16 @@ def test_a_baseline_with_committed_metrics_says_where_its_numbers_come_from(tmp_
     bare = experiment("main", 0, "cnc", 0.5, "01", kind="baseline")
     bare.metrics = {}
     assert baseline_from_mlflow([bare], f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}", "debias") is None
+
+
+def test_the_report_and_compare_print_one_accuracy_alike() -> None:
+    """The report prints a stage's accuracy from its detailed file, compare from the headline file's rounded copy: one
+    rule prints both, so 133 of 220 (0.604545..., headline 0.6045) reads 60.5 in each, and so does every k of n."""
+    from debias.report.card import pct
+
+    assert pct(133 / 220) == compare_data.fmt(headline._number(133 / 220), True) == "60.5"
+    differ = [(k, n) for n in range(1, 400) for k in range(n + 1)
+              if pct(k / n) != compare_data.fmt(headline._number(k / n), True)]
+    assert not differ, differ[:5]
+    assert [pct(v) for v in (0.6045, 0.60449, 0.5, 1.0, 0.0)] == ["60.5", "60.5", "50.0", "100.0", "0.0"]
+    assert pct(0.12345, 0) == "12" and compare_data.fmt(math.nan, True) == "–"

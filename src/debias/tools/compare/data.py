@@ -17,7 +17,7 @@ import pandas as pd
 from debias.core.environment import KEY as ENVIRONMENT_KEY
 from debias.core.environment import environment_differences
 from debias.core.errors import NEEDS_BIAS_LABELS
-from debias.core.headline import DETAILED, LABELS
+from debias.core.headline import DETAILED, LABELS, percent_text
 from debias.metrics.paired import (ALPHA, MIN_VERDICT_PAIRS, Paired, detectable_difference, paired, seeds_needed,
                                    tost)
 from debias.report.card import image_step
@@ -542,7 +542,7 @@ def fmt(value: float | str, percent: bool, digits: int | None = None) -> str:
         return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    return f"{100 * value:.{1 if digits is None else digits}f}" if percent else f"{value:.{3 if digits is None else digits}f}"
+    return percent_text(value, 1 if digits is None else digits) if percent else f"{value:.{3 if digits is None else digits}f}"
 
 
 def fmt_mean_std(mean: float | str, std: float, percent: bool, sep: str = "±") -> str:
