@@ -29,7 +29,7 @@ log scale, among 1, a half ... a hundredth, twice ... a hundred times): a ratio 
 with ×, or in a block naming rows the ratio of two of those rows' values of one time, cost or ratio column (0.81 and
 5.71 times FairKL's cost: a seventh). A clock time stands where it is printed, or its seconds are. A count's two
 numbers stand in one cell ("57 of 81"), unless no cell prints a count of that whole ("of 81"): then it is a tally of
-rows, not read. The two ends of a range ("42 to 68 s", "0.06–0.15"; not "from 184 to 131 s") stand under one header
+rows, not read. The two ends of a range in prose ("42 to 68 s", "0.06–0.15"; not "from 184 to 131 s") stand under one header
 of one table or both in one file's text: one quantity's extremes.
 
 Words and names beside a number. A clause calling a difference "within ±D points" has each of its means with an
