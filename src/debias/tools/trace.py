@@ -15,10 +15,18 @@ violations, each a sentence naming the file or module:
   repository, every file read lies under the interpreter, ``/proc``, ``/dev``, ``/sys``, a declared environment entry,
   the data source's external files (stages depending on their fingerprint ``data/source.json`` only), or a temporary
   folder, and there only when the stage itself made the file;
-- no file or folder inside the repository that another stage writes is probed (``stat``, ``exists``, ``access``) or
-  tried (an ``open`` that fails: a missing file is an answer too) unless it is among the stage's deps or outs: on a
-  fresh clone the file is missing, in a workspace where the other stage ran it is there, and what the stage does
-  depends on which (DVC knows of neither);
+- no file or folder inside the repository that another stage writes is probed (``stat``, ``exists``, ``access``,
+  ``getxattr``, a ``chdir`` into it) or tried (an ``open``, ``chdir`` or ``chmod`` that fails: a missing file is an
+  answer too) unless it is among the stage's deps or outs: on a fresh clone the file is missing, in a workspace where
+  the other stage ran it is there, and what the stage does depends on which (DVC knows of neither); nor is any other
+  file or folder the repository held before the stage (code aside: judged by the imports) that is not a dep, an out,
+  a folder holding one, a declared environment file or a declared probe (:data:`PROBED`): whether it is there steers
+  the stage just as much (a name that was not there, and is no stage's out, answers the same on every clone: the
+  dynamic loader and the import system probe many);
+- no other stage's out is renamed, removed, linked over, opened to write or has its mode, owner or times changed,
+  even if put back (renamed away and back, it is what it was, and a snapshot sees nothing); no file that is not an
+  out or declared as no out has its mode, owner or times changed (``chmod``, ``chown``, ``utime``: a snapshot of
+  sizes and modification times need not show it);
 - no folder is listed (its entries read: ``getdents``) whose entries DVC does not pin for the stage. DVC pins a
   dep's presence (it runs the stage only when every dep exists) and the stage's own outs' (it deletes them before
   the stage runs); another stage's out is there or not by whether that stage ran or was pulled. So a listing is a
@@ -140,6 +148,12 @@ LISTERS: dict[str, str] = {
                       "by killed writers (``.<name>.<pid>.<random>.tmp``, _sweep_dead_temps): it acts on no other name",
 }
 
+# Paths in the repository a stage may probe without their being deps, each with the reason.
+PROBED: dict[str, str] = {
+    ".dvc": "debias.core.paths.repo_root finds the repository by this folder's presence (a stat, no read): every "
+            "stage runs at a repository root",
+}
+
 MACHINE_FOLDERS = ("/proc/", "/dev/", "/sys/")
 CODE_FOLDERS = ("src/", "pipeline/")
 
@@ -153,7 +167,8 @@ class Trace:
     by: dict[str, str] = field(default_factory=dict)  # path -> the innermost debias module that first touched it
     listed: Counter[str] = field(default_factory=Counter)  # folder -> how many times its entries were read (getdents)
     listed_by: dict[str, Counter[str]] = field(default_factory=dict)  # folder -> module -> listings (the hook's)
-    probed: set[str] = field(default_factory=set)  # stat, lstat, access, readlink: what exists, and what it is
+    probed: set[str] = field(default_factory=set)  # stat, access, readlink, getxattr, chdir: what exists, what it is
+    changed_metadata: set[str] = field(default_factory=set)  # chmod, chown, utime: a file's mode, owner or times
     tried: set[str] = field(default_factory=set)  # failed opens: a missing (or refused) file is an answer too
     made: set[str] = field(default_factory=set)  # files whose first event made them new (O_EXCL / O_TRUNC, a rename)
     imports: dict[str, list[str]] = field(default_factory=dict)  # module -> the debias modules on the stack then
@@ -164,7 +179,7 @@ class Trace:
 
     def merge(self, other: Trace) -> Trace:
         """The union of two traces of the same stage (the OS trace's files and the hook's imports)."""
-        for name in ("reads", "writes", "listed", "probed", "tried", "made", "scripts"):
+        for name in ("reads", "writes", "listed", "probed", "changed_metadata", "tried", "made", "scripts"):
             getattr(self, name).update(getattr(other, name))
         for path, who in other.by.items():
             self.by.setdefault(path, who)
@@ -209,7 +224,11 @@ def read_hook(path: Path) -> Trace:
 SYSCALLS = ("open", "openat", "openat2", "creat", "truncate", "rename", "renameat", "renameat2", "link", "linkat",
             "symlink", "symlinkat", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "execve", "execveat", "stat",
             "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat",
-            "getdents", "getdents64")
+            "getdents", "getdents64", "chdir", "getxattr", "lgetxattr", "listxattr", "llistxattr", *("chmod",
+            "fchmodat", "chown", "lchown", "fchownat", "utime", "utimes", "utimensat"))
+# The calls that change a file's mode, owner or times: no content changes, so a snapshot (size, modification time)
+# may not show them (chmod, chown), or show them only as a change of time (utime).
+METADATA_CALLS = ("chmod", "fchmodat", "chown", "lchown", "fchownat", "utime", "utimes", "utimensat")
 
 
 def strace_command(log: Path) -> list[str]:
@@ -355,7 +374,17 @@ def read_strace(path: Path, cwd: Path, ignore: tuple[Path, ...] = ()) -> Trace:
             if ok:
                 trace.scripts.add(os.path.realpath(paths[0]))
                 programs[pid] = command_line([text for text, _, _ in strings[1:]])
-        else:  # stat, lstat, newfstatat, statx, access, faccessat, faccessat2, readlink, readlinkat
+        elif name == "chdir":  # into a folder: it exists; a failed chdir is an answer too
+            (trace.probed if ok else trace.tried).add(paths[0])
+        elif name in METADATA_CALLS:
+            if args.lstrip().startswith('""') or strings[0][0] == "":  # of a descriptor (AT_EMPTY_PATH)
+                continue
+            if ok:
+                trace.changed_metadata.add(paths[0])
+                trace.writes.add(paths[0])
+            else:
+                trace.tried.add(paths[0])
+        else:  # stat, lstat, newfstatat, statx, access, faccessat(2), readlink(at), (l)getxattr, (l)listxattr
             if args.lstrip().startswith('""') or strings[0][0] == "":  # fstat of a descriptor (AT_EMPTY_PATH)
                 continue
             trace.probed.add(paths[0])
@@ -551,7 +580,10 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         elif not hidden and not any(d.startswith(rel.rstrip("/") + "/") for d in (*deps, *outs)):
             problems.append(f"{name} lists the folder {rel}{who(path)}, which is not among its deps in dvc.yaml")
     attempts = [(path, "probes", "(exists / stat)") for path in trace.probed]
-    attempts += [(path, "tries to open", "(a failed open: a missing file is an answer)") for path in trace.tried]
+    attempts += [(path, "tries to open", "(a failed open, chdir or chmod: a missing file is an answer)")
+                 for path in trace.tried]
+    declared_paths = [*deps, *outs, *inside_environment, *own_resume, *NOT_OUTS, *PROBED]
+    present = _with_folders(existed or ())
     for path, verb, how in sorted(attempts):
         rel = _inside(path, root)
         if rel is None or rel == "." or code(rel):
@@ -559,6 +591,22 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         if under(rel, list(others_outs)) and not (under(rel, deps) or under(rel, outs) or under(rel, own_resume)):
             problems.append(f"{name} {verb} {rel}{who(path)} {how}, an out of another stage that is not among its "
                             "deps in dvc.yaml")
+        elif (rel in present and not rel.startswith(CODE_FOLDERS) and rel not in ("src", "pipeline")
+              and not (under(rel, declared_paths) or under(rel, [GIT_FOLDER]) or path in trace.made
+                       or path in trace.writes or any(under(entry, [rel]) for entry in declared_paths))):
+            problems.append(f"{name} {verb} {rel}{who(path)} {how}, which is not among its deps in dvc.yaml: "
+                            "whether it is there steers the stage, and DVC does not track it")
+    for path in sorted(trace.writes):
+        rel = _inside(path, root)
+        if rel is not None and under(rel, list(others_outs)) and not under(rel, outs):
+            problems.append(f"{name} moves, removes, links over or changes {rel}{who(path)}, an out of another "
+                            "stage (put back or not, what that stage left is not what DVC recorded)")
+    for path in sorted(trace.changed_metadata):
+        rel = _inside(path, root)
+        if rel is not None and not (under(rel, outs) or under(rel, list(NOT_OUTS)) or under(rel, list(others_outs))
+                                    or path in trace.made):
+            problems.append(f"{name} changes the mode, owner or times of {rel}{who(path)}, which is not among its "
+                            "outs in dvc.yaml nor declared as no out (NOT_OUTS)")
     for rel in sorted(changed):
         if not (under(rel, outs) or under(rel, list(NOT_OUTS))):
             problems.append(f"{name} writes {rel}, which is not among its outs in dvc.yaml nor declared as no out "
@@ -584,6 +632,17 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         problems.append(f"{name} imports {module} ({rel}{', for ' + stack[0] if stack else ''}), which is neither "
                         "among its deps in dvc.yaml nor a side channel (debias.tools.deps.SIDE_CHANNELS)")
     return problems
+
+
+def _with_folders(files: set[str] | tuple[()]) -> set[str]:
+    """Repository-relative ``files`` and every folder holding one: what was in the repository before the stage (a
+    probe of a name that was not there answers the same on every clone, unless it is another stage's out)."""
+    found: set[str] = set()
+    for name in files:
+        while name and name not in found:
+            found.add(name)
+            name = os.path.dirname(name)
+    return found
 
 
 def _interpreter_folders() -> tuple[str, ...]:
