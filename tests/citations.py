@@ -11,8 +11,9 @@ their headers, labelled by its leading cells that are not numbers), a CSV row (i
 labelled by its text fields and ``seed N``), a line of a code block (a program's table, labelled by its first word),
 and every other paragraph or list item of a Markdown file (one headerless cell).
 
-Quoted numbers. Every decimal (49.7, -14.8), every integer with a unit (74 s, 47–55 min, 1,353 MiB, 65 %, 5×) and
-every ratio word (a seventh, half, twice, three times) of a citing block is a result unless it is a setting: inside
+Quoted numbers. Every decimal (49.7, -14.8), every integer with a unit (74 s, 47–55 min, 42 to 68 s, 1,353 MiB,
+65 %, 5×), every clock time (13:48), every count (57 of 81) and every ratio word (a seventh, half, twice, three
+times) of a citing block is a result unless it is a setting: inside
 `code`, part of a version (2.15.0), right after a parameter's name or symbol or a key= (α 0.03, p_corr 0.995,
 q = 0.7, lr ×0.1, stage2.epochs=30), after a threshold (≥ 65), a target (the target of 65, the 65 % target), the
 level of an interval (95 % interval), a share of the data a schedule uses (a tenth of the anchors) or a bound (at
@@ -26,10 +27,20 @@ with a column word beside it ("unbiased 85.4", "47.8 % worst-group", or its page
 results table, under a header holding that word. A ratio word stands where a measured ratio is nearest to it (on a
 log scale, among 1, a half ... a hundredth, twice ... a hundred times): a ratio column's value, a factor printed
 with ×, or in a block naming rows the ratio of two of those rows' values of one time, cost or ratio column (0.81 and
-5.71 times FairKL's cost: a seventh).
+5.71 times FairKL's cost: a seventh). A clock time stands where it is printed, or its seconds are. A count's two
+numbers stand in one cell ("57 of 81"), unless no cell prints a count of that whole ("of 81"): then it is a tally of
+rows, not read. The two ends of a range in prose ("42 to 68 s", "0.06–0.15"; not "from 184 to 131 s") stand under one header
+of one table or both in one file's text: one quantity's extremes.
+
+Words and names beside a number. A clause calling a difference "within ±D points" has each of its means with an
+interval inside ±D ("within D points": the mean), "outside" beyond it; a margin word negated just before ("neither
+... nor shown equivalent within ±1") is not read. A quote followed by a regime's name ("1.65 (digits)", see
+:data:`REGIMES`) stands in a record of that regime (its heading or a label names it), where the cited files have
+such records.
 
 Rows. A block naming rows (row `cnc`, rows `a` and `b`) has its numbers stand, in each cited file holding one of
-those rows, in those rows (and the file's paragraphs naming them); the intervals and ± quotes of one of its clauses
+those rows, in those rows (and the file's paragraphs naming them); a number after a row named in its own clause
+("(row `fairkl-released`) by -6.9") in that row; the intervals and ± quotes of one of its clauses
 (up to a `;` or a sentence's end) that stand in those rows stand in one of them. A CSV row counts only where its
 block names it (by a field, e.g. rows `eps_supinfonce_fairkl_true`): a CSV holds so many values that a number found
 somewhere in it proves nothing. A page table whose header is a results table's header is checked cell by cell: each
@@ -65,9 +76,15 @@ SIGN = r"[+\-−]"
 # a decimal, or an integer with thousands separators; not part of a version (2.15.0) or of a word (v2, 1e-3)
 DECIMAL = re.compile(rf"(?<![\w.,]){SIGN}?(?:\d{{1,3}}(?:,\d{{3}})+|\d+)\.\d+(?![\w.]*\d)(?!\.\w)")
 UNIT = r" ?(?:s|min|ms|MiB|MB|GB|%)(?!\w)|×(?![\w\d])|x(?![\w\d])"
-# an integer with a unit of time, size or share, or a factor (74 s, 47–55 min, 1,353 MiB, 65 %, 5×)
-INTEGER_WITH_UNIT = re.compile(rf"(?<![\w.,−+-])(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?=(?:–\d+)?(?:{UNIT}))"
+RANGE_TO = r"(?:–| to )"  # the dash or "to" between a range's two ends (47–55 min, 42 to 68 s)
+# an integer with a unit of time, size or share, or a factor (74 s, 47–55 min, 42 to 68 s, 1,353 MiB, 65 %, 5×):
+# both ends of a range
+INTEGER_WITH_UNIT = re.compile(rf"(?<![\w.,−+-])(?:\d{{1,3}}(?:,\d{{3}})+|\d+)(?=(?:{RANGE_TO}\d+)?(?:{UNIT}))"
                                rf"|(?<=–)\d+(?=(?:{UNIT}))")
+# a clock time or a duration as a clock prints it (13:48, 1:02:03)
+CLOCK = re.compile(r"(?<![\w.:])\d{1,2}:\d{2}(?::\d{2})?(?![\w:]|\.\d)")
+# a count of a whole (57 of 81): both numbers stand in one cell
+COUNT = re.compile(r"(?<![\w.,:/−+-])(\d+) of (\d+)(?![\w.,:]*\d)(?! ?%)")
 ORDINALS = {"half": 2, "third": 3, "quarter": 4, "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8, "ninth": 9,
             "tenth": 10, "eleventh": 11, "twelfth": 12, "fifteenth": 15, "twentieth": 20, "fiftieth": 50,
             "hundredth": 100}
@@ -115,6 +132,14 @@ class Number:
     def digits(self) -> int:
         return len(self.magnitude.split(".")[1]) if "." in self.magnitude else 0
 
+    @property
+    def seconds(self) -> float:
+        """A clock time's (13:48, 1:02:03) value in seconds (minutes and seconds, or hours, minutes and seconds)."""
+        value = 0.0
+        for part in self.magnitude.split(":"):
+            value = value * 60 + int(part)
+        return value
+
 
 def _mask_code(text: str) -> str:
     """``text`` with `code` spans as " CODE " padded to keep every offset, and link targets blanked."""
@@ -124,7 +149,7 @@ def _mask_code(text: str) -> str:
 
 
 def _unit_after(text: str, end: int) -> str:
-    match = re.match(r"(?:–[\d.,]+)? ?(s|min|ms|MiB|MB|GB|%|×|x)(?![\w\d])", text[end:])
+    match = re.match(r"(?:(?:–| to )[\d.,]+)? ?(s|min|ms|MiB|MB|GB|%|×|x)(?![\w\d])", text[end:])
     return match.group(1) if match else ""
 
 
@@ -159,6 +184,15 @@ def quoted_numbers(text: str, ratio_words: bool = True) -> list[Number]:
             continue
         found.append(Number(raw[len(sign):].replace(",", ""), sign in ("-", "−"), start, match.end(),
                             _unit_after(masked, match.end())))
+    taken = {n.start for n in found}
+    for match in CLOCK.finditer(masked):
+        if not is_setting(masked, match.start(), match.end()):
+            found.append(Number(match.group(0), False, match.start(), match.end(), "clock"))
+    for match in COUNT.finditer(masked):
+        if {match.start(1), match.start(2)} & taken or is_setting(masked, match.start(), match.end()):
+            continue
+        found += [Number(match.group(1), False, match.start(1), match.end(1), "count"),
+                  Number(match.group(2), False, match.start(2), match.end(2), "count")]
     if ratio_words:
         for match in RATIO_WORD.finditer(masked):
             if RATIO_SETTING_AFTER.match(masked[match.end():]) or BOUND_BEFORE.search(masked[:match.start()]):
@@ -203,6 +237,8 @@ def _continues(text: str, group: list[Number], number: Number) -> bool:
     """Whether ``number`` belongs to the quote ``group`` (of ``text``): its spread (± b), its interval's lower bound
     ([b, ...) or upper bound (..., c])."""
     between = text[group[-1].end:number.start]
+    if number.unit == "count" or group[-1].unit == "count":
+        return len(group) == 1 and group[0].unit == number.unit == "count" and between == " of "
     return (SPREAD.fullmatch(between) is not None
             or len(group) == 1 and INTERVAL_OPENS.fullmatch(between) is not None
             or INTERVAL_GOES_ON.fullmatch(between) is not None and "[" in text[group[0].end:group[-1].start])
@@ -245,7 +281,8 @@ class Cell:
 @dataclass(frozen=True)
 class Record:
     """A row of a results file: its cells, the labels that name it, and where it is (``table``: which table of the
-    file, or -1 for text; ``code``: a line of a code block, e.g. a program's table)."""
+    file, or -1 for text; ``code``: a line of a code block, e.g. a program's table; ``section``: the heading above
+    it)."""
 
     file: str
     index: int
@@ -254,6 +291,7 @@ class Record:
     cells: tuple[Cell, ...]
     csv: bool = False
     code: bool = False
+    section: str = ""  # the heading it stands under ("digits (40 cells; winner: ...)")
 
 
 def _cells(line: str) -> list[str]:
@@ -300,11 +338,12 @@ def _parse(name: str, text: str, is_csv: bool) -> tuple[Record, ...]:
     table = -1
     header: list[str] = []
     paragraph: list[str] = []
+    section = ""
 
     def close() -> None:
         if paragraph:
             joined = " ".join(part.strip() for part in paragraph)
-            records.append(Record(name, len(records), -1, (), (Cell("", joined),)))
+            records.append(Record(name, len(records), -1, (), (Cell("", joined),), section=section))
         paragraph.clear()
 
     for i, line in enumerate(lines):
@@ -316,7 +355,7 @@ def _parse(name: str, text: str, is_csv: bool) -> tuple[Record, ...]:
         if fenced:
             if stripped:
                 records.append(Record(name, len(records), -1, (stripped.split()[0],), (Cell("", stripped),),
-                                      code=True))
+                                      code=True, section=section))
             continue
         if stripped.startswith("|"):
             close()
@@ -329,10 +368,12 @@ def _parse(name: str, text: str, is_csv: bool) -> tuple[Record, ...]:
                 continue
             columns = header + [""] * (len(cells) - len(header))
             records.append(Record(name, len(records), table, _label_cells(cells),
-                                  tuple(Cell(column, cell) for column, cell in zip(columns, cells))))
+                                  tuple(Cell(column, cell) for column, cell in zip(columns, cells)), section=section))
             continue
         if not stripped or re.match(r"\s*(?:[-*]|\d+\.)\s", line) or stripped.startswith("#"):
             close()
+        if stripped.startswith("#"):
+            section = stripped.lstrip("#").strip()
         if stripped:
             paragraph.append(stripped)
     close()
@@ -377,7 +418,16 @@ def _rounds_to(value: float, magnitude: float, digits: int) -> bool:
 def stands_in(number: Number, cell: Cell, is_csv: bool) -> bool:
     """Whether ``cell`` holds ``number`` as printed (sign included), or a value rounding to it, or that value read as
     a fraction in % or as seconds in minutes (page unit min)."""
+    if number.unit == "clock":
+        return clock_stands(number, cell.text)
     return _stands(number.magnitude, number.negative, number.digits, number.unit == "min", cell.text, is_csv)
+
+
+def clock_stands(number: Number, text: str) -> bool:
+    """Whether ``text`` prints the clock time ``number`` (13:48), or a number of seconds it is, to the second."""
+    if re.search(rf"(?<![\d:]){re.escape(number.magnitude)}(?![\d:])", text):
+        return True
+    return any(not negative and abs(value - number.seconds) < 0.5 for negative, _, value in _tokens(text))
 
 
 @functools.lru_cache(maxsize=1 << 20)
@@ -411,11 +461,56 @@ def column_fits(cell: Cell, column: str) -> bool:
     return any(word in header for word in HEADER_WORDS[column])
 
 
+def tally(quote: Quote, candidates: list[Record]) -> bool:
+    """Whether ``quote`` is a count (57 of 81) whose whole no candidate prints as one ("of 81"): a tally of the
+    results' rows, which no cell holds, rather than a count the results print."""
+    if not quote.numbers or quote.numbers[0].unit != "count":
+        return False
+    whole = re.compile(rf"\bof {quote.numbers[-1].magnitude}\b")
+    return not any(whole.search(cell.text) for record in candidates for cell in record.cells)
+
+
 def quote_cells(quote: Quote, candidates: list[Record]) -> list[Record]:
-    """The records of ``candidates`` with one cell holding every number of ``quote`` under a fitting header."""
+    """The records of ``candidates`` with one cell holding every number of ``quote`` under a fitting header (all of
+    them for a :func:`tally`)."""
+    if tally(quote, candidates):
+        return list(candidates)
     return [record for record in candidates
             if any(all(stands_in(n, cell, record.csv) for n in quote.numbers) and column_fits(cell, quote.column)
                    for cell in record.cells)]
+
+
+RANGE_BETWEEN = re.compile(r"\s*(?:%|s|min|ms|MiB|MB|GB)?\s*(?:–|to)\s*[+\-−]?")
+
+
+def ranges(text: str, found: list[Quote]) -> list[tuple[Quote, Quote]]:
+    """The ranges among ``found`` (the quotes of ``text``): two single numbers of one kind joined by "to" or a dash
+    (42 to 68 s, 47–55 min, 8:00 to 13:48)."""
+    masked = _mask_code(text)
+    return [(a, b) for a, b in zip(found, found[1:])
+            if len(a.numbers) == len(b.numbers) == 1 and a.numbers[0].magnitude and b.numbers[0].magnitude
+            and (a.numbers[0].unit == "clock") == (b.numbers[0].unit == "clock")
+            and RANGE_BETWEEN.fullmatch(masked[a.numbers[0].end:b.numbers[0].start]) is not None
+            and not re.search(r"\bfrom\s+$", masked[:a.numbers[0].start])]  # from 184 to 131 s: a change
+
+
+def _column_of(record: Record, cell: Cell) -> tuple:
+    """Where a cell's value belongs with others of its kind: its table's column, a code line, or the file's text."""
+    if record.table >= 0 or record.csv:
+        return record.file, record.table, cell.column
+    return (record.file, record.index) if record.code else (record.file, "text")
+
+
+def range_stands(low: Quote, high: Quote, candidates: list[Record]) -> bool:
+    """Whether the two ends of a range stand under one header of one table, or both in one file's text: one
+    quantity's extremes, not two numbers of different things."""
+    places: list[set[tuple]] = [set(), set()]
+    for record in candidates:
+        for cell in record.cells:
+            for place, quote in zip(places, (low, high)):
+                if all(stands_in(n, cell, record.csv) for n in quote.numbers) and column_fits(cell, quote.column):
+                    place.add(_column_of(record, cell))
+    return bool(places[0] & places[1])
 
 
 # the ratios a word can name, nearest first: 1 (no word: "as fast"), a half ... a hundredth, twice ... a hundred times
@@ -607,13 +702,77 @@ def clauses(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+# a regime as the pages name it, and as results files' headings and rows name it
+REGIMES = {"digits": "digits", "CMNIST*": "cmnist", "Biased-MNIST": "bmnist"}
+REGIME_AFTER = re.compile(rf"^\s*(?:%|points?)?\s*\(({'|'.join(re.escape(name) for name in REGIMES)})\)")
+# a difference called within (or outside) a margin: "within ±1 point", "**within ±2 points**", "within 2 points"
+MARGIN = re.compile(r"\b(within|outside)\s+(?:\*\*)?(±)?\s*(\d+(?:\.\d+)?)\s*(?:\*\*)?\s*points?\b", re.IGNORECASE)
+NEGATION = re.compile(r"\b(?:not|neither|nor|cannot|never|no)\b", re.IGNORECASE)
+
+
+def in_regime(record: Record, key: str) -> bool:
+    """Whether ``record`` is of the regime ``key`` (a :data:`REGIMES` value): its heading or a label names it."""
+    return re.search(rf"(?<![\w-]){key}(?![\w-])", " ".join([record.section, *record.labels]).lower()) is not None
+
+
+def narrowed(text: str, quote: Quote, context: Context, candidates: list[Record]) -> tuple[list[Record], str]:
+    """The records ``quote`` of ``text`` may stand in, and what they are: the rows named last before it in its clause
+    ("the released FairKL objective (row `fairkl-released`) by -6.9"), of the regime named right after it ("1.65
+    (digits)") where the cited files split by regime; else ``candidates``."""
+    at = quote.numbers[0].start
+    start = next(begin for begin, end in clauses(text) if begin <= at < end or end == len(text))
+    named = ROWS.findall(text[start:at])
+    what = ""
+    if named:
+        labels = tuple(re.findall(r"`([^`]+)`", named[-1]))
+        candidates = Context(context.files, labels, context.seed).candidates()
+        what = f" row {', '.join(labels)}"
+    regime = REGIME_AFTER.match(_mask_code(text)[quote.numbers[-1].end:])
+    if regime:
+        key = REGIMES[regime.group(1)]
+        of_regime = [record for record in candidates if in_regime(record, key)]
+        if of_regime:
+            candidates, what = of_regime, f"{what} under {key}"
+    return candidates, what
+
+
+def margin_problems(name: str, text: str, found: list[Quote], where: str) -> list[str]:
+    """In each clause calling a difference within (or outside) a margin (not negated just before: "neither ... nor
+    shown equivalent within ±1 point"): each mean with its interval of
+    the clause is within it (|mean| at most the margin; with ±, the whole interval), or outside it (the whole interval
+    beyond it)."""
+    problems = []
+    for start, end in clauses(text):
+        for match in MARGIN.finditer(text[start:end]):
+            if NEGATION.search(text[max(start, start + match.start() - 40):start + match.start()]):
+                continue
+            word, both, margin = match.group(1).lower(), match.group(2), float(match.group(3))
+            for quote in found:
+                if not (start <= quote.numbers[0].start < end and len(quote.numbers) == 3):
+                    continue
+                mean, low, high = (float(n.magnitude) * (-1 if n.negative else 1) for n in quote.numbers)
+                inside = (abs(low) <= margin and abs(high) <= margin) if both else abs(mean) <= margin
+                outside = low > margin or high < -margin
+                if (word == "within" and not inside) or (word == "outside" and not outside):
+                    unit = "point" if margin == 1 else "points"
+                    problems.append(f"{name}: {quote.printed} is not {word} {both or ''}{match.group(3)} {unit} "
+                                    f"({where})")
+    return problems
+
+
 def prose_problems(name: str, text: str, context: Context, where: str) -> list[str]:
     """``name: number ...`` for each quote of ``text`` standing nowhere its citation allows; in a block naming rows,
     for each clause whose intervals and ± quotes stand in different ones of those rows."""
     problems = []
     candidates = context.candidates()
     bound: list[tuple[Quote, set[str]]] = []
-    for quote in quotes(text):
+    found_quotes = quotes(text)
+    for low, high in ranges(text, found_quotes):
+        if quote_cells(low, candidates) and quote_cells(high, candidates) and not range_stands(low, high, candidates):
+            problems.append(f"{name}: the range {low.printed} to {high.printed} is no one column's or paragraph's "
+                            f"of {_names(context)} ({where})")
+    problems += margin_problems(name, text, found_quotes, where)
+    for quote in found_quotes:
         if quote.numbers[0].ratio:
             named = [r for r in candidates if any(row_matches(r, label) for label in context.rows)]
             if not ratio_stands(quote.numbers[0], candidates, named):
@@ -621,6 +780,12 @@ def prose_problems(name: str, text: str, context: Context, where: str) -> list[s
                                 f"({where})")
             continue
         found = quote_cells(quote, candidates)
+        if found:
+            mine, what = narrowed(text, quote, context, candidates)
+            if not quote_cells(quote, mine):
+                column = f" under a '{quote.column}' header" if quote.column else ""
+                files = ", ".join(f.name for f in context.files)
+                problems.append(f"{name}: {quote.printed} not in {files}{what}{column} ({where})")
         if not found:
             column = f" under a '{quote.column}' header" if quote.column else ""
             problems.append(f"{name}: {quote.printed} not in {_names(context)}{column} ({where})")

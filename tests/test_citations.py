@@ -144,6 +144,29 @@ PAGE_ERRORS = {
     "a ratio word": (
         "docs/gpu.md", "bf16 autocast gave 1.27x the steps per second", "bf16 autocast gave twice the steps per second",
         "'twice' (a ratio word) is no ratio speed_settings.md"),
+    # a quote tied to its row, its regime, its verdict; counts, clock times and both ends of a range
+    "two numbers swapped between the rows their clauses name": (
+        "docs/methods.md", "-0.2 [-0.6, +0.1] points\nunbiased (TOST p < 0.001; those cells detect 0.5) and -3.4 "
+        "[-7.9, +1.2] worst-group; ERM predictions at ε 0.5 (row\n`cnc-q3m8-pred-shrink-e0.5`) trail the default by "
+        "+1.1 [+0.5, +1.6]",
+        "+1.1 [+0.5, +1.6] points\nunbiased (TOST p < 0.001; those cells detect 0.5) and -3.4 [-7.9, +1.2] "
+        "worst-group; ERM predictions at ε 0.5 (row\n`cnc-q3m8-pred-shrink-e0.5`) trail the default by -0.2 "
+        "[-0.6, +0.1]",
+        "-0.2 (-0.6, 0.1) not in default_search.md row cnc-q3m8-pred-shrink-e0.5"),
+    "a value of another row of the file, the block naming both": (
+        "docs/methods.md", "(row `fairkl-released`) by -6.9 [-8.3, -5.5]",
+        "(row `fairkl-released`) by -2.8 [-4.0, -1.6]", "-2.8 (-4.0, -1.6) not in default_search.md row fairkl-released"),
+    "within a margin called outside it": (
+        "docs/methods.md", "is within ±1 point of it", "is outside ±1 point of it",
+        "-0.2 (-0.6, 0.1) is not outside ±1 point"),
+    "values swapped between regimes": (
+        "docs/methods.md", "is 1.65\n(digits), 1.96 (CMNIST*)", "is 1.96\n(digits), 1.65 (CMNIST*)",
+        "1.96 not in default_search.md under digits"),
+    "a count": ("docs/methods.md", "in 57 of 81 runs", "in 75 of 81 runs", "75 (81) not in default_search.md"),
+    "a clock time": ("README.md", "8:00 to 13:48", "8:00 to 18:48", "README.md: 18:48 not in suite_time.md"),
+    "a range's first end": (
+        "README.md", "42 to 68 s", "24 to 68 s", "README.md: the range 24 to 68 is no one column's or paragraph's "
+        "of suite_time.md"),
 }
 
 
@@ -255,6 +278,8 @@ def test_a_csv_row_named_holds_only_its_own_values() -> None:
      ["75.2", "57.7", "28.4", "1.27"]),
     ("+3.0 [+0.2, +5.7] at a seventh of its cost, twice as fast, three times, half the time",
      ["3.0", "0.2", "5.7", "'a seventh'", "'twice'", "'three times'", "'half'"]),
+    ("8:00 to 13:48, 42 to 68 s, 57 of 81 runs at 1:02:03, from 184 to 131 s, 3.10.2",
+     ["8:00", "13:48", "42", "68", "57", "81", "1:02:03", "184", "131"]),
     ("a tenth of the anchors, at most ten times its 23.5 s, the 65 % target, the target of 65, 95 % interval, "
      "the 0.96 settings, stage-2 times", ["23.5"]),
 ])
@@ -343,3 +368,28 @@ def test_a_ratio_word_stands_where_a_measured_ratio_is_nearest_to_it(tmp_path: P
     for word in ("a twentieth", "a fifth", "twice"):
         (found,) = unsupported_numbers(write(tmp_path, results, page.format(word)))
         assert found.startswith(f"README.md: {word!r} (a ratio word) is no ratio s.md row q3, shipped holds"), found
+
+
+def test_a_count_stands_where_the_results_print_it_and_a_tally_of_rows_is_not_checked(tmp_path: Path) -> None:
+    """"57 of 81" stands in a cell printing it; a count whose whole no cell prints ("2 of 3 seeds" over a table of
+    seeds) is a tally of rows the check cannot read, and passes."""
+    printed = {"x.md": "| run | kept |\n|---|---|\n| a | 57 of 81 |\n| b | 52 of 81 |\n"}
+    page = "Kept in {} runs (`benchmarks/results/x.md`, row `a`).\n"
+    assert not unsupported_numbers(write(tmp_path, printed, page.format("57 of 81")))
+    assert unsupported_numbers(write(tmp_path, printed, page.format("52 of 81"))) == [
+        "README.md: 52 (81) not in x.md row a ('Kept in 52 of 81 runs (`benchmarks/results/x.md`, row `a`).')"]
+    seeds = {"x.md": "| seed | kept |\n|---|---|\n| 0 | 12.5 |\n| 1 | 49.7 |\n| 2 | 12.5 |\n"}
+    assert not unsupported_numbers(write(tmp_path, seeds, "12.5 in 2 of 3 seeds (`benchmarks/results/x.md`).\n"))
+
+
+def test_a_margin_word_is_checked_against_the_interval_unless_negated(tmp_path: Path) -> None:
+    """"within ±1 point" holds when the interval lies inside ±1, "outside" when it lies beyond; "neither shown
+    worse nor shown equivalent within ±1" says nothing a margin check could read."""
+    results = {"d.md": "| candidate | Δ |\n|---|---|\n| a | -0.2 [-0.6, +0.1] |\n| b | -0.4 [-2.1, +1.3] |\n"}
+    page = "Row `{}` is {} ±1 point of it: {} (`benchmarks/results/d.md`).\n"
+    assert not unsupported_numbers(write(tmp_path, results, page.format("a", "within", "-0.2 [-0.6, +0.1]")))
+    (found,) = unsupported_numbers(write(tmp_path, results, page.format("b", "within", "-0.4 [-2.1, +1.3]")))
+    assert found.startswith("README.md: -0.4 (-2.1, 1.3) is not within ±1 point ("), found
+    assert unsupported_numbers(write(tmp_path, results, page.format("a", "outside", "-0.2 [-0.6, +0.1]")))
+    assert not unsupported_numbers(write(tmp_path, results, page.format(
+        "b", "neither shown worse nor shown equivalent within", "-0.4 [-2.1, +1.3]")))

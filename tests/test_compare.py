@@ -248,6 +248,20 @@ def test_out_on_a_read_only_folder_is_one_line(tmp_path: Path) -> None:
     assert error == f"debias compare: --out {out}: cannot write there (Read-only file system); choose a writable folder"
 
 
+@pytest.mark.parametrize("methods", [["cnc", "eps_supinfonce"], ["cnc"]])
+def test_one_seed_per_setting_is_said_in_the_terminal_to_answer_nothing(methods: list[str]) -> None:
+    """One seed of each setting (or a single run): the terminal says one seed cannot answer, and draws no verdict;
+    with three seeds of a setting it does not."""
+    runs = [experiment(f"{method}-s0", 0, method, 0.5 + 0.1 * i, f"0{i}") for i, method in enumerate(methods)]
+    text = " ".join(compare_terminal.terminal_text(compare_data.build_comparison(compare_data.select(runs), runs))
+                    .split())
+    what = "whether these settings differ" if len(methods) > 1 else "whether stage 2's gain over ERM holds"
+    assert f"note: one seed cannot answer {what}" in text and "run 3 or more seeds of each" in text, text
+    more = [*runs, experiment("cnc-s1", 1, "cnc", 0.6, "07"), experiment("cnc-s2", 2, "cnc", 0.7, "08")]
+    text = compare_terminal.terminal_text(compare_data.build_comparison(compare_data.select(more), more))
+    assert "one seed cannot answer" not in " ".join(text.split())
+
+
 def test_a_repeat_of_the_same_params_is_not_another_seed(sweep) -> None:
     """The workspace holding the baseline's params (seed included) with other results counts once, with a note."""
     rerun = experiment("workspace", 2, "cnc", 0.1, "09", kind="workspace")  # cnc-s2's params, other metrics
@@ -259,6 +273,59 @@ def test_a_repeat_of_the_same_params_is_not_another_seed(sweep) -> None:
     text = compare_terminal.terminal_text(comparison)
     assert "note: workspace has the same params as cnc-s2 (seed included) but other results: not counted as another" \
            in " ".join(text.split())
+
+
+def test_a_repeat_whose_numbers_are_left_out_is_not_said_to_have_other_results(sweep) -> None:
+    """A clean workspace holding cnc-s2's params and results, whose stage-2 metrics file does not match dvc.lock
+    (blanked): it counts once, and the note names the numbers left out and why, never "other results"."""
+    workspace = next(e for e in sweep if e.kind == "workspace")
+    reason = "reports/metrics/train_contrastive.json does not match dvc.lock: its numbers are left out"
+    workspace.stale, workspace.reason = {"reports/metrics/train_contrastive.json": reason}, reason
+    for key in [k for k in workspace.metrics if k.startswith("s2_")]:
+        del workspace.metrics[key]
+    runs = [e for e in sweep if e.status == "done"]
+    comparison = compare_data.build_comparison(compare_data.select(runs), runs)
+    assert [e.name for e in comparison.experiments].count("workspace") == 0
+    text = " ".join(compare_terminal.terminal_text(comparison).split())
+    assert "other results" not in text, text
+    assert (f"note: workspace has the same params as cnc-s2 (seed included) and the same results where both have a "
+            f"number (numbers left out: workspace: {reason}): not counted as another seed") in text
+
+
+CONFLICTED_LOCK = """schema: '2.0'
+stages:
+  train_erm:
+<<<<<<< HEAD
+    cmd: python pipeline/train_erm.py
+=======
+    cmd: python pipeline/train_erm.py --fast
+>>>>>>> other
+"""
+
+
+def test_a_workspace_whose_dvc_lock_holds_conflict_markers_is_said_to_be_that_not_missing_metrics_files(
+        tmp_path: Path, monkeypatch) -> None:
+    """DVC reads no metrics of a workspace whose dvc.lock a merge left with conflict markers: compare names the
+    markers and the command that mends it, never "no metrics files"."""
+    import dvc.repo
+
+    from debias.tools.compare import collect
+
+    (tmp_path / "dvc.lock").write_text(CONFLICTED_LOCK, encoding="utf-8")
+    shown = [{"rev": "workspace", "data": {"params": {"params.yaml": {"data": {"seed": 0}}}}}]
+    monkeypatch.setattr(collect, "dvc_exp_show", lambda root, all_commits=False: shown)
+    monkeypatch.setattr(collect, "headline_bytes", lambda root, experiments: {})
+    monkeypatch.setattr(collect, "dvc_reader", lambda root, experiment, repo: None)
+    monkeypatch.setattr(dvc.repo, "Repo", lambda root: None)
+    [workspace] = collect.from_dvc(tmp_path)
+    reason = compare_data.missing_reason(workspace)
+    assert "no metrics files" not in reason, reason
+    assert reason == ("dvc.lock holds git's merge conflict markers (<<<<<<< at line 4): a merge left it unresolved; "
+                      "DVC reads no metrics of it; run `git checkout HEAD -- dvc.lock` (or resolve the conflict by "
+                      "hand), then `dvc repro`")
+    (tmp_path / "dvc.lock").unlink()  # no dvc.lock at all: no metrics files, as before
+    [workspace] = collect.from_dvc(tmp_path)
+    assert compare_data.missing_reason(workspace) == "no metrics files in the workspace; run `dvc repro`"
 
 
 def test_a_metric_that_is_not_a_number_is_left_out_of_the_mean_with_a_note(sweep) -> None:
@@ -737,3 +804,16 @@ def test_a_narrow_table_names_each_swept_param_by_its_shortest_unique_key_never_
         label = compare_terminal.short_keys(comparison.params)[key]
         assert f" {label} " in table.splitlines()[1] + " " or table.splitlines()[1].endswith(label), (label, table)
     assert "…" not in table.splitlines()[1]
+
+
+def test_the_report_and_compare_print_one_accuracy_alike() -> None:
+    """The report prints a stage's accuracy from its detailed file, compare from the headline file's rounded copy: one
+    rule prints both, so 133 of 220 (0.604545..., headline 0.6045) reads 60.5 in each, and so does every k of n."""
+    from debias.report.card import pct
+
+    assert pct(133 / 220) == compare_data.fmt(headline._number(133 / 220), True) == "60.5"
+    differ = [(k, n) for n in range(1, 400) for k in range(n + 1)
+              if pct(k / n) != compare_data.fmt(headline._number(k / n), True)]
+    assert not differ, differ[:5]
+    assert [pct(v) for v in (0.6045, 0.60449, 0.5, 1.0, 0.0)] == ["60.5", "60.5", "50.0", "100.0", "0.0"]
+    assert pct(0.12345, 0) == "12" and compare_data.fmt(math.nan, True) == "–"

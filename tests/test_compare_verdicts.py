@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,41 @@ def test_a_sweeps_undecided_verdict_says_what_to_run_next_with_the_seeds_that_de
     assert decided.differences[0].verdicts[1].verdict == "evidence"
     assert "next:" not in compare_terminal.terminal_text(decided)
 
+def next_commands(worst: dict[float, list[float]], unbiased: dict[float, list[float]]) -> tuple[str, int, int | None]:
+    """A sweep's compare text, the seeds its ``--resume --seeds FIRST-LAST`` adds to the sweep's own, and its
+    ``--until-decided`` count (None where it offers none)."""
+    runs = sweep_runs(worst, unbiased)
+    comparison = compare_data.build_comparison(runs, runs)
+    comparison.sweep = "eps"
+    text = flat(compare_terminal.terminal_text(comparison))
+    first, last = map(int, re.search(r"--resume --seeds (\d+)-(\d+)`", text).groups())
+    have = {seed for values in unbiased.values() for seed in range(len(values))}
+    until = re.search(r"--until-decided (\d+) ", text)
+    return text, len(set(range(first, last + 1)) - have), int(until.group(1)) if until else None
+
+
+def test_the_next_step_of_an_undecided_sweep_always_adds_seeds_and_only_commands_that_run() -> None:
+    """Every command of the "next:" line adds seeds: at 2 seeds it asks for the 3 compare needs (never "about 2");
+    3 seeds that did not decide though the estimate says 3 get more; seeds without the metric on one side count for
+    nothing; --until-decided is offered only to a sweep of two settings (it refuses any other)."""
+    flat_worst = {0.0: [50.0, 50.0], 0.25: [50.0, 50.0]}
+    text, added, until = next_commands(flat_worst, {0.0: [80.0, 80.0], 0.25: [80.1, 80.3]})
+    assert "next: about 3 seeds decide ±2 points" in text and (added, until) == (1, 3)
+    three = {e: [50.0] * 3 for e in (0.0, 0.25)}
+    text, added, until = next_commands(three, {0.0: [80.0, 80.0, 80.0], 0.25: [80.7, 81.2, 81.7]})
+    assert "next: 3 seeds did not decide ±2 points" in text and added >= 1 and until == 3 + added
+    four = {0.0: [30.8, 50.0, 76.9, 60.0], 0.25: [0.0, 50.0, 63.2, 60.0]}
+    unbiased = {0.0: [*README_UNBIASED[0.0], 85.0], 0.25: [*README_UNBIASED[0.25], math.nan]}  # seed 3: no metric
+    expected = independent([a - b for a, b in zip(README_UNBIASED[0.25], README_UNBIASED[0.0])])
+    needed = max(expected["within"], expected["differ"])
+    text, added, until = next_commands(four, unbiased)
+    assert f"about {needed} seeds decide" in text and "1 of the sweep's 4 seeds lacks it" in text
+    assert (3 + added, until) == (needed, 4 + added)  # the 3 paired seeds and the new ones reach the count named
+    values = {**README_UNBIASED, 0.5: [80.0, 85.0, 88.0]}
+    text, added, until = next_commands({e: README_WORST[0.0] for e in values}, values)
+    assert "next: about" in text and added > 0 and until is None  # three settings: --until-decided would refuse
+
+
 def test_a_worst_group_of_many_images_names_no_step_and_every_number_rests_on_its_own_pairs() -> None:
     many = {0.0: [30, 40, 50], 0.25: [25, 40, 60]}  # one image moves the worst group by 100 / 25 = 4 points
     runs = sweep_runs(README_WORST, README_UNBIASED, many)
@@ -202,10 +238,11 @@ def test_margin_verdicts_agree_with_scipys_tost_and_t_test(true_difference: floa
 def test_margin_is_refused_in_one_line_before_anything_is_written(tmp_path: Path, capsys) -> None:
     from debias.tools.cli import main as cli_main
 
-    for value in ("0", "-2", "nan", "inf"):
+    for value in ("0", "-2", "nan", "inf", "100", "250"):  # 100 points or more: every accuracy difference is within
         assert cli_main(["compare", "--margin", value, "--out", str(tmp_path / "page"), "--no-mlflow"]) == 2
         err = capsys.readouterr().err.splitlines()[-1]  # after compare's progress line
-        assert err.startswith(f"debias compare: --margin {float(value):g}; allowed: a number of points > 0"), err
+        assert err.startswith(f"debias compare: --margin {float(value):g}; allowed: a number of points above 0 and "
+                              "below 100"), err
     assert not (tmp_path / "page").exists()
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+import yaml
 from PIL import Image, ImageDraw
 
 from debias.data import corruptions
@@ -634,20 +635,28 @@ def test_celeba_partition_listing_an_image_twice_is_refused(tmp_path, monkeypatc
         load_source(DataParams(source="celeba", image_size=16), tmp_path, seed=0)
 
 
-@pytest.mark.parametrize("flags", [[], ["--no-attribute"]])
-def test_example_folder_prints_a_next_command_that_passes_check_params(tmp_path, capsys, flags) -> None:
+@pytest.mark.parametrize("flags, name", [([], "shapes"), (["--no-attribute"], "plain"), ([], "my shapes 'v2'")])
+def test_example_folder_prints_a_next_command_that_passes_check_params(tmp_path, capsys, flags, name) -> None:
     """The `dvc exp run -S ...` example-folder prints is checked against the committed params.yaml as check-params
-    checks it: it must validate (without bias labels it needs a label-free selection rule)."""
+    checks it: it must validate (without bias labels it needs a label-free selection rule), and a shell reads the
+    folder's path as one argument, spaces and quotes included."""
     import shlex
 
     from debias.tools.cli import main as cli_main
     from tests.conftest import committed_text
 
-    root = tmp_path / ("plain" if flags else "shapes")
+    root = tmp_path / name
     assert cli_main(["example-folder", str(root), "--n-train", "8", "--n-eval", "4", *flags]) == 0
     printed = capsys.readouterr().out
     command = shlex.split(printed.split("run: ", 1)[1])
     assert command[:3] == ["dvc", "exp", "run"]
+    from debias.tools.overrides import override_files
+
+    committed = tmp_path / "committed.yaml"
+    committed.write_text(committed_text("params.yaml"))
+    with override_files(committed, command[4::2]) as results:
+        ((_, applied),) = results
+        assert yaml.safe_load(applied.read_text())["data"]["imagefolder"]["root"] == str(root)  # as DVC writes it
     params = tmp_path / "params.yaml"
     params.write_text(committed_text("params.yaml"))
     sets = [f"-S{value}" for flag, value in zip(command[3::2], command[4::2]) if flag == "-S"]

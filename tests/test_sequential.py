@@ -33,6 +33,9 @@ def test_the_verdicts_are_the_paired_interval_and_tost_at_the_looks_level() -> N
         values = list(rng.normal(rng.uniform(-2, 2), rng.uniform(0.2, 2), n))
         level = look_level(int(rng.integers(1, 6)))
         look = sequential_look(values, MARGIN, round(ALPHA / level))
+        if n < 3:  # below the project's 3 seeds no verdict, as debias compare gives none
+            assert not look.decided
+            continue
         assert look.differs == paired(values, level).excludes_zero
         assert look.within == (tost(values, MARGIN, level) < level)
         seen["differs"] += look.differs
@@ -42,6 +45,15 @@ def test_the_verdicts_are_the_paired_interval_and_tost_at_the_looks_level() -> N
     assert (sequential_look([0.5, 0.5, 0.5], MARGIN, 2).differs, sequential_look([0.5] * 3, MARGIN, 2).within) == (False, True)
     assert not sequential_look([3.0] * 3, MARGIN, 2).within
     assert not sequential_look([0.1], MARGIN, 1).decided and not sequential_look([0.1, math.nan], MARGIN, 1).decided
+
+
+def test_two_seeds_decide_nothing_however_clear_as_compare_gives_no_verdict_below_three() -> None:
+    """A look at 2 seeds whose paired t-test and TOST alone would decide (a wide difference, a tight one) is
+    undecided: --until-decided must not stop where debias compare says "too few seeds"."""
+    clear, tight = [9.0, 9.5], [0.01, 0.02]
+    assert paired(clear, ALPHA).excludes_zero and tost(tight, MARGIN, ALPHA) < ALPHA  # each test alone decides
+    assert not sequential_look(clear, MARGIN, 1).decided and not sequential_look(tight, MARGIN, 1).decided
+    assert sequential_look(clear + [9.2], MARGIN, 1).differs and sequential_look(tight + [0.015], MARGIN, 1).within
 
 
 def false_verdict_rate(true_difference: float, verdict: str, looks: int) -> float:

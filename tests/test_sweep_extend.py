@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -109,8 +110,11 @@ def test_adding_seeds_keeps_the_plans_runs_and_adds_only_the_new_seeds_upstream(
 def test_looks_are_planned_up_to_max_and_another_plan_is_refused() -> None:
     assert extend.planned_looks(3, 3, 10) == [3, 6, 9, 10]
     assert extend.planned_looks(3, 3, 3) == [3] and extend.planned_looks(12, 3, 10) == [10]
-    with pytest.raises(grid.SweepError, match="--until-decided 1; allowed: 2 or more seeds"):
-        extend.planned_looks(3, 3, 1)
+    for maximum in (1, 2):  # compare gives no verdict below 3 seeds: neither does a look
+        with pytest.raises(grid.SweepError, match=f"--until-decided {maximum}; allowed: 3 or more seeds .*"
+                                                  "e.g. --until-decided 10"):
+            extend.planned_looks(3, 3, maximum)
+    assert extend.planned_looks(2, 2, 7) == [3, 5, 7]  # a 2-seed sweep's first look waits for the third seed
     plan = extend.Plan("s2_unbiased", 2.0, [3, 6, 9], 3)
     assert extend.check_plan(plan.as_state(), extend.Plan("s2_unbiased", 2, [3, 6, 9], 3)) == plan
     with pytest.raises(grid.SweepError, match=r"follows the sequential plan --until-decided 9 --margin 2.0 .*looks at "
@@ -182,8 +186,9 @@ def test_an_open_verdict_adds_batches_up_to_max_then_says_undecided(repo: Path, 
 
 def test_a_sweep_without_exactly_two_settings_or_a_margin_or_a_number_is_refused(repo: Path, monkeypatch) -> None:
     state = saved_sweep(repo, [0, 1])
-    with pytest.raises(grid.SweepError, match="needs --margin D > 0"):
-        command.until_decided(repo, state, sequential_args(margin=None))
+    for margin in (None, 0.0, math.inf, math.nan, 100.0, 250.0):  # none, or one every accuracy difference is within
+        with pytest.raises(grid.SweepError, match=r"needs --margin D > 0 \(got .*\), below 100 for an accuracy"):
+            command.until_decided(repo, state, sequential_args(margin=margin))
     with pytest.raises(grid.SweepError, match="--metric 's2_unbiasd': not a headline metric"):
         command.until_decided(repo, state, sequential_args(metric="s2_unbiasd"))
     make_experiment(repo, state["commit"], "eps-epsilon0-seed0",

@@ -15,8 +15,10 @@ Without ``strace`` (CI installs it, .ci/run) these tests skip, naming it. The ch
 pipeline: reads made through pyarrow, ctypes and a subprocess, a temporary file the stage did not make, a symlink
 out of the repository and a probe of another stage's out are each found; and in a traced clone where no stage ran
 (the real dvc.yaml), scripts run as a stage: a failed open of another stage's out, a glob of a folder of the stage's
-own outs that shows other stages' outs (the atomic writer's own listing of it passes), a read under ``.dvc/`` and
-a non-dep hard-linked or symlinked into the stage's out are each found.
+own outs that shows other stages' outs (the atomic writer's own listing of it passes), a read under ``.dvc/``,
+a non-dep hard-linked or symlinked into the stage's out, an exists() of an undeclared file, a failed chdir and a
+getxattr of another stage's out, a chmod of a file that is no out, and another stage's out renamed away and back
+are each found.
 """
 
 from __future__ import annotations
@@ -374,6 +376,95 @@ def test_a_non_dep_linked_into_the_stages_own_out_is_read(bare_clone) -> None:
     finally:
         shutil.rmtree(summary.parent)
         shutil.rmtree(bare_clone.root / "data/evaluate", ignore_errors=True)
+
+
+PLANTED_CODE = ("src/debias/_run_by_runpy.py", "src/debias/_run_by_spec.py", "src/debias/_read_as_data.py")
+RUN_CODE = f"""
+import importlib.util, runpy
+runpy.run_path({PLANTED_CODE[0]!r})
+spec = importlib.util.spec_from_file_location("planted", {PLANTED_CODE[1]!r})
+spec.loader.exec_module(importlib.util.module_from_spec(spec))
+print(len(open({PLANTED_CODE[2]!r}).read()))
+"""
+
+
+def test_code_run_by_runpy_or_a_spec_loader_or_read_as_data_is_a_read(bare_clone) -> None:
+    """Code under src/ is judged by the imports the hook sees; code run by ``runpy.run_path`` or a spec loader's
+    ``exec_module`` (no import the recorder sees) or read as data is a read DVC does not track."""
+    for rel in PLANTED_CODE:
+        (bare_clone.root / rel).write_text("VALUE = 1\n")
+    try:
+        problems = _as_stage(bare_clone, "evaluate", RUN_CODE)
+        for rel in PLANTED_CODE:
+            assert _found(problems, f"evaluate reads {rel}", "code no import of the stage loaded",
+                          "not among its deps"), (rel, problems)
+        imported = _as_stage(bare_clone, "evaluate", "import debias._run_by_runpy")
+        assert not [p for p in imported if "code no import" in p], imported  # imported: judged as an import
+    finally:
+        for rel in PLANTED_CODE:
+            (bare_clone.root / rel).unlink()
+
+
+GIT_READS = """
+import subprocess
+print(subprocess.run(["git", "show", "HEAD:README.md"], capture_output=True, check=True).stdout[:10])
+print(open(".git/HEAD").read())
+"""
+GIT_DECLARED = """
+import subprocess
+for command in (["git", "show", "HEAD:params.yaml"], ["git", "rev-parse", "--short=12", "HEAD"]):
+    subprocess.run(command, capture_output=True, check=True)
+"""
+
+
+def test_git_store_reads_are_judged_by_the_git_command_that_makes_them(bare_clone) -> None:
+    """git's objects hold every committed file of every commit: a stage's `git show HEAD:README.md` or its own open
+    under .git/ is a read DVC does not track; the report's declared `git show HEAD:params.yaml` and `git rev-parse`
+    are not."""
+    problems = _as_stage(bare_clone, "report", GIT_READS)
+    assert _found(problems, "report reads .git/", "by `git show HEAD:README.md`", "GIT_COMMANDS"), problems
+    assert _found(problems, "report reads .git/HEAD", "`python -c import subprocess"), problems  # its own open
+    declared = _as_stage(bare_clone, "report", GIT_DECLARED)
+    assert not [p for p in declared if ".git/" in p], declared
+    elsewhere = _as_stage(bare_clone, "evaluate", GIT_DECLARED)  # the report's commands alone
+    assert _found(elsewhere, "evaluate reads .git/", "by `git rev-parse --short=12 HEAD`"), elsewhere
+
+
+BLIND_CORNERS = {
+    "an exists() of an undeclared file": (
+        "import os\nprint(os.path.exists('README.md'))",
+        "linear_probe probes README.md", "not among its deps", "DVC does not track it"),
+    "a failed chdir into another stage's out": (
+        "import os\ntry:\n    os.chdir('data/groups')\nexcept OSError:\n    print('no groups')",
+        "linear_probe tries to open data/groups", "an out of another stage"),
+    "a getxattr of another stage's out": (
+        "import os\ntry:\n    os.getxattr('data/erm', 'user.kind')\nexcept OSError:\n    print('no erm')",
+        "linear_probe probes data/erm", "an out of another stage"),
+    "a chmod of an undeclared file": (
+        "import os\nos.chmod('dvc.yaml', os.stat('dvc.yaml').st_mode)",
+        "linear_probe changes the mode, owner or times of dvc.yaml", "not among its outs"),
+    "another stage's out renamed away and back": (
+        "import os\nos.rename('reports/metrics/evaluate.json', 'reports/metrics/away.json')\n"
+        "os.rename('reports/metrics/away.json', 'reports/metrics/evaluate.json')",
+        "linear_probe moves, removes, links over or changes reports/metrics/evaluate.json", "an out of another stage"),
+}
+
+
+@pytest.mark.parametrize("kind", BLIND_CORNERS)
+def test_probes_chdir_xattrs_modes_and_renames_are_seen(bare_clone, kind: str) -> None:
+    """Whatever a stage learns of a file by its presence (an exists(), a failed chdir, a getxattr) or does to one
+    without changing its bytes (a chmod, renaming another stage's out away and back, which leaves it as it was) is
+    found: on a fresh clone (evaluate's metrics planted for the rename)."""
+    script, start, *parts = BLIND_CORNERS[kind]
+    metrics = bare_clone.root / "reports/metrics/evaluate.json"
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.write_text("{}")
+    try:
+        problems = _as_stage(bare_clone, "linear_probe", script)
+        assert _found(problems, start, *parts), problems
+    finally:
+        metrics.unlink(missing_ok=True)
+        (bare_clone.root / "reports/metrics/away.json").unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- every variant (slow)

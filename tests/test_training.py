@@ -161,6 +161,29 @@ def test_health_checks_name_a_collapsed_representation_and_chance_accuracy() -> 
     assert health.chance_warning(0.9, 0.6, "test average") is None
 
 
+def test_a_model_following_the_bias_attribute_is_not_called_chance_level() -> None:
+    """A balanced binary split (shapes: the class, the background): a model predicting the background is at chance on
+    average (half right) but right on every bias-aligned sample, so it learned the shortcut, not nothing: no
+    chance-level warning; a constant prediction, at chance on the aligned samples too, still gets one."""
+    from debias.core import health
+    from debias.data.store import BiasedSplit
+    from debias.metrics.accuracy import accuracy_report
+    from debias.training.outputs import health_warnings
+
+    y = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1] * 5)
+    a = torch.tensor([0, 0, 1, 1, 1, 1, 0, 0] * 5)  # the background: half of each class aligned with it
+    split = BiasedSplit(torch.zeros(40, 3, 4, 4, dtype=torch.uint8), y, a, a == y, 2, 2)
+    z = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
+    for prediction, flagged in ((a, False), (torch.zeros_like(y), True), (1 - y, True)):
+        report = accuracy_report(prediction, y, a, split.aligned, 2, 2)
+        assert report["avg"] <= 0.5
+        found = [w for w in health_warnings(z, report["avg"], split, "test", report["aligned"])
+                 if w.startswith("chance-level")]
+        assert bool(found) == flagged, (prediction, report["aligned"], found)
+    assert health.chance_warning(0.5, 0.5, "test average", aligned=(0.97, 0.5)) is None
+    assert health.chance_warning(0.5, 0.5, "test average", aligned=(0.52, 0.5)).startswith("chance-level: ")
+
+
 def test_every_warning_code_is_documented_and_an_unknown_one_is_refused() -> None:
     import re
     from pathlib import Path

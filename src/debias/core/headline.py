@@ -44,6 +44,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Iterable
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -52,6 +53,16 @@ from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.io import atomic_path, load_json, save_json
 
 DIGITS = 4
+
+
+def percent_text(value: float, digits: int = 1) -> str:
+    """A fraction as a percentage with ``digits`` decimals, as every page and terminal prints it: the fraction rounded
+    to the :data:`DIGITS` decimals a headline file holds, then half up (0.604545 and its headline 0.6045 both read
+    60.5; float formatting alone read 0.6045 as 60.4)."""
+    if not math.isfinite(float(value)):
+        return f"{100 * float(value):.{digits}f}"  # nan, inf: as Python prints them
+    fraction = Decimal(repr(round(float(value), DIGITS)))
+    return str((fraction * 100).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
 STAGES = ("inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe", "evaluate")
 
 # The detailed file each stage writes, from which its headline is taken (and its warnings read).

@@ -39,7 +39,8 @@ CODES: dict[str, str] = {
     "negligible-param": "a param that applies to the run but enters a term weighing under 1 % of the loss "
                         "(debias check-params): changing it changes almost nothing",
     "collapsed-representation": "the L2-normalised features are nearly identical",
-    "chance-level": "accuracy no better than always predicting the most frequent class (plus a margin)",
+    "chance-level": "accuracy no better than always predicting the most frequent class (plus a margin), on the "
+                    "bias-aligned samples too: the model learned neither the label nor the bias shortcut",
     "fairkl-starved": "FairKL's pair sets were missing from most batches, so it contributed nothing there",
     "cnc-small-pools": "CNC drew positives or negatives with replacement from pools smaller than a batch needs",
     "weak-groups": "the inferred minority misses most bias-conflicting points or is mostly others",
@@ -87,9 +88,19 @@ def chance_level(y: torch.Tensor, n_classes: int) -> float:
     return float(torch.bincount(y.long(), minlength=n_classes).max()) / y.numel()
 
 
-def chance_warning(accuracy: float, chance: float, where: str) -> str | None:
-    """A ``chance-level`` warning when ``accuracy`` is no better than ``chance`` (+ the margin)."""
-    bound = chance + CHANCE_MARGIN * (1 - chance)
+def chance_bound(chance: float) -> float:
+    """The accuracy below which a model counts as at chance level, ``chance`` being a constant prediction's."""
+    return chance + CHANCE_MARGIN * (1 - chance)
+
+
+def chance_warning(accuracy: float, chance: float, where: str, aligned: tuple[float, float] | None = None) -> str | None:
+    """A ``chance-level`` warning when ``accuracy`` is no better than ``chance`` (+ the margin), unless ``aligned``
+    (the accuracy on the bias-aligned samples and a constant prediction's there) clears that bound: a model right
+    where the bias attribute predicts the label and wrong elsewhere follows the bias (the shortcut a biased model
+    learns, which the worst-group and conflicting accuracies show), it did not fail to learn."""
+    bound = chance_bound(chance)
+    if aligned is not None and aligned[0] >= chance_bound(aligned[1]):
+        return None
     if accuracy < bound:
         return warning("chance-level",
                        f"{where} accuracy {accuracy:.3f} is no better than chance ({chance:.3f}, the most frequent "

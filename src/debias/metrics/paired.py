@@ -26,6 +26,7 @@ from typing import Any
 ALPHA = 0.05  # two-sided level of every interval and test
 POWER = 0.8  # the power at which a detectable difference is stated
 MAX_SEEDS = 10_000  # seeds_needed's search bound: beyond it the answer is "more than this"
+MIN_VERDICT_PAIRS = 3  # the project's rule: a verdict (differs, within) rests on >= 3 seeds (debias compare's too)
 
 
 @dataclass(frozen=True)
@@ -195,12 +196,12 @@ def sequential_verdicts(mean: Any, sd: Any, n: Any, margin: float, level: float)
     or numpy arrays of them), each test at ``level``: differs when ``|mean| / (sd/sqrt(n)) > t_{1-level/2, n-1}``
     (the two-sided paired t-test); within ``±margin`` when ``(mean + margin)/se > t_{1-level, n-1}`` and
     ``(mean - margin)/se < -t_{1-level, n-1}`` (TOST). No spread (sd 0): never differs, within when ``|mean| <
-    margin`` (as :func:`tost`); fewer than two differences or a NaN: neither."""
+    margin`` (as :func:`tost`); fewer than :data:`MIN_VERDICT_PAIRS` differences or a NaN: neither."""
     import numpy as np
     from scipy.stats import t as student_t
 
     mean, sd, n = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (mean, sd, n)))
-    usable = (n >= 2) & np.isfinite(mean) & np.isfinite(sd)
+    usable = (n >= MIN_VERDICT_PAIRS) & np.isfinite(mean) & np.isfinite(sd)
     df = np.where(usable, n - 1, 1.0)
     se = np.where(usable & (sd > 0), sd / np.sqrt(np.where(usable, n, 1.0)), 1.0)
     two_sided = student_t.ppf(1 - level / 2, df)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from debias.core.errors import NEEDS_BIAS_LABELS
-from debias.core.headline import warning_code
+from debias.core.headline import percent_text, warning_code
 from debias.metrics import GroupAccuracy, group_accuracies, wilson_interval, worst_group_of
 
 WARNINGS_LINK = "#warnings"
@@ -31,7 +31,7 @@ def pct(value: float | None, digits: int = 1) -> str:
         return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "n/a"
-    return f"{100 * value:.{digits}f}"
+    return percent_text(value, digits)
 
 
 def interval_text(low: float, high: float) -> str:

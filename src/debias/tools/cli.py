@@ -142,12 +142,30 @@ def example_folder(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"debias example-folder: {exc}", file=sys.stderr)
         return 2
-    # without bias labels the default rule (best validation worst-group) has nothing to read: a label-free one
-    extra = (" -S data.imagefolder.attribute_column=null -S stage2.selection=best_worst_inferred_group"
-             if args.no_attribute else "")
-    print(f"wrote {table} and its images; run: dvc exp run -S data.source=imagefolder -S data.imagefolder.root={args.root}"
-          f"{extra}")
+    print(f"wrote {table} and its images; run: {example_run_command(args.root, not args.no_attribute)}")
     return 0
+
+
+def override_value(value: str) -> str:
+    """``value`` as an override's value (``-S key=value``) reads it: as it is when it holds only characters an unquoted
+    value may hold, else quoted (in double quotes, or single quotes where it holds a double one, that quote escaped)."""
+    import re
+
+    if re.fullmatch(r"[\w./+@~-]+", value):
+        return value
+    quote = "'" if '"' in value else '"'
+    return quote + value.replace(quote, "\\" + quote) + quote
+
+
+def example_run_command(root: str | Path, attribute: bool) -> str:
+    """The shell command that runs the pipeline on the example folder ``root``, each argument quoted for the shell
+    (a path with spaces or quotes stays one argument)."""
+    import shlex
+
+    sets = ["data.source=imagefolder", f"data.imagefolder.root={override_value(str(root))}"]
+    if not attribute:  # without bias labels the default rule (best validation worst-group) has nothing to read
+        sets += ["data.imagefolder.attribute_column=null", "stage2.selection=best_worst_inferred_group"]
+    return shlex.join(["dvc", "exp", "run", *(part for value in sets for part in ("-S", value))])
 
 
 PRESET_HELP = """\

@@ -15,10 +15,18 @@ violations, each a sentence naming the file or module:
   repository, every file read lies under the interpreter, ``/proc``, ``/dev``, ``/sys``, a declared environment entry,
   the data source's external files (stages depending on their fingerprint ``data/source.json`` only), or a temporary
   folder, and there only when the stage itself made the file;
-- no file or folder inside the repository that another stage writes is probed (``stat``, ``exists``, ``access``) or
-  tried (an ``open`` that fails: a missing file is an answer too) unless it is among the stage's deps or outs: on a
-  fresh clone the file is missing, in a workspace where the other stage ran it is there, and what the stage does
-  depends on which (DVC knows of neither);
+- no file or folder inside the repository that another stage writes is probed (``stat``, ``exists``, ``access``,
+  ``getxattr``, a ``chdir`` into it) or tried (an ``open``, ``chdir`` or ``chmod`` that fails: a missing file is an
+  answer too) unless it is among the stage's deps or outs: on a fresh clone the file is missing, in a workspace where
+  the other stage ran it is there, and what the stage does depends on which (DVC knows of neither); nor is any other
+  file or folder the repository held before the stage (code aside: judged by the imports) that is not a dep, an out,
+  a folder holding one, a declared environment file or a declared probe (:data:`PROBED`): whether it is there steers
+  the stage just as much (a name that was not there, and is no stage's out, answers the same on every clone: the
+  dynamic loader and the import system probe many);
+- no other stage's out is renamed, removed, linked over, opened to write or has its mode, owner or times changed,
+  even if put back (renamed away and back, it is what it was, and a snapshot sees nothing); no file that is not an
+  out or declared as no out has its mode, owner or times changed (``chmod``, ``chown``, ``utime``: a snapshot of
+  sizes and modification times need not show it);
 - no folder is listed (its entries read: ``getdents``) whose entries DVC does not pin for the stage. DVC pins a
   dep's presence (it runs the stage only when every dep exists) and the stage's own outs' (it deletes them before
   the stage runs); another stage's out is there or not by whether that stage ran or was pulled. So a listing is a
@@ -30,10 +38,13 @@ violations, each a sentence naming the file or module:
   declared as no out with the reason (:data:`NOT_OUTS`); outside it, it wrote only into temporary folders or
   :data:`ENVIRONMENT` entries marked writable; a link made (``link``, ``symlink``) reads what it links to: a hard
   link or a symlink from a non-dep into an out makes the out that file without opening it;
-- every program it ran from the repository is a dep;
+- every program it ran from the repository is a dep; a read under ``.git/`` is made by a git command declared for
+  the stage (:data:`GIT_COMMANDS`, :data:`STAGE_COMMANDS`: git's objects hold every committed file of every commit);
 - every ``debias`` module imported is a dep of the stage or a side channel (:data:`debias.tools.deps.SIDE_CHANNELS`):
   a harness module that is neither counts as handing values into the outputs.
-Code files (``src/``, ``pipeline/``, their ``__pycache__``) are judged by the imports, not by their reads.
+Code files (``src/``, ``pipeline/``, their ``__pycache__``) are judged by the imports: a code file read is a dep, the
+file of a module the hook saw imported, or a side channel's; any other (run by ``runpy.run_path`` or a spec loader's
+``exec_module``, whose module the import recorder never sees, or read as data) is a read DVC does not track.
 """
 
 from __future__ import annotations
@@ -94,13 +105,37 @@ ENVIRONMENT: dict[str, str] = {
 # What one stage alone may read besides ENVIRONMENT, each with the reason.
 STAGE_ENVIRONMENT: dict[str, dict[str, str]] = {
     "report": {
-        ".git/": "`git show HEAD:params.yaml` (debias.report.params_table.committed_text): the params section shows "
-                 "this run's params against the committed ones and names the commit it compared with, so a report "
-                 "older than a later commit says which commit it means",
         "~/.gitconfig": "git's own settings, read by that `git show`",
         "~/.config/git/": "git's own settings, read by that `git show`",
     },
 }
+
+# The git commands (argument lists joined by spaces; fnmatch patterns) that may read ``.git/``, each with the reason:
+# git's objects hold every committed file of every commit, so a read there is judged by the command that made it (the
+# OS trace names each process's program), never by the path (a ``git show <commit>:<file>``, or the stage's own open
+# of ``.git/objects/``, reads files DVC does not track). GIT_COMMANDS: every stage's; STAGE_COMMANDS: one stage's.
+GIT_COMMANDS: dict[str, str] = {
+    "git rev-parse HEAD": "the run's commit, recorded as provenance (debias.core.environment.git_commit): it names "
+                          "the code, it computes no value",
+    "git for-each-ref --format=%(refname)%00%(objectname)%00%(symref) refs/exps/exec/": "DVC's executor refs, kept "
+                                                                                        "to put them back "
+                                                                                        "(debias.harness.workspace)",
+    "git update-ref refs/exps/exec/*": "puts DVC's executor refs back (debias.harness.workspace)",
+    "git symbolic-ref refs/exps/exec/*": "puts DVC's executor refs back (debias.harness.workspace)",
+    "git diff --quiet HEAD -- params.yaml": "a failed stage's message says whether params.yaml is as committed "
+                                            "(debias.core.errors.uncommitted_params_hint)",
+    "git show HEAD:reports/metrics/*.json": "a failed stage puts back the committed headline dvc.lock records "
+                                            "(debias.core.headline); its run is over",
+    "git show *:params.yaml": "harness tracking (written only): the params a run changed against its commit's",
+}
+STAGE_COMMANDS: dict[str, dict[str, str]] = {
+    "report": {
+        "git show HEAD:params.yaml": "debias.report.params_table.committed_text: the params section shows this run's "
+                                     "params against the committed ones, so a report says which commit it means",
+        "git rev-parse --short=12 HEAD": "names the commit that params section compared with",
+    },
+}
+GIT_FOLDER = ".git/"
 
 # Nothing under .dvc/ is an environment file: DVC reads its configuration and cache in its own process, and a stage
 # process needs none of it (debias.core.paths.repo_root takes $DVC_ROOT, else probes for the folder ``.dvc``: a stat,
@@ -111,6 +146,12 @@ STAGE_ENVIRONMENT: dict[str, dict[str, str]] = {
 LISTERS: dict[str, str] = {
     "debias.core.io": "the atomic writer lists the folder of each file it writes to remove its own temporaries left "
                       "by killed writers (``.<name>.<pid>.<random>.tmp``, _sweep_dead_temps): it acts on no other name",
+}
+
+# Paths in the repository a stage may probe without their being deps, each with the reason.
+PROBED: dict[str, str] = {
+    ".dvc": "debias.core.paths.repo_root finds the repository by this folder's presence (a stat, no read): every "
+            "stage runs at a repository root",
 }
 
 MACHINE_FOLDERS = ("/proc/", "/dev/", "/sys/")
@@ -126,18 +167,24 @@ class Trace:
     by: dict[str, str] = field(default_factory=dict)  # path -> the innermost debias module that first touched it
     listed: Counter[str] = field(default_factory=Counter)  # folder -> how many times its entries were read (getdents)
     listed_by: dict[str, Counter[str]] = field(default_factory=dict)  # folder -> module -> listings (the hook's)
-    probed: set[str] = field(default_factory=set)  # stat, lstat, access, readlink: what exists, and what it is
+    probed: set[str] = field(default_factory=set)  # stat, access, readlink, getxattr, chdir: what exists, what it is
+    changed_metadata: set[str] = field(default_factory=set)  # chmod, chown, utime: a file's mode, owner or times
     tried: set[str] = field(default_factory=set)  # failed opens: a missing (or refused) file is an answer too
     made: set[str] = field(default_factory=set)  # files whose first event made them new (O_EXCL / O_TRUNC, a rename)
     imports: dict[str, list[str]] = field(default_factory=dict)  # module -> the debias modules on the stack then
     scripts: set[str] = field(default_factory=set)  # files run as __main__ or as a program (execve)
+    # path read -> the command lines (argv joined by spaces) of the processes that read it; "" for a process whose
+    # program the OS trace did not see start (the traced command's own, or a fork that ran no other program)
+    readers: dict[str, set[str]] = field(default_factory=dict)
 
     def merge(self, other: Trace) -> Trace:
         """The union of two traces of the same stage (the OS trace's files and the hook's imports)."""
-        for name in ("reads", "writes", "listed", "probed", "tried", "made", "scripts"):
+        for name in ("reads", "writes", "listed", "probed", "changed_metadata", "tried", "made", "scripts"):
             getattr(self, name).update(getattr(other, name))
         for path, who in other.by.items():
             self.by.setdefault(path, who)
+        for path, commands in other.readers.items():
+            self.readers.setdefault(path, set()).update(commands)
         for path, modules in other.listed_by.items():
             self.listed_by.setdefault(path, Counter()).update(modules)
         for module, stack in other.imports.items():
@@ -177,13 +224,19 @@ def read_hook(path: Path) -> Trace:
 SYSCALLS = ("open", "openat", "openat2", "creat", "truncate", "rename", "renameat", "renameat2", "link", "linkat",
             "symlink", "symlinkat", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir", "execve", "execveat", "stat",
             "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat",
-            "getdents", "getdents64")
+            "getdents", "getdents64", "chdir", "getxattr", "lgetxattr", "listxattr", "llistxattr", *("chmod",
+            "fchmodat", "chown", "lchown", "fchownat", "utime", "utimes", "utimensat"))
+# The calls that change a file's mode, owner or times: no content changes, so a snapshot (size, modification time)
+# may not show them (chmod, chown), or show them only as a change of time (utime).
+METADATA_CALLS = ("chmod", "fchmodat", "chown", "lchown", "fchownat", "utime", "utimes", "utimensat")
 
 
 def strace_command(log: Path) -> list[str]:
     """The prefix that runs a command under ``strace`` following every child, logging :data:`SYSCALLS` to ``log`` with
-    file descriptors annotated by their paths (``-y``: a relative name is resolved against its directory's)."""
-    return ["strace", "-f", "-qq", "-y", "-e", "trace=" + ",".join(SYSCALLS), "-e", "signal=none", "-o", str(log)]
+    file descriptors annotated by their paths (``-y``: a relative name is resolved against its directory's) and each
+    program's arguments in full (``-s``: which git command read ``.git/`` is judged by them)."""
+    return ["strace", "-f", "-qq", "-y", "-s", "4096", "-e", "trace=" + ",".join(SYSCALLS), "-e", "signal=none",
+            "-o", str(log)]
 
 
 _CALL = re.compile(r"^(?P<pid>\d+) +(?P<name>\w+)\((?P<args>.*)\) += (?P<result>.*)$")
@@ -250,6 +303,7 @@ def read_strace(path: Path, cwd: Path, ignore: tuple[Path, ...] = ()) -> Trace:
     seen: set[str] = set()
     cwds: dict[str, str] = {}
     listing: dict[tuple[str, str], str] = {}  # (pid, descriptor) -> the folder whose listing was counted on it
+    programs: dict[str, str] = {}  # pid -> the command line of the program it runs (its last execve)
     skipped = tuple(os.path.join(os.path.realpath(folder), "") for folder in ignore)
 
     def first(target: str, fresh: bool) -> None:
@@ -296,6 +350,7 @@ def read_strace(path: Path, cwd: Path, ignore: tuple[Path, ...] = ()) -> Trace:
             first(real, name == "creat" or "O_EXCL" in flags or "O_TRUNC" in flags)
             if reads:
                 trace.reads.add(real)
+                trace.readers.setdefault(real, set()).add(programs.get(pid, ""))
             if writes:
                 trace.writes.add(real)
         elif name in ("rename", "renameat", "renameat2"):
@@ -318,11 +373,42 @@ def read_strace(path: Path, cwd: Path, ignore: tuple[Path, ...] = ()) -> Trace:
         elif name in ("execve", "execveat"):
             if ok:
                 trace.scripts.add(os.path.realpath(paths[0]))
-        else:  # stat, lstat, newfstatat, statx, access, faccessat, faccessat2, readlink, readlinkat
+                programs[pid] = command_line([text for text, _, _ in strings[1:]])
+        elif name == "chdir":  # into a folder: it exists; a failed chdir is an answer too
+            (trace.probed if ok else trace.tried).add(paths[0])
+        elif name in METADATA_CALLS:
+            if args.lstrip().startswith('""') or strings[0][0] == "":  # of a descriptor (AT_EMPTY_PATH)
+                continue
+            if ok:
+                trace.changed_metadata.add(paths[0])
+                trace.writes.add(paths[0])
+            else:
+                trace.tried.add(paths[0])
+        else:  # stat, lstat, newfstatat, statx, access, faccessat(2), readlink(at), (l)getxattr, (l)listxattr
             if args.lstrip().startswith('""') or strings[0][0] == "":  # fstat of a descriptor (AT_EMPTY_PATH)
                 continue
             trace.probed.add(paths[0])
     return trace
+
+
+def command_line(argv: list[str]) -> str:
+    """An ``execve``'s argument list joined by spaces, its program by its name alone (``/usr/bin/git`` -> ``git``)."""
+    return " ".join([os.path.basename(argv[0]), *argv[1:]]) if argv else ""
+
+
+def code_module(rel: str) -> str | None:
+    """The module a code file of the repository holds (``src/debias/a/__pycache__/b.cpython-311.pyc`` ->
+    ``debias.a.b``, ``src/debias/a/__init__.py`` -> ``debias.a``); None outside ``src/``."""
+    parts = rel.split("/")
+    if parts[0] != "src" or len(parts) < 2:
+        return None
+    if len(parts) > 2 and parts[-2] == "__pycache__":
+        parts = [*parts[:-2], parts[-1].split(".", 1)[0]]
+    else:
+        parts[-1] = parts[-1].rsplit(".", 1)[0]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts[1:])
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
@@ -425,6 +511,11 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
     temporary = temporary_folders()
     fingerprinted = "data/source.json" in deps or name == "source"
     skip = _interpreter_folders()
+    imported = {module for module in trace.imports if module_file(module, root) is not None}
+    git_commands = [*GIT_COMMANDS, *STAGE_COMMANDS.get(name, {})]
+
+    def declared_git(command: str) -> bool:
+        return any(fnmatch.fnmatchcase(command, pattern) for pattern in git_commands)
     problems: list[str] = []
 
     def allowed_outside(path: str, entries: list[str], own_temporary: bool) -> bool:
@@ -449,8 +540,26 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
                          else "neither a temporary file of its own nor a declared environment file (ENVIRONMENT)")
                 problems.append(f"{name} reads {real}{who(real)}, outside the repository: {where}")
             continue
-        if code(rel) or (existed is not None and rel not in existed):
-            continue  # code: judged by the imports below; a file the stage made itself is no input
+        if under(rel, [GIT_FOLDER]):
+            commands = trace.readers.get(path, set()) | trace.readers.get(real, set())
+            others = sorted(c for c in commands if not declared_git(c))
+            if commands and not others:
+                continue  # read by a git command declared for the stage (GIT_COMMANDS, STAGE_COMMANDS)
+            shown = ", ".join(f"`{' '.join(c.split())[:80]}`" if c else "the stage's own process"
+                              for c in others) or "a process"
+            problems.append(f"{name} reads {rel}{who(real)} by {shown}: git's store holds every committed file of "
+                            "every commit; only the git commands declared for the stage (GIT_COMMANDS, "
+                            "STAGE_COMMANDS) may read it")
+            continue
+        if existed is not None and rel not in existed:
+            continue  # a file the stage made itself is no input (the snapshot leaves out .git/: above)
+        if code(rel):
+            module = code_module(rel)
+            if under(rel, deps) or (module is not None and (module in imported or is_side_channel(module))):
+                continue  # judged by the imports below
+            problems.append(f"{name} reads {rel}{who(real)}, code no import of the stage loaded (run by runpy or a "
+                            "spec loader's exec_module, or read as data), which is not among its deps in dvc.yaml")
+            continue
         if not (under(rel, deps) or under(rel, outs) or under(rel, inside_environment) or under(rel, own_resume)):
             problems.append(f"{name} reads {rel}{who(real)}, which is not among its deps in dvc.yaml")
     for path, count in sorted(trace.listed.items()):
@@ -458,8 +567,10 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         if rel is None or rel == "." or rel.startswith(CODE_FOLDERS) or rel in ("src", "pipeline"):
             continue  # outside: listing finds nothing the reads above do not name; the root (``python -m`` puts it
             # on sys.path) and code: the import machinery
-        if under(rel, deps) or under(rel, outs) or under(rel, inside_environment) or under(rel, list(NOT_OUTS)):
-            continue  # a dep folder or one inside it, inside an out, a declared environment or no-out folder
+        if (under(rel, deps) or under(rel, outs) or under(rel, inside_environment) or under(rel, list(NOT_OUTS))
+                or under(rel, [GIT_FOLDER])):
+            continue  # a dep folder or one inside it, inside an out, a declared environment or no-out folder, or
+            # git's store (it holds no stage's outs; what is read there is judged by the command that reads it)
         hidden = [out for out in revealed(rel, list(others_outs)) if not under(out, deps)]
         excused = sum(n for module, n in trace.listed_by.get(path, {}).items() if module in LISTERS)
         if hidden and count > excused:
@@ -469,7 +580,10 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         elif not hidden and not any(d.startswith(rel.rstrip("/") + "/") for d in (*deps, *outs)):
             problems.append(f"{name} lists the folder {rel}{who(path)}, which is not among its deps in dvc.yaml")
     attempts = [(path, "probes", "(exists / stat)") for path in trace.probed]
-    attempts += [(path, "tries to open", "(a failed open: a missing file is an answer)") for path in trace.tried]
+    attempts += [(path, "tries to open", "(a failed open, chdir or chmod: a missing file is an answer)")
+                 for path in trace.tried]
+    declared_paths = [*deps, *outs, *inside_environment, *own_resume, *NOT_OUTS, *PROBED]
+    present = _with_folders(existed or ())
     for path, verb, how in sorted(attempts):
         rel = _inside(path, root)
         if rel is None or rel == "." or code(rel):
@@ -477,6 +591,22 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         if under(rel, list(others_outs)) and not (under(rel, deps) or under(rel, outs) or under(rel, own_resume)):
             problems.append(f"{name} {verb} {rel}{who(path)} {how}, an out of another stage that is not among its "
                             "deps in dvc.yaml")
+        elif (rel in present and not rel.startswith(CODE_FOLDERS) and rel not in ("src", "pipeline")
+              and not (under(rel, declared_paths) or under(rel, [GIT_FOLDER]) or path in trace.made
+                       or path in trace.writes or any(under(entry, [rel]) for entry in declared_paths))):
+            problems.append(f"{name} {verb} {rel}{who(path)} {how}, which is not among its deps in dvc.yaml: "
+                            "whether it is there steers the stage, and DVC does not track it")
+    for path in sorted(trace.writes):
+        rel = _inside(path, root)
+        if rel is not None and under(rel, list(others_outs)) and not under(rel, outs):
+            problems.append(f"{name} moves, removes, links over or changes {rel}{who(path)}, an out of another "
+                            "stage (put back or not, what that stage left is not what DVC recorded)")
+    for path in sorted(trace.changed_metadata):
+        rel = _inside(path, root)
+        if rel is not None and not (under(rel, outs) or under(rel, list(NOT_OUTS)) or under(rel, list(others_outs))
+                                    or path in trace.made):
+            problems.append(f"{name} changes the mode, owner or times of {rel}{who(path)}, which is not among its "
+                            "outs in dvc.yaml nor declared as no out (NOT_OUTS)")
     for rel in sorted(changed):
         if not (under(rel, outs) or under(rel, list(NOT_OUTS))):
             problems.append(f"{name} writes {rel}, which is not among its outs in dvc.yaml nor declared as no out "
@@ -502,6 +632,17 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
         problems.append(f"{name} imports {module} ({rel}{', for ' + stack[0] if stack else ''}), which is neither "
                         "among its deps in dvc.yaml nor a side channel (debias.tools.deps.SIDE_CHANNELS)")
     return problems
+
+
+def _with_folders(files: set[str] | tuple[()]) -> set[str]:
+    """Repository-relative ``files`` and every folder holding one: what was in the repository before the stage (a
+    probe of a name that was not there answers the same on every clone, unless it is another stage's out)."""
+    found: set[str] = set()
+    for name in files:
+        while name and name not in found:
+            found.add(name)
+            name = os.path.dirname(name)
+    return found
 
 
 def _interpreter_folders() -> tuple[str, ...]:

@@ -57,17 +57,23 @@ def export_embeddings(model: nn.Module, splits: dict[str, BiasedSplit], director
         if split.n_classes == 2:  # binary tasks: equalized odds and friends (fairlearn) beside the accuracies
             reports[name]["fairness"] = fairness_report(logits.argmax(1), split.y, split.a, split.n_classes)
         if health is not None and name in HEALTH_SPLITS:
-            health.extend(health_warnings(z, reports[name]["avg"], split, name))
+            health.extend(health_warnings(z, reports[name]["avg"], split, name, reports[name].get("aligned")))
     return reports
 
 
 HEALTH_SPLITS = ("val", "test")  # the splits whose features and accuracy the health checks read
 
 
-def health_warnings(z: torch.Tensor, accuracy: float, split: BiasedSplit, name: str) -> list[str]:
-    """``collapsed-representation`` and ``chance-level`` warnings for the selected model on one split."""
+def health_warnings(z: torch.Tensor, accuracy: float, split: BiasedSplit, name: str,
+                    aligned: float | None = None) -> list[str]:
+    """``collapsed-representation`` and ``chance-level`` warnings for the selected model on one split (``aligned``:
+    its accuracy on the split's bias-aligned samples, None without bias labels)."""
+    shortcut = None
+    if aligned is not None and split.aligned is not None and bool(split.aligned.bool().any()):
+        shortcut = (aligned, health.chance_level(split.y[split.aligned.bool()], split.n_classes))
     found = [health.collapse_warning(z, f"the {name} split"),
-             health.chance_warning(accuracy, health.chance_level(split.y, split.n_classes), f"{name} average")]
+             health.chance_warning(accuracy, health.chance_level(split.y, split.n_classes), f"{name} average",
+                                   shortcut)]
     return [w for w in found if w is not None]
 
 

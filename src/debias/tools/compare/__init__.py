@@ -17,7 +17,6 @@ writes and logs.
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -88,10 +87,15 @@ def workspace_report_params(root: Path) -> ReportParams:
         return ReportParams()
 
 
+MAX_MARGIN = 100.0  # points: accuracies differ by at most 100, so a margin of 100 or more calls every difference none
+
+
 def check_margin(margin: float | None) -> None:
-    """Refuse (ValueError, one line) a ``--margin`` that is not a finite number of points above 0."""
-    if margin is not None and not (math.isfinite(margin) and margin > 0):
-        raise ValueError(f"--margin {margin:g}; allowed: a number of points > 0 (e.g. 2: equivalence within ±2 "
+    """Refuse (ValueError, one line) a ``--margin`` that is not a number of points above 0 and below
+    :data:`MAX_MARGIN`."""
+    if margin is not None and not 0 < margin < MAX_MARGIN:
+        raise ValueError(f"--margin {margin:g}; allowed: a number of points above 0 and below {MAX_MARGIN:g} "
+                         f"(accuracies differ by at most {MAX_MARGIN:g}; e.g. 2: equivalence within ±2 "
                          "points of accuracy)")
 
 

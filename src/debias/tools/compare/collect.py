@@ -239,6 +239,28 @@ def dvc_reader(root: Path, experiment: Experiment, repo: Any) -> DvcReader:
 def read_lock(root: Path, experiment: Experiment) -> dict[str, Any] | None:
     """``experiment``'s dvc.lock, parsed: the workspace's from disk, a commit's or an experiment's from git;
     None where there is none or it cannot be read. Parsed as DVC parses it (:func:`headline.parse_lock`)."""
+    text = lock_text(root, experiment)
+    return None if text is None else headline.parse_lock(text)
+
+
+CONFLICT_MARKERS = ("<<<<<<< ", "=======", ">>>>>>> ")
+
+
+def unreadable_lock(text: str | None) -> str | None:
+    """Why dvc.lock's ``text`` cannot be read (git's merge conflict markers, or no YAML mapping), in words; None when
+    it parses or there is none."""
+    if text is None or headline.parse_lock(text) is not None:
+        return None
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith(CONFLICT_MARKERS) or line == "=======":
+            return (f"dvc.lock holds git's merge conflict markers ({line.split()[0]} at line {number}): a merge left "
+                    "it unresolved")
+    return "dvc.lock is no YAML mapping DVC can read"
+
+
+def lock_text(root: Path, experiment: Experiment) -> str | None:
+    """``experiment``'s dvc.lock as text: the workspace's from disk, a commit's or an experiment's from git; None
+    where there is none."""
     if experiment.kind == "workspace":
         try:
             text = (root / "dvc.lock").read_text(encoding="utf-8")
@@ -252,7 +274,7 @@ def read_lock(root: Path, experiment: Experiment) -> dict[str, Any] | None:
         text = done.stdout
     else:
         return None
-    return headline.parse_lock(text)
+    return text
 
 
 def git_files(root: Path, specs: list[str]) -> dict[str, bytes | None]:
@@ -315,13 +337,19 @@ def blank_stale(experiment: Experiment, lock: dict[str, Any] | None,
         experiment.status = "no results"
 
 
-def explain_missing(experiment: Experiment) -> None:
+def explain_missing(experiment: Experiment, lock_problem: str | None = None) -> None:
     """Why an experiment that finished has none of the compared metrics (none at all, or only the data's and the
-    groups' numbers), and the command that computes them."""
+    groups' numbers; ``lock_problem``: why its dvc.lock cannot be read, :func:`unreadable_lock`), and the command
+    that computes them."""
     if (any(k in experiment.metrics for k in METRIC_KEYS) or experiment.reason
             or experiment.status in ("queued", "running", "failed")):
         return
-    if experiment.kind == "workspace":
+    if lock_problem is not None:
+        experiment.reason = f"{lock_problem}; DVC reads no metrics of it"
+        experiment.fix = ("git checkout HEAD -- dvc.lock` (or resolve the conflict by hand), then `dvc repro"
+                          if experiment.kind == "workspace" else "git show " + str(experiment.rev)[:7] + ":dvc.lock`"
+                          " to see it; fix it in a new commit, then `dvc exp run")
+    elif experiment.kind == "workspace":
         experiment.reason, experiment.fix = "no metrics files in the workspace", "dvc repro"
     elif experiment.kind == "baseline":
         experiment.reason = ("its metrics files are not in this clone's DVC cache (the dvc.lock committed there names "
@@ -356,9 +384,11 @@ def from_dvc(root: Path, all_commits: bool = False) -> list[Experiment]:
     progress(f"{len(experiments)} experiments; checking each one's dvc.lock against its params and metrics files")
     readers = headline_bytes(root, [e for e in experiments if e.status in ("done", "no results")])
     for experiment in experiments:
+        text = None
         if experiment.status in ("done", "no results"):
-            blank_stale(experiment, read_lock(root, experiment), readers.get(id(experiment)))
-        explain_missing(experiment)
+            text = lock_text(root, experiment)
+            blank_stale(experiment, None if text is None else headline.parse_lock(text), readers.get(id(experiment)))
+        explain_missing(experiment, unreadable_lock(text))
     from dvc.repo import Repo
 
     repo = Repo(str(root))

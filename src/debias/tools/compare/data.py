@@ -17,8 +17,9 @@ import pandas as pd
 from debias.core.environment import KEY as ENVIRONMENT_KEY
 from debias.core.environment import environment_differences
 from debias.core.errors import NEEDS_BIAS_LABELS
-from debias.core.headline import DETAILED, LABELS
-from debias.metrics.paired import ALPHA, Paired, detectable_difference, paired, seeds_needed, tost
+from debias.core.headline import DETAILED, LABELS, percent_text
+from debias.metrics.paired import (ALPHA, MIN_VERDICT_PAIRS, Paired, detectable_difference, paired, seeds_needed,
+                                   tost)
 from debias.report.card import image_step
 from debias.tools.compare.collect import GROUP_FILES, Experiment
 from debias.tools.compare.columns import (  # noqa: F401  (compare's columns)
@@ -139,6 +140,19 @@ def duplicate_notes(experiments: list[Experiment], method: str | None = None, pa
             for gone, twin in duplicates(candidates)]
 
 
+def twin_note(experiment: Experiment, twin: Experiment) -> str:
+    """Why ``experiment``, with ``twin``'s params (seed included), is not counted as another seed: "other results"
+    only where a number both have differs; else the numbers one of them has left out (stale, or a metrics file that
+    does not match dvc.lock), each with its reason."""
+    shared = set(experiment.metrics) & set(twin.metrics)
+    start = f"{experiment.name} has the same params as {twin.name} (seed included)"
+    end = f"not counted as another seed ({twin.name}'s results are used)"
+    if any(experiment.metrics[k] != twin.metrics[k] for k in shared):
+        return f"{start} but other results: {end}"
+    why = "; ".join(f"{e.name}: {e.reason}" for e in (experiment, twin) if e.reason) or "no number both have"
+    return f"{start} and the same results where both have a number (numbers left out: {why}): {end}"
+
+
 def same_params(experiments: list[Experiment]) -> tuple[list[Experiment], list[str]]:
     """One experiment per set of params: another with every param equal (the workspace holding the baseline's params,
     a rerun) is the same seed again, not another one, so it is left out of the grouped mean ± std, with a note. A
@@ -153,8 +167,7 @@ def same_params(experiments: list[Experiment]) -> tuple[list[Experiment], list[s
         if twin is None:
             kept.append(experiment)
         else:
-            notes.append(f"{experiment.name} has the same params as {twin.name} (seed included) but other results: "
-                         f"not counted as another seed ({twin.name}'s results are used)")
+            notes.append(twin_note(experiment, twin))
     order = {id(e): i for i, e in enumerate(experiments)}
     return sorted(kept, key=lambda e: order[id(e)]), notes
 
@@ -334,7 +347,7 @@ def valid_pairs(pairs: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 ZERO_WIDTH = 1e-9  # points: an interval narrower is equal differences up to float rounding (0.3 - 0.5 vs 0.4 - 0.6)
-MIN_EVIDENCE_PAIRS = 3  # the project's rule: a quality claim rests on >= 3 seeds (debias.report.card.QUALITY_SEEDS)
+MIN_EVIDENCE_PAIRS = MIN_VERDICT_PAIRS  # a quality claim rests on >= 3 seeds (debias.report.card.QUALITY_SEEDS)
 DECIDE_POINTS = 2.0  # ours: without --margin, the seeds that would decide ±2 points stand beside every verdict
 STEP_SHOWN = 5.0  # points: a worst group one of whose test images moves it by more is named, with that step
 # The per-group file of the model each worst-group metric is of (its worst group's test images give its step).
@@ -529,7 +542,7 @@ def fmt(value: float | str, percent: bool, digits: int | None = None) -> str:
         return value
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
-    return f"{100 * value:.{1 if digits is None else digits}f}" if percent else f"{value:.{3 if digits is None else digits}f}"
+    return percent_text(value, 1 if digits is None else digits) if percent else f"{value:.{3 if digits is None else digits}f}"
 
 
 def fmt_mean_std(mean: float | str, std: float, percent: bool, sep: str = "±") -> str:

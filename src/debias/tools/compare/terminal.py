@@ -13,7 +13,7 @@ from debias.core.headline import LABELS
 from debias.metrics.paired import ALPHA, MAX_SEEDS, POWER
 from debias.report.card import points_text
 from debias.tools.compare.collect import Experiment
-from debias.tools.compare.data import (METRICS, MIN_EVIDENCE_PAIRS, STEP_SHOWN, Comparison, MetricVerdict,
+from debias.tools.compare.data import (METRICS, MIN_EVIDENCE_PAIRS, SEED, STEP_SHOWN, Comparison, MetricVerdict,
                                        data_family, evidence_of_best, fmt, fmt_mean_std, group_label, metric_present)
 
 MAX_WIDTH = 160  # terminal table, characters
@@ -324,21 +324,71 @@ def difference_lines(comparison: Comparison, max_width: int = MAX_WIDTH) -> list
 DECIDED = ("evidence", "differs", "within")
 
 
+def seeds_to_add(needed: int, pairs: int) -> int:
+    """The seeds to add to ``pairs`` seed-matched pairs so that they reach ``needed`` (the power estimate), at least
+    :data:`MIN_EVIDENCE_PAIRS` (no verdict below) and at least one more than ``pairs`` (they did not decide)."""
+    return max(needed, MIN_EVIDENCE_PAIRS, pairs + 1) - pairs
+
+
+def sweep_seeds(comparison: Comparison) -> list[int]:
+    """The seeds of the compared experiments, sorted (each once)."""
+    values = pd.to_numeric(comparison.frame[SEED], errors="coerce").dropna() if SEED in comparison.frame else []
+    return sorted({int(v) for v in values})
+
+
+def seed_range_end(seeds: list[int], add: int) -> int:
+    """The last seed of the range from ``seeds[0]`` that holds exactly ``add`` seeds ``seeds`` lacks (the first
+    gaps, then seeds after the largest): ``--seeds <first>-<end>`` adds those and no other."""
+    new, candidate, have = [], seeds[0], set(seeds)
+    while len(new) < add:
+        if candidate not in have:
+            new.append(candidate)
+        candidate += 1
+    return new[-1] if new else seeds[-1]
+
+
 def next_text(comparison: Comparison) -> str | None:
     """What to run next where a sweep's stage-2 unbiased accuracy is not decided: the seeds that would decide it (the
-    most any of its differences needs) and the commands that add them, reusing every finished run; None otherwise."""
+    most any of its differences needs, never below :data:`MIN_EVIDENCE_PAIRS` nor at the pairs that did not decide)
+    and the commands that add them, reusing every finished run (seeds without the metric count for nothing;
+    ``--until-decided`` only for a sweep of two settings, the only kind it takes); None otherwise."""
     verdicts = [v for d in comparison.differences for v in d.verdicts if v.metric == "s2_unbiased"]
     if comparison.sweep is None or not verdicts or all(v.verdict in DECIDED for v in verdicts):
         return None
-    counts = [v.seeds_to_decide[0] for v in verdicts if v.verdict not in DECIDED and v.spread and v.pairs >= 2]
-    if not counts or any(c is None for c in counts):
+    open_ = [v for v in verdicts if v.verdict not in DECIDED and v.spread and v.pairs >= 2]
+    counts = [v.seeds_to_decide[0] for v in open_]
+    seeds = sweep_seeds(comparison)
+    if not counts or any(c is None for c in counts) or not seeds:
         return None
-    seeds, margin = max(counts), verdicts[0].decide_points
-    name = comparison.sweep
-    return (f"next: about {seeds} seeds decide ±{margin:g} points of stage-2 unbiased accuracy: `debias sweep --name "
-            f"{name} --resume --seeds 0-{seeds - 1}` adds the seeds it lacks (finished runs are kept), then `debias "
-            f"compare --sweep {name} --margin {margin:g}`; or `debias sweep --name {name} --resume --until-decided "
-            f"{seeds} --margin {margin:g}` adds them in batches and stops once decided")
+    add = max(seeds_to_add(count, v.pairs) for count, v in zip(counts, open_))
+    needed, pairs = max(max(counts), MIN_EVIDENCE_PAIRS), min(v.pairs for v in open_)
+    margin, name = verdicts[0].decide_points, comparison.sweep
+    what = f"±{margin:g} points of stage-2 unbiased accuracy"
+    head = (f"about {needed} seeds decide {what}" if needed > pairs else
+            f"{pairs} seeds did not decide {what}, though about {needed} decide it on average: {add} more")
+    lacking = len(seeds) - pairs
+    if lacking > 0:
+        head += (f" ({lacking} of the sweep's {len(seeds)} seeds lack{'s' if lacking == 1 else ''} it on one side and "
+                 "count for nothing)")
+    text = (f"next: {head}: `debias sweep --name {name} --resume --seeds {seeds[0]}-{max(seeds[-1], seed_range_end(seeds, add))}` adds the seeds "
+            f"it lacks (finished runs are kept), then `debias compare --sweep {name} --margin {margin:g}`")
+    if len(comparison.groups) == 2:  # --until-decided compares two settings paired by seed, and no other sweep
+        text += (f"; or `debias sweep --name {name} --resume --until-decided {len(seeds) + add} --margin {margin:g}` "
+                 "adds them in batches and stops once decided")
+    return text
+
+
+def one_seed_text(comparison: Comparison) -> str | None:
+    """What a comparison of one seed per setting cannot answer (whether a difference, or stage 2's gain over ERM, is
+    more than seed noise) and the seeds that can; None when a setting has two seeds or more."""
+    if comparison.groups.empty or int(comparison.groups["seeds"].max()) > 1:
+        return None
+    settings = len(comparison.groups)
+    what = "whether these settings differ" if settings > 1 else "whether stage 2's gain over ERM holds"
+    rerun = (f" (`debias sweep --name {comparison.sweep} --resume --seeds` with {MIN_EVIDENCE_PAIRS} or more seeds "
+             "adds them; finished runs are kept)" if comparison.sweep else "")
+    return (f"one seed cannot answer {what}: with one seed per setting no difference can be told from seed noise, "
+            f"and no verdict is drawn; run {MIN_EVIDENCE_PAIRS} or more seeds of each{rerun}")
 
 
 def other_commits_text(comparison: Comparison) -> str | None:
@@ -376,6 +426,9 @@ def terminal_text(comparison: Comparison, max_width: int = MAX_WIDTH) -> str:
         if following:
             out += wrap(following, max_width)
     out.append("")
+    alone = one_seed_text(comparison)
+    if alone:
+        out += wrap(f"note: {alone}", max_width)
     for note in comparison.notes:
         out += wrap(note if note.startswith("WARNING ") else f"note: {note}", max_width)
     elsewhere = other_commits_text(comparison)

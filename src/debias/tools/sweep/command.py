@@ -281,9 +281,9 @@ def until_decided(root: Path, state: dict[str, Any], args: argparse.Namespace,
     metric = args.metric or DECIDE_METRIC
     if metric not in LABELS:
         raise SweepError(f"--metric {metric!r}: not a headline metric; allowed: {', '.join(LABELS)}")
-    if args.margin is None or not args.margin > 0:
-        raise SweepError(f"--until-decided needs --margin D > 0 (got {args.margin}): the difference that counts as "
-                         "none, in points for an accuracy (e.g. --margin 2)")
+    if args.margin is None or not 0 < args.margin < (100 if metric in PERCENT_KEYS else float("inf")):
+        raise SweepError(f"--until-decided needs --margin D > 0 (got {args.margin}), below 100 for an accuracy: the "
+                         "difference that counts as none, in points for an accuracy (e.g. --margin 2)")
     members = settings([Job(**j) for j in state["jobs"]])
     if len(members) != 2:
         raise SweepError(f"--until-decided compares two settings paired by seed; sweep {state['name']!r} has "

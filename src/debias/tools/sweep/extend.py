@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from debias.metrics.paired import ALPHA, Look, sequential_look
+from debias.metrics.paired import ALPHA, MIN_VERDICT_PAIRS, Look, sequential_look
 from debias.tools.sweep.grid import Job, SweepError, value_label
 
 # What --until-decided compares by default: stage 2's test unbiased accuracy (the mean over the (class, bias) groups:
@@ -72,13 +72,14 @@ def next_seeds(have: list[int], count: int) -> list[int]:
 
 
 def planned_looks(start: int, batch: int, maximum: int) -> list[int]:
-    """Seed counts at which to look: ``start``, then every ``batch`` more, the last at ``maximum``
-    (``planned_looks(3, 3, 10)`` -> ``[3, 6, 9, 10]``)."""
+    """Seed counts at which to look: ``start`` (at least :data:`MIN_VERDICT_PAIRS`, below which no look decides),
+    then every ``batch`` more, the last at ``maximum`` (``planned_looks(3, 3, 10)`` -> ``[3, 6, 9, 10]``)."""
     if batch < 1:
         raise SweepError(f"--batch {batch}; allowed: a whole number >= 1 (seeds added per look)")
-    if maximum < 2:
-        raise SweepError(f"--until-decided {maximum}; allowed: 2 or more seeds (a paired comparison needs two)")
-    looks = [min(start, maximum)]
+    if maximum < MIN_VERDICT_PAIRS:
+        raise SweepError(f"--until-decided {maximum}; allowed: {MIN_VERDICT_PAIRS} or more seeds (a verdict rests "
+                         f"on {MIN_VERDICT_PAIRS} or more, as debias compare's does): e.g. --until-decided 10")
+    looks = [min(max(start, MIN_VERDICT_PAIRS), maximum)]
     while looks[-1] < maximum:
         looks.append(min(looks[-1] + batch, maximum))
     return looks
