@@ -1,0 +1,260 @@
+"""Where the wall time of the pipeline's commands goes, tree against tree: DVC's own work (its YAML files among it),
+the stage processes around their bodies, the bodies, MLflow, the always-run ``source`` stage and a sweep's
+experiment.
+
+Per tree (the working tree and/or commits, one after the other in one run), in a fresh clone after a first
+``dvc repro`` (caches warm, the fork server up):
+
+- ``warm``: ``dvc repro -f`` (every stage runs); ``warm-off``: the same with ``DEBIAS_TRACKING=off`` (MLflow's share
+  is the difference of the stage processes' time around their bodies);
+- ``noop``: ``dvc repro`` with nothing changed; ``noop-exp``: ``dvc exp run`` with nothing changed;
+- ``sweep``: ``debias sweep`` of one experiment (``-S loss.epsilon=0.25``, seed 0, ``--upstream infer_groups``): its
+  wall, the shared upstream phase and the experiment's own stage bodies.
+
+The DVC commands run in this process's Python through a wrapper (:data:`DVC_TIMED`) that times, inside DVC, each
+stage command it runs and its YAML parsing and writing; DVC's own work is the wall less the stage commands. A stage
+command's time less its body (its run record, ``reports/runs/<stage>.json``) is the process around the body: the
+interpreter and launcher start, the fork, the project's imports, the params checks, MLflow, the outputs.
+
+    nice -n 5 python -m benchmarks.overhead --trees 123001f worktree --out benchmarks/results/overhead
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from benchmarks.clones import child_env, make_clone
+
+STAGES = ("source", "download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
+          "evaluate", "report")
+# `python -c DVC_TIMED OUT ARGS...`: DVC's command line in-process, with its stage commands and YAML timed; the
+# timings (seconds) written to OUT as JSON at exit.
+DVC_TIMED = """
+import atexit, json, sys, time
+started = time.perf_counter()
+out, args = sys.argv[1], sys.argv[2:]
+timings = {"yaml_s": 0.0, "yaml_calls": 0, "stages": {}}
+import dvc.utils.serialize._yaml as yml
+import dvc.stage.run as stage_run
+
+def timed_yaml(function):
+    def wrapper(*a, **k):
+        t = time.perf_counter()
+        try:
+            return function(*a, **k)
+        finally:
+            timings["yaml_s"] += time.perf_counter() - t
+            timings["yaml_calls"] += 1
+    return wrapper
+
+for name in ("parse_yaml", "parse_yaml_for_update", "_dump"):
+    setattr(yml, name, timed_yaml(getattr(yml, name)))
+original_cmd_run = stage_run.cmd_run
+
+def cmd_run(stage, *a, **k):
+    t = time.perf_counter()
+    try:
+        return original_cmd_run(stage, *a, **k)
+    finally:
+        timings["stages"][stage.addressing] = time.perf_counter() - t
+stage_run.cmd_run = cmd_run
+
+def write():
+    timings["wall_s"] = time.perf_counter() - started
+    open(out, "w").write(json.dumps(timings))
+atexit.register(write)
+from dvc.cli import main
+sys.exit(main(args))
+"""
+
+
+def timed_dvc(clone: Path, env: dict[str, str], args: list[str], log: Path) -> dict:
+    """Run ``dvc ARGS`` through :data:`DVC_TIMED`: its wall (from this side: the interpreter's start counts), stage
+    command seconds, YAML seconds; stage bodies from the run records of the stages that ran."""
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as out, open(log, "a") as handle:
+        handle.write(f"$ dvc {' '.join(args)}\n")
+        handle.flush()
+        started = time.perf_counter()
+        status = subprocess.call([sys.executable, "-c", DVC_TIMED, out.name, *args], cwd=clone, env=env,
+                                 stdout=handle, stderr=subprocess.STDOUT)
+        wall = time.perf_counter() - started
+        timings = json.loads(Path(out.name).read_text() or "{}")
+    if status:
+        raise SystemExit(f"dvc {' '.join(args)} failed in {clone} (exit {status}); log: {log}")
+    stages = timings.get("stages", {})
+    bodies = {stage: body_seconds(clone, stage) for stage in stages if stage != "source"}
+    return {"wall_s": wall, "dvc_start_s": wall - timings.get("wall_s", wall), "yaml_s": timings.get("yaml_s", 0.0),
+            "yaml_calls": timings.get("yaml_calls", 0), "commands_s": sum(stages.values()),
+            "source_s": stages.get("source", 0.0), "bodies_s": sum(bodies.values()),
+            "around_bodies_s": sum(stages[s] - bodies[s] for s in bodies), "stages": stages, "bodies": bodies}
+
+
+def body_seconds(clone: Path, stage: str) -> float:
+    """A stage body's wall seconds, from its run record."""
+    return float(json.loads((clone / "reports" / "runs" / f"{stage}.json").read_text())["wall_time_s"])
+
+
+def image_passes(clone: Path) -> dict[str, float]:
+    """Training image passes (one image through the encoder, forward and backward) of ERM and stage 2: ERM's training
+    images times its epochs; CNC's batches drawn times its batch (2 M + (2 if two-sided else 1) N images)."""
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    train = json.loads((clone / "data" / "biased" / "summary.json").read_text())["splits"]["train"]["n"]
+    info = json.loads((clone / "reports" / "metrics" / "stage2_train_info.json").read_text())
+    passes = {"train_erm": float(train * params["erm"]["epochs"])}
+    sampler = info.get("sampler", {})
+    if info.get("method") == "cnc" and "batches_drawn" in sampler:
+        cnc = params["stage2"]["cnc"]
+        per_batch = 2 * cnc["num_positives"] + (2 if sampler.get("two_sided") else 1) * cnc["num_negatives"]
+        passes["train_contrastive"] = float(sampler["batches_drawn"] * per_batch)
+    return passes
+
+
+def timed_sweep(clone: Path, env: dict[str, str], log: Path) -> dict:
+    """One experiment through ``debias sweep`` (seed 0, ``-S loss.epsilon=0.25``, upstream shared): its wall, the
+    shared upstream phase (from its lines) and the bodies of the experiment's stages that ran (run records in the
+    cache, named by the experiment's dvc.lock)."""
+    name = f"ovh{int(time.time())}"
+    command = [sys.executable, "-m", "debias.tools.cli", "sweep", "--name", name, "-S", "loss.epsilon=0.25", "--seeds",
+               "0", "--upstream", "infer_groups", "--jobs", "1", "--poll", "1"]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    with open(log, "a") as handle:
+        handle.write(f"$ {' '.join(command)}\n{done.stdout}\n{done.stderr}\n")
+    if done.returncode:
+        raise SystemExit(f"debias sweep failed in {clone} (exit {done.returncode}); log: {log}")
+    upstream = re.search(r"shared upstream 1/1 \(\S+\) done after (\d+) s", done.stdout)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
+    experiment = f"{name}-seed0"
+    ref = f"refs/exps/{commit[:2]}/{commit[2:]}/{experiment}"
+    lock = yaml.safe_load(subprocess.run(["git", "show", f"{ref}:dvc.lock"], cwd=clone, capture_output=True,
+                                         text=True, check=True).stdout)
+    queue_log = subprocess.run(["dvc", "queue", "logs", experiment], cwd=clone, env=env, capture_output=True,
+                               text=True).stdout
+    ran = re.findall(r"Running stage '(\w+)'", queue_log)
+    cache = Path(subprocess.run(["dvc", "cache", "dir"], cwd=clone, capture_output=True, text=True).stdout.strip())
+    bodies = {}
+    for stage in ran:
+        if stage == "source":
+            continue
+        md5 = next(o["md5"] for o in lock["stages"][stage]["outs"] if o["path"] == f"reports/runs/{stage}.json")
+        bodies[stage] = float(json.loads((cache / "files" / "md5" / md5[:2] / md5[2:]).read_text())["wall_time_s"])
+    return {"wall_s": wall, "upstream_s": float(upstream.group(1)) if upstream else 0.0, "ran": ran,
+            "bodies_s": sum(bodies.values()), "bodies": bodies}
+
+
+def profile_tree(tree: str, work: Path, threads: int, repeats: int) -> dict:
+    clone = make_clone(Path(tempfile.mkdtemp(prefix="clone-", dir=work)), {}, None if tree == "worktree" else tree)
+    runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: a socket path holds < 108 bytes
+    env = {**child_env(threads, work / "numba", clone), "XDG_RUNTIME_DIR": str(runtime)}
+    env.pop("DEBIAS_FORKSERVER", None)  # the default: the fork server, as users run it
+    log = work / f"{tree}.log"
+    result: dict = {"tree": tree}
+    timed_dvc(clone, env, ["repro"], log)  # the first run: caches and the fork server
+    for mode, extra, args in (("warm", {}, ["repro", "-f"]), ("warm-off", {"DEBIAS_TRACKING": "off"}, ["repro", "-f"]),
+                              ("noop", {}, ["repro"]), ("noop-exp", {}, ["exp", "run"])):
+        runs = [timed_dvc(clone, {**env, **extra}, args, log) for _ in range(repeats)]
+        result[mode] = min(runs, key=lambda r: r["wall_s"])
+        print(f"{tree} {mode}: {result[mode]['wall_s']:.1f} s", flush=True)
+        if mode == "warm":
+            result["passes"] = image_passes(clone)
+    result["sweep"] = timed_sweep(clone, env, log)
+    print(f"{tree} sweep: {result['sweep']['wall_s']:.1f} s", flush=True)
+    subprocess.run(["pkill", "-f", str(runtime)], check=False)  # the fork servers of this clone's socket folder
+    return result
+
+
+def fmt(seconds: float) -> str:
+    return f"{seconds:.1f}"
+
+
+def page(results: list[dict], args: argparse.Namespace, load: tuple[float, float]) -> str:
+    """The results as markdown: one table of the split per tree and command, the sweep, the per-image times."""
+    lines = ["# Where the pipeline's wall time goes", "",
+             f"- Command: `python -m benchmarks.overhead {' '.join(sys.argv[1:])}`",
+             f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average (1 min) before "
+             f"{load[0]:.2f}, after {load[1]:.2f}; {os.cpu_count()} CPUs ({platform.machine()}); DEBIAS_THREADS="
+             f"{args.threads}; the fastest of {args.repeats} per command and tree",
+             "- Columns, seconds: wall; DVC's own work (wall less the stage commands; its start-up, until its `main`, "
+             "and its YAML parsing and writing of dvc.yaml, dvc.lock and params.yaml among it); the `source` stage's "
+             "command; the other stage commands around their bodies (interpreter, launcher, fork, imports, checks, "
+             "MLflow, outputs); the bodies; overhead = wall less the bodies, and its share of the wall", "",
+             "| tree | command | wall | DVC own | DVC start | DVC YAML (calls) | source | around bodies | bodies | "
+             "overhead | share |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    commands = {"warm": "`dvc repro -f`", "warm-off": "`dvc repro -f`, tracking off", "noop": "`dvc repro`, no-op",
+                "noop-exp": "`dvc exp run`, no-op"}
+    for result in results:
+        for mode, label in commands.items():
+            r = result[mode]
+            own = r["wall_s"] - r["commands_s"]
+            overhead = r["wall_s"] - r["bodies_s"]
+            lines.append(f"| {result['tree']} | {label} | {fmt(r['wall_s'])} | {fmt(own)} | {fmt(r['dvc_start_s'])} | "
+                         f"{fmt(r['yaml_s'])} ({r['yaml_calls']}) | {fmt(r['source_s'])} | {fmt(r['around_bodies_s'])} | "
+                         f"{fmt(r['bodies_s'])} | {fmt(overhead)} | {100 * overhead / r['wall_s']:.0f} % |")
+    lines += ["", "Per stage of `dvc repro -f` (command / body, seconds):", "",
+              "| tree | " + " | ".join(STAGES) + " |", "|---|" + "---:|" * len(STAGES)]
+    for result in results:
+        r = result["warm"]
+        cells = [f"{r['stages'].get(s, 0):.1f} / {r['bodies'].get(s, 0):.1f}" if s != "source"
+                 else f"{r['stages'].get(s, 0):.1f} / -" for s in STAGES]
+        lines.append(f"| {result['tree']} | " + " | ".join(cells) + " |")
+    lines += ["", "MLflow's share of `dvc repro -f` (around the bodies, tracking required less off):", ""]
+    for result in results:
+        on, off = result["warm"], result["warm-off"]
+        lines.append(f"- {result['tree']}: {fmt(on['around_bodies_s'] - off['around_bodies_s'])} s around the bodies, "
+                     f"{fmt(on['bodies_s'] - off['bodies_s'])} s within them")
+    lines += ["", "One sweep experiment (`debias sweep --name ... -S loss.epsilon=0.25 --seeds 0 --upstream infer_groups "
+              "--jobs 1`, after the runs above):", "",
+              "| tree | wall | shared upstream | stages the experiment ran | their bodies | overhead | share |",
+              "|---|---:|---:|---|---:|---:|---:|"]
+    for result in results:
+        s = result["sweep"]
+        overhead = s["wall_s"] - s["bodies_s"]
+        lines.append(f"| {result['tree']} | {fmt(s['wall_s'])} | {fmt(s['upstream_s'])} | {', '.join(s['ran'])} | "
+                     f"{fmt(s['bodies_s'])} | {fmt(overhead)} | {100 * overhead / s['wall_s']:.0f} % |")
+    lines += ["", "Training time per image pass (body / images through the encoder in training, forward and backward; "
+              "evaluation inside the body counted):", ""]
+    for result in results:
+        passes, bodies = result["passes"], result["warm"]["bodies"]
+        parts = [f"{stage} {1e6 * bodies[stage] / n:.0f} µs ({n:,.0f} passes)" for stage, n in passes.items()]
+        lines.append(f"- {result['tree']}: " + ", ".join(parts))
+    if len(results) == 2:
+        a, b = results
+        lines += ["", f"Ratios {b['tree']} / {a['tree']}:", ""]
+        for mode, label in commands.items():
+            lines.append(f"- {label}: wall {b[mode]['wall_s'] / a[mode]['wall_s']:.2f}")
+        lines.append(f"- one sweep experiment: wall {b['sweep']['wall_s'] / a['sweep']['wall_s']:.2f}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trees", nargs="+", default=["worktree"], help="'worktree' and/or commits, in this order")
+    parser.add_argument("--threads", type=int, default=1, help="DEBIAS_THREADS (default 1, as the suite)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each command per tree; the fastest is kept")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/overhead"),
+                        help="results stem: .md and .json are written")
+    args = parser.parse_args()
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="overhead-") as folder:
+        results = [profile_tree(tree, Path(folder), args.threads, args.repeats) for tree in args.trees]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(page(results, args, (load, os.getloadavg()[0])))
+    print(args.out.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()
