@@ -32,15 +32,19 @@ def test_a_launcher_started_in_another_tree_runs_that_tree_s_code_with_its_argum
     (tree / "src" / "debias" / "__init__.py").write_text("")
     (tree / "src" / "debias" / "harness" / "__init__.py").write_text("")
     (tree / "src" / "debias" / "harness" / "launch.py").write_text(
-        "import os, sys\nprint('tree code', os.getpid(), sys.argv[1:])\nsys.exit(7)\n")
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "DEBIAS_FORKSERVER": "0"}
+        "import os, sys\nprint('tree code', os.getpid(), sys.argv[1:], os.environ['PYTHONPATH'])\nsys.exit(7)\n")
+    other = tmp_path / "other"  # a folder of another package on the path: kept, after the tree's src
+    other.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(other)]), "DEBIAS_FORKSERVER": "0"}
     done = subprocess.run([sys.executable, "-c", "import os, sys; print('pid', os.getpid(), flush=True); "
                            "sys.argv = ['launch', '--single', 'pipeline/x.py', 'a b']; "
                            "from debias.harness.launch import main; main()"],
                           cwd=tree, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 7, done.stderr
     first, second = done.stdout.splitlines()
-    assert second == f"tree code {first.split()[1]} ['--single', 'pipeline/x.py', 'a b']"
+    # the other tree's src is replaced, not kept behind: the stages of both trees share one fork server
+    path = os.pathsep.join([str((tree / "src").resolve()), str(other)])
+    assert second == f"tree code {first.split()[1]} ['--single', 'pipeline/x.py', 'a b'] {path}"
     refused = subprocess.run([sys.executable, "-E", "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
                               "sys.argv = ['launch', 'pipeline/x.py']; from debias.harness.launch import main; main()",
                               str(REPO / "src")], cwd=tree, env={**env, "PYTHONPATH": str(tree / "src")},

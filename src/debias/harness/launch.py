@@ -110,8 +110,11 @@ def run_tree_code(argv: Sequence[str]) -> None:
               "python -E or -I?); run the stage with this tree's code on the path", file=sys.stderr)
         sys.exit(2)
     from debias.harness.forkserver import interpreter_options
+    from debias.harness.forkserver.protocol import is_tree_src
 
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [paths])])
+    # the tree's src in place of any other debias tree's (the stages of every tree then share one fork server)
+    others = [entry for entry in paths.split(os.pathsep) if entry and not is_tree_src(entry)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(src), *others])
     command = [sys.executable, *interpreter_options(list(getattr(sys, "orig_argv", []))), "-m", "debias.harness.launch", *argv]
     os.execv(command[0], command)
 
