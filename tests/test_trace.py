@@ -1,6 +1,6 @@
 """The DVC graph, proven by running it: each stage's command from dvc.yaml, in a scratch copy of the repository at
 tiny sizes, under ``strace -f`` (every file any process of the stage opens, probes, renames, removes or runs, by
-whatever library: :func:`debias.tools.trace.read_strace`) and Python's audit hook (tests/trace_hook/sitecustomize.py,
+whatever library: :func:`debias.tools.trace_log.read_strace`) and Python's audit hook (tests/trace_hook/sitecustomize.py,
 on PYTHONPATH for these processes only: which ``debias`` module imported which). Per stage
 (:func:`debias.tools.trace.check_stage`): every file read is a dep or a declared environment file, no other stage's
 out is probed, every file written is an out or declared as none (NOT_OUTS), every project module imported is a dep
@@ -38,8 +38,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from debias.tools.trace import (Trace, changed_files, check_stage, declared, read_hook, read_strace, snapshot,
-                                strace_command)
+from debias.tools.trace import changed_files, check_stage, declared, snapshot
+from debias.tools.trace_log import Trace, read_hook, read_strace, strace_command
 from tests.conftest import REPO, copy_worktree, unlabelled_image_folder
 from tests.faults.conftest import deep_update
 

@@ -14,7 +14,8 @@ For ``n`` paired differences ``d_i = a_i - b_i`` with mean ``m`` and sample sd `
   ``alpha / K`` (Bonferroni), so the chance of a false verdict of either kind over all looks stays at most ``alpha``.
 
 Every function takes plain floats (points or fractions alike) and returns NaN where the data cannot say (fewer than
-two differences, or no spread at all).
+two differences, or no spread at all). Where seeds are not paired (two groups of a comparison), :func:`welch`: the
+two-sided Welch t-test.
 """
 
 from __future__ import annotations
@@ -236,3 +237,21 @@ def sequential_look(differences: list[float], margin: float, looks: int, alpha: 
     summary = paired(differences, level)
     differs, within = sequential_verdicts(summary.mean, summary.sd, summary.n, margin, level)
     return Look(summary, margin, level, bool(differs), bool(within))
+
+
+def welch(values_a: list[float], values_b: list[float]) -> float | None:
+    """Two-sided Welch t-test p-value of two sets of seeds, None with fewer than two values in either."""
+    a = [v for v in values_a if not math.isnan(v)]
+    b = [v for v in values_b if not math.isnan(v)]
+    if len(a) < 2 or len(b) < 2:
+        return None
+    from scipy.special import stdtr  # Student's t CDF (scipy.stats takes seconds to import)
+
+    if max(a) == min(a) and max(b) == min(b):
+        return 1.0 if a[0] == b[0] else 0.0
+    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+    var_a = sum((v - mean_a) ** 2 for v in a) / (len(a) - 1) / len(a)
+    var_b = sum((v - mean_b) ** 2 for v in b) / (len(b) - 1) / len(b)
+    t = (mean_a - mean_b) / math.sqrt(var_a + var_b)
+    df = (var_a + var_b) ** 2 / (var_a ** 2 / (len(a) - 1) + var_b ** 2 / (len(b) - 1))  # Welch-Satterthwaite
+    return float(2 * stdtr(df, -abs(t)))

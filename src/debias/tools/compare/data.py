@@ -19,7 +19,7 @@ from debias.core.environment import environment_differences
 from debias.core.errors import NEEDS_BIAS_LABELS
 from debias.core.headline import DETAILED, LABELS, percent_text
 from debias.metrics.paired import (ALPHA, MIN_VERDICT_PAIRS, Paired, detectable_difference, paired, seeds_needed,
-                                   tost)
+                                   tost, welch)
 from debias.report.card import image_step
 from debias.tools.compare.collect import GROUP_FILES, Experiment
 from debias.tools.compare.columns import (  # noqa: F401  (compare's columns)
@@ -309,24 +309,6 @@ def rank_metric(frame: pd.DataFrame) -> str | None:
     present = [key for key in RANK_ORDER if key in frame and frame[key].notna().any()]
     varying = [key for key in present if frame[key].nunique(dropna=True) > 1]
     return (varying or present or [None])[0]
-
-
-def welch(values_a: list[float], values_b: list[float]) -> float | None:
-    """Two-sided Welch t-test p-value of two sets of seeds, None with fewer than two values in either."""
-    a = [v for v in values_a if not math.isnan(v)]
-    b = [v for v in values_b if not math.isnan(v)]
-    if len(a) < 2 or len(b) < 2:
-        return None
-    from scipy.special import stdtr  # Student's t CDF (scipy.stats takes seconds to import)
-
-    if max(a) == min(a) and max(b) == min(b):
-        return 1.0 if a[0] == b[0] else 0.0
-    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
-    var_a = sum((v - mean_a) ** 2 for v in a) / (len(a) - 1) / len(a)
-    var_b = sum((v - mean_b) ** 2 for v in b) / (len(b) - 1) / len(b)
-    t = (mean_a - mean_b) / math.sqrt(var_a + var_b)
-    df = (var_a + var_b) ** 2 / (var_a ** 2 / (len(a) - 1) + var_b ** 2 / (len(b) - 1))  # Welch-Satterthwaite
-    return float(2 * stdtr(df, -abs(t)))
 
 
 def ranked_count(frame: pd.DataFrame, groups: pd.DataFrame) -> int:
