@@ -9,9 +9,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from debias.core.headline import forget_committed_run
 from debias.tools.sweep.grid import Job, set_args
 from debias.harness.tracking.store import RUN_NAME_VARIABLE
-from debias.tools.sweep.workspace import (CLONES, clone_at, compute_upstream, finished_experiments, forget_lock,
+from debias.tools.sweep.workspace import (CLONES, clone_at, compute_upstream, finished_experiments,
                                           push_run_cache, run, stream, sweep_dir, upstream_experiment, with_src)
 
 # ``squeue`` job states (man squeue, JOB STATE CODES) -> sweep state; anything else still listed counts as running.
@@ -24,7 +25,7 @@ def run_experiment(spec: dict[str, Any]) -> str:
     run-cache and the experiment (git ref to the repository, outputs to the DVC remote), remove the clone."""
     clone, root = Path(spec["clone"]), Path(spec["root"])
     clone_at(root, spec["commit"], clone)
-    forget_lock(clone)
+    forget_committed_run(clone)  # DVC then restores each stage from its run-cache (:func:`clone_at`)
     env = with_src(spec["env"], clone)
     run(["dvc", "remote", "add", "--local", "-f", "-d", "sweep", spec["remote"]], clone)
     run(["dvc", "pull", "--run-cache", "--allow-missing"], clone, env, check=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
+from debias.core.headline import forget_committed_run
 from debias.tools.sweep.grid import SweepError, check_name, set_args
 
 SWEEPS = "sweeps"  # <repository>/sweeps/<name>/: sweep.json, logs/, clones/ (git-ignored)
@@ -186,22 +187,18 @@ def dirty_files(root: Path) -> list[str]:
 
 
 def clone_at(root: Path, commit: str, target: Path) -> None:
-    """A fresh git clone of ``root`` at ``commit`` in ``target`` (a previous one there is removed)."""
+    """A fresh git clone of ``root`` at ``commit`` in ``target`` (a previous one there is removed). Its runs first
+    forget the committed run (:func:`debias.core.headline.forget_committed_run`): the committed dvc.lock names the
+    outputs of the run that wrote it, elsewhere (its run records hold that run's ids and times); where a stage's deps
+    match it, DVC takes that record for the stage's cached run, finds its outputs in no cache here and reruns the
+    stage without reading the run-cache, which holds the same stage as run here (a sweep's first seed recomputed the
+    upstream `dvc repro` had just cached)."""
     shutil.rmtree(target, ignore_errors=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     run(["git", "clone", "-q", "--no-checkout", "--no-hardlinks", str(root), str(target)], target.parent)
     run(["git", "checkout", "-q", commit], target)
     for setting in (["core.analytics", "false"], ["core.check_update", "false"]):
         run(["dvc", "config", "--local", *setting], target)
-
-
-def forget_lock(clone: Path) -> None:
-    """Remove a clone's dvc.lock before its ``dvc repro`` / ``dvc exp run``, so that DVC restores each stage from
-    its run-cache. The committed dvc.lock names the outputs of the run that wrote it, elsewhere (its run records
-    hold that run's ids and times): where a stage's deps match it, DVC takes that record for the stage's cached
-    run, finds its outputs in no cache here and reruns the stage, never reading the run-cache, which holds the same
-    stage as run here (a sweep's first seed recomputed the upstream `dvc repro` had just cached)."""
-    (clone / "dvc.lock").unlink(missing_ok=True)
 
 
 def with_src(env: dict[str, str], clone: Path) -> dict[str, str]:
@@ -217,7 +214,7 @@ def compute_upstream(spec: dict[str, Any]) -> str:
 
     clone = Path(spec["clone"])
     clone_at(Path(spec["root"]), spec["commit"], clone)
-    forget_lock(clone)
+    forget_committed_run(clone)  # DVC then restores each stage from its run-cache (:func:`clone_at`)
     env = with_src(spec["env"], clone)
     if spec.get("cache_dir"):
         run(["dvc", "cache", "dir", "--local", spec["cache_dir"]], clone)
