@@ -221,6 +221,20 @@ def queue_lines(*states: str) -> str:
         "\nWorker status: 2 active, 0 idle"
 
 
+def collected_as_listed(monkeypatch, texts) -> None:
+    """``local.queue_text`` answers the next of ``texts``; ``local.finished_experiments`` holds the names the last
+    answer lists as Success (DVC collects an experiment before its queue task ends)."""
+    last = {"text": ""}
+
+    def answer(root):
+        last["text"] = next(texts)
+        return last["text"]
+
+    monkeypatch.setattr(local, "queue_text", answer)
+    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: {
+        name for name, status in local.parse_queue_status(last["text"]).items() if status == "Success"})
+
+
 def test_the_queue_is_topped_up_only_below_its_workers_with_work_queued() -> None:
     # asking DVC while N experiments run can start an (N+1)-th worker: a busy worker may not answer its inspect
     assert local.needs_workers(queue_lines("Running", "Running", "Queued"), 3)
@@ -239,13 +253,58 @@ def test_run_local_never_asks_dvc_for_workers_while_all_of_them_run(monkeypatch,
                   queue_lines("Success", "Running", "Running"),
                   queue_lines("Success", "Success", "Success")])
     starts = []
-    monkeypatch.setattr(local, "queue_text", lambda root: next(texts))
+    collected_as_listed(monkeypatch, texts)
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: starts.append(workers) or True)
-    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
     jobs = [grid.Job(f"e{i}", {}, []) for i in range(3)]
     assert local.run_local(tmp_path, jobs, 2, {}, poll_s=0) == []
     assert starts == [2, 2]  # once when the first 2 were queued, once when e0 finished
+
+
+def test_an_experiment_the_queue_says_succeeded_but_dvc_did_not_collect_is_queued_once_more(
+        monkeypatch, tmp_path) -> None:
+    """Two experiments end at once and DVC collects one (its queue entry still says Success): the sweep says so and
+    queues the lost one again; lost twice, it is counted as failed, and a later status says why."""
+    entries: dict[str, str] = {}  # DVC's queue: each poll moves Queued -> Running -> Success
+    collected: set[str] = set()
+    losses: list[str] = []  # the names DVC will fail to collect, once per entry
+
+    def queue_text(root):
+        text = QUEUE_HEADER + "".join(f"{i:07x}  {n}  01:16 AM  {s}\n" for i, (n, s) in enumerate(entries.items()))
+        for name, status in entries.items():
+            entries[name] = {"Queued": "Running", "Running": "Success"}.get(status, status)
+            if status == "Running":
+                if name in losses:
+                    losses.remove(name)
+                else:
+                    collected.add(name)
+        return text + "\nWorker status: 2 active, 0 idle"
+
+    def run(args, root, env=None, check=True):
+        if args[:4] == ["dvc", "exp", "run", "--queue"]:
+            entries.pop(args[5], None)
+            entries[args[5]] = "Queued"
+        return "0" * 40
+
+    monkeypatch.setattr(local, "queue_text", queue_text)
+    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set(collected))
+    monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
+    monkeypatch.setattr(local, "run", run)
+    jobs = [grid.Job(f"e{i}", {}, []) for i in range(2)]
+    said: list[str] = []
+    losses.append("e1")
+    assert local.run_local(tmp_path, jobs, 2, {}, poll_s=0, watch=local.SweepWatch("sweep", None), say=said.append) == []
+    assert collected == {"e0", "e1"}
+    assert any("says e1 succeeded, but DVC collected no experiment" in line and "queueing them again" in line
+               for line in said), said
+
+    entries.clear(), collected.clear(), said.clear()
+    losses.extend(["e1", "e1"])  # lost again on its second attempt
+    assert local.run_local(tmp_path, jobs, 2, {}, poll_s=0, watch=local.SweepWatch("sweep", None),
+                           say=said.append) == ["e1"]
+    assert "counted as failed; `debias sweep --resume` reruns them" in said[-1]
+    state = {"commit": "0" * 40, "launched": True, "jobs": [{"name": "e0"}, {"name": "e1"}]}
+    assert local.local_states(tmp_path, state) == {"e0": ("done", ""), "e1": ("failed", local.LOST_NOTE)}
 
 
 class TimedLines:
@@ -287,9 +346,8 @@ def test_run_local_says_where_each_running_experiment_is_while_dvc_is_slow(monke
         time.sleep(0.5)
         return next(texts)
 
-    monkeypatch.setattr(local, "queue_text", slow_queue)
+    collected_as_listed(monkeypatch, (slow_queue(None) for _ in iter(int, 1)))
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
-    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.3)
     out = TimedLines()
@@ -360,9 +418,9 @@ def mlflow_stages(uri: str) -> dict[str, list]:
 @pytest.mark.timeout(3600)
 def test_a_finished_sweep_gets_more_seeds_without_rerunning_anything_and_every_experiment_its_mlflow_run(
         tmp_path: Path, mlflow_template: Path) -> None:
-    """``--launcher local`` end to end on DVC's queue: 3 seeds x 2 values sharing one upstream run per seed (each
-    computed once in a clone on this repository's cache), then ``--resume --seeds 0-5``: exactly 6 new experiments
-    train their stage 2 (3 seeds x 2 values), the new seeds' upstream runs once each, no finished experiment or
+    """``--launcher local`` end to end on DVC's queue: 2 seeds x 2 values sharing one upstream run per seed (each
+    computed once in a clone on this repository's cache), then ``--resume --seeds 0-2``: exactly 2 new experiments
+    train their stage 2 (1 seed x 2 values), the new seed's upstream runs once, no finished experiment or
     upstream run is rerun, and no line of the sweep's output is more than 15 s after the one before. Then a sweep
     whose every stage DVC restores from its run-cache: each experiment still gets its MLflow run, its restored stage
     runs naming the runs that computed them."""
@@ -392,37 +450,37 @@ def test_a_finished_sweep_gets_more_seeds_without_rerunning_anything_and_every_e
 
     grid_args = ("-S", "loss.epsilon=0.1,0.25", "--upstream", "infer_groups", "--targets", "train_contrastive",
                  "--jobs", "2", "--poll", "5")  # each poll is a `dvc queue status`: ~1.3 s of CPU
-    code, first = debias("--seeds", "0-2", *grid_args)
+    code, first = debias("--seeds", "0-1", *grid_args)
     assert code == 0, text(first)
     assert longest_silence(first)[0] <= 15, (longest_silence(first), text(first))
     state = workspace.load_state(repo, "loc")
-    old = {f"loc-epsilon{e}-seed{s}" for e in ("0.1", "0.25") for s in range(3)}
+    old = {f"loc-epsilon{e}-seed{s}" for e in ("0.1", "0.25") for s in range(2)}
     assert workspace.finished_experiments(repo, state["commit"]) == old
     refs = subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps/"], cwd=repo,
                           capture_output=True, text=True, check=True).stdout
     before = mlflow_stages(uri)
     ran_here = lambda runs, stage: [r for r in runs if r.data.tags["debias.stage"] == stage  # noqa: E731
                                     and "debias.restored_from" not in r.data.tags]
-    assert len(ran_here(before["debias-upstream"], "train_erm")) == 3  # once per seed, for both values
-    assert len(ran_here(before["debias"], "train_contrastive")) == 6 and not ran_here(before["debias"], "train_erm")
+    assert len(ran_here(before["debias-upstream"], "train_erm")) == 2  # once per seed, for both values
+    assert len(ran_here(before["debias"], "train_contrastive")) == 4 and not ran_here(before["debias"], "train_erm")
     names = {r.info.run_name for r in before["debias-upstream"]}
     assert "train_erm-loc-upstream-0" in names, names  # named after the sweep: two sweeps' upstream runs stay apart
 
-    code, extended = debias("--resume", "--seeds", "0-5")
+    code, extended = debias("--resume", "--seeds", "0-2")
     assert code == 0, text(extended)
     assert longest_silence(extended)[0] <= 15, (longest_silence(extended), text(extended))
     out = text(extended)
-    assert "6 new experiments (3 seed(s) x 2 setting(s)), 3 new shared upstream run(s)" in out
-    new = {f"loc-epsilon{e}-seed{s}" for e in ("0.1", "0.25") for s in range(3, 6)}
+    assert "2 new experiments (1 seed(s) x 2 setting(s)), 1 new shared upstream run(s)" in out
+    new = {f"loc-epsilon{e}-seed{s}" for e in ("0.1", "0.25") for s in range(2, 3)}
     assert workspace.finished_experiments(repo, state["commit"]) == old | new
     assert all(line in subprocess.run(["git", "for-each-ref", "--format=%(refname) %(objectname)", "refs/exps/"],
                                       cwd=repo, capture_output=True, text=True).stdout
                for line in refs.splitlines())  # the finished experiments are the same commits: none reran
     after = mlflow_stages(uri)
-    assert len(ran_here(after["debias"], "train_contrastive")) == 12  # exactly 6 new stage-2 trainings
+    assert len(ran_here(after["debias"], "train_contrastive")) == 6  # exactly 2 new stage-2 trainings
     assert not ran_here(after["debias"], "train_erm")  # no experiment ran an upstream stage
     erm = ran_here(after["debias-upstream"], "train_erm")
-    assert sorted(r.data.params["seed"] for r in erm) == [str(s) for s in range(6)]  # each seed's upstream once
+    assert sorted(r.data.params["seed"] for r in erm) == [str(s) for s in range(3)]  # each seed's upstream once
     client = MlflowClient(uri)
     parents = [r for r in client.search_runs([client.get_experiment_by_name("debias").experiment_id],
                                              filter_string="tags.`debias.kind` = 'pipeline'")]
@@ -440,7 +498,7 @@ def test_a_finished_sweep_gets_more_seeds_without_rerunning_anything_and_every_e
     code, again = debias("--seeds", "0", *grid_args, name="again")
     assert code == 0, text(again)
     trained = {r.data.tags["debias.dvc_experiment"]: r.info.run_id for r in ran_here(after["debias"], "train_contrastive")}
-    assert len(ran_here(mlflow_stages(uri)["debias"], "train_contrastive")) == 12  # nothing trained
+    assert len(ran_here(mlflow_stages(uri)["debias"], "train_contrastive")) == 6  # nothing trained
     for name in ("again-epsilon0.1-seed0", "again-epsilon0.25-seed0"):
         (parent,) = client.search_runs([client.get_experiment_by_name("debias").experiment_id], filter_string=(
             f"tags.`debias.kind` = 'pipeline' and tags.`debias.dvc_experiment` = '{name}'"))
@@ -526,7 +584,7 @@ def test_a_running_entry_whose_process_ended_is_no_worker_and_does_not_hold_the_
     monkeypatch.setattr(local, "queue_text", lambda root: QUEUE_HEADER + "aaaaaaa  e0  01:16 AM  Running\n"
                         "bbbbbbb  e1  01:16 AM  Success\n")
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
-    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
+    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: {"e1"})  # collected, as it succeeded
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
     started = time.monotonic()
     assert local.run_local(tmp_path, [grid.Job("e0", {}), grid.Job("e1", {})], 2, {}, poll_s=0,
@@ -841,7 +899,7 @@ def test_an_earlier_killed_attempt_of_an_experiment_that_finished_is_not_said_to
     monkeypatch.setattr(local, "queue_text", lambda root: QUEUE_HEADER + "aaaaaaa  e0  01:16 AM  Running\n"
                         "bbbbbbb  e0  01:20 AM  Success\n")
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
-    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
+    monkeypatch.setattr(local, "finished_experiments", lambda root, commit: {"e0"})  # the finished attempt's
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
     assert local.run_local(tmp_path, [grid.Job("e0", {})], 1, {}, poll_s=0, deadline=time.time() + 30) == []
     out = capsys.readouterr()

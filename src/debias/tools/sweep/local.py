@@ -19,6 +19,8 @@ from debias.tools.sweep.workspace import finished_experiments, run
 # ``dvc queue status`` -> sweep state; a requeued name lists several entries: the first of STATUS_PRIORITY wins.
 STATUS_PRIORITY = ("Running", "Queued", "Success", "Failed")
 QUEUE_STATES = {"Running": "running", "Queued": "queued", "Success": "done", "Failed": "failed"}
+LOST_NOTE = ("DVC's queue says it succeeded, but DVC collected no experiment of its name (experiments ending at once "
+             "can race there); `debias sweep --resume` reruns it")
 # DVC's record of each queued experiment's process: <rev>/<rev>.json (pid, returncode; dvc-task's ProcessInfo) and
 # its output <rev>/<rev>.out.
 RUN_RECORDS = Path(".dvc", "tmp", "exps", "run")
@@ -154,9 +156,17 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
+def lost_experiments(root: Path, names: Collection[str], statuses: dict[str, str]) -> list[str]:
+    """The ``names`` DVC's queue lists as succeeded (``statuses``) of which no experiment exists: a queue task
+    collects its experiment into the repository before it ends, and two tasks ending at once can race there, one
+    experiment lost while its task still says Success."""
+    done = finished_experiments(root, run(["git", "rev-parse", "HEAD"], root).strip())
+    return sorted(n for n in names if statuses.get(n) == "Success" and n not in done)
+
+
 def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], deadline: float = float("inf"),
               poll_s: float = 10.0, log: str = "sweep", started: float | None = None, watch: SweepWatch | None = None,
-              say: Callable[[str], None] | None = None) -> list[str]:
+              say: Callable[[str], None] | None = None, retry_lost: bool = True) -> list[str]:
     """Queue ``jobs`` (in order) that are not done, queued or running, run them on ``workers`` DVC queue workers
     and wait. Workers start after the first ``workers`` experiments are queued, so queueing overlaps running.
     At ``deadline`` (a ``time.time()``) the queue is stopped and unfinished experiments are left out. An entry DVC
@@ -164,15 +174,16 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
     the names that did not succeed (failed ones are printed with the end of their log). Progress: a line whenever an
     experiment finishes, the time counted from ``started`` (the sweep's start, its shared upstream included; default:
     now), and between them the heartbeat of ``watch`` (its own when none is given: a line at least every 15 s naming
-    each running experiment's stage, epoch and ETA; ``say`` writes the lines)."""
+    each running experiment's stage, epoch and ETA; ``say`` writes the lines). An experiment the queue says succeeded
+    but DVC did not collect (:func:`lost_experiments`) is said and queued once more (``retry_lost``), else failed."""
     if watch is None or say is None:
         watch = SweepWatch(log, started)
         with Heartbeat(watch.line) as beat:
-            return run_local(root, jobs, workers, env, deadline, poll_s, log, started, watch, beat.say)
+            return run_local(root, jobs, workers, env, deadline, poll_s, log, started, watch, beat.say, retry_lost)
     watch.update(doing="reading DVC's queue and experiments")
     present = queue_status(root)
     done = finished_experiments(root, run(["git", "rev-parse", "HEAD"], root).strip())
-    todo = [job for job in jobs if job.name not in done and present.get(job.name) not in ("Success", "Queued", "Running")]
+    todo = [job for job in jobs if job.name not in done and present.get(job.name) not in ("Queued", "Running")]
     started = time.time() if started is None else started
     names = {job.name for job in jobs}
     before = len(names & done)
@@ -198,7 +209,16 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
     for name in sorted(n for n in names if statuses.get(n) == "Failed"):
         print(f"[{log}] experiment {name} FAILED:\n{run(['dvc', 'queue', 'logs', name], root, check=False)[-3000:]}",
               file=sys.stderr)
-    return sorted(n for n in names if statuses.get(n) != "Success")
+    lost = lost_experiments(root, names, statuses)
+    if lost:
+        say(f"[{log}] DVC's queue says {', '.join(lost)} succeeded, but DVC collected no experiment of "
+            f"{'that name' if len(lost) == 1 else 'those names'} (experiments ending at once can race there): "
+            + ("queueing them again" if retry_lost else "counted as failed; `debias sweep --resume` reruns them"))
+        if retry_lost:
+            failed = run_local(root, [job for job in jobs if job.name in lost], workers, env, deadline, poll_s, log,
+                               started, watch, say, retry_lost=False)
+            return sorted({*failed, *(n for n in names if statuses.get(n) != "Success")})
+    return sorted({*lost, *(n for n in names if statuses.get(n) != "Success")})
 
 
 def stop_experiments(root: Path, names: Collection[str], say: Callable[[str], None], log: str = "sweep") -> None:
@@ -263,5 +283,8 @@ def local_states(root: Path, state: dict[str, Any]) -> dict[str, tuple[str, str]
         status = "done" if name in done else QUEUE_STATES.get(queued.get(name, ""), "failed")
         if name not in done and name not in queued:
             status = "failed" if state.get("launched") else "queued"
-        states[name] = (status, queue_log(root, name, text) if status in ("failed", "running") else "")
+        lost = status == "done" and name not in done  # the queue says Success; DVC collected no experiment
+        status = "failed" if lost else status
+        states[name] = ("failed", LOST_NOTE) if lost else (
+            status, queue_log(root, name, text) if status in ("failed", "running") else "")
     return states
