@@ -1,0 +1,215 @@
+"""The warning-value results page: every code of :data:`debias.core.health.CODES` with its measurement and verdict,
+rendered from the study's CSVs and the default search's (``--collect-only`` gives the same page as the run)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+from benchmarks import cells
+from benchmarks.warning_value.rule import (DEFAULT, GUARDS, MARGIN, RULE, RULE_KEPT, Measure, cell_of, measure,
+                                           read_csv, verdict)
+from debias.core import health
+from debias.metrics.paired import Paired, welch
+
+SEARCH_PHASES = ("heldout", "confirm", "extension")  # the default search's phases whose test numbers are read here
+RULE_FILE = "benchmarks/warning_value/rule.py"
+
+
+def rule_commit() -> str:
+    """The commit that first wrote the rule (before the runs), or 'unknown' outside git."""
+    try:
+        found = cells.git("log", "--reverse", "--format=%h %cs", "--", RULE_FILE)
+    except Exception:  # noqa: BLE001 (a copy outside the repository: said as unknown)
+        return "unknown"
+    return found.splitlines()[0] if found else "unknown"
+
+
+def fmt(found: Paired) -> str:
+    return cells.fmt_interval((found.mean, found.low, found.high), signed=True)
+
+
+def points(rows: list[dict[str, str]], key: str) -> dict[tuple, float]:
+    return {(row["phase"], cell_of(row)): 100 * float(row[key]) for row in rows}
+
+
+def pool_differences(rows: list[dict[str, str]], fired_only: bool) -> tuple[list[float], list[float], int]:
+    """replace minus shrink per cell (test unbiased, test worst-group; points) where both ran, on the cells where
+    the warning fired (``fired_only``) or on all; and the number of cells it fired on."""
+    warned = [r for r in rows if r["setting"] == "replace"]
+    other = {(r["phase"], cell_of(r)): r for r in rows if r["setting"] == "shrink"}
+    du, dw, fired = [], [], 0
+    for row in warned:
+        match = other.get((row["phase"], cell_of(row)))
+        if match is None:
+            continue
+        fired += int(row["short_pools"]) > 0
+        if fired_only and int(row["short_pools"]) == 0:
+            continue
+        du.append(100 * (float(row["test_unbiased"]) - float(match["test_unbiased"])))
+        dw.append(100 * (float(row["test_worst"]) - float(match["test_worst"])))
+    return du, dw, fired
+
+
+def degenerate_differences(search: list[dict[str, str]], regime: str | None) -> tuple[list[float], list[float]]:
+    """The default's degenerate ``best_unbiased`` picks minus the same run's ``last`` epoch (test unbiased,
+    worst-group; points), over :data:`SEARCH_PHASES` (``regime`` None: every regime)."""
+    kept = {(r["phase"], r["key"]): r for r in search if r["candidate"] == DEFAULT and r["rule"] == RULE_KEPT
+            and r["phase"] in SEARCH_PHASES and (regime is None or r["regime"] == regime)}
+    last = {(r["phase"], r["key"]): r for r in search if r["candidate"] == DEFAULT and r["rule"] == "last"}
+    du, dw = [], []
+    for ident, row in kept.items():
+        if row["degenerate"] == "1" and ident in last:
+            du.append(100 * (float(row["test_unbiased"]) - float(last[ident]["test_unbiased"])))
+            dw.append(100 * (float(row["test_worst"]) - float(last[ident]["test_worst"])))
+    return du, dw
+
+
+def warned_vs_unwarned(search: list[dict[str, str]], regime: str) -> str:
+    """Secondary: the default's degenerate runs against its other runs of the regime (Welch, test unbiased)."""
+    rows = [r for r in search if r["candidate"] == DEFAULT and r["rule"] == RULE_KEPT and r["phase"] in SEARCH_PHASES
+            and r["regime"] == regime]
+    warned = [100 * float(r["test_unbiased"]) for r in rows if r["degenerate"] == "1"]
+    others = [100 * float(r["test_unbiased"]) for r in rows if r["degenerate"] != "1"]
+    p_value = welch(warned, others)
+    if not warned or not others:
+        return f"{len(warned)} warned, {len(others)} not"
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    shown = "–" if p_value is None else f"{p_value:.3f}"
+    return (f"{len(warned)} warned {mean(warned):.1f} against {len(others)} not {mean(others):.1f} "
+            f"(difference {mean(warned) - mean(others):+.1f}, Welch p {shown})")
+
+
+def measured_row(code: str, how: str, found: Measure | None, reason: str = "") -> str:
+    kind, words = verdict(code, found, reason)
+    if found is None or found.unbiased.n == 0:
+        return f"| `{code}` | {how} | 0 | – | – | – | – | {words} |"
+    p_value = "–" if math.isnan(found.p_equivalent) else f"{found.p_equivalent:.3f}"
+    detect = "–" if math.isnan(found.detectable) else f"{found.detectable:.1f}"
+    return (f"| `{code}` | {how} | {found.unbiased.n} | {fmt(found.unbiased)} | {fmt(found.worst)} | {detect} | "
+            f"{p_value} | {words} |")
+
+
+def runs_showing(rows: list[dict[str, str]], code: str) -> int:
+    return sum(code in row["codes"].split(";") for row in rows if row["setting"] == "replace")
+
+
+def unmeasured_reason(code: str, rows: list[dict[str, str]]) -> str:
+    """Why a code without a setting that avoids it on the same cell cannot be measured here."""
+    seen = runs_showing(rows, code)
+    where = f"it fired on {seen} of {sum(r['setting'] == 'replace' for r in rows)} default runs here"
+    reasons = {
+        "fragile-selection": "no setting avoids it on the same cell (the lead is the validation data's)",
+        "mixed-environment": "it needs a run resumed under other settings; none of these runs resumed",
+        "unread-param": "it fires on a changed param the run does not read; the default changes none",
+        "negligible-param": "it fires on a changed param that weighs under 1 % of the loss; the default changes none",
+        "fairkl-starved": "the default (CNC) has no FairKL term",
+        "weak-groups": "no setting avoids it on the same cell without changing the groups every method reads",
+        "collapsed-representation": "no run here collapsed",
+        "chance-level": "no run here was at chance",
+        "unstable-training": "no setting avoids it on the same cell",
+    }
+    return f"{reasons.get(code, 'no matched setting without it')}; {where}"
+
+
+def verdict_rows(rows: list[dict[str, str]], search: list[dict[str, str]]) -> list[str]:
+    """One table row per code of :data:`health.CODES`."""
+    out = []
+    du, dw, fired = pool_differences(rows, fired_only=True)
+    paired_cells = len(pool_differences(rows, fired_only=False)[0])
+    for code in health.CODES:
+        if code == "cnc-small-pools":
+            how = (f"params.yaml's stage 2 (replace) minus `short_pools: shrink`, paired by cell, on the {fired} of "
+                   f"{paired_cells} cells where it fired")
+            out.append(measured_row(code, how, measure(du, dw) if du else None, "it fired on no cell"))
+        elif code == "degenerate-selection":
+            u, w = degenerate_differences(search, None)
+            how = (f"default_search.csv: the default's degenerate `{RULE_KEPT}` picks minus the same run's `last` "
+                   f"epoch, phases {', '.join(SEARCH_PHASES)}, every regime pooled")
+            out.append(measured_row(code, how, measure(u, w) if u else None, "no degenerate pick"))
+        else:
+            out.append(measured_row(code, "–", None, unmeasured_reason(code, rows)))
+    return out
+
+
+def pools_section(rows: list[dict[str, str]]) -> list[str]:
+    lines = ["| cells | regime | paired cells | fired on | Δ unbiased (fired cells) | Δ worst-group (fired cells) | "
+             "Δ unbiased (every cell) |", "|---|---|---|---|---|---|---|"]
+    groups = sorted({(r["phase"], r["regime"]) for r in rows})
+    for phase, regime in [("all", "all"), *groups]:
+        chosen = [r for r in rows if phase == "all" or (r["phase"], r["regime"]) == (phase, regime)]
+        du, dw, fired = pool_differences(chosen, fired_only=True)
+        every = pool_differences(chosen, fired_only=False)[0]
+        if not every:
+            continue
+        lines.append(f"| {phase} | {regime} | {len(every)} | {fired} | {fmt(measure(du, dw).unbiased) if du else '–'} "
+                     f"| {fmt(measure(du, dw).worst) if dw else '–'} | {fmt(measure(every, every).unbiased)} |")
+    return lines
+
+
+def degenerate_section(search: list[dict[str, str]]) -> list[str]:
+    lines = ["| regime | degenerate picks | Δ unbiased vs `last` | Δ worst-group vs `last` | TOST p (±1) | "
+             "warned vs unwarned runs (secondary) |", "|---|---|---|---|---|---|"]
+    regimes = sorted({r["regime"] for r in search if r["candidate"] == DEFAULT and r["phase"] in SEARCH_PHASES})
+    for regime in regimes:
+        u, w = degenerate_differences(search, regime)
+        found = measure(u, w)
+        p_value = "–" if math.isnan(found.p_equivalent) else f"{found.p_equivalent:.3f}"
+        lines.append(f"| {regime} | {len(u)} | {fmt(found.unbiased)} | {fmt(found.worst)} | {p_value} | "
+                     f"{warned_vs_unwarned(search, regime)} |")
+    return lines
+
+
+def pipeline_section(pipeline: list[dict[str, str]]) -> list[str]:
+    if not pipeline:
+        return ["Not run yet (`--pipeline`)."]
+    warned = [r for r in pipeline if r["warnings"] != "none"]
+    noted = [r for r in pipeline if r["notes"] != "none"]
+    revs = " / ".join(sorted({r["rev"] for r in pipeline}))
+    lines = [f"`dvc repro` of the bundled default at seeds {', '.join(r['seed'] for r in pipeline)} (fresh clones at "
+             f"commit {revs}, every stage's warnings and the unread-param ones its run records): **{len(warned)} of "
+             f"{len(pipeline)} runs carry a warning**; {len(noted)} carry a note.", "",
+             "| seed | warnings | notes |", "|---|---|---|"]
+    codes = lambda text: "none" if text == "none" else ", ".join(m.split(":")[0] for m in text.split(" | "))  # noqa: E731
+    lines += [f"| {r['seed']} | {codes(r['warnings'])} | {codes(r['notes'])} |" for r in pipeline]
+    return lines
+
+
+def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_path: Path, command: str,
+             commit: str) -> str:
+    """The results page of the study's rows, its pipeline count and the default search's CSV."""
+    search = read_csv(search_path)
+    phases = sorted({r["phase"] for r in search if r["candidate"] == DEFAULT and r["phase"] in SEARCH_PHASES})
+    lines = [
+        "# Each warning's predictive value: do runs that carry it have worse test numbers?", "",
+        f"- Command: `{command}`; this file written {dt.date.today().isoformat()}",
+        f"- Rule: {RULE_FILE} at commit {commit}, written before the runs (below)",
+        f"- Rows made with: {cells.made_with(rows)}",
+        f"- Data: the bundled digits at seeds {min(int(r['seed']) for r in rows if r['phase'] == 'digits')}-"
+        f"{max(int(r['seed']) for r in rows if r['phase'] == 'digits')} (as `dvc repro` runs them with `seed` set)"
+        + ("; the default search's held-out cells (half B of mnist10k, other digits seeds)"
+           if any(r["phase"] == "heldout" for r in rows) else "")
+        + f"; benchmarks/results/default_search.csv, phases {', '.join(phases)}. Test accuracy in points; the epoch "
+          f"`{RULE_KEPT}` keeps.", "",
+        "## Rule", "", RULE, "",
+        "## Every code", "",
+        "Δ: the warned run minus the matched run without the warning (points, mean [95 % interval], one difference "
+        f"per cell); detectable: the Δ unbiased the cells detect at 80 % power; TOST p: equivalence within ±{MARGIN:g}.",
+        "",
+        "| code | measured how | cells | Δ unbiased | Δ worst-group | detectable | TOST p (±1) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+        *verdict_rows(rows, search), "",
+        "## `cnc-small-pools`: replace minus shrink, by cells", "",
+        "Fired on: the cells where CNC's sampler found a pool smaller than M = N = 8 (the default draws it with "
+        "replacement and warns; shrink cuts M and N to it).", "",
+        *pools_section(rows), "",
+        "## `degenerate-selection`: the kept first epoch minus the last epoch, by regime", "",
+        f"The default's runs in default_search.csv (phases {', '.join(phases)}), rule `{RULE_KEPT}`; secondary: test "
+        "unbiased of the warned runs against the unwarned runs of the regime (unpaired, Welch).", "",
+        *degenerate_section(search), "",
+        "## Warnings over the default's first runs", "",
+        *pipeline_section(pipeline), "",
+        "Guards (" + ", ".join(f"`{c}`" for c in GUARDS) + ") stay warnings whatever the counts above.",
+    ]
+    return "\n".join(lines) + "\n"
