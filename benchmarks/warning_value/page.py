@@ -53,17 +53,27 @@ def pool_differences(rows: list[dict[str, str]], fired_only: bool) -> tuple[list
 
 
 def degenerate_differences(search: list[dict[str, str]], regime: str | None) -> tuple[list[float], list[float]]:
-    """The default's degenerate ``best_unbiased`` picks minus the same run's ``last`` epoch (test unbiased,
+    """The default's degenerate ``best_unbiased`` picks (each the first of its epochs: :func:`first_epoch_only`)
+    minus the same run's ``last`` epoch (test unbiased,
     worst-group; points), over :data:`SEARCH_PHASES` (``regime`` None: every regime)."""
     kept = {(r["phase"], r["key"]): r for r in search if r["candidate"] == DEFAULT and r["rule"] == RULE_KEPT
             and r["phase"] in SEARCH_PHASES and (regime is None or r["regime"] == regime)}
     last = {(r["phase"], r["key"]): r for r in search if r["candidate"] == DEFAULT and r["rule"] == "last"}
+    first_epoch_only(list(kept.values()))
     du, dw = [], []
     for ident, row in kept.items():
         if row["degenerate"] == "1" and ident in last:
             du.append(100 * (float(row["test_unbiased"]) - float(last[ident]["test_unbiased"])))
             dw.append(100 * (float(row["test_worst"]) - float(last[ident]["test_worst"])))
     return du, dw
+
+
+def first_epoch_only(rows: list[dict[str, str]]) -> None:
+    """Refuse a degenerate ``best_unbiased`` pick that is not the first epoch: such a pick would be the other case
+    (a validation number 0 at every epoch), which ``degenerate-selection`` names, not ``first-epoch-kept``."""
+    other = [row["key"] for row in rows if row["degenerate"] == "1" and row["epoch"] != "0"]
+    if other:
+        raise cells.BenchmarkError(f"{len(other)} degenerate picks not of the first epoch, e.g. run {other[0]}")
 
 
 def warned_vs_unwarned(search: list[dict[str, str]], regime: str) -> str:
@@ -91,29 +101,41 @@ def measured_row(code: str, how: str, found: Measure | None, reason: str = "") -
             f"{p_value} | {words} |")
 
 
-def runs_showing(rows: list[dict[str, str]], code: str) -> int:
-    return sum(code in row["codes"].split(";") for row in rows if row["setting"] == "replace")
+# The codes a cell run's history shows (benchmarks.warning_value.runner.stage2_codes); the others come from the
+# pipeline runs alone.
+CELL_CODES = ("cnc-small-pools", "degenerate-selection", "first-epoch-kept", "fragile-selection", "unstable-training",
+              "collapsed-representation")
 
 
-def unmeasured_reason(code: str, rows: list[dict[str, str]]) -> str:
-    """Why a code without a setting that avoids it on the same cell cannot be measured here."""
-    seen = runs_showing(rows, code)
-    where = f"it fired on {seen} of {sum(r['setting'] == 'replace' for r in rows)} default runs here"
-    reasons = {
-        "fragile-selection": "no setting avoids it on the same cell (the lead is the validation data's)",
-        "mixed-environment": "it needs a run resumed under other settings; none of these runs resumed",
-        "unread-param": "it fires on a changed param the run does not read; the default changes none",
-        "negligible-param": "it fires on a changed param that weighs under 1 % of the loss; the default changes none",
-        "fairkl-starved": "the default (CNC) has no FairKL term",
-        "weak-groups": "no setting avoids it on the same cell without changing the groups every method reads",
-        "collapsed-representation": "no run here collapsed",
-        "chance-level": "no run here was at chance",
-        "unstable-training": "no setting avoids it on the same cell",
-    }
-    return f"{reasons.get(code, 'no matched setting without it')}; {where}"
+def fired_text(code: str, rows: list[dict[str, str]], pipeline: list[dict[str, str]]) -> str:
+    """How often ``code`` fired: on the default's cell runs (the codes their histories show) and in the pipeline
+    runs (every stage's warnings and notes)."""
+    found = []
+    if code in CELL_CODES:
+        runs = [row for row in rows if row["setting"] == "replace"]
+        found.append(f"{sum(code in row['codes'].split(';') for row in runs)} of {len(runs)} default cell runs")
+    if pipeline:
+        hits = sum(any(m.split(":")[0] == code for m in f"{r['warnings']} | {r['notes']}".split(" | ")) for r in pipeline)
+        found.append(f"{hits} of {len(pipeline)} `dvc repro` runs")
+    return "fired on " + " and ".join(found) if found else "not looked for here"
 
 
-def verdict_rows(rows: list[dict[str, str]], search: list[dict[str, str]]) -> list[str]:
+REASONS = {
+    "fragile-selection": "no setting avoids it on the same cell (the lead is the validation data's)",
+    "mixed-environment": "it needs a run resumed under other settings",
+    "unread-param": "it needs a changed param the run does not read",
+    "negligible-param": "it needs a changed param that weighs under 1 % of the loss",
+    "fairkl-starved": "the default (CNC) has no FairKL term",
+    "weak-groups": "no setting avoids it on the same cell without changing the groups every method reads",
+    "collapsed-representation": "no setting avoids it on the same cell",
+    "chance-level": "no setting avoids it on the same cell",
+    "unstable-training": "no setting avoids it on the same cell",
+    "degenerate-selection": f"`{RULE_KEPT}`'s validation number is never 0 at every epoch in these runs",
+}
+
+
+def verdict_rows(rows: list[dict[str, str]], search: list[dict[str, str]], pipeline: list[dict[str, str]]
+                 ) -> list[str]:
     """One table row per code of :data:`health.CODES`."""
     out = []
     du, dw, fired = pool_differences(rows, fired_only=True)
@@ -123,13 +145,14 @@ def verdict_rows(rows: list[dict[str, str]], search: list[dict[str, str]]) -> li
             how = (f"params.yaml's stage 2 (replace) minus `short_pools: shrink`, paired by cell, on the {fired} of "
                    f"{paired_cells} cells where it fired")
             out.append(measured_row(code, how, measure(du, dw) if du else None, "it fired on no cell"))
-        elif code == "degenerate-selection":
+        elif code == "first-epoch-kept":
             u, w = degenerate_differences(search, None)
-            how = (f"default_search.csv: the default's degenerate `{RULE_KEPT}` picks minus the same run's `last` "
+            how = (f"default_search.csv: the default's first-epoch `{RULE_KEPT}` picks minus the same run's `last` "
                    f"epoch, phases {', '.join(SEARCH_PHASES)}, every regime pooled")
             out.append(measured_row(code, how, measure(u, w) if u else None, "no degenerate pick"))
         else:
-            out.append(measured_row(code, "–", None, unmeasured_reason(code, rows)))
+            fired = fired_text(code, rows, pipeline)
+            out.append(measured_row(code, f"not measured: {fired}", None, REASONS.get(code, "no matched setting")))
     return out
 
 
@@ -149,7 +172,7 @@ def pools_section(rows: list[dict[str, str]]) -> list[str]:
 
 
 def degenerate_section(search: list[dict[str, str]]) -> list[str]:
-    lines = ["| regime | degenerate picks | Δ unbiased vs `last` | Δ worst-group vs `last` | TOST p (±1) | "
+    lines = ["| regime | first-epoch picks | Δ unbiased vs `last` | Δ worst-group vs `last` | TOST p (±1) | "
              "warned vs unwarned runs (secondary) |", "|---|---|---|---|---|---|"]
     regimes = sorted({r["regime"] for r in search if r["candidate"] == DEFAULT and r["phase"] in SEARCH_PHASES})
     for regime in regimes:
@@ -161,18 +184,31 @@ def degenerate_section(search: list[dict[str, str]]) -> list[str]:
     return lines
 
 
+def pipeline_codes(row: dict[str, str]) -> list[str]:
+    """The codes of a pipeline run's warnings and notes (as its clone's code filed them), in order."""
+    return [m.split(":")[0].strip() for text in (row["warnings"], row["notes"]) if text != "none"
+            for m in text.split(" | ")]
+
+
 def pipeline_section(pipeline: list[dict[str, str]]) -> list[str]:
+    """The pipeline runs: which carry a warning by :data:`debias.core.health.KINDS` (every code each run showed,
+    whichever list its clone's code filed it in), and each run's codes."""
     if not pipeline:
-        return ["Not run yet (`--pipeline`)."]
-    warned = [r for r in pipeline if r["warnings"] != "none"]
-    noted = [r for r in pipeline if r["notes"] != "none"]
+        return ["Not run (`--pipeline`)."]
+    warned = [r for r in pipeline if any(health.KINDS.get(c, "warning") == "warning" for c in pipeline_codes(r))]
+    noted = [r for r in pipeline if any(health.KINDS.get(c) == "note" for c in pipeline_codes(r))]
     revs = " / ".join(sorted({r["rev"] for r in pipeline}))
-    lines = [f"`dvc repro` of the bundled default at seeds {', '.join(r['seed'] for r in pipeline)} (fresh clones at "
-             f"commit {revs}, every stage's warnings and the unread-param ones its run records): **{len(warned)} of "
-             f"{len(pipeline)} runs carry a warning**; {len(noted)} carry a note.", "",
-             "| seed | warnings | notes |", "|---|---|---|"]
-    codes = lambda text: "none" if text == "none" else ", ".join(m.split(":")[0] for m in text.split(" | "))  # noqa: E731
-    lines += [f"| {r['seed']} | {codes(r['warnings'])} | {codes(r['notes'])} |" for r in pipeline]
+    by_code: dict[str, int] = {}
+    for row in pipeline:
+        for code in dict.fromkeys(pipeline_codes(row)):
+            by_code[code] = by_code.get(code, 0) + 1
+    kinds = ", ".join(f"`{c}` ({health.KINDS.get(c, 'warning')}) in {n}" for c, n in sorted(by_code.items()))
+    lines = [f"`dvc repro` of the bundled default at seeds {min(int(r['seed']) for r in pipeline)}-"
+             f"{max(int(r['seed']) for r in pipeline)} (fresh clones at commit {revs}, MLflow off; every stage's "
+             "warnings and notes, and the unread-param warnings the run records keep), each code filed by this "
+             f"page's code's kinds: **{len(warned)} of {len(pipeline)} runs carry a warning**, {len(noted)} a note. "
+             f"Codes: {kinds or 'none'}.", "", "| seed | codes |", "|---|---|"]
+    lines += [f"| {r['seed']} | {', '.join(pipeline_codes(r)) or 'none'} |" for r in pipeline]
     return lines
 
 
@@ -199,12 +235,12 @@ def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_
         "",
         "| code | measured how | cells | Δ unbiased | Δ worst-group | detectable | TOST p (±1) | verdict |",
         "|---|---|---|---|---|---|---|---|",
-        *verdict_rows(rows, search), "",
+        *verdict_rows(rows, search, pipeline), "",
         "## `cnc-small-pools`: replace minus shrink, by cells", "",
         "Fired on: the cells where CNC's sampler found a pool smaller than M = N = 8 (the default draws it with "
         "replacement and warns; shrink cuts M and N to it).", "",
         *pools_section(rows), "",
-        "## `degenerate-selection`: the kept first epoch minus the last epoch, by regime", "",
+        "## `first-epoch-kept`: the kept first epoch minus the same run's last epoch, by regime", "",
         f"The default's runs in default_search.csv (phases {', '.join(phases)}), rule `{RULE_KEPT}`; secondary: test "
         "unbiased of the warned runs against the unwarned runs of the regime (unpaired, Welch).", "",
         *degenerate_section(search), "",

@@ -35,6 +35,7 @@ AVOIDING = Setting("default-shrink", {"stage2.cnc.short_pools": "shrink"})  # M 
 
 # Checks that guard correctness: they stay warnings whatever their frequency or measured difference.
 GUARDS: dict[str, str] = {
+    "degenerate-selection": "a validation number of 0 at every epoch leaves the selection nothing to choose by",
     "collapsed-representation": "a collapsed representation is a failed model, whatever it scores",
     "chance-level": "a model at chance learned nothing: its numbers are no method's",
     "unstable-training": "a spiking or diverging loss makes the kept epoch an accident of the curve",
@@ -50,7 +51,7 @@ RULE = f"""Written before the runs. Δ: the warned run minus the matched run wit
 - A code that predicts a loss (95 % interval of Δ unbiased or of Δ worst-group entirely below 0) stays a **warning**, and its text says by how much.
 - Otherwise (neither shown equivalent nor a loss shown, or no cells to measure it on) it stays a **warning**, and says so.
 - A check that guards correctness ({', '.join(f'`{c}`' for c in GUARDS)}) stays a warning whatever its measured difference or frequency.
-- `cnc-small-pools` is judged on the cells where it fired, params.yaml's stage 2 (`short_pools: replace`) against `short_pools: shrink` (on the other cells the two draw the same batches: Δ is 0 by construction); `degenerate-selection` on the default's runs where `{RULE_KEPT}` made a degenerate pick, against the same run's `last` epoch (the model trained in full, which that warning's first-epoch case points to)."""
+- `cnc-small-pools` is judged on the cells where it fired, params.yaml's stage 2 (`short_pools: replace`) against `short_pools: shrink` (on the other cells the two draw the same batches: Δ is 0 by construction); `first-epoch-kept` (the first of several epochs kept: a degenerate pick of `{RULE_KEPT}`, whose validation number is never 0 at every epoch) on the default's runs where `{RULE_KEPT}` made a degenerate pick, against the same run's `last` epoch (the model trained in full)."""
 
 FIELDS = ["phase", "regime", "data", "protocol", "strength", "palette", "seed", "setting", "candidate", "rule",
           "epoch", "degenerate", "fragile", "short_pools", "codes", "val_unbiased", "test_unbiased", "test_worst",

@@ -49,7 +49,7 @@ def short_pools(workspace: cells.Workspace, sets: dict[str, Any]) -> list[str]:
 
 def stage2_codes(result: cells.RunResult, rule: str, short: list[str]) -> list[str]:
     """The stage-2 warning codes a run's history shows for ``rule``'s pick: ``cnc-small-pools`` (``short``),
-    ``degenerate-selection`` / ``fragile-selection`` (the selection block), ``unstable-training`` (params.yaml's
+    ``degenerate-selection`` / ``first-epoch-kept`` / ``fragile-selection`` (the selection block), ``unstable-training`` (params.yaml's
     thresholds) and ``collapsed-representation`` (the kept epoch's validation features)."""
     from debias.params import HealthParams
     from debias.training.selection import describe_selection, picks_by_rule
@@ -59,7 +59,10 @@ def stage2_codes(result: cells.RunResult, rule: str, short: list[str]) -> list[s
     thresholds = HealthParams()
     kept = next(row for row in result.history if int(row["epoch"]) == epoch)
     found = ["cnc-small-pools"] if short else []
-    found += ["degenerate-selection"] if block["degenerate"] else ["fragile-selection"] if block["fragile"] else []
+    if block["degenerate"]:
+        found.append("first-epoch-kept" if block.get("first_epoch") else "degenerate-selection")
+    elif block["fragile"]:
+        found.append("fragile-selection")
     losses = [row["train/loss"] for row in result.history if "train/loss" in row]
     if health.loss_instability(losses, thresholds.loss_spike, thresholds.loss_end, thresholds.loss_min_fall):
         found.append("unstable-training")
