@@ -15,6 +15,17 @@ from debias.metrics.paired import Paired, welch
 
 SEARCH_PHASES = ("heldout", "confirm", "extension")  # the default search's phases whose test numbers are read here
 RULE_FILE = "benchmarks/warning_value/rule.py"
+# The runs behind a complete page (SCRATCH: any empty folder; mnist10k.npz from the datasets folder): the cells, then
+# the pipeline count at the commit whose warnings it counts.
+FULL_COMMANDS = ("python -m benchmarks.warning_value --npz mnist10k.npz --workdir SCRATCH --jobs 2",
+                 "python -m benchmarks.warning_value --workdir SCRATCH --jobs 2 --pipeline")
+
+
+# What changed in the rule after its runs began, said on the page (the comparisons themselves did not change).
+AMENDED = ("its words amended at commit 59e0818, after the first-epoch comparison was computed and while the digits "
+           "runs ran: the code split off degenerate-selection's "
+           "first-epoch case, first-epoch-kept, is named as the code that comparison judges, and degenerate-selection's "
+           "remaining case (a validation number 0 at every epoch) is counted among the guards")
 
 
 def rule_commit() -> str:
@@ -77,7 +88,7 @@ def first_epoch_only(rows: list[dict[str, str]]) -> None:
 
 
 def warned_vs_unwarned(search: list[dict[str, str]], regime: str) -> str:
-    """Secondary: the default's degenerate runs against its other runs of the regime (Welch, test unbiased)."""
+    """Secondary: the default's first-epoch runs against its other runs of the regime (Welch, test unbiased)."""
     rows = [r for r in search if r["candidate"] == DEFAULT and r["rule"] == RULE_KEPT and r["phase"] in SEARCH_PHASES
             and r["regime"] == regime]
     warned = [100 * float(r["test_unbiased"]) for r in rows if r["degenerate"] == "1"]
@@ -87,7 +98,7 @@ def warned_vs_unwarned(search: list[dict[str, str]], regime: str) -> str:
         return f"{len(warned)} warned, {len(others)} not"
     mean = lambda values: sum(values) / len(values)  # noqa: E731
     shown = "–" if p_value is None else f"{p_value:.3f}"
-    return (f"{len(warned)} warned {mean(warned):.1f} against {len(others)} not {mean(others):.1f} "
+    return (f"{len(warned)} first-epoch runs {mean(warned):.1f} against {len(others)} others {mean(others):.1f} "
             f"(difference {mean(warned) - mean(others):+.1f}, Welch p {shown})")
 
 
@@ -151,8 +162,8 @@ def verdict_rows(rows: list[dict[str, str]], search: list[dict[str, str]], pipel
                    f"epoch, phases {', '.join(SEARCH_PHASES)}, every regime pooled")
             out.append(measured_row(code, how, measure(u, w) if u else None, "no degenerate pick"))
         else:
-            fired = fired_text(code, rows, pipeline)
-            out.append(measured_row(code, f"not measured: {fired}", None, REASONS.get(code, "no matched setting")))
+            seen = fired_text(code, rows, pipeline)
+            out.append(measured_row(code, f"not measured: {seen}", None, REASONS.get(code, "no matched setting")))
     return out
 
 
@@ -173,7 +184,7 @@ def pools_section(rows: list[dict[str, str]]) -> list[str]:
 
 def degenerate_section(search: list[dict[str, str]]) -> list[str]:
     lines = ["| regime | first-epoch picks | Δ unbiased vs `last` | Δ worst-group vs `last` | TOST p (±1) | "
-             "warned vs unwarned runs (secondary) |", "|---|---|---|---|---|---|"]
+             "first-epoch runs vs others (secondary) |", "|---|---|---|---|---|---|"]
     regimes = sorted({r["regime"] for r in search if r["candidate"] == DEFAULT and r["phase"] in SEARCH_PHASES})
     for regime in regimes:
         u, w = degenerate_differences(search, regime)
@@ -207,7 +218,8 @@ def pipeline_section(pipeline: list[dict[str, str]]) -> list[str]:
              f"{max(int(r['seed']) for r in pipeline)} (fresh clones at commit {revs}, MLflow off; every stage's "
              "warnings and notes, and the unread-param warnings the run records keep), each code filed by this "
              f"page's code's kinds: **{len(warned)} of {len(pipeline)} runs carry a warning**, {len(noted)} a note. "
-             f"Codes: {kinds or 'none'}.", "", "| seed | codes |", "|---|---|"]
+             f"Codes: {kinds or 'none'}. Each run's messages: benchmarks/results/warning_value_pipeline.csv.", "",
+             "| seed | codes |", "|---|---|"]
     lines += [f"| {r['seed']} | {', '.join(pipeline_codes(r)) or 'none'} |" for r in pipeline]
     return lines
 
@@ -219,8 +231,9 @@ def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_
     phases = sorted({r["phase"] for r in search if r["candidate"] == DEFAULT and r["phase"] in SEARCH_PHASES})
     lines = [
         "# Each warning's predictive value: do runs that carry it have worse test numbers?", "",
-        f"- Command: `{command}`; this file written {dt.date.today().isoformat()}",
-        f"- Rule: {RULE_FILE} at commit {commit}, written before the runs (below)",
+        f"- Command: `{FULL_COMMANDS[0]}`, then `{FULL_COMMANDS[1]}`; this file was last written by `{command}` on "
+        f"{dt.date.today().isoformat()}",
+        f"- Rule: {RULE_FILE} at commit {commit}, written before the runs (below); {AMENDED}",
         f"- Rows made with: {cells.made_with(rows)}",
         f"- Data: the bundled digits at seeds {min(int(r['seed']) for r in rows if r['phase'] == 'digits')}-"
         f"{max(int(r['seed']) for r in rows if r['phase'] == 'digits')} (as `dvc repro` runs them with `seed` set)"
@@ -242,7 +255,7 @@ def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_
         *pools_section(rows), "",
         "## `first-epoch-kept`: the kept first epoch minus the same run's last epoch, by regime", "",
         f"The default's runs in default_search.csv (phases {', '.join(phases)}), rule `{RULE_KEPT}`; secondary: test "
-        "unbiased of the warned runs against the unwarned runs of the regime (unpaired, Welch).", "",
+        "unbiased of the first-epoch runs against the regime's other runs (unpaired, Welch).", "",
         *degenerate_section(search), "",
         "## Warnings over the default's first runs", "",
         *pipeline_section(pipeline), "",
