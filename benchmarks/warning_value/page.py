@@ -237,7 +237,7 @@ def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_
         f"- Rows made with: {cells.made_with(rows)}",
         f"- Data: the bundled digits at seeds {min(int(r['seed']) for r in rows if r['phase'] == 'digits')}-"
         f"{max(int(r['seed']) for r in rows if r['phase'] == 'digits')} (as `dvc repro` runs them with `seed` set)"
-        + ("; the default search's held-out cells (half B of mnist10k, other digits seeds)"
+        + ("; the default search's held-out cells on half B of mnist10k"
            if any(r["phase"] == "heldout" for r in rows) else "")
         + f"; benchmarks/results/default_search.csv, phases {', '.join(phases)}. Test accuracy in points; the epoch "
           f"`{RULE_KEPT}` keeps.", "",

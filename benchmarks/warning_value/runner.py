@@ -95,7 +95,19 @@ def row_of(phase: str, cell: Cell, setting: str, name: str, result: cells.RunRes
 def chosen_cells(digits_only: bool) -> list[tuple[str, Cell]]:
     """(phase, cell): the bundled digits at :data:`DIGITS_SEEDS`, then the default search's held-out cells."""
     found = [("digits", digits_cell(seed)) for seed in DIGITS_SEEDS]
-    return found if digits_only else found + [("heldout", cell) for cell in heldout_cells(SEARCH)]
+    return found if digits_only else found + [("heldout", cell) for cell in interleaved(heldout_cells(SEARCH))]
+
+
+def interleaved(chosen: list[Cell]) -> list[Cell]:
+    """``chosen`` taking each regime in turn (its first cell, then each regime's second, ...), so that a run stopped
+    early holds every regime's first cells rather than one regime's all."""
+    position: dict[str, int] = {}
+    ranked = []
+    for cell in chosen:
+        regime = regime_of(cell)
+        position[regime] = position.get(regime, 0) + 1
+        ranked.append((position[regime], regime, cell))
+    return [cell for _, _, cell in sorted(ranked, key=lambda item: (item[0], item[1]))]
 
 
 def run_cells(args: argparse.Namespace, rev: str, csv_path: Path) -> list[dict[str, str]]:
