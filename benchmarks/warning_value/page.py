@@ -208,6 +208,7 @@ def pipeline_section(pipeline: list[dict[str, str]]) -> list[str]:
         return ["Not run (`--pipeline`)."]
     warned = [r for r in pipeline if any(health.KINDS.get(c, "warning") == "warning" for c in pipeline_codes(r))]
     noted = [r for r in pipeline if any(health.KINDS.get(c) == "note" for c in pipeline_codes(r))]
+    coded = [r for r in pipeline if pipeline_codes(r)]
     revs = " / ".join(sorted({r["rev"] for r in pipeline}))
     by_code: dict[str, int] = {}
     for row in pipeline:
@@ -217,7 +218,8 @@ def pipeline_section(pipeline: list[dict[str, str]]) -> list[str]:
     lines = [f"`dvc repro` of the bundled default at seeds {min(int(r['seed']) for r in pipeline)}-"
              f"{max(int(r['seed']) for r in pipeline)} (fresh clones at commit {revs}, MLflow off; every stage's "
              "warnings and notes, and the unread-param warnings the run records keep), each code filed by this "
-             f"page's code's kinds: **{len(warned)} of {len(pipeline)} runs carry a warning**, {len(noted)} a note. "
+             f"page's code's kinds: **{len(warned)} of {len(pipeline)} runs carry a warning**, {len(noted)} a note "
+             f"({len(coded)} would carry a warning were every code one). "
              f"Codes: {kinds or 'none'}. Each run's messages: benchmarks/results/warning_value_pipeline.csv.", "",
              "| seed | codes |", "|---|---|"]
     lines += [f"| {r['seed']} | {', '.join(pipeline_codes(r)) or 'none'} |" for r in pipeline]
