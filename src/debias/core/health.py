@@ -33,7 +33,8 @@ CODES: dict[str, str] = {
                             "evidence of robustness",
     "first-epoch-kept": "the selection rule kept the first of several epochs, no later one beating it on the rule's "
                         "validation number (the reason lists the later epochs': a plateau or a decline), so the "
-                        "numbers are those of the model trained one epoch",
+                        "numbers are those of the model trained one epoch (a note: on the default's runs such a keep "
+                        "tested better than the same run's last epoch, benchmarks/results/warning_value.md)",
     "fragile-selection": "the kept epoch tied another epoch's validation number (worst-group, worst-class or "
                          "worst-inferred-group accuracy) and the tie-breaks chose, or beat it by only one or two images "
                          "of that group or class: the choice rests on noise, and so do the kept epoch's numbers",
