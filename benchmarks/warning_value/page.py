@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 
 from benchmarks import cells
-from benchmarks.warning_value.rule import (DEFAULT, GUARDS, MARGIN, RULE, RULE_KEPT, Measure, cell_of, measure,
-                                           read_csv, verdict)
+from benchmarks.warning_value.rule import (DEFAULT, GUARDS, MARGIN, RULE, RULE_KEPT, Measure, cell_of,
+                                           heldout_cells, measure, read_csv, regime_of, verdict)
 from debias.core import health
 from debias.metrics.paired import Paired, welch
 
@@ -154,12 +154,12 @@ def verdict_rows(rows: list[dict[str, str]], search: list[dict[str, str]], pipel
     for code in health.CODES:
         if code == "cnc-small-pools":
             how = (f"params.yaml's stage 2 (replace) minus `short_pools: shrink`, paired by cell, on the {fired} of "
-                   f"{paired_cells} cells where it fired")
+                   f"{paired_cells} cells where it fired; {fired_text(code, rows, pipeline)}")
             out.append(measured_row(code, how, measure(du, dw) if du else None, "it fired on no cell"))
         elif code == "first-epoch-kept":
             u, w = degenerate_differences(search, None)
             how = (f"default_search.csv: the default's first-epoch `{RULE_KEPT}` picks minus the same run's `last` "
-                   f"epoch, phases {', '.join(SEARCH_PHASES)}, every regime pooled")
+                   f"epoch, phases {', '.join(SEARCH_PHASES)}, every regime pooled; {fired_text(code, rows, pipeline)}")
             out.append(measured_row(code, how, measure(u, w) if u else None, "no degenerate pick"))
         else:
             seen = fired_text(code, rows, pipeline)
@@ -226,6 +226,19 @@ def pipeline_section(pipeline: list[dict[str, str]]) -> list[str]:
     return lines
 
 
+def heldout_text(rows: list[dict[str, str]], search_path: Path) -> str:
+    """Which of the default search's held-out mnist10k cells the rows hold both settings of (run each regime in turn,
+    so a run stopped early holds each regime's first cells)."""
+    done = {cell_of(r) for r in rows if r["phase"] == "heldout" and r["setting"] == "shrink"} & \
+        {cell_of(r) for r in rows if r["phase"] == "heldout" and r["setting"] == "replace"}
+    if not done:
+        return ""
+    regimes = ", ".join(f"{regime} {sum(regime_of(c) == regime for c in done)}"
+                        for regime in sorted({regime_of(c) for c in done}))
+    return (f"; {len(done)} of the default search's {len(heldout_cells(search_path))} held-out cells on half B of "
+            f"mnist10k (run each regime in turn; {regimes})")
+
+
 def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_path: Path, command: str,
              commit: str) -> str:
     """The results page of the study's rows, its pipeline count and the default search's CSV."""
@@ -239,8 +252,7 @@ def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_
         f"- Rows made with: {cells.made_with(rows)}",
         f"- Data: the bundled digits at seeds {min(int(r['seed']) for r in rows if r['phase'] == 'digits')}-"
         f"{max(int(r['seed']) for r in rows if r['phase'] == 'digits')} (as `dvc repro` runs them with `seed` set)"
-        + ("; the default search's held-out cells on half B of mnist10k"
-           if any(r["phase"] == "heldout" for r in rows) else "")
+        + heldout_text(rows, search_path)
         + f"; benchmarks/results/default_search.csv, phases {', '.join(phases)}. Test accuracy in points; the epoch "
           f"`{RULE_KEPT}` keeps.", "",
         "## Rule", "", RULE, "",
