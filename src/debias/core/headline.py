@@ -486,6 +486,21 @@ def local_warnings(root: Path = Path("."), stages: tuple[str, ...] = STAGES) -> 
     return collect_warnings(stage_documents(_read_local(root), stages))
 
 
+def local_notes(root: Path = Path("."), stages: tuple[str, ...] = STAGES) -> dict[str, list[str]]:
+    """Stage -> the notes of ``stages`` under ``root`` (each detailed file's top-level ``"notes"`` list: the lines
+    whose code :data:`debias.core.health.KINDS` calls a note); stages without any are left out. Notes are never
+    warnings: no count, headline or tag of warnings reads them."""
+    out: dict[str, list[str]] = {}
+    for stage, documents in stage_documents(_read_local(root), stages).items():
+        messages: list[str] = []
+        for document in documents:
+            found = document.get("notes") if isinstance(document, dict) else None
+            messages += [str(m) for m in found or [] if isinstance(m, str) and m not in messages]
+        if messages:
+            out[stage] = messages
+    return out
+
+
 UNREAD_KEY = "unread_params"  # a run record's field: the stage's unread-param warnings (debias.harness.unread)
 
 

@@ -5,12 +5,15 @@ A warning is one line that starts with a short code and a colon, e.g.
 accuracy"``. A stage puts its warnings into its metrics JSON (``"warnings": [...]``), prints each one in its
 log and records them in MLflow (:meth:`debias.harness.tracking.StageRun.log_warnings`); the report shows them.
 
-The codes and what each means: :data:`CODES` (the benchmarks' tables take their legends from there).
+The codes and what each means: :data:`CODES` (the benchmarks' tables take their legends from there); whether a code
+is a warning or a note: :data:`KINDS` (:func:`split_notes`). A note is kept apart: the stage's ``"notes"`` list, a
+line in the report's details, never in the warnings, the headline or compare's count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 
@@ -25,12 +28,13 @@ CHANCE_MARGIN = 0.1
 
 
 CODES: dict[str, str] = {
-    "degenerate-selection": "the selection rule did not pick a later epoch on its own terms: either its validation "
-                            "worst-group, worst-class or worst-inferred-group accuracy was 0 at every epoch, so the "
-                            "tie-breaks chose and the kept epoch's worst-group number is no evidence of robustness; or "
-                            "the first of several epochs was kept, no later one beating it on the rule's validation "
-                            "number (the reason lists the later epochs': a plateau or a decline), so the numbers are "
-                            "those of the model trained one epoch",
+    "degenerate-selection": "the selection rule's validation worst-group, worst-class or worst-inferred-group accuracy "
+                            "was 0 at every epoch, so the tie-breaks chose: the kept epoch's worst-group number is no "
+                            "evidence of robustness",
+    "first-epoch-kept": "the selection rule kept the first of several epochs, no later one beating it on the rule's "
+                        "validation number (the reason lists the later epochs': a plateau or a decline), so the "
+                        "numbers are those of the model trained one epoch (a note: on the default's runs such a keep "
+                        "tested better than the same run's last epoch, benchmarks/results/warning_value.md)",
     "fragile-selection": "the kept epoch tied another epoch's validation number (worst-group, worst-class or "
                          "worst-inferred-group accuracy) and the tie-breaks chose, or beat it by only one or two images "
                          "of that group or class: the choice rests on noise, and so do the kept epoch's numbers",
@@ -49,6 +53,37 @@ CODES: dict[str, str] = {
     "mixed-environment": "a resumed run was trained by processes with different thread counts, CPU kernels, devices "
                          "or torch builds: its numbers are none of theirs alone",
 }
+
+
+#: Each code's kind, declared here alone: a ``warning`` goes into a stage's ``warnings`` list (its metrics JSON, the
+#: log, the headline, compare's ``!`` count, MLflow's ``debias.warnings`` tag); a ``note`` into its ``notes`` list, a
+#: line of the report's details and MLflow's ``debias.notes`` tag, nothing else. A code is a note when runs that
+#: carry it were measured no worse than matched runs without it (benchmarks/results/warning_value.md, by the rule
+#: written there before its runs); a check that guards correctness stays a warning whatever it measured.
+KINDS: dict[str, Literal["warning", "note"]] = {
+    "degenerate-selection": "warning",
+    "first-epoch-kept": "note",
+    "fragile-selection": "warning",
+    "unread-param": "warning",
+    "negligible-param": "warning",
+    "collapsed-representation": "warning",
+    "chance-level": "warning",
+    "fairkl-starved": "warning",
+    "cnc-small-pools": "warning",
+    "weak-groups": "warning",
+    "unstable-training": "warning",
+    "mixed-environment": "warning",
+}
+
+
+def kind(message: str) -> Literal["warning", "note"]:
+    """The kind of a ``"code: message"`` line by its code (:data:`KINDS`); a line without a known code is a warning."""
+    return KINDS.get(message.partition(":")[0].strip(), "warning")
+
+
+def split_notes(messages: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(warnings, notes)``: ``messages`` split by :func:`kind`, each in its order."""
+    return ([m for m in messages if kind(m) == "warning"], [m for m in messages if kind(m) == "note"])
 
 
 def warning(code: str, message: str) -> str:

@@ -61,6 +61,7 @@ def export_embeddings(model: nn.Module, splits: dict[str, BiasedSplit], director
     return reports
 
 
+NOTES_TAG = "debias.notes"  # the MLflow tag of a stage's notes (its warnings: debias.warnings)
 HEALTH_SPLITS = ("val", "test")  # the splits whose features and accuracy the health checks read
 
 
@@ -109,10 +110,12 @@ def load_embeddings(directory: Path, split: str) -> dict[str, torch.Tensor]:
 
 
 def selection_warnings(result: FitResult) -> list[str]:
-    """A ``degenerate-selection`` warning when the selection had nothing to choose by or kept the first of several
-    epochs, a ``fragile-selection`` one when one or two validation images decided it (see ``describe_selection``)."""
+    """A ``degenerate-selection`` warning when the selection had nothing to choose by, a ``first-epoch-kept`` line
+    when it kept the first of several epochs, a ``fragile-selection`` one when one or two validation images decided
+    it (see ``describe_selection``)."""
     if result.selection.get("degenerate"):
-        return [health.warning("degenerate-selection", result.selection["reason"])]
+        code = "first-epoch-kept" if result.selection.get("first_epoch") else "degenerate-selection"
+        return [health.warning(code, result.selection["reason"])]
     if result.selection.get("fragile"):
         return [health.warning("fragile-selection", fragile_text(result.selected_epoch, result.selection))]
     return []
@@ -195,18 +198,20 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     """Load the selected weights and write a training stage's outputs: checkpoint, embeddings, metrics (with the
     ``selection`` block, the ``environment`` the numbers were made under (:mod:`debias.core.environment`; also MLflow
     tags) and the ``warnings``: ``warnings`` given by the method, then the selection's, the loss
-    curve's (``thresholds``: params ``health``) and the health checks'), curves; print each warning and log them
-    to MLflow."""
+    curve's (``thresholds``: params ``health``) and the health checks', less the notes, which go to ``notes``
+    (:func:`debias.core.health.split_notes`)), curves; print each warning and note and log them to MLflow (tags
+    ``debias.warnings`` and ``debias.notes``)."""
     picked = rule_test_reports(model, result, splits["test"], eval_batch_size, device)
     model.load_state_dict(result.selected_state["model"])
-    found = (list(warnings or []) + selection_warnings(result)
+    lines = (list(warnings or []) + selection_warnings(result)
              + instability_warnings(result, thresholds or HealthParams()) + resumed_environment_warnings(result))
-    reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device, health=found)
+    reports = export_embeddings(model, splits, out.embeddings_dir, eval_batch_size, device, health=lines)
+    found, notes = health.split_notes(lines)
     picked[result.selected_epoch] = reports["test"]
     result.selection["picks_test"] = picks_test(result.selection.get("picks", {}), picked)
     environment = numbers_environment(device)  # what shapes the numbers besides the params
     metrics = {"selected_epoch": result.selected_epoch, **(extra_metrics or {}), "selection": result.selection,
-               "warnings": found, ENVIRONMENT_KEY: environment, "trained_by": result.trained_by}
+               "warnings": found, "notes": notes, ENVIRONMENT_KEY: environment, "trained_by": result.trained_by}
     metrics.update({split: metrics_entry(report) for split, report in reports.items()})
     save_json(out.metrics, metrics)
     save_json(out.metrics.with_name(f"{out.metrics.stem}_groups.json"),
@@ -220,6 +225,8 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
     run.log_metrics({f"selection.picks_test.{rule}.{key}": value for rule, row in result.selection["picks_test"].items()
                      for key, value in row.items() if key != "epoch" and isinstance(value, float)})
     run.log_warnings(found)
+    if notes:
+        run.set_tags({NOTES_TAG: "\n".join(notes)[:5000]})
     run.set_tags(environment_tags(environment))
     for path in (out.metrics, out.curves):
         run.log_artifact(path)
@@ -230,6 +237,8 @@ def write_outputs(model: Network, model_name: str, result: FitResult, splits: di
           + (f", worst-class {test['worst_class']:.3f}" if "worst_class" in test else ""))
     for message in found:
         print(f"[{label}] WARNING {message}", flush=True)
+    for message in notes:
+        print(f"[{label}] note {message}", flush=True)
     return reports
 
 

@@ -168,7 +168,7 @@ def describe_selection(history: list[dict[str, float]], selected_epoch: int, sel
 
     Degenerate (rules with a validation number): that number was 0 at every epoch (the rule had nothing to choose by
     and the tie-breaks chose), or the first of several epochs was kept (no later epoch beat the untrained-most model;
-    often the same failure). Fragile: not degenerate, and the kept epoch tied another epoch's number (the tie-breaks
+    often the same failure; ``first_epoch`` True says it is this case). Fragile: not degenerate, and the kept epoch tied another epoch's number (the tie-breaks
     chose) or beat every other epoch's number by 1 to :data:`FRAGILE_IMAGES` images of the group (class, inferred
     group) it is the accuracy of."""
     r = rule(selection)
@@ -192,7 +192,7 @@ def describe_selection(history: list[dict[str, float]], selected_epoch: int, sel
                                              f"accuracy ({scores})")
     elif selected_epoch == int(history[0]["epoch"]) and len(history) > 1:
         later = ", ".join(f"{float(row[key]):.3f}" for row in history[1:])
-        block.update(degenerate=True, reason=f"the first epoch was kept: no later epoch of {len(history)} beat its "
+        block.update(degenerate=True, first_epoch=True, reason=f"the first epoch was kept: no later epoch of {len(history)} beat its "
                                              f"{scores} (the later epochs' validation {word}: {later})")
     elif len(tied) > 1:
         block.update(fragile=True, reason=f"epochs {tied} tie on validation {word} accuracy; epoch {selected_epoch} "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from debias.core.headline import local_selection, run_warnings, warning_code
+from debias.core.headline import local_notes, local_selection, run_warnings, warning_code
 from debias.report.document import Block, Section, Table, Text
 from debias.report.sections.base import ReportContext
 
@@ -13,7 +13,8 @@ TITLE = "Warnings"
 
 def warnings_section(root: Path) -> Section:
     """Every stage's warnings (``"warnings"`` in its metrics files, and the unread params its run record kept), first
-    in the report; and how each training stage chose its model (``"selection"``) where the stage recorded it."""
+    in the report; its notes (``"notes"``: lines, not warnings) below them; and how each training stage chose its
+    model (``"selection"``) where the stage recorded it."""
     by_stage = run_warnings(root)
     selection = local_selection(root)
     blocks: list[Block] = []
@@ -26,6 +27,12 @@ def warnings_section(root: Path) -> Section:
                             numeric=False))
     else:
         blocks.append(Text("None: no stage reported a warning."))
+    notes = local_notes(root)
+    if notes:
+        blocks.append(Table(["stage", "note", "message"],
+                            [[stage, warning_code(m), m] for stage, messages in notes.items() for m in messages],
+                            caption="Notes: facts about the run that were measured not to predict worse numbers "
+                                    "(benchmarks/results/warning_value.md); details, not warnings.", numeric=False))
     if selection:
         rows = [[stage, str(s.get("rule", "")), str(s.get("selected_epoch", "")),
                  "yes" if s.get("degenerate") else "no", str(s.get("reason") or ""), picks_text(s.get("picks"))]
