@@ -112,6 +112,18 @@ def digits_cell(seed: int) -> Cell:
     return Cell("digits", "cmnist", "paper", seed)
 
 
+def regime_of(cell: Cell) -> str:
+    """digits, cmnist, bmnist, or the protocol with its strength where that is not the cells' usual one."""
+    if cell.data == "digits":
+        return "digits"
+    return cell.protocol + ("" if cell.strength == STRENGTH else f"{cell.strength:g}")
+
+
+def cell_of(row: dict[str, str]) -> Cell:
+    """The cell a results row names."""
+    return Cell(row["data"], row["protocol"], row["palette"], int(row["seed"]), float(row["strength"]))
+
+
 def check_inputs(npz: Path | None, cells: list[Cell], jobs: int, threads: int) -> None:
     """Refuse what would fail later, before any clone or training: a missing or foreign npz, bad job counts."""
     if jobs < 1:

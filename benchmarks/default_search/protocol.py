@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks import cells
+from benchmarks.cells import cell_of, regime_of  # noqa: F401 (the search's modules read them here)
 from benchmarks.cells import BenchmarkError, Cell, digits_cell
 from debias.metrics.paired import Paired, paired, seeds_needed, tost
 
@@ -160,16 +161,6 @@ def candidates() -> dict[str, Candidate]:
              for pools in POOLS for eps in EPSILONS]
     found.append(Candidate(FAIRKL, FAIRKL_SETS, "cluster"))
     return {c.name: c for c in found}
-
-
-def regime_of(cell: Cell) -> str:
-    if cell.data == "digits":
-        return "digits"
-    return cell.protocol + ("" if cell.strength == cells.STRENGTH else f"{cell.strength:g}")
-
-
-def cell_of(row: dict[str, str]) -> Cell:
-    return Cell(row["data"], row["protocol"], row["palette"], int(row["seed"]), float(row["strength"]))
 
 
 def duplicate_runs(rows: list[dict[str, str]]) -> list[str]:

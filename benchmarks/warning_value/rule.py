@@ -11,6 +11,7 @@ from typing import Any
 
 from benchmarks import cells
 from benchmarks.cells import Cell
+from benchmarks.cells import cell_of, regime_of  # noqa: F401 (page.py reads them here)
 from debias.metrics.paired import Paired, detectable_difference, paired, tost
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
@@ -57,17 +58,6 @@ FIELDS = ["phase", "regime", "data", "protocol", "strength", "palette", "seed", 
           "epoch", "degenerate", "fragile", "short_pools", "codes", "val_unbiased", "test_unbiased", "test_worst",
           "cpu_seconds", "threads", "jobs", "rev", "data_sha", "date", "key"]
 PIPELINE_FIELDS = ["seed", "warnings", "notes", "rev", "date"]
-
-
-def regime_of(cell: Cell) -> str:
-    """digits, cmnist, bmnist, or the protocol with its strength where that is not the cells' usual one."""
-    if cell.data == "digits":
-        return "digits"
-    return cell.protocol + ("" if cell.strength == cells.STRENGTH else f"{cell.strength:g}")
-
-
-def cell_of(row: dict[str, str]) -> Cell:
-    return Cell(row["data"], row["protocol"], row["palette"], int(row["seed"]), float(row["strength"]))
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
