@@ -208,10 +208,11 @@ class Workspace:
         return self.path / f"groups-{source}.parquet"
 
 
-def workspace_key(cell: Cell, npz: Path | None, rev: str, threads: int, data_key: str) -> str:
+def workspace_key(cell: Cell, npz: Path | None, rev: str, threads: int, data_key: str,
+                  sources: tuple[str, ...] = GROUP_SOURCES) -> str:
     """The identity of a cell's upstream: its data file's SHA-256 (``data_key``; the bundled digits need none), the
     code at ``rev``, the cell's params, the group sources and the torch threads every run of it uses."""
-    return key_of(data_key if cell.data != "digits" else "digits", code_key(rev), cell.overrides(npz), GROUP_SOURCES,
+    return key_of(data_key if cell.data != "digits" else "digits", code_key(rev), cell.overrides(npz), sources,
                   threads)
 
 
@@ -224,14 +225,15 @@ def stage_env(path: Path, threads: int) -> dict[str, str]:
     return {**os.environ, "DEBIAS_THREADS": str(threads), "DEBIAS_TRACKING": "off", "PYTHONPATH": str(path / "src")}
 
 
-def prepare(workdir: Path, cell: Cell, npz: Path | None, rev: str, threads: int, data_key: str) -> Workspace:
-    """The cell's workspace at ``rev`` with each group source's table; reused only when its stored key matches (a
+def prepare(workdir: Path, cell: Cell, npz: Path | None, rev: str, threads: int, data_key: str,
+            sources: tuple[str, ...] = GROUP_SOURCES) -> Workspace:
+    """The cell's workspace at ``rev`` with each group source's table (``sources``); reused only when its stored key matches (a
     workspace of other data, code or params is rebuilt), so nothing stale is read."""
     path = workdir / cell.name
     params_tree = cell.overrides(npz)
-    key = workspace_key(cell, npz, rev, threads, data_key)
+    key = workspace_key(cell, npz, rev, threads, data_key, sources)
     stamp = path / "upstream.key"
-    if stamp.exists() and stamp.read_text() == key and all((path / f"groups-{s}.parquet").exists() for s in GROUP_SOURCES):
+    if stamp.exists() and stamp.read_text() == key and all((path / f"groups-{s}.parquet").exists() for s in sources):
         return Workspace(cell, path, key)
     if path.exists():
         shutil.rmtree(path)
@@ -241,7 +243,7 @@ def prepare(workdir: Path, cell: Cell, npz: Path | None, rev: str, threads: int,
     base = yaml.safe_load(params_file.read_text())
     log = workdir / f"{cell.name}.upstream.log"
     with log.open("w") as handle:
-        for source in GROUP_SOURCES:
+        for source in sources:
             params = merge(merge(base, params_tree), {"groups": {"method": source}})
             params_file.write_text(yaml.safe_dump(params, sort_keys=False, width=1000))
             done = subprocess.run(["dvc", "repro", "infer_groups"], cwd=path, env=stage_env(path, threads),

@@ -18,8 +18,9 @@ import yaml
 
 from benchmarks import cells
 from benchmarks.cells import BenchmarkError, Cell, digits_cell
-from benchmarks.warning_value.rule import (AVOIDING, DIGITS_SEEDS, FIELDS, PIPELINE_FIELDS, RESULTS, RULE_KEPT,
-                                           SEARCH, WARNED, heldout_cells, regime_of)
+from benchmarks.warning_value.rule import (AVOIDING, CONFIRM_FIELDS, CONFIRM_SEEDS, DIGITS_SEEDS, FIELDS,
+                                           PIPELINE_FIELDS, RESULTS, RULE_KEPT, SEARCH, WARNED, heldout_cells,
+                                           regime_of)
 from debias.core import health
 
 # --------------------------------------------------------------------------- per-run checks
@@ -92,8 +93,11 @@ def row_of(phase: str, cell: Cell, setting: str, name: str, result: cells.RunRes
 # --------------------------------------------------------------------------- runs
 
 
-def chosen_cells(digits_only: bool) -> list[tuple[str, Cell]]:
-    """(phase, cell): the bundled digits at :data:`DIGITS_SEEDS`, then the default search's held-out cells."""
+def chosen_cells(digits_only: bool, confirm: bool = False) -> list[tuple[str, Cell]]:
+    """(phase, cell): the bundled digits at :data:`DIGITS_SEEDS`, then the default search's held-out cells; with
+    ``confirm``, the confirmation's digits at :data:`CONFIRM_SEEDS` alone."""
+    if confirm:
+        return [("confirm", digits_cell(seed)) for seed in CONFIRM_SEEDS]
     found = [("digits", digits_cell(seed)) for seed in DIGITS_SEEDS]
     return found if digits_only else found + [("heldout", cell) for cell in interleaved(heldout_cells(SEARCH))]
 
@@ -110,10 +114,11 @@ def interleaved(chosen: list[Cell]) -> list[Cell]:
     return [cell for _, _, cell in sorted(ranked, key=lambda item: (item[0], item[1]))]
 
 
-def run_cells(args: argparse.Namespace, rev: str, csv_path: Path) -> list[dict[str, str]]:
+def run_cells(args: argparse.Namespace, rev: str, csv_path: Path, pools_path: Path) -> list[dict[str, str]]:
     """Both settings on every chosen cell (rows kept from ``csv_path`` when their key matches), ``args.jobs`` at once;
-    the CSV is rewritten after each run."""
-    chosen = chosen_cells(args.digits_only)
+    the CSV is rewritten after each run. A confirmation cell (``args.confirm``) runs its cluster groups' upstream
+    alone, records its pool check in ``pools_path`` and runs both settings only where a pool is short."""
+    chosen = chosen_cells(args.digits_only, args.confirm)
     npz = args.npz.resolve() if args.npz else None
     cells.check_inputs(npz, [cell for _, cell in chosen], args.jobs, args.threads)
     workdir = args.workdir.resolve()
@@ -123,6 +128,7 @@ def run_cells(args: argparse.Namespace, rev: str, csv_path: Path) -> list[dict[s
     made = {"threads": str(args.threads), "jobs": str(args.jobs), "rev": rev[:12], "data_sha": source_sha[:16]}
     stored = {row["key"] + row["setting"]: row for row in cells.read_rows(csv_path, FIELDS)}
     rows: list[dict[str, str]] = list(stored.values())
+    checked = {row["seed"]: row for row in cells.read_rows(pools_path, CONFIRM_FIELDS) if row["rev"] == rev[:12]}
     lock = threading.Lock()
 
     def data_of(cell: Cell) -> tuple[Path | None, str]:
@@ -132,8 +138,19 @@ def run_cells(args: argparse.Namespace, rev: str, csv_path: Path) -> list[dict[s
 
     def one_cell(phase: str, cell: Cell) -> None:
         path, data_key = data_of(cell)
-        workspace = cells.prepare(workdir, cell, path, rev, args.threads, data_key)
+        if phase == "confirm" and checked.get(str(cell.seed), {}).get("short_pools") == "0":
+            return  # checked at this commit: no short pool, nothing to run
+        sources = (WARNED.group_source,) if phase == "confirm" else cells.GROUP_SOURCES
+        workspace = cells.prepare(workdir, cell, path, rev, args.threads, data_key, sources)
         short = short_pools(workspace, WARNED.sets)
+        if phase == "confirm":
+            with lock:
+                checked[str(cell.seed)] = {"seed": str(cell.seed), "short_pools": str(len(short)), "rev": rev[:12],
+                                           "date": dt.date.today().isoformat()}
+                cells.write_rows(pools_path, CONFIRM_FIELDS, sorted(checked.values(), key=lambda r: int(r["seed"])))
+            print(f"confirm {cell.name}: short pools {len(short)}", flush=True)
+            if not short:
+                return
         for setting, candidate in (("replace", WARNED), ("shrink", AVOIDING)):
             key = cells.run_key(workspace, candidate.group_source, candidate.sets)
             if key + setting in stored:
@@ -212,12 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rev", default="HEAD", help="the commit every cell is cloned at")
     parser.add_argument("--digits-only", action="store_true", help="the bundled digits' cells alone")
     parser.add_argument("--pipeline", action="store_true", help="only count the warnings of `dvc repro` at seeds 0-19")
+    parser.add_argument("--confirm", action="store_true",
+                        help=f"the confirmation of cnc-small-pools: the digits at seeds {CONFIRM_SEEDS[0]}-{CONFIRM_SEEDS[-1]}")
     parser.add_argument("--out", type=Path, default=RESULTS / "warning_value")
     parser.add_argument("--collect-only", action="store_true", help="rewrite OUT.md from the CSVs")
     args = parser.parse_args(argv)
 
     csv_path, md_path = args.out.with_suffix(".csv"), args.out.with_suffix(".md")
     pipeline_path = args.out.with_name(args.out.name + "_pipeline.csv")
+    pools_path = args.out.with_name(args.out.name + "_confirm_pools.csv")
     command = cells.shown_command("warning_value", sys.argv[1:] if argv is None else argv)
     try:
         if not args.collect_only:
@@ -227,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.pipeline:
                 pipeline_counts(args, rev, pipeline_path)
             else:
-                run_cells(args, rev, csv_path)
+                run_cells(args, rev, csv_path, pools_path)
         from benchmarks.warning_value.page import markdown, rule_commit
 
         rows = cells.read_results(csv_path, FIELDS, "--collect-only")
