@@ -1,16 +1,18 @@
 """Stage source: fingerprint the external files ``data.source`` reads (e.g. the npz at ``data.path``) into
-data/source.json. DVC runs it every time (``always_changed``, well under a second: no torch, no MLflow)
-and reruns ``download`` only when the fingerprint changes, so a file overwritten in place is never stale."""
+data/source.json, and each stage's code (the md5 of every file dvc.yaml's ``meta: code`` lists for it) into
+data/code/<stage>.json. DVC runs it every time (``always_changed``, well under a second: no torch, no MLflow)
+and reruns ``download`` only when the data fingerprint changes, and a stage only when its code fingerprint does:
+a file overwritten in place is never stale, and dvc.lock records one code dep a stage instead of every file."""
 
 import json
 import sys
 from pathlib import Path
 
 from debias.core.errors import DeclarationError
-from debias.core.fingerprint import file_digest, tree_digest
+from debias.core.fingerprint import code_fingerprints, file_digest, tree_digest
 from debias.core.errors import uncommitted_params_hint
 from debias.core.io import save_json
-from debias.core.paths import SOURCE_FINGERPRINT
+from debias.core.paths import SOURCE_FINGERPRINT, code_fingerprint_path
 from debias.data.sources.base import DataSourceError, external_files, source_digests
 from debias.params import ParamsError
 from debias.schema import load_params
@@ -30,6 +32,14 @@ def fingerprint() -> dict:
     return {"source": params.source, "files": files}
 
 
+def stages(dvc_yaml: Path = Path("dvc.yaml")) -> dict:
+    """dvc.yaml's stages, parsed (libyaml where installed)."""
+    import yaml
+
+    loaded = yaml.load(dvc_yaml.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return (loaded or {}).get("stages") or {}
+
+
 def write_if_changed(path: Path, document: dict) -> None:
     """Rewrite ``path`` only when its content would change: an unchanged fingerprint keeps its file (and mtime)."""
     if path.exists() and json.loads(path.read_text()) == json.loads(json.dumps(document)):
@@ -40,7 +50,9 @@ def write_if_changed(path: Path, document: dict) -> None:
 if __name__ == "__main__":
     try:
         write_if_changed(SOURCE_FINGERPRINT, fingerprint())
-    except (ParamsError, DataSourceError, DeclarationError) as exc:
+        for stage, document in code_fingerprints(stages(), Path(".")).items():
+            write_if_changed(code_fingerprint_path(stage), document)
+    except (ParamsError, DataSourceError, DeclarationError, FileNotFoundError) as exc:
         hint = uncommitted_params_hint() if isinstance(exc, ParamsError) else ""
         print(f"[source] error: {str(exc)[:2000]}{hint}", file=sys.stderr)
         sys.exit(2)

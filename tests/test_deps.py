@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from debias.core.fingerprint import stage_code_files, stale_code
 from debias.tools.deps import HARNESS, SIDE_CHANNELS, code_deps, is_side_channel, params_sections, stage_code_deps
 from tests.conftest import REPO, copy_worktree
 
@@ -59,10 +60,11 @@ PROBES: dict[str, set[str]] = {
 
 
 def stages_by_file(dvc_yaml: Path) -> dict[str, set[str]]:
-    """Each code file -> the stages of ``dvc_yaml`` that declare it as a dep."""
+    """Each code file -> the stages of ``dvc_yaml`` that declare it as their code (``meta: code``) or a dep."""
     found: dict[str, set[str]] = {}
-    for name, stage in yaml.safe_load(dvc_yaml.read_text())["stages"].items():
-        for dep in stage.get("deps", []):
+    stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
+    for name, stage in stages.items():
+        for dep in [*stage.get("deps", []), *stage_code_files(stages, name)]:
             found.setdefault(dep, set()).add(name)
     return found
 
@@ -162,8 +164,7 @@ def test_every_side_channel_is_a_harness_module_and_no_dep() -> None:
         base = REPO / "src" / Path(*name.split("."))
         assert base.with_suffix(".py").is_file() or (base / "__init__.py").is_file(), name
         assert any(name == h or name.startswith(h + ".") for h in HARNESS), name
-    declared = {dep for deps in (stage.get("deps", []) for stage in
-                                 yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"].values()) for dep in deps}
+    declared = set(stages_by_file(REPO / "dvc.yaml"))
     channelled = sorted(dep for dep in declared if dep.startswith("src/") and is_side_channel(
         ".".join(Path(dep).relative_to("src").with_suffix("").parts).removesuffix(".__init__")))
     assert not channelled, channelled
@@ -179,16 +180,90 @@ def test_dvc_yaml_names_each_file_in_the_stages_whose_outputs_it_computes(path: 
     assert declared == PROBES[path], f"{path}: deps of {sorted(declared)}, expected {sorted(PROBES[path])}"
 
 
+# --------------------------------------------------------------------------- code fingerprints
+
+
+def fingerprinted_tree(root: Path) -> None:
+    """A repository of one stage ``s`` whose code is src/a.py, fingerprinted as ``source`` does."""
+    from debias.core.fingerprint import code_fingerprints
+    from debias.core.io import save_json
+
+    write_tree(root, {"src/a.py": "x = 1\n", "src/b.py": "y = 1\n", "dvc.yaml": yaml.safe_dump({"stages": {
+        "s": {"cmd": "c", "deps": ["data/code/s.json", "data/in"], "meta": {"code": ["src/a.py"]}},
+        "t": {"cmd": "c", "deps": ["data/in"], "meta": {"code": ["src/b.py"]}}}})})
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    for name, document in code_fingerprints(stages, root).items():
+        save_json(root / "data" / "code" / f"{name}.json", document)
+
+
+def test_source_fingerprints_exactly_the_stages_that_depend_on_their_fingerprint(tmp_path: Path) -> None:
+    import hashlib
+
+    from debias.core.fingerprint import code_fingerprints
+
+    fingerprinted_tree(tmp_path)
+    stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
+    assert code_fingerprints(stages, tmp_path) == {"s": {"files": {"src/a.py": hashlib.md5(b"x = 1\n").hexdigest()}}}
+    (tmp_path / "src/b.py").write_text("y = 2\n")  # another stage's code: s's document is the same
+    assert code_fingerprints(stages, tmp_path)["s"] == json.loads((tmp_path / "data/code/s.json").read_text())
+    (tmp_path / "src/a.py").unlink()
+    with pytest.raises(FileNotFoundError, match="src/a.py, listed as code in dvc.yaml"):
+        code_fingerprints(stages, tmp_path)
+
+
+def test_a_stage_under_dvc_whose_code_changed_after_source_ran_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """`dvc repro -s s` skips `source`: the stage itself finds its code is not the fingerprinted one, names the
+    file and the command that fixes it; run by hand (no DVC), or with its code as fingerprinted, it goes on."""
+    from debias.core.errors import StaleInputError
+    from debias.harness.stage import check_code_fingerprint
+
+    fingerprinted_tree(tmp_path)
+    monkeypatch.setenv("DVC_STAGE", "s")
+    check_code_fingerprint("s", tmp_path)
+    (tmp_path / "src/a.py").write_text("x = 2\n")
+    with pytest.raises(StaleInputError, match=r"s's code changed since the `source` stage fingerprinted it into "
+                                              r"data/code/s.json \(src/a.py\).*run `dvc repro s`"):
+        check_code_fingerprint("s", tmp_path)
+    check_code_fingerprint("t", tmp_path)  # no fingerprint of its own: nothing to hold it to
+    monkeypatch.delenv("DVC_STAGE")
+    check_code_fingerprint("s", tmp_path)
+
+
+def test_deps_write_lists_the_code_in_meta_and_depends_on_the_fingerprint(tmp_path: Path) -> None:
+    """`debias deps --write` on a stage that lists its code files as deps: they move to ``meta: code`` and the
+    stage depends on data/code/<stage>.json instead (data deps kept); an always-changed stage keeps no code dep;
+    a second write changes nothing."""
+    from debias.tools.deps import stage_differences, write_deps
+
+    write_tree(tmp_path, {"src/debias/__init__.py": "", "src/debias/a.py": "",
+                          "pipeline/s.py": "from debias import a\n", "pipeline/source.py": "",
+                          "dvc.yaml": "stages:\n  source:\n    cmd: python pipeline/source.py\n    always_changed: true\n"
+                                      "    deps:\n      - pipeline/source.py\n"
+                                      "  s:\n    cmd: python pipeline/s.py\n    deps:\n      - pipeline/s.py\n"
+                                      "      - data/in  # kept\n"})
+    assert write_deps(tmp_path / "dvc.yaml") == ["source", "s"]
+    stages = yaml.safe_load((tmp_path / "dvc.yaml").read_text())["stages"]
+    assert stages["s"]["deps"] == ["data/code/s.json", "data/in"]
+    assert stages["s"]["meta"]["code"] == ["pipeline/s.py", "src/debias/__init__.py", "src/debias/a.py"]
+    assert "deps" not in stages["source"] and stages["source"]["meta"]["code"] == ["pipeline/source.py"]
+    assert write_deps(tmp_path / "dvc.yaml") == [] and stage_differences(tmp_path / "dvc.yaml") == {}
+    (tmp_path / "src/debias/b.py").write_text("")
+    (tmp_path / "pipeline/s.py").write_text("from debias import a, b\n")
+    assert stage_differences(tmp_path / "dvc.yaml") == {"s": (["src/debias/b.py"], [])}
+
+
 # --------------------------------------------------------------------------- for real: dvc status
 
 
 def placeholder_outputs(clone: Path) -> None:
-    """An empty stand-in for every declared output (a file, or a folder holding one), so that `dvc commit`
-    records a dvc.lock without running the pipeline."""
+    """An empty stand-in for every declared output not yet written (a file, or a folder holding one), so that
+    `dvc commit` records a dvc.lock without running the pipeline."""
     for stage in yaml.safe_load((clone / "dvc.yaml").read_text())["stages"].values():
         for kind in ("outs", "metrics", "plots"):
             for entry in stage.get(kind, []) or []:
                 path = clone / (next(iter(entry)) if isinstance(entry, dict) else entry)
+                if path.exists():
+                    continue
                 if path.suffix:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text("placeholder\n")
@@ -199,23 +274,32 @@ def placeholder_outputs(clone: Path) -> None:
 
 def dvc(clone: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "MLFLOW_"))}
+    env.update(DEBIAS_TRACKING="off")
     done = subprocess.run(["dvc", *args], cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"dvc {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
 
+def code_fingerprints_in(clone: Path) -> dict[str, dict]:
+    """The code fingerprints ``source`` wrote in ``clone``: stage -> its data/code/<stage>.json."""
+    return {path.stem: json.loads(path.read_text()) for path in (clone / "data" / "code").glob("*.json")}
+
+
 @pytest.mark.slow
 def test_dvc_status_names_only_the_stages_whose_outputs_the_changed_code_computes(tmp_path: Path) -> None:
-    """A scratch copy with a dvc.lock recorded by `dvc commit` over placeholder outputs; a comment appended to one
-    file of each kind and a value of the ``loss`` section changed; one `dvc status --json` then names, per stage,
-    each dep that changed."""
+    """A scratch copy where `source` ran and `dvc commit` recorded a dvc.lock over placeholder outputs; a comment
+    appended to one file of each kind and a value of the ``loss`` section changed; `dvc repro source` then
+    rewrites exactly the code fingerprints of the stages whose code changed, and one `dvc status --json` names
+    those stages (each by its fingerprint) and the stage reading ``loss``, no other."""
     clone = copy_worktree(tmp_path / "repo")
     for command in (["git", "init", "-q"], ["git", "add", "-A"],
                     ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "scratch"]):
         subprocess.run(command, cwd=clone, check=True, capture_output=True)
+    dvc(clone, "repro", "source")
     placeholder_outputs(clone)
     dvc(clone, "commit", "-f")
     assert set(json.loads(dvc(clone, "status", "--json"))) <= {"source"}  # `source` is always changed
+    before = code_fingerprints_in(clone)
 
     for path in PROBES:
         with open(clone / path, "a", encoding="utf-8") as handle:
@@ -223,22 +307,34 @@ def test_dvc_status_names_only_the_stages_whose_outputs_the_changed_code_compute
     params = yaml.safe_load((clone / "params.yaml").read_text())
     params["loss"]["epsilon"] = params["loss"]["epsilon"] / 2 + 0.01
     (clone / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    dvc(clone, "repro", "source")
+    after = code_fingerprints_in(clone)
     status = json.loads(dvc(clone, "status", "--json"))
 
     named: dict[str, set[str]] = {path: set() for path in PROBES}
-    params_changed: set[str] = set()
+    for stage in after:
+        for path in stale_code(before[stage], after[stage]):
+            named.setdefault(path, set()).add(stage)
+    own = stage_code_files(yaml.safe_load((clone / "dvc.yaml").read_text())["stages"], "source")
+    for path in PROBES:  # source runs every time: its own code is listed in its meta, not fingerprinted
+        if path in own:
+            named[path].add("source")
+    fingerprints, params_changed, others = set(), set(), set()
     for stage, entries in status.items():
         for entry in entries:
             for dep, change in (entry.get("changed deps", {}) if isinstance(entry, dict) else {}).items():
                 if isinstance(change, dict):  # params.yaml's sections the stage reads
                     params_changed.add(stage)
+                elif dep == f"data/code/{stage}.json":
+                    fingerprints.add(stage)
                 else:
-                    named.setdefault(dep, set()).add(stage)
+                    others.add((stage, dep))
     assert {path: stages for path, stages in named.items() if path in PROBES} == PROBES
-    assert not set().union(*(named[p] for p in PROBES if "train_contrastive" in PROBES[p])) & UPSTREAM_OF_STAGE2
+    assert set(named) == set(PROBES)
+    assert fingerprints == set().union(*PROBES.values()) - {"source"}
+    assert not fingerprints & (UPSTREAM_OF_STAGE2 - {"download"})
     assert params_changed == {"train_contrastive"}  # the stage that reads `loss`
-    assert named.get("params.yaml") == {"report"}  # the report renders every param
-    assert set(named) - set(PROBES) == {"params.yaml"}
+    assert others == {("report", "params.yaml")}  # the report renders every param
 
 
 # --------------------------------------------------------------------------- the harness changes no value

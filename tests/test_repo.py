@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -105,9 +106,10 @@ def test_dvc_yaml_declares_exactly_the_params_each_stage_reads() -> None:
         assert sorted(stage.get("params", [])) == sorted(STAGE_PARAMS[name]), name
         launcher = "python -m debias.harness.launch" if name in TRAINING_STAGES else "python -m debias.harness.launch --single"
         assert stage["cmd"] == f"{launcher} pipeline/{name}.py", name
+        code = set(stage["meta"]["code"])
         if name in TRAINING_STAGES:  # the multi-process code changes what training computes
-            assert {"src/debias/core/distributed.py", "src/debias/data/augment.py"} <= set(stage["deps"]), name
-        assert "src/debias/harness/launch.py" not in stage["deps"], name  # the launcher is harness (debias.tools.deps.HARNESS)
+            assert {"src/debias/core/distributed.py", "src/debias/data/augment.py"} <= code, name
+        assert "src/debias/harness/launch.py" not in code, name  # the launcher is harness (debias.tools.deps.HARNESS)
 
 
 def test_stage_outputs_are_the_paths_the_code_writes() -> None:
@@ -134,15 +136,32 @@ def test_every_stage_depends_on_exactly_the_code_its_entrypoint_imports() -> Non
 
 
 def lock_code_mismatches(lock_text: str, root) -> list[str]:
-    """Every code dep (src/, pipeline/) of every stage in a dvc.lock text whose recorded md5 is not the file's under
-    ``root`` (DVC 3 hashes a file's bytes), or that dvc.yaml lists and the lock does not."""
+    """Every stage of a dvc.lock text whose recorded code does not match the files under ``root``: its code
+    fingerprint dep (``data/code/<stage>.json``, the md5 of the document ``source`` would write now from the files
+    its ``meta: code`` lists) or a code file listed as a dep itself (src/, pipeline/; DVC 3 hashes a file's bytes)."""
     import hashlib
+    import tempfile
+
+    from debias.core.fingerprint import code_fingerprints, stale_code
+    from debias.core.io import save_json
+    from debias.core.paths import code_fingerprint_path
 
     lock = yaml.safe_load(lock_text) or {}
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    documents = code_fingerprints(stages, root)
     found = []
     for name, entry in (lock.get("stages") or {}).items():
         recorded = {dep["path"]: dep.get("md5") for dep in entry.get("deps") or []}
+        if name in documents:
+            with tempfile.TemporaryDirectory() as folder:
+                save_json(Path(folder) / "code.json", documents[name])
+                actual = hashlib.md5((Path(folder) / "code.json").read_bytes()).hexdigest()
+            path = str(code_fingerprint_path(name))
+            if recorded.get(path) != actual:
+                written = root / path
+                changed = stale_code(json.loads(written.read_text()), documents[name]) if written.is_file() else []
+                found.append(f"{name}: {path} (lock {recorded.get(path, 'missing')}, code now {actual}"
+                             f"{'; changed: ' + ', '.join(changed[:5]) if changed else ''})")
         for dep in stages.get(name, {}).get("deps") or []:
             if not str(dep).startswith(("src/", "pipeline/")):
                 continue
@@ -172,6 +191,27 @@ def test_a_stale_lock_entry_is_found(tmp_path) -> None:
     (tmp_path / "src/a.py").write_text("x = 2\n")
     assert lock_code_mismatches(yaml.safe_dump(lock), tmp_path) == [
         f"s: src/a.py (lock {good}, file {hashlib.md5(b'x = 2' + chr(10).encode()).hexdigest()})"]
+
+
+def test_a_lock_whose_code_fingerprint_is_not_the_code_is_found(tmp_path) -> None:
+    """A stage that depends on its code fingerprint: the lock's md5 of data/code/<stage>.json is held against the
+    document `source` would write from the files its meta lists, and an edit to one of them is found."""
+    import hashlib
+
+    from debias.core.fingerprint import code_fingerprint
+    from debias.core.io import save_json
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src/a.py").write_text("x = 1\n")
+    stage = {"cmd": "c", "deps": ["data/code/s.json"], "meta": {"code": ["src/a.py"]}}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"s": stage}}))
+    save_json(tmp_path / "data/code/s.json", code_fingerprint(["src/a.py"], tmp_path))
+    good = hashlib.md5((tmp_path / "data/code/s.json").read_bytes()).hexdigest()
+    lock = {"schema": "2.0", "stages": {"s": {"cmd": "c", "deps": [{"path": "data/code/s.json", "md5": good}]}}}
+    assert lock_code_mismatches(yaml.safe_dump(lock), tmp_path) == []
+    (tmp_path / "src/a.py").write_text("x = 2\n")
+    [found] = lock_code_mismatches(yaml.safe_dump(lock), tmp_path)
+    assert found.startswith(f"s: data/code/s.json (lock {good}, code now ") and found.endswith("changed: src/a.py)")
 
 
 def test_the_import_walk_follows_lazy_submodule_and_relative_imports(tmp_path) -> None:

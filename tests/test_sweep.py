@@ -697,6 +697,17 @@ def _e2e_env(repo: Path) -> dict[str, str]:
     return env
 
 
+def _code_fingerprint_md5(repo: Path, stage: str, scratch: Path) -> str:
+    """The md5 of the code fingerprint ``source`` would write for ``stage`` from ``repo``'s files now."""
+    import hashlib
+
+    from debias.core.fingerprint import code_fingerprints
+    from debias.core.io import save_json
+
+    save_json(scratch, code_fingerprints(yaml.safe_load((repo / "dvc.yaml").read_text())["stages"], repo)[stage])
+    return hashlib.md5(scratch.read_bytes()).hexdigest()
+
+
 def _locked_md5(repo: Path, ref: str, stage: str, path: str) -> str:
     lock = yaml.safe_load(workspace.run(["git", "show", f"{ref}:dvc.lock"], repo))
     return next(dep["md5"] for dep in lock["stages"][stage]["deps"] if dep["path"] == path)
@@ -708,8 +719,6 @@ def test_a_queued_experiment_runs_the_committed_code_when_the_workspace_s_change
         tmp_path: Path, monkeypatch) -> None:
     """An edit of src/ saved while a sweep's experiment waits on DVC's queue must not reach it: the experiment's
     stages run its own copy of the commit, the code its dvc.lock records (here the edit would fail the stage)."""
-    import hashlib
-
     from tests.test_pipeline import make_clone
 
     repo = make_clone(tmp_path / "repo")
@@ -727,7 +736,10 @@ def test_a_queued_experiment_runs_the_committed_code_when_the_workspace_s_change
     commit = workspace.run(["git", "rev-parse", "HEAD"], repo).strip()
     assert job.name in workspace.finished_experiments(repo, commit)
     ref = f"refs/exps/{commit[:2]}/{commit[2:]}/{job.name}"
-    assert _locked_md5(repo, ref, "download", "src/debias/data/raw.py") == hashlib.md5(committed).hexdigest()
+    edited = _code_fingerprint_md5(repo, "download", tmp_path / "edited.json")
+    module.write_bytes(committed)
+    assert _locked_md5(repo, ref, "download", "data/code/download.json") == _code_fingerprint_md5(
+        repo, "download", tmp_path / "committed.json") != edited
 
 
 @pytest.mark.slow

@@ -4,7 +4,10 @@
 - :func:`code_version` hashes the source of every ``debias`` module the process has imported;
 - :func:`file_digest` hashes a file's bytes, :func:`tree_digest` a folder's files (names, sizes, mtimes),
   :func:`files_digest` named files wherever they are (resolved paths, sizes, mtimes);
-- :func:`digest` combines JSON-able values into one short hex string.
+- :func:`digest` combines JSON-able values into one short hex string;
+- :func:`code_fingerprint` is a stage's code as DVC sees it: the md5 of each file dvc.yaml's ``meta: code`` lists
+  for the stage (:func:`stage_code_files`), written by ``source`` to ``data/code/<stage>.json``, the stage's one
+  code dep (:func:`stale_code` says which files changed since).
 A training stage's resume state is keyed by ``{"params", "data", "code"}`` digests (:mod:`debias.training.loop`),
 and the ``source`` stage fingerprints external data files so DVC reruns ``download`` when they change.
 """
@@ -108,3 +111,39 @@ def files_digest(paths: Iterable[Path]) -> str:
         except OSError:
             entries.append([str(path), "missing"])
     return digest(entries)
+
+
+CODE_META = "code"  # dvc.yaml: a stage's ``meta: {code: [...]}``, the code files it runs (``debias deps --write``)
+
+
+def stage_code_files(stages: Mapping[str, Any], stage: str) -> list[str]:
+    """The code files dvc.yaml's ``stages`` (parsed) lists under ``stage``'s ``meta: code``; [] when none."""
+    meta = (stages.get(stage) or {}).get("meta") or {}
+    return [str(path) for path in meta.get(CODE_META) or []]
+
+
+def code_fingerprint(files: Iterable[str], root: Path) -> dict[str, Any]:
+    """``{"files": {path: md5 of its bytes}}`` for the repository-relative ``files`` (sorted; DVC's md5), so the
+    document changes exactly when one of them does; a missing file is an error naming it."""
+    digests = {}
+    for name in sorted(set(files)):
+        path = root / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{name}, listed as code in dvc.yaml, does not exist: run `debias deps --write`")
+        digests[name] = hashlib.md5(path.read_bytes()).hexdigest()
+    return {"files": digests}
+
+
+def code_fingerprints(stages: Mapping[str, Any], root: Path) -> dict[str, dict[str, Any]]:
+    """Each of dvc.yaml's ``stages`` (parsed) whose deps name its code fingerprint -> :func:`code_fingerprint` of the
+    code files its ``meta: code`` lists (``root``: the repository)."""
+    from debias.core.paths import code_fingerprint_path
+
+    return {name: code_fingerprint(stage_code_files(stages, name), root) for name, stage in stages.items()
+            if str(code_fingerprint_path(name)) in [str(dep) for dep in (stage or {}).get("deps") or []]}
+
+
+def stale_code(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """The files whose md5 differs between two :func:`code_fingerprint` documents (added and removed ones too)."""
+    before, after = dict(recorded.get("files") or {}), dict(current.get("files") or {})
+    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))

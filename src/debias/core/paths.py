@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 SOURCE_FINGERPRINT = Path("data/source.json")
+CODE_FINGERPRINTS = Path("data/code")  # one <stage>.json per stage: the md5 of each code file it runs (``source``)
 RAW = Path("data/raw")
 RAW_SPLITS = RAW / "splits.pt"
 BIASED = Path("data/biased")
@@ -54,3 +55,8 @@ def resolve_data_path(path: str | Path) -> Path:
     path = Path(path).expanduser()
     return path if path.is_absolute() else repo_root() / path
 
+
+
+def code_fingerprint_path(stage: str) -> Path:
+    """The file ``source`` writes with the md5 of each code file ``stage`` runs: the stage's one code dep."""
+    return CODE_FINGERPRINTS / f"{stage}.json"

@@ -26,13 +26,18 @@ every file of the repository it reaches: the entrypoint, ``src/debias/**.py`` (e
   every section for a stage that depends on params.yaml whole) plus the shared ones (:data:`PARAMS_COMMON`),
   not on every section: a change to ``loss``'s schema reruns the stages that read ``loss``.
 
-``debias deps`` prints the difference between dvc.yaml and the derived lists; ``debias deps --write``
-rewrites the code entries of every stage's ``deps`` (comments and everything else kept).
+dvc.yaml keeps each stage's list under its ``meta: code``; the stage's one code dep is ``data/code/<stage>.json``,
+the md5 of each listed file, which the ``source`` stage writes (:func:`debias.core.fingerprint.code_fingerprints`),
+so dvc.lock holds one code entry per stage. ``debias deps`` prints the difference between dvc.yaml and the derived
+lists; ``debias deps --write`` rewrites every stage's ``meta: code`` and its fingerprint dep (comments and everything
+else kept).
 """
 
 from __future__ import annotations
 
 import ast
+import io
+import re
 import shlex
 from collections.abc import Iterable
 from pathlib import Path
@@ -316,14 +321,16 @@ def is_code(dep: str) -> bool:
 
 
 def stage_differences(dvc_yaml: Path) -> dict[str, tuple[list[str], list[str]]]:
-    """Per stage: (code deps dvc.yaml lacks, code deps dvc.yaml has that the imports do not reach)."""
+    """Per stage: (code files its ``meta: code`` lacks, code files it lists that the imports do not reach)."""
     import yaml
+
+    from debias.core.fingerprint import stage_code_files
 
     root = dvc_yaml.parent
     stages = yaml.safe_load(dvc_yaml.read_text(encoding="utf-8"))["stages"]
     out: dict[str, tuple[list[str], list[str]]] = {}
     for name, stage in stages.items():
-        declared = {d for d in stage.get("deps", []) or [] if is_code(d)}
+        declared = set(stage_code_files(stages, name)) | {d for d in stage.get("deps", []) or [] if is_code(d)}
         derived = set(stage_code_deps(stage, root))
         missing, extra = sorted(derived - declared), sorted(declared - derived)
         if missing or extra:
@@ -332,8 +339,14 @@ def stage_differences(dvc_yaml: Path) -> dict[str, tuple[list[str], list[str]]]:
 
 
 def write_deps(dvc_yaml: Path) -> list[str]:
-    """Rewrite each stage's code deps in dvc.yaml as derived (data deps and comments kept); the stages changed."""
+    """Rewrite each stage's ``meta: code`` in dvc.yaml as derived, and its deps to name its code fingerprint
+    (``data/code/<stage>.json``, which ``source`` writes) instead of the files (data deps and comments kept); the
+    stages changed. ``source`` itself runs every time: its code is listed, not fingerprinted."""
     from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+
+    from debias.core.fingerprint import CODE_META
+    from debias.core.paths import code_fingerprint_path
 
     root = dvc_yaml.parent
     yaml = YAML()
@@ -343,17 +356,37 @@ def write_deps(dvc_yaml: Path) -> list[str]:
     document = yaml.load(dvc_yaml.read_text(encoding="utf-8"))
     changed = []
     for name, stage in document["stages"].items():
-        deps = stage.get("deps")
         derived = stage_code_deps(stage, root)
-        data = [d for d in (deps or []) if not is_code(d)]
-        if deps is None or [d for d in deps if is_code(d)] != derived:
-            changed.append(name)
-            new = derived + data
-            if deps is None:
-                stage.insert(1, "deps", new)
-            else:
-                deps.clear()
-                deps.extend(new)
-    with open(dvc_yaml, "w", encoding="utf-8") as handle:
-        yaml.dump(document, handle)
+        meta = stage.get("meta")
+        deps = stage.get("deps")
+        data = [d for d in (deps or []) if not is_code(d) and d != str(code_fingerprint_path(name))]
+        wanted = data if stage.get("always_changed") else [str(code_fingerprint_path(name)), *data]
+        if meta is not None and list(meta.get(CODE_META) or []) == derived and list(deps or []) == wanted:
+            continue
+        changed.append(name)
+        if meta is None:
+            meta = CommentedMap()
+            stage.insert(len(stage), "meta", meta)
+        meta[CODE_META] = derived
+        if deps is None and wanted:
+            stage.insert(1, "deps", wanted)
+        elif deps is not None and wanted:
+            deps.clear()
+            deps.extend(wanted)
+        elif deps is not None:
+            del stage["deps"]
+    text = io.StringIO()
+    yaml.dump(document, text)
+    dvc_yaml.write_text(_blank_line_between_stages(text.getvalue()), encoding="utf-8")
     return changed
+
+
+def _blank_line_between_stages(text: str) -> str:
+    """One blank line before each stage (ruamel keeps a stage's trailing blank line ahead of an appended ``meta``)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    out: list[str] = []
+    for line in lines:
+        if re.match(r"^  [A-Za-z_][\w-]*:", line) and out and not out[-1].startswith("stages:"):
+            out.append("")
+        out.append(line)
+    return "\n".join(out) + "\n"

@@ -55,6 +55,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from debias.core.paths import RESUME, RESUME_FILES
 from debias.tools.deps import HARNESS_LEAVES, is_side_channel, module_file
 from debias.tools.trace_log import Trace
@@ -190,10 +192,25 @@ def changed_files(before: dict[str, tuple[int, int]], after: dict[str, tuple[int
 
 
 def declared(stage: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """A dvc.yaml stage's deps and outs (outs, metrics and plots), as repository-relative paths."""
+    """A dvc.yaml stage's deps (its code files, ``meta: code``, included) and outs (outs, metrics and plots), as
+    repository-relative paths."""
+    from debias.core.fingerprint import stage_code_files
+
     outs = [next(iter(entry)) if isinstance(entry, dict) else entry
             for kind in ("outs", "metrics", "plots") for entry in stage.get(kind) or []]
-    return [str(d) for d in stage.get("deps") or []], [str(o) for o in outs]
+    return ([str(d) for d in stage.get("deps") or []] + stage_code_files({"": stage}, ""),
+            [str(o) for o in outs])
+
+
+def fingerprinted_code(outs: list[str], root: Path) -> list[str]:
+    """The code files of each stage of ``root``'s dvc.yaml whose code fingerprint (``data/code/<stage>.json``) is
+    among ``outs``: the ``source`` stage reads them, as data, to hash them."""
+    from debias.core.fingerprint import stage_code_files
+    from debias.core.paths import code_fingerprint_path
+
+    stages = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
+    return sorted({path for name in stages if str(code_fingerprint_path(name)) in outs
+                   for path in stage_code_files(stages, name)})
 
 
 def under(path: str, entries: list[str] | tuple[str, ...]) -> bool:
@@ -262,6 +279,7 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
     stage's outs: probing them, failing to open them or listing a folder that holds them is reading them); an empty
     list when the graph holds."""
     deps, outs = declared(stage)
+    deps += fingerprinted_code(outs, root)
     environment, writable = _environment(root, name)
     inside_environment = [e for e in environment if not os.path.isabs(e)]
     outside_environment = [e for e in environment if os.path.isabs(e) or e.startswith("*")]
