@@ -206,8 +206,10 @@ def fingerprinted_code(outs: list[str], root: Path) -> list[str]:
     """The code files of each stage of ``root``'s dvc.yaml whose code fingerprint (``data/code/<stage>.json``) is
     among ``outs``: the ``source`` stage reads them, as data, to hash them."""
     from debias.core.fingerprint import stage_code_files
-    from debias.core.paths import code_fingerprint_path
+    from debias.core.paths import CODE_FINGERPRINTS, code_fingerprint_path
 
+    if not any(out.startswith(f"{CODE_FINGERPRINTS.as_posix()}/") for out in outs):
+        return []
     stages = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
     return sorted({path for name in stages if str(code_fingerprint_path(name)) in outs
                    for path in stage_code_files(stages, name)})
