@@ -18,6 +18,7 @@ RULE_FILE = "benchmarks/warning_value/rule.py"
 # The runs behind a complete page (SCRATCH: any empty folder; mnist10k.npz from the datasets folder): the cells, then
 # the pipeline count at the commit whose warnings it counts.
 FULL_COMMANDS = ("python -m benchmarks.warning_value --npz mnist10k.npz --workdir SCRATCH --jobs 2",
+                 "python -m benchmarks.warning_value --workdir SCRATCH --jobs 2 --confirm",
                  "python -m benchmarks.warning_value --workdir SCRATCH --jobs 2 --pipeline")
 
 
@@ -25,7 +26,9 @@ FULL_COMMANDS = ("python -m benchmarks.warning_value --npz mnist10k.npz --workdi
 AMENDED = ("its words amended at commit 59e0818, after the first-epoch comparison was computed and while the digits "
            "runs ran: the code split off degenerate-selection's "
            "first-epoch case, first-epoch-kept, is named as the code that comparison judges, and degenerate-selection's "
-           "remaining case (a validation number 0 at every epoch) is counted among the guards")
+           "remaining case (a validation number 0 at every epoch) is counted among the guards; the confirmation of "
+           "cnc-small-pools added at commit 476af33 and its stopping time at f5de531, after the first cells' results "
+           "and before the confirmation's own")
 
 
 def rule_commit() -> str:
@@ -145,14 +148,27 @@ REASONS = {
 }
 
 
-def verdict_rows(rows: list[dict[str, str]], search: list[dict[str, str]], pipeline: list[dict[str, str]]
-                 ) -> list[str]:
-    """One table row per code of :data:`health.CODES`."""
+def confirm_span(checked: list[dict[str, str]]) -> str:
+    seeds = [int(r["seed"]) for r in checked]
+    return f"{min(seeds)}-{max(seeds)}" if seeds else "none"
+
+
+def verdict_rows(rows: list[dict[str, str]], search: list[dict[str, str]], pipeline: list[dict[str, str]],
+                 checked: list[dict[str, str]]) -> list[str]:
+    """One table row per code of :data:`health.CODES`; ``cnc-small-pools`` judged on the confirmation's cells where
+    there are any (``checked``: its pool check, one row per seed)."""
     out = []
-    du, dw, fired = pool_differences(rows, fired_only=True)
+    confirm = [r for r in rows if r["phase"] == "confirm"]
+    du, dw, fired = pool_differences(confirm or rows, fired_only=True)
     paired_cells = len(pool_differences(rows, fired_only=False)[0])
     for code in health.CODES:
-        if code == "cnc-small-pools":
+        if code == "cnc-small-pools" and confirm:
+            how = (f"params.yaml's stage 2 (replace) minus `short_pools: shrink`, paired by cell, on the confirmation's "
+                   f"{fired} fired cells alone (the bundled digits at seeds {confirm_span(checked)}, where it fired on "
+                   f"{sum(int(r['short_pools']) > 0 for r in checked)} of {len(checked)} seeds; the first cells beside "
+                   f"it, below); {fired_text(code, [r for r in rows if r['phase'] != 'confirm'], pipeline)}")
+            out.append(measured_row(code, how, measure(du, dw) if du else None, "it fired on no cell"))
+        elif code == "cnc-small-pools":
             how = (f"params.yaml's stage 2 (replace) minus `short_pools: shrink`, paired by cell, on the {fired} of "
                    f"{paired_cells} cells where it fired; {fired_text(code, rows, pipeline)}")
             out.append(measured_row(code, how, measure(du, dw) if du else None, "it fired on no cell"))
@@ -240,13 +256,14 @@ def heldout_text(rows: list[dict[str, str]], search_path: Path) -> str:
 
 
 def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_path: Path, command: str,
-             commit: str) -> str:
+             commit: str, checked: list[dict[str, str]] | None = None) -> str:
     """The results page of the study's rows, its pipeline count and the default search's CSV."""
     search = read_csv(search_path)
+    checked = checked or []
     phases = sorted({r["phase"] for r in search if r["candidate"] == DEFAULT and r["phase"] in SEARCH_PHASES})
     lines = [
         "# Each warning's predictive value: do runs that carry it have worse test numbers?", "",
-        f"- Command: `{FULL_COMMANDS[0]}`, then `{FULL_COMMANDS[1]}`; this file was last written by `{command}` on "
+        f"- Command: `{FULL_COMMANDS[0]}`, then `{FULL_COMMANDS[1]}`, then `{FULL_COMMANDS[2]}`; this file was last written by `{command}` on "
         f"{dt.date.today().isoformat()}",
         f"- Rule: {RULE_FILE} at commit {commit}, written before the runs (below); {AMENDED}",
         f"- Rows made with: {cells.made_with(rows)}",
@@ -262,10 +279,13 @@ def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_
         "",
         "| code | measured how | cells | Δ unbiased | Δ worst-group | detectable | TOST p (±1) | verdict |",
         "|---|---|---|---|---|---|---|---|",
-        *verdict_rows(rows, search, pipeline), "",
+        *verdict_rows(rows, search, pipeline, checked), "",
         "## `cnc-small-pools`: replace minus shrink, by cells", "",
         "Fired on: the cells where CNC's sampler found a pool smaller than M = N = 8 (the default draws it with "
-        "replacement and warns; shrink cuts M and N to it).", "",
+        "replacement and warns; shrink cuts M and N to it). Phase `confirm`: the confirmation (digits seeds "
+        f"{confirm_span(checked)}: both settings only on the seeds where a pool was short, on "
+        f"{sum(int(r['short_pools']) > 0 for r in checked)} of {len(checked)} seeds checked; the code's verdict is on "
+        "its cells alone).", "",
         *pools_section(rows), "",
         "## `first-epoch-kept`: the kept first epoch minus the same run's last epoch, by regime", "",
         f"The default's runs in default_search.csv (phases {', '.join(phases)}), rule `{RULE_KEPT}`; secondary: test "

@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
 
         rows = cells.read_results(csv_path, FIELDS, "--collect-only")
         pipeline = cells.read_rows(pipeline_path, PIPELINE_FIELDS)
-        cells.write_text(md_path, markdown(rows, pipeline, SEARCH, command, rule_commit()))
+        checked = cells.read_rows(pools_path, CONFIRM_FIELDS)
+        cells.write_text(md_path, markdown(rows, pipeline, SEARCH, command, rule_commit(), checked))
     except BenchmarkError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
