@@ -5,6 +5,7 @@ and reruns ``download`` only when the data fingerprint changes, and a stage only
 a file overwritten in place is never stale, and dvc.lock records one code dep a stage instead of every file."""
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -47,11 +48,24 @@ def write_if_changed(path: Path, document: dict) -> None:
     save_json(path, document)
 
 
+def write_code_fingerprints() -> None:
+    """Each stage's code fingerprint, from the files dvc.yaml lists. Only DVC reads them: run outside DVC in a folder
+    without those files (the stage commands run by hand beside an installed package), none is written; under DVC a
+    missing file is an error naming it (dvc.yaml's lists are out of date)."""
+    try:
+        documents = code_fingerprints(stages(), Path("."))
+    except FileNotFoundError:
+        if os.environ.get("DVC_STAGE"):
+            raise
+        return
+    for stage, document in documents.items():
+        write_if_changed(code_fingerprint_path(stage), document)
+
+
 if __name__ == "__main__":
     try:
         write_if_changed(SOURCE_FINGERPRINT, fingerprint())
-        for stage, document in code_fingerprints(stages(), Path(".")).items():
-            write_if_changed(code_fingerprint_path(stage), document)
+        write_code_fingerprints()
     except (ParamsError, DataSourceError, DeclarationError, FileNotFoundError) as exc:
         hint = uncommitted_params_hint() if isinstance(exc, ParamsError) else ""
         print(f"[source] error: {str(exc)[:2000]}{hint}", file=sys.stderr)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 SOURCE_FINGERPRINT = Path("data/source.json")
 CODE_FINGERPRINTS = Path("data/code")  # one <stage>.json per stage: the md5 of each code file it runs (``source``)
+FINGERPRINT_STAGE = "source"  # the always-run stage that writes the fingerprints (data and code), first on every repro
 RAW = Path("data/raw")
 RAW_SPLITS = RAW / "splits.pt"
 BIASED = Path("data/biased")

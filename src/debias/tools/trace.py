@@ -57,7 +57,7 @@ from typing import Any
 
 import yaml
 
-from debias.core.paths import RESUME, RESUME_FILES
+from debias.core.paths import CODE_FINGERPRINTS, FINGERPRINT_STAGE, RESUME, RESUME_FILES
 from debias.tools.deps import HARNESS_LEAVES, is_side_channel, module_file
 from debias.tools.trace_log import Trace
 
@@ -68,6 +68,10 @@ NOT_OUTS: dict[str, str] = {
                              "succeeds; a failed stage leaves it for its next run of the same stage to resume from "
                              "(read back by that stage only: RESUME_FILES)",
     "*/__pycache__/*": "the interpreter's bytecode cache of the code deps",
+    f"{CODE_FINGERPRINTS.as_posix()}/": (
+        "each stage's code fingerprint, a dep of that stage: written by `source`, which runs first on every repro, "
+        "from the code files dvc.yaml lists; no out, so that DVC's read lock on a running stage's deps never refuses "
+        "another run's `source` (the workspace claim refuses it, with its message)"),
     "mlflow.db": "the MLflow store (harness tracking, written only; never read back into an output): git- and "
                  "DVC-ignored, shared by every run",
     "mlflow.db-journal": "SQLite's journal of the MLflow store",
@@ -202,17 +206,19 @@ def declared(stage: dict[str, Any]) -> tuple[list[str], list[str]]:
             [str(o) for o in outs])
 
 
-def fingerprinted_code(outs: list[str], root: Path) -> list[str]:
-    """The code files of each stage of ``root``'s dvc.yaml whose code fingerprint (``data/code/<stage>.json``) is
-    among ``outs``: the ``source`` stage reads them, as data, to hash them."""
+def fingerprinted_code(name: str, root: Path) -> list[str]:
+    """The code files of each stage of ``root``'s dvc.yaml that depends on its code fingerprint
+    (``data/code/<stage>.json``) when ``name`` is the stage that writes them (``source``): it reads them, as data,
+    to hash them; [] for any other stage."""
     from debias.core.fingerprint import stage_code_files
-    from debias.core.paths import CODE_FINGERPRINTS, code_fingerprint_path
+    from debias.core.paths import code_fingerprint_path
 
-    if not any(out.startswith(f"{CODE_FINGERPRINTS.as_posix()}/") for out in outs):
+    if name != FINGERPRINT_STAGE:
         return []
     stages = yaml.safe_load((root / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
-    return sorted({path for name in stages if str(code_fingerprint_path(name)) in outs
-                   for path in stage_code_files(stages, name)})
+    return sorted({path for stage, entry in stages.items()
+                   if str(code_fingerprint_path(stage)) in [str(d) for d in (entry or {}).get("deps") or []]
+                   for path in stage_code_files(stages, stage)})
 
 
 def under(path: str, entries: list[str] | tuple[str, ...]) -> bool:
@@ -281,13 +287,13 @@ def check_stage(name: str, stage: dict[str, Any], trace: Trace, changed: set[str
     stage's outs: probing them, failing to open them or listing a folder that holds them is reading them); an empty
     list when the graph holds."""
     deps, outs = declared(stage)
-    deps += fingerprinted_code(outs, root)
+    deps += fingerprinted_code(name, root)
     environment, writable = _environment(root, name)
     inside_environment = [e for e in environment if not os.path.isabs(e)]
     outside_environment = [e for e in environment if os.path.isabs(e) or e.startswith("*")]
     own_resume = [RESUME_FILES[name].as_posix()] if name in RESUME_FILES else []
     temporary = temporary_folders()
-    fingerprinted = "data/source.json" in deps or name == "source"
+    fingerprinted = "data/source.json" in deps or name == FINGERPRINT_STAGE
     skip = _interpreter_folders()
     imported = {module for module in trace.imports if module_file(module, root) is not None}
     git_commands = [*GIT_COMMANDS, *STAGE_COMMANDS.get(name, {})]
