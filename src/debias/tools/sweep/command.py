@@ -103,7 +103,8 @@ def shared_upstream(root: Path, state: dict[str, Any], todo: list[Job], env: dic
     base = sweep_dir(root, state["name"])
     (base / "logs").mkdir(parents=True, exist_ok=True)
     up_env = {**env, "MLFLOW_EXPERIMENT_NAME": upstream_experiment(env)}
-    if not env.get("MLFLOW_TRACKING_URI"):  # the clones' own stores go with them: log into this repository's
+    tracking = env.get("DEBIAS_TRACKING", "required").strip().lower() != "off"  # off: no store to prepare
+    if tracking and not env.get("MLFLOW_TRACKING_URI"):  # the clones' own stores go with them: log into this one's
         from debias.harness.tracking import ensure_experiment, tracking_uri
 
         up_env["MLFLOW_TRACKING_URI"] = tracking_uri(root)
