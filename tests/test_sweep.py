@@ -216,6 +216,29 @@ def test_a_failed_queue_start_is_reported_not_fatal(monkeypatch, tmp_path, capsy
 QUEUE_HEADER = "Task     Name                     Created       Status\n"
 
 
+def test_the_queue_read_in_process_lists_what_dvc_queue_status_prints(tmp_path: Path) -> None:
+    """Two experiments queued in a real DVC repository: the in-process read names each with DVC's status and task,
+    as the lines of `dvc queue status` do (its worker line aside), and parses to the same states."""
+    root = tmp_path / "tiny"
+    root.mkdir()
+    (root / "params.yaml").write_text("x: 1\n")
+    (root / "dvc.yaml").write_text("stages:\n  s:\n    cmd: echo ${x} > out.txt\n    params: [x]\n    outs: [out.txt]\n")
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"],
+                    ["dvc", "exp", "run", "--queue", "-n", "first", "-S", "x=2"],
+                    ["dvc", "exp", "run", "--queue", "-n", "second", "-S", "x=3"]):
+        subprocess.run(command, cwd=root, check=True, capture_output=True, env=env)
+    printed = subprocess.run(["dvc", "queue", "status"], cwd=root, check=True, capture_output=True, text=True,
+                             env=env).stdout
+    read = local.queue_text(root)
+    assert local.parse_queue_status(read) == local.parse_queue_status(printed) == {"first": "Queued",
+                                                                                   "second": "Queued"}
+    tasks = {line.split()[1]: line.split()[0] for line in read.splitlines()}
+    assert tasks == {line.split()[1]: line.split()[0] for line in printed.splitlines()[1:] if "Queued" in line}
+    assert "Worker" not in read
+
+
 def queue_lines(*states: str) -> str:
     return QUEUE_HEADER + "".join(f"{i:07x}  e{i}  01:16 AM  {s}\n" for i, s in enumerate(states)) + \
         "\nWorker status: 2 active, 0 idle"
