@@ -285,7 +285,7 @@ def markdown(rows: list[dict[str, str]], pipeline: list[dict[str, str]], search_
         "replacement and warns; shrink cuts M and N to it). Phase `confirm`: the confirmation (digits seeds "
         f"{confirm_span(checked)}: both settings only on the seeds where a pool was short, on "
         f"{sum(int(r['short_pools']) > 0 for r in checked)} of {len(checked)} seeds checked; the code's verdict is on "
-        "its cells alone).", "",
+        "its cells alone; each seed's pool check: benchmarks/results/warning_value_confirm_pools.csv).", "",
         *pools_section(rows), "",
         "## `first-epoch-kept`: the kept first epoch minus the same run's last epoch, by regime", "",
         f"The default's runs in default_search.csv (phases {', '.join(phases)}), rule `{RULE_KEPT}`; secondary: test "
