@@ -15,6 +15,7 @@ truncated last line) are dropped with a warning instead of being counted as done
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
 import json
@@ -387,6 +388,14 @@ def write_rows(path: Path, fields: list[str], rows: list[dict[str, Any]]) -> Non
         writer.writeheader()
         writer.writerows(rows)
     os.replace(partial, path)
+
+
+def add_cell_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every cell study takes: its scratch folder, torch threads per run, runs at once, the commit."""
+    parser.add_argument("--workdir", type=Path, help="scratch folder for the per-cell workspaces")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once")
+    parser.add_argument("--rev", default="HEAD", help="the commit every cell is cloned at")
 
 
 def shown_command(module: str, argv: list[str]) -> str:

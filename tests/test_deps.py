@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -396,3 +397,29 @@ def test_tracking_on_or_off_the_stages_write_the_same_bytes(tmp_path, mlflow_tem
     logged = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(logged) >= len(stages) - 1  # the tracked side really logged its stage runs
     assert len(outputs["off"]) > 10 and outputs["off"] == outputs["required"]
+
+
+@pytest.mark.parametrize("under_dvc", [False, True])
+def test_source_without_the_listed_code_writes_no_fingerprint_and_under_dvc_names_the_file(
+        tmp_path: Path, under_dvc: bool) -> None:
+    """`source` in a folder whose dvc.yaml lists code that is not there (stage commands beside an installed
+    package): run by hand it writes the data fingerprint and no code fingerprint; under DVC (``DVC_STAGE`` set) it
+    stops with exit 2 naming the missing file and `debias deps --write`."""
+    from tests.conftest import committed_text
+
+    (tmp_path / "params.yaml").write_text(committed_text("params.yaml"))
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "source": {"cmd": "c", "always_changed": True},
+        "s": {"cmd": "c", "deps": ["data/code/s.json"], "meta": {"code": ["src/missing.py"]}}}}))
+    env = {k: v for k, v in os.environ.items() if k != "DVC_STAGE"}
+    if under_dvc:
+        env["DVC_STAGE"] = "source"
+    done = subprocess.run([sys.executable, str(REPO / "pipeline/source.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert not (tmp_path / "data/code").exists()
+    if under_dvc:
+        assert done.returncode == 2, done.stderr
+        assert "src/missing.py, listed as code in dvc.yaml, does not exist: run `debias deps --write`" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert (tmp_path / "data/source.json").is_file()

@@ -35,10 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description=sys.modules["benchmarks.default_search"].__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--npz", type=Path, help="mnist10k.npz (x uint8 [N, 28, 28], y)")
-    parser.add_argument("--workdir", type=Path, help="scratch folder for the per-cell workspaces")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at once")
-    parser.add_argument("--rev", default="HEAD", help="the commit every cell is cloned at")
+    cells.add_cell_arguments(parser)
     parser.add_argument("--phase", choices=("screen", "confirm", "extension", "all"), default="all",
                         help="stop after screen or confirm; extension: run steps 7 and 8 alone on the CSV's confirmation")
     parser.add_argument("--out", type=Path, default=RESULTS / "default_search")

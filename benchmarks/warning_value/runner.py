@@ -223,10 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.warning_value", description=sys.modules["benchmarks.warning_value"].__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--npz", type=Path, help="mnist10k.npz (the held-out cells)")
-    parser.add_argument("--workdir", type=Path, help="scratch folder for the cells' workspaces")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at once")
-    parser.add_argument("--rev", default="HEAD", help="the commit every cell is cloned at")
+    cells.add_cell_arguments(parser)
     parser.add_argument("--digits-only", action="store_true", help="the bundled digits' cells alone")
     parser.add_argument("--pipeline", action="store_true", help="only count the warnings of `dvc repro` at seeds 0-19")
     parser.add_argument("--confirm", action="store_true",
