@@ -64,6 +64,7 @@ import io
 import math
 import re
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 RESULTS = "benchmarks/results"
@@ -922,11 +923,12 @@ def block_problems(name: str, block: str, files: list[Path], rows: tuple[str, ..
     return problems + prose_problems(name, block, context, _where(block))
 
 
-def unsupported_numbers(repo: Path) -> list[str]:
-    """``page: number ...`` for each number of README.md and docs/ that does not stand where its block cites."""
+def unsupported_numbers(repo: Path, pages: Sequence[str] = ()) -> list[str]:
+    """``page: number ...`` for each number of README.md and docs/ (or of ``pages`` alone, named from the repository
+    root) that does not stand where its block cites."""
     results = repo / RESULTS
     missing: list[str] = []
-    for page in page_files(repo):
+    for page in [repo / name for name in pages] or page_files(repo):
         name = str(page.relative_to(repo))
         for files, rows, kind, block in citing_blocks(page.read_text(encoding="utf-8"), results):
             missing += [f"{name}: {path} is no file ({_where(block)})" for path in missing_files(block, results)]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from debias.core.headline import forget_committed_run
 
@@ -64,6 +63,8 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("MLFLOW_TRACKING_URI", "DVC_ROOT", "DVC_EXP_NAME", "DVC_EXP_BASELINE_REV", "DEBIAS_DEVICE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DEBIAS_TRACKING", "off")
+    import torch  # here, not at the top: xdist's controller loads this file and runs no test
+
     torch.manual_seed(0)
 
 
@@ -89,11 +90,22 @@ def tiny_grey_digits(n_per_class: int = 12, classes: int = 10, size: int = 28, s
 
 @pytest.fixture(scope="session")
 def mlflow_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A migrated, empty SQLite MLflow store, created once (migrations cost ~7 s); copy it per test."""
-    from mlflow.tracking import MlflowClient
+    """A migrated, empty SQLite MLflow store, created once per session (migrations cost seconds), by the first xdist
+    worker that needs it, in the folder the workers share; copy it per test."""
+    import fcntl
 
-    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
-    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    folder = tmp_path_factory.getbasetemp()
+    folder = folder.parent if worker else folder  # xdist: the session's folder above the workers'
+    path = folder / "mlflow-template.db"
+    with open(folder / "mlflow-template.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            from mlflow.tracking import MlflowClient
+
+            scratch = folder / f"mlflow-template-{worker or 'main'}.db"
+            MlflowClient(tracking_uri=f"sqlite:///{scratch}").search_experiments()
+            scratch.rename(path)
     return path
 
 

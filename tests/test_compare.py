@@ -750,6 +750,7 @@ def test_a_workspace_whose_results_are_blanked_as_stale_is_nobodys_twin(sweep) -
     assert not [n for n in compare_data.duplicate_notes([twin, workspace]) if "holds the same" in n]
 
 
+@pytest.mark.slow
 def test_a_sweep_is_compared_alone_when_named(tmp_path: Path, monkeypatch, capsys) -> None:
     """--sweep NAME keeps the experiments of that sweep's plan: another experiment (README's ε run beside the
     temperature sweep) is not folded into its comparison as a third group."""
@@ -786,6 +787,13 @@ def test_a_baseline_with_committed_metrics_says_where_its_numbers_come_from(tmp_
     bare = experiment("main", 0, "cnc", 0.5, "01", kind="baseline")
     bare.metrics = {}
     assert baseline_from_mlflow([bare], f"sqlite:///{tmp_path / 'none' / 'mlflow.db'}", "debias") is None
+
+
+def test_reading_a_missing_sqlite_store_finds_no_run_and_creates_no_database(tmp_path: Path) -> None:
+    from debias.tools.compare.collect import from_mlflow
+
+    assert from_mlflow(f"sqlite:///{tmp_path / 'mlflow.db'}", "debias") == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_narrow_table_names_each_swept_param_by_its_shortest_unique_key_never_cut(sweep) -> None:

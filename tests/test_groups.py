@@ -221,6 +221,7 @@ def test_cluster_method_recovers_blobs_through_umap(algorithm: str) -> None:
     assert torch.equal(again.inferred_group, first.inferred_group)
 
 
+@pytest.mark.slow
 @UMAP_ON_BLOBS
 def test_cluster_method_over_clusters_within_each_class() -> None:
     points, y, _ = two_blobs_per_class()

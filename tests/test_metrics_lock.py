@@ -317,6 +317,7 @@ def test_only_a_failed_run_under_dvc_looks_for_a_copy(committed: Path, monkeypat
     assert calls == ["train_erm"] and (committed / ERM).read_bytes() == RECORDED and FROM_HEAD in err
 
 
+@pytest.mark.slow
 def test_the_recorded_headline_comes_back_from_head_or_dvcs_cache(tmp_path: Path) -> None:
     """A fresh clone's run recorded in the committed dvc.lock: HEAD's file; a run DVC's run-cache saved (queued,
     temporary, an uncommitted `dvc repro`): its object in DVC's cache. Only bytes with dvc.lock's md5 are written;

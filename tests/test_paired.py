@@ -100,6 +100,7 @@ def test_the_integrated_noncentral_t_tail_is_scipys_where_scipys_answers(x: floa
     assert pm.noncentral_t_sf(x, df, shift) == pytest.approx(float(stats.nct.sf(x, df, shift)), abs=1e-9)
 
 
+@pytest.mark.slow
 def test_the_power_has_no_hole_where_scipys_noncentral_t_fails() -> None:
     """At 2 seeds scipy's nct returns NaN for effects of 8 and 11 to 17 sds: the power still rises smoothly there."""
     found = [pm.t_test_power(effect, 1.0, 2) for effect in np.arange(4.0, 20.0, 0.25)]

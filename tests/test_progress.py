@@ -149,6 +149,7 @@ def gaps(stamps: list[float]) -> list[float]:
     return [b - a for a, b in zip(stamps, stamps[1:])]
 
 
+@pytest.mark.slow
 def test_a_slow_silent_block_still_gets_a_line_per_interval_from_the_thread() -> None:
     """The block below says nothing for 2.5 s; with the heartbeat open a line comes at least every interval (plus a
     wake-up's slack): no gap as long as the silent block."""
@@ -178,6 +179,7 @@ def test_the_stage_heartbeat_says_the_step_the_loop_count_and_the_epoch_with_its
                                "23 s since the stage started")
 
 
+@pytest.mark.slow
 def test_a_stage_says_where_it_is_while_its_body_is_silent(tmp_path, monkeypatch, capsys) -> None:
     """The harness's heartbeat runs from the stage's start: a body silent for 2 s past an epoch gets lines on
     stderr saying the epoch and its ETA, at least one per interval."""
@@ -202,6 +204,7 @@ def test_a_stage_says_where_it_is_while_its_body_is_silent(tmp_path, monkeypatch
     assert beats[-1].startswith("[train_erm] still working: epoch 1/4 done, training the next; ETA ")
 
 
+@pytest.mark.slow
 def test_compare_says_it_started_at_once_and_keeps_saying_it_works(monkeypatch, capsys) -> None:
     """`debias compare` printed nothing for its first 20 s on a loaded machine (imports, then `dvc exp show`): its
     first line now comes before any of that, and a line per interval follows while it gathers."""
@@ -224,6 +227,7 @@ def test_compare_says_it_started_at_once_and_keeps_saying_it_works(monkeypatch, 
     assert len(beats) >= 3, beats
 
 
+@pytest.mark.slow
 def test_the_stage_heartbeat_counts_from_the_stage_command_s_start_not_from_after_its_imports() -> None:
     """'10 s since the stage started' was said 58 s after the stage's command started (its imports not counted)."""
     import os

@@ -280,6 +280,7 @@ def test_the_committed_metrics_are_dvc_yaml_s_git_tracked_outputs_and_a_fresh_co
     assert not any(path.exists() for path in records) and kept.exists()
 
 
+@pytest.mark.slow
 def test_every_third_party_import_of_the_package_is_a_declared_dependency_or_one_of_theirs() -> None:
     """A module src/ imports comes from a distribution pyproject.toml declares (dependencies or an extra) or that one
     of those requires: a fresh `pip install -e .` then has it (an undeclared import passes only where it happens to be

@@ -162,6 +162,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("taken, flag", [("pg", "--pg-port"), ("mlflow", "--mlflow-port")])
 def test_up_on_a_taken_port_names_the_port_and_its_flag_before_starting_anything(tmp_path: Path, taken: str,
                                                                                   flag: str) -> None:
@@ -182,6 +183,7 @@ def test_up_on_a_taken_port_names_the_port_and_its_flag_before_starting_anything
     assert not (folder / "postgres").exists() and not (folder / "services.json").exists()
 
 
+@pytest.mark.slow
 def test_up_refuses_one_port_for_both_services(tmp_path: Path) -> None:
     port = free_port()
     done = cli("up", "--dir", str(tmp_path / "svc"), "--pg-port", str(port), "--mlflow-port", str(port))

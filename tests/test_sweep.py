@@ -216,6 +216,7 @@ def test_a_failed_queue_start_is_reported_not_fatal(monkeypatch, tmp_path, capsy
 QUEUE_HEADER = "Task     Name                     Created       Status\n"
 
 
+@pytest.mark.slow
 def test_the_queue_read_in_process_lists_what_dvc_queue_status_prints(tmp_path: Path) -> None:
     """Two experiments queued in a real DVC repository: the in-process read names each with DVC's status and task,
     as the lines of `dvc queue status` do (its worker line aside), and parses to the same states."""
@@ -349,6 +350,7 @@ class TimedLines:
         pass
 
 
+@pytest.mark.slow
 def test_run_local_says_where_each_running_experiment_is_while_dvc_is_slow(monkeypatch, tmp_path) -> None:
     """A line when an experiment finishes, and while none does (each `dvc queue status` slow, as on a loaded
     machine) the heartbeat: at least one line per interval, naming the running experiment's stage, epoch and ETA
@@ -554,6 +556,7 @@ def test_a_sweep_ignores_the_workspaces_run_records_but_not_changed_params(tmp_p
     assert dirty_files(tmp_path) == ["params.yaml", "reports/other.json"]
 
 
+@pytest.mark.slow
 def test_a_name_too_long_for_a_file_name_is_refused_before_anything_is_written(repo: Path) -> None:
     """A 300-character --name (the folder sweeps/<name>/, the prefix of each experiment's git ref) is one line and
     exit 2, never an OSError; so is an experiment name the values make longer than a file name may be."""
@@ -693,6 +696,7 @@ def test_resume_refuses_a_changed_params_yaml_naming_the_undo_and_leaves_the_pla
     assert path.read_text() == before  # no seed added, nothing queued
 
 
+@pytest.mark.slow
 def test_two_sweep_commands_on_one_sweep_are_one_at_a_time(repo: Path) -> None:
     """A second ``debias sweep`` on a sweep another one is launching or resuming is refused, naming it (both would
     rewrite its plan: one's new seeds vanished); the lock goes with its holder."""

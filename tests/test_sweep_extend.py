@@ -170,6 +170,7 @@ def test_a_clear_difference_is_decided_at_the_first_look_without_new_seeds(repo:
     assert ": differs" in out and "decided at 3 seeds" in out
 
 
+@pytest.mark.slow
 def test_an_open_verdict_adds_batches_up_to_max_then_says_undecided(repo: Path, monkeypatch, capsys) -> None:
     code, ran = run_until_decided(repo, monkeypatch, {0: 0.0, 1: 0.0}, 0.05, until_decided=7, batch=2)
     out = capsys.readouterr().out
@@ -226,6 +227,7 @@ def lock_with(records_md5: dict[str, str], metrics: dict[str, str] | None = None
     return yaml.safe_dump({"schema": "2.0", "stages": stages})
 
 
+@pytest.mark.slow
 def test_every_experiment_gets_its_mlflow_run_and_each_restored_stage_names_its_source(
         repo: Path, tmp_path: Path, monkeypatch, mlflow_template: Path) -> None:
     from mlflow.tracking import MlflowClient

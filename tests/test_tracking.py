@@ -290,6 +290,7 @@ def test_a_training_stage_logs_the_selected_epochs_validation_metrics(tmp_path) 
     assert not any(key.startswith("selected.train") for key in recorder.logged)
 
 
+@pytest.mark.slow
 def test_every_per_epoch_series_has_strictly_increasing_steps(tmp_path, monkeypatch, mlflow_template) -> None:
     """A real training stage logged to a real store: each metric key is one series whose steps strictly increase
     (the kept model's val.* go under selected.val.*, never a second point at step 0 of the per-epoch series), the

@@ -455,9 +455,13 @@ def baseline_from_mlflow(experiments: list[Experiment], uri: str, experiment_nam
 def from_mlflow(uri: str, experiment_name: str, tags: dict[str, str] | None = None) -> list[Experiment]:
     """The pipeline parent runs of MLflow experiment ``experiment_name`` (with ``tags`` equal to the values given),
     with a reader of the artifacts their stage runs logged."""
-    from mlflow.tracking import MlflowClient
-
     from debias.harness.tracking import KIND_TAG, PARENT_TAG
+    from debias.harness.tracking.store import sqlite_path
+
+    database = sqlite_path(uri)
+    if database is not None and not database.exists():
+        return []  # no store: nothing logged (MLflow would create an empty database, migrations and all)
+    from mlflow.tracking import MlflowClient
 
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a command line tool: no bar per small file
     client = MlflowClient(tracking_uri=uri)
