@@ -63,8 +63,8 @@ import functools
 import io
 import math
 import re
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS = "benchmarks/results"
