@@ -396,3 +396,36 @@ def test_an_invalid_resume_state_is_named_with_what_is_wrong_and_training_starts
     assert result.resumed_from is None and len(result.history) == 4
     assert result.selected_epoch == 3 and float(result.selected_state["model"]["weight"]) == 3.0
     assert scripted_run(4, state).resumed_from == 4  # the state the run saved replaced it (all 4 epochs done)
+
+
+@pytest.mark.parametrize("name", ["adam", "sgd"])
+def test_the_built_optimiser_runs_pytorchs_one_tensor_update_bit_for_bit(name: str) -> None:
+    """build_optimizer's foreach kernels (a speed choice on the CPU) leave the trained weights exactly those of
+    PyTorch's one-tensor-at-a-time update, with weight decay, momentum and a learning-rate drop in the run."""
+    from debias.training.loop import build_scheduler
+
+    weights = []
+    for reference in (False, True):
+        torch.manual_seed(0)
+        model = build_model("lenet5", 3, 28)
+        if reference:
+            kind = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[name]
+            extra = {"momentum": 0.9} if name == "sgd" else {}
+            optimizer = kind(model.parameters(), lr=3e-3, weight_decay=1e-4, foreach=False, **extra)
+        else:
+            optimizer = build_optimizer(model.parameters(), name, 3e-3, 0.9, 1e-4)
+            assert optimizer.param_groups[0]["foreach"] is True
+        scheduler = build_scheduler(optimizer, [6], 0.1)
+        split = tiny_split()
+        for step in range(12):
+            rows = slice(8 * step, 8 * step + 8)
+            loss = torch.nn.functional.cross_entropy(model(split.x[rows].float() / 255), split.y[rows])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    torch.manual_seed(0)
+    start = torch.cat([p.detach().flatten() for p in build_model("lenet5", 3, 28).parameters()])
+    assert not torch.equal(weights[0], start)  # it trained
+    assert torch.equal(weights[0], weights[1])
