@@ -8,8 +8,15 @@ Per tree (the working tree and/or commits, one after the other in one run), in a
 - ``warm``: ``dvc repro -f`` (every stage runs); ``warm-off``: the same with ``DEBIAS_TRACKING=off`` (MLflow's share
   is the difference of the stage processes' time around their bodies);
 - ``noop``: ``dvc repro`` with nothing changed; ``noop-exp``: ``dvc exp run`` with nothing changed;
-- ``sweep``: ``debias sweep`` of one experiment (``-S loss.epsilon=0.25``, seed 0, ``--upstream infer_groups``): its
-  wall, the shared upstream phase and the experiment's own stage bodies.
+- ``sweep``: ``debias sweep`` of two experiments (``-S loss.epsilon=0.1,0.25``, seed 0, ``--upstream infer_groups``,
+  one worker): its wall, the shared upstream phase, each experiment's stage bodies, and a timeline of every Python
+  process the sweep starts (a ``sitecustomize`` hook on the path writes each one's start and exit): DVC's queue
+  around the experiments, and within each experiment DVC before its first stage, between its stages and after its
+  last (collecting the experiment), against the stage commands.
+
+Once per run, beside the trees: DVC's floor, a no-op ``dvc repro`` and ``dvc exp run`` of a pipeline of the same nine
+stages in a chain whose commands are ``echo`` (one always changed, as ``source``), no params; and what reaching
+``python`` through PATH costs against the interpreter itself (a version manager's shim runs before every stage).
 
 The DVC commands run in this process's Python through a wrapper (:data:`DVC_TIMED`) that times, inside DVC, each
 stage command it runs and its YAML parsing and writing; DVC's own work is the wall less the stage commands. A stage
@@ -27,6 +34,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.clones import child_env, make_clone
+from benchmarks.clones import REPO, child_env, make_clone
 
 STAGES = ("source", "download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
           "evaluate", "report")
@@ -121,13 +129,102 @@ def image_passes(clone: Path) -> dict[str, float]:
     return passes
 
 
+# A sitecustomize module: each Python process appends "start|exit <time> <pid> <ppid> <argv>" to $PROC_TIMELINE.
+TIMELINE_HOOK = """DEBIAS_SIDE_CHANNEL = "benchmarks.overhead: writes each process's start and exit time, changes no result"
+import atexit, os, sys, time
+
+def _line(kind):
+    with open(os.environ["PROC_TIMELINE"], "a") as handle:
+        handle.write(f"{kind} {time.time():.4f} {os.getpid()} {os.getppid()} {' '.join(sys.argv)}\\n")
+
+if os.environ.get("PROC_TIMELINE"):
+    _line("start")
+    atexit.register(_line, "exit")
+"""
+
+
+def read_timeline(path: Path) -> dict[int, dict]:
+    """pid -> {start, exit, ppid, argv} from the hook's lines (a process killed or exec'ed has no exit)."""
+    processes: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        kind, when, pid, ppid, *argv = line.split(" ")
+        entry = processes.setdefault(int(pid), {"ppid": int(ppid), "argv": " ".join(argv)})
+        entry[kind] = float(when)
+    return processes
+
+
+def experiment_split(processes: dict[int, dict]) -> list[dict]:
+    """Per ``dvc exp exec-run`` process (one queued experiment): its wall, DVC before its first stage command, after
+    its last, between them, and its stage commands (launcher processes, by stage)."""
+    found = []
+    for pid, run in processes.items():
+        if "exp exec-run" not in run["argv"] or "exit" not in run:
+            continue
+        stages = sorted((p for p in processes.values() if p["ppid"] == pid and "exit" in p
+                         and re.search(r"pipeline/(\w+)\.py", p["argv"])), key=lambda p: p["start"])
+        if not stages:
+            continue
+        commands = {re.search(r"pipeline/(\w+)\.py", p["argv"]).group(1): p["exit"] - p["start"] for p in stages}
+        wall = run["exit"] - run["start"]
+        before, after = stages[0]["start"] - run["start"], run["exit"] - stages[-1]["exit"]
+        found.append({"start": run["start"], "wall_s": wall, "before_s": before, "after_s": after,
+                      "between_s": wall - before - after - sum(commands.values()), "commands": commands})
+    return sorted(found, key=lambda e: e["start"])
+
+
+def dvc_floor(work: Path, env: dict[str, str], log: Path, repeats: int, with_files: bool = False) -> dict:
+    """No-op ``dvc repro`` and ``dvc exp run`` of nine ``echo`` stages in a chain (the first always changed); with
+    ``with_files``, in a git repository holding this working tree's tracked files too (DVC's experiment commands
+    stage and stash the repository's files: their count is part of DVC's work), its own pipeline left out."""
+    toy = Path(tempfile.mkdtemp(prefix="toy-", dir=work))
+    if with_files:
+        files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True,
+                               check=True).stdout.split("\0")
+        for name in filter(None, files):
+            if (REPO / name).is_file() and not name.startswith((".dvc/", "dvc.yaml", "dvc.lock")):
+                (toy / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / name, toy / name)
+    stages, previous = {}, None
+    for stage in STAGES:
+        stages[stage] = {"cmd": f"echo {stage} > {stage}.txt", **({"deps": [f"{previous}.txt"]} if previous else {}),
+                         "outs": [f"{stage}.txt"], **({"always_changed": True} if stage == "source" else {})}
+        previous = stage
+    (toy / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "repro", "-q"], ["git", "add", "-A"],
+                    ["git", "commit", "-qm", "toy"]):
+        subprocess.run(command, cwd=toy, env=env, check=True, capture_output=True)
+    return {mode: min((timed_dvc(toy, env, args, log) for _ in range(repeats)), key=lambda r: r["wall_s"])
+            for mode, args in (("noop", ["repro"]), ("noop-exp", ["exp", "run"]))}
+
+
+def interpreter_start(env: dict[str, str], repeats: int = 5) -> dict[str, float]:
+    """Median seconds of ``python -c pass`` through PATH (as a stage command starts) and of this interpreter."""
+    import statistics
+
+    def seconds(executable: str) -> float:
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            subprocess.run([executable, "-c", "pass"], env=env, check=True)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    return {"path_s": seconds(shutil.which("python", path=env.get("PATH")) or "python"),
+            "interpreter_s": seconds(sys.executable)}
+
+
 def timed_sweep(clone: Path, env: dict[str, str], log: Path) -> dict:
-    """One experiment through ``debias sweep`` (seed 0, ``-S loss.epsilon=0.25``, upstream shared): its wall, the
-    shared upstream phase (from its lines) and the bodies of the experiment's stages that ran (run records in the
-    cache, named by the experiment's dvc.lock)."""
+    """Two experiments through ``debias sweep`` (seed 0, ``-S loss.epsilon=0.1,0.25``, upstream shared, one worker):
+    its wall, the shared upstream phase (from its lines), the bodies of each experiment's stages that ran (run
+    records in the cache, named by the experiment's dvc.lock) and the process timeline (:data:`TIMELINE_HOOK`)."""
     name = f"ovh{int(time.time())}"
-    command = [sys.executable, "-m", "debias.tools.cli", "sweep", "--name", name, "-S", "loss.epsilon=0.25", "--seeds",
-               "0", "--upstream", "infer_groups", "--jobs", "1", "--poll", "1"]
+    hook = Path(tempfile.mkdtemp(prefix="hook-", dir=clone.parent))
+    (hook / "sitecustomize.py").write_text(TIMELINE_HOOK)
+    timeline = hook / "timeline.txt"
+    env = {**env, "PYTHONPATH": os.pathsep.join([str(hook), env.get("PYTHONPATH", "")]),
+           "PROC_TIMELINE": str(timeline)}
+    command = [sys.executable, "-m", "debias.tools.cli", "sweep", "--name", name, "-S", "loss.epsilon=0.1,0.25",
+               "--seeds", "0", "--upstream", "infer_groups", "--jobs", "1", "--poll", "1"]
     started = time.perf_counter()
     done = subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -137,22 +234,31 @@ def timed_sweep(clone: Path, env: dict[str, str], log: Path) -> dict:
         raise SystemExit(f"debias sweep failed in {clone} (exit {done.returncode}); log: {log}")
     upstream = re.search(r"shared upstream 1/1 \(\S+\) done after (\d+) s", done.stdout)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout.strip()
-    experiment = f"{name}-seed0"
-    ref = f"refs/exps/{commit[:2]}/{commit[2:]}/{experiment}"
-    lock = yaml.safe_load(subprocess.run(["git", "show", f"{ref}:dvc.lock"], cwd=clone, capture_output=True,
-                                         text=True, check=True).stdout)
-    queue_log = subprocess.run(["dvc", "queue", "logs", experiment], cwd=clone, env=env, capture_output=True,
-                               text=True).stdout
-    ran = re.findall(r"Running stage '(\w+)'", queue_log)
     cache = Path(subprocess.run(["dvc", "cache", "dir"], cwd=clone, capture_output=True, text=True).stdout.strip())
-    bodies = {}
-    for stage in ran:
-        if stage == "source":
-            continue
-        md5 = next(o["md5"] for o in lock["stages"][stage]["outs"] if o["path"] == f"reports/runs/{stage}.json")
-        bodies[stage] = float(json.loads((cache / "files" / "md5" / md5[:2] / md5[2:]).read_text())["wall_time_s"])
-    return {"wall_s": wall, "upstream_s": float(upstream.group(1)) if upstream else 0.0, "ran": ran,
-            "bodies_s": sum(bodies.values()), "bodies": bodies}
+    experiments = []
+    for value in ("0.1", "0.25"):
+        experiment = f"{name}-epsilon{value}-seed0"
+        ref = f"refs/exps/{commit[:2]}/{commit[2:]}/{experiment}"
+        lock = yaml.safe_load(subprocess.run(["git", "show", f"{ref}:dvc.lock"], cwd=clone, capture_output=True,
+                                             text=True, check=True).stdout)
+        queue_log = subprocess.run(["dvc", "queue", "logs", experiment], cwd=clone, env=env, capture_output=True,
+                                   text=True).stdout
+        ran = re.findall(r"Running stage '(\w+)'", queue_log)
+        bodies = {}
+        for stage in ran:
+            if stage == "source":
+                continue
+            md5 = next(o["md5"] for o in lock["stages"][stage]["outs"] if o["path"] == f"reports/runs/{stage}.json")
+            bodies[stage] = float(json.loads((cache / "files" / "md5" / md5[:2] / md5[2:]).read_text())["wall_time_s"])
+        experiments.append({"name": experiment, "ran": ran, "bodies_s": sum(bodies.values()), "bodies": bodies})
+    processes = read_timeline(timeline)
+    split = experiment_split(processes)
+    for entry, record in zip(experiments, split):  # one worker: the experiments ran in the order queued
+        entry.update(record)
+    queueing = [p["exit"] - p["start"] for p in processes.values() if "exp run --queue" in p["argv"] and "exit" in p]
+    return {"wall_s": wall, "upstream_s": float(upstream.group(1)) if upstream else 0.0,
+            "ran": experiments[0]["ran"], "bodies_s": sum(e["bodies_s"] for e in experiments),
+            "experiments": experiments, "queueing_s": queueing}
 
 
 def profile_tree(tree: str, work: Path, threads: int, repeats: int) -> dict:
@@ -195,8 +301,13 @@ def page(results: list[dict], args: argparse.Namespace, load: tuple[float, float
              "overhead | share |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     commands = {"warm": "`dvc repro -f`", "warm-off": "`dvc repro -f`, tracking off", "noop": "`dvc repro`, no-op",
                 "noop-exp": "`dvc exp run`, no-op"}
+    trees = [r for r in results if "warm" in r]
+    floor = next((r for r in results if "start" in r), None)
+    files = next((r for r in results if r.get("floor")), None)
     for result in results:
         for mode, label in commands.items():
+            if mode not in result:
+                continue
             r = result[mode]
             own = r["wall_s"] - r["commands_s"]
             overhead = r["wall_s"] - r["bodies_s"]
@@ -205,37 +316,70 @@ def page(results: list[dict], args: argparse.Namespace, load: tuple[float, float
                          f"{fmt(r['bodies_s'])} | {fmt(overhead)} | {100 * overhead / r['wall_s']:.0f} % |")
     lines += ["", "Per stage of `dvc repro -f` (command / body, seconds):", "",
               "| tree | " + " | ".join(STAGES) + " |", "|---|" + "---:|" * len(STAGES)]
-    for result in results:
+    for result in trees:
         r = result["warm"]
         cells = [f"{r['stages'].get(s, 0):.1f} / {r['bodies'].get(s, 0):.1f}" if s != "source"
                  else f"{r['stages'].get(s, 0):.1f} / -" for s in STAGES]
         lines.append(f"| {result['tree']} | " + " | ".join(cells) + " |")
     lines += ["", "MLflow's share of `dvc repro -f` (around the bodies, tracking required less off):", ""]
-    for result in results:
+    for result in trees:
         on, off = result["warm"], result["warm-off"]
         lines.append(f"- {result['tree']}: {fmt(on['around_bodies_s'] - off['around_bodies_s'])} s around the bodies, "
                      f"{fmt(on['bodies_s'] - off['bodies_s'])} s within them")
-    lines += ["", "One sweep experiment (`debias sweep --name ... -S loss.epsilon=0.25 --seeds 0 --upstream infer_groups "
-              "--jobs 1`, after the runs above):", "",
-              "| tree | wall | shared upstream | stages the experiment ran | their bodies | overhead | share |",
+    lines += ["", "A sweep of two experiments (`debias sweep --name ... -S loss.epsilon=0.1,0.25 --seeds 0 --upstream "
+              "infer_groups --jobs 1`, after the runs above; seed 0, so the upstream stages are the workspace's):", "",
+              "| tree | wall | shared upstream | the experiments' stages | their bodies | overhead | share |",
               "|---|---:|---:|---|---:|---:|---:|"]
-    for result in results:
+    for result in trees:
         s = result["sweep"]
         overhead = s["wall_s"] - s["bodies_s"]
         lines.append(f"| {result['tree']} | {fmt(s['wall_s'])} | {fmt(s['upstream_s'])} | {', '.join(s['ran'])} | "
                      f"{fmt(s['bodies_s'])} | {fmt(overhead)} | {100 * overhead / s['wall_s']:.0f} % |")
+    lines += ["", "Each experiment of that sweep from its process timeline (seconds; DVC's `exp exec-run` process from its "
+              "start to its exit: DVC before the first stage command (the experiment's workspace, its checkout), "
+              "between the stage commands (each stage's status, its outputs saved to the cache and dvc.lock), after "
+              "the last (the experiment collected into a git ref); the stage commands and, within them, the bodies; "
+              "the experiment's overhead = its wall less the bodies):", "",
+              "| tree | experiment | wall | DVC before | DVC between | DVC after | stage commands | bodies | overhead "
+              "| share |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for result in trees:
+        for e in result["sweep"]["experiments"]:
+            if "wall_s" not in e:
+                continue
+            overhead = e["wall_s"] - e["bodies_s"]
+            lines.append(f"| {result['tree']} | {e['name'].split('-', 1)[1]} | {fmt(e['wall_s'])} | {fmt(e['before_s'])} | "
+                         f"{fmt(e['between_s'])} | {fmt(e['after_s'])} | {fmt(sum(e['commands'].values()))} | "
+                         f"{fmt(e['bodies_s'])} | {fmt(overhead)} | {100 * overhead / e['wall_s']:.0f} % |")
+    lines += ["", "Outside the experiments: each `dvc exp run --queue` (the sweep queues one process per experiment) "
+              "took " + "; ".join(f"{r['tree']} " + ", ".join(fmt(q) for q in r["sweep"]["queueing_s"]) + " s"
+                                  for r in trees) + "."]
     lines += ["", "Training time per image pass (body / images through the encoder in training, forward and backward; "
               "evaluation inside the body counted):", ""]
-    for result in results:
+    for result in trees:
         passes, bodies = result["passes"], result["warm"]["bodies"]
         parts = [f"{stage} {1e6 * bodies[stage] / n:.0f} µs ({n:,.0f} passes)" for stage, n in passes.items()]
         lines.append(f"- {result['tree']}: " + ", ".join(parts))
-    if len(results) == 2:
-        a, b = results
+    if floor:
+        start = floor["start"]
+        lines += ["", "DVC's floor: the same commands on a pipeline of nine `echo` stages in a chain (the first always "
+                  f"changed, no params): `dvc repro`, no-op, {fmt(floor['noop']['wall_s'])} s; `dvc exp run`, no-op, "
+                  f"{fmt(floor['noop-exp']['wall_s'])} s"
+                  + (f"; the same pipeline in a repository holding this tree's tracked files as well (DVC's experiment "
+                     f"commands stage and stash them): {fmt(files['noop']['wall_s'])} s and "
+                     f"{fmt(files['noop-exp']['wall_s'])} s" if files else "")
+                  + f". Starting `python -c pass` through PATH, as a stage command does: {start['path_s']:.2f} s; the "
+                  f"interpreter itself: {start['interpreter_s']:.2f} s."]
+        for base in trees[:1]:
+            for entry in filter(None, (floor, files)):
+                lines += ["", f"{entry['tree']} as a share of {base['tree']}'s wall: no-op `dvc repro` "
+                          f"{entry['noop']['wall_s'] / base['noop']['wall_s']:.2f}, no-op `dvc exp run` "
+                          f"{entry['noop-exp']['wall_s'] / base['noop-exp']['wall_s']:.2f}."]
+    if len(trees) == 2:
+        a, b = trees
         lines += ["", f"Ratios {b['tree']} / {a['tree']}:", ""]
         for mode, label in commands.items():
             lines.append(f"- {label}: wall {b[mode]['wall_s'] / a[mode]['wall_s']:.2f}")
-        lines.append(f"- one sweep experiment: wall {b['sweep']['wall_s'] / a['sweep']['wall_s']:.2f}")
+        lines.append(f"- the sweep of two experiments: wall {b['sweep']['wall_s'] / a['sweep']['wall_s']:.2f}")
     return "\n".join(lines) + "\n"
 
 
@@ -250,6 +394,14 @@ def main() -> None:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="overhead-") as folder:
         results = [profile_tree(tree, Path(folder), args.threads, args.repeats) for tree in args.trees]
+        env = child_env(args.threads, Path(folder) / "numba", Path(folder))
+        floor = {"tree": "DVC's floor", **dvc_floor(Path(folder), env, Path(folder) / "floor.log", args.repeats),
+                 "start": interpreter_start(env)}
+        files = {"tree": "DVC's floor, this repository's files", "floor": True,
+                 **dvc_floor(Path(folder), env, Path(folder) / "floor.log", args.repeats, with_files=True)}
+        for entry in (floor, files):
+            print(f"{entry['tree']}: {entry['noop']['wall_s']:.1f} s / {entry['noop-exp']['wall_s']:.1f} s", flush=True)
+    results += [floor, files]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(page(results, args, (load, os.getloadavg()[0])))
