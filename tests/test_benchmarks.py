@@ -212,3 +212,25 @@ def test_upstream_only_plans_each_setting_and_seeds_upstream_and_nothing_else(tm
                          "--sweep-file", str(out)]) == 0
     names = [e["name"] for e in yaml.safe_load(out.read_text())["experiments"]]
     assert names == ["cmnist-096-s0-upstream", "cmnist-096-s1-upstream"]
+
+
+def test_an_experiments_timeline_splits_into_dvc_before_between_after_and_its_stage_commands(tmp_path) -> None:
+    """benchmarks/overhead.py: the hook's lines per process -> per ``dvc exp exec-run``, DVC's time before its first
+    stage command, between them and after its last; processes of another parent and unfinished ones are left out."""
+    from benchmarks.overhead import TIMELINE_HOOK, experiment_split, read_timeline
+
+    assert "DEBIAS_SIDE_CHANNEL" in TIMELINE_HOOK  # the stages accept the hook, saying it changes no result
+    lines = ["start 100.0 10 1 dvc exp exec-run --infofile x",
+             "start 101.5 11 10 -m --single pipeline/source.py", "exit 102.0 11 10 -m --single pipeline/source.py",
+             "start 103.0 12 10 -m pipeline/train_contrastive.py", "exit 110.0 12 10 -m pipeline/train_contrastive.py",
+             "start 104.0 13 99 -m --single pipeline/evaluate.py", "exit 105.0 13 99 -m --single pipeline/evaluate.py",
+             "exit 112.5 10 1 dvc exp exec-run --infofile x",
+             "start 120.0 20 1 dvc exp exec-run --infofile y"]  # still running: no exit
+    timeline = tmp_path / "timeline.txt"
+    timeline.write_text("\n".join(lines) + "\n")
+    processes = read_timeline(timeline)
+    assert processes[10] == {"ppid": 1, "argv": "dvc exp exec-run --infofile x", "start": 100.0, "exit": 112.5}
+    (split,) = experiment_split(processes)
+    assert split["commands"] == {"source": 0.5, "train_contrastive": 7.0}
+    assert (split["wall_s"], split["before_s"], split["after_s"]) == (12.5, 1.5, 2.5)
+    assert split["between_s"] == pytest.approx(1.0)  # 12.5 - 1.5 - 2.5 - 7.5
