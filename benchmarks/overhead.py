@@ -143,6 +143,9 @@ if os.environ.get("PROC_TIMELINE"):
 """
 
 
+STAGE_SCRIPT = re.compile(r"pipeline/(\w+)\.py")  # a stage command's script, in its argv
+
+
 def read_timeline(path: Path) -> dict[int, dict]:
     """pid -> {start, exit, ppid, argv} from the hook's lines (a process killed or exec'ed has no exit)."""
     processes: dict[int, dict] = {}
@@ -161,10 +164,10 @@ def experiment_split(processes: dict[int, dict]) -> list[dict]:
         if "exp exec-run" not in run["argv"] or "exit" not in run:
             continue
         stages = sorted((p for p in processes.values() if p["ppid"] == pid and "exit" in p
-                         and re.search(r"pipeline/(\w+)\.py", p["argv"])), key=lambda p: p["start"])
+                         and STAGE_SCRIPT.search(p["argv"])), key=lambda p: p["start"])
         if not stages:
             continue
-        commands = {re.search(r"pipeline/(\w+)\.py", p["argv"]).group(1): p["exit"] - p["start"] for p in stages}
+        commands = {STAGE_SCRIPT.search(p["argv"]).group(1): p["exit"] - p["start"] for p in stages}
         wall = run["exit"] - run["start"]
         before, after = stages[0]["start"] - run["start"], run["exit"] - stages[-1]["exit"]
         found.append({"start": run["start"], "wall_s": wall, "before_s": before, "after_s": after,
