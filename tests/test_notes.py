@@ -104,3 +104,30 @@ def test_the_headline_report_and_compare_count_no_note(tmp_path: Path) -> None:
 def test_a_guard_stays_in_the_warnings_list(code: str) -> None:
     line = health.warning(code, "planted")
     assert health.split_notes([line]) == ([line], [])
+
+
+def test_each_codes_kind_is_the_verdict_of_the_warning_value_page() -> None:
+    """KINDS is what benchmarks/results/warning_value.md's rule decided for each code, nothing else."""
+    page = (Path(__file__).resolve().parent.parent / "benchmarks/results/warning_value.md").read_text()
+    rows = [line.split(" | ") for line in page.splitlines() if line.startswith("| `")]
+    verdicts = {cells[0].strip("| `"): cells[-1] for cells in rows if cells[0].strip("| `") in health.CODES}
+    assert set(verdicts) == set(health.CODES)
+    for code, words in verdicts.items():
+        assert health.KINDS[code] == ("note" if words.startswith("note") else "warning"), (code, words)
+
+
+@pytest.mark.parametrize(("differences", "kind"), [
+    ([0.5 + 0.8 * ((i % 7) - 3) / 3 for i in range(60)], "note"),  # no loss, cells detect about 1 point
+    ([0.5 + 6.0 * ((i % 7) - 3) / 3 for i in range(8)], "warning"),  # no loss, cells detect far more than 2 points
+    ([-1.5 + 0.5 * ((i % 7) - 3) / 3 for i in range(20)], "warning"),  # a loss shown
+    ([0.05 * ((i % 5) - 2) for i in range(20)], "note"),  # shown equivalent
+])
+def test_the_rule_keeps_a_warning_only_for_a_loss_or_cells_that_cannot_tell(differences: list[float],
+                                                                              kind: str) -> None:
+    from benchmarks.warning_value.rule import DETECT, measure, verdict
+
+    found = measure(differences, differences)
+    assert verdict("cnc-small-pools", found)[0] == kind, (found, verdict("cnc-small-pools", found))
+    if kind == "warning" and found.unbiased.high >= 0:
+        assert found.detectable > DETECT
+    assert verdict("weak-groups", found)[0] == "warning"  # a guard, whatever it measured

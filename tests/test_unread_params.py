@@ -91,8 +91,8 @@ def test_the_report_counts_the_run_records_unread_params_with_the_stages_warning
     (runs / "train_contrastive.json").write_text(json.dumps({"stage": "train_contrastive", UNREAD_KEY: [message]}))
     metrics = tmp_path / "reports/metrics"
     metrics.mkdir(parents=True)
-    (metrics / "stage2_train.json").write_text(json.dumps({"warnings": ["cnc-small-pools: 3 sampling pools ..."]}))
-    assert run_warnings(tmp_path) == {"train_contrastive": [message, "cnc-small-pools: 3 sampling pools ..."]}
+    (metrics / "stage2_train.json").write_text(json.dumps({"warnings": ["weak-groups: the inferred minority ..."]}))
+    assert run_warnings(tmp_path) == {"train_contrastive": [message, "weak-groups: the inferred minority ..."]}
     assert params_warnings(tmp_path) == [message]
     text = render_markdown("t", [warnings_section(tmp_path)], tmp_path, tmp_path)
     assert "2 warnings from 1 stage" in text and "loss.temperature = 0.2" in text

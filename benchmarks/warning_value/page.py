@@ -28,7 +28,9 @@ AMENDED = ("its words amended at commit 59e0818, after the first-epoch compariso
            "first-epoch case, first-epoch-kept, is named as the code that comparison judges, and degenerate-selection's "
            "remaining case (a validation number 0 at every epoch) is counted among the guards; the confirmation of "
            "cnc-small-pools added at commit 476af33 and its stopping time at f5de531, after the first cells' results "
-           "and before the confirmation's own")
+           "and before the confirmation's own; the amendment (a code measured on cells that detect 2 points, with no "
+           "loss shown, is a note) added on 2026-12-02 after the confirmation's results, by the acceptance the study "
+           "answers")
 
 
 def rule_commit() -> str:

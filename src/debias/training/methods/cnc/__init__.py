@@ -39,7 +39,7 @@ class CNCParams(Section):
                              "throughout); no effect on encoders without BatchNorm (LeNet-5)")
     short_pools: Literal["replace", "shrink"] = Field(
         "replace", description="pools smaller than M or N: replace (ours: every batch keeps App. D.2.4's M and N, "
-                               "short pools drawn with replacement, with a cnc-small-pools warning) | shrink (the "
+                               "short pools drawn with replacement, with a cnc-small-pools note) | shrink (the "
                                "released contrastive_supervised_loader.py's adjust_num_pos_neg_: M and N cut to the "
                                "smallest pool, for every batch)")
     @field_validator("contrastive_weight", mode="before")

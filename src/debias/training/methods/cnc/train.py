@@ -1,7 +1,7 @@
 """Correct-N-Contrast (CNC App. B): two-sided contrastive batches from inferred bias labels
 (:class:`debias.training.methods.cnc.sampling.CNCBatchSampler`); loss = lambda * cnc_two_sided + (1 - lambda) * CE on every batch
 point, the contrastive term with ``loss.epsilon``'s margin (ε-SupCon's form; 0: CNC's loss); no projection head; ``accumulation`` contrastive batches per optimiser step. Pools smaller than M or N
-(``stage2.cnc.short_pools``): drawn with replacement (``replace``, with a ``cnc-small-pools`` warning), or M and N
+(``stage2.cnc.short_pools``): drawn with replacement (``replace``, with a ``cnc-small-pools`` note), or M and N
 shrunk to the smallest pool for every batch (``shrink``, the released code's ``adjust_num_pos_neg_``)."""
 
 from __future__ import annotations
@@ -156,8 +156,8 @@ def cnc_method(inputs: Stage2Inputs) -> Stage2Setup:
 
 
 def pool_warnings(report: dict[str, Any]) -> list[str]:
-    """A ``cnc-small-pools`` warning when positives or negatives were drawn with replacement from pools smaller than
-    M or N (tiny pools repeated in every batch are memorised; CNC's loss then reaches its floor at once)."""
+    """A ``cnc-small-pools`` note (:data:`debias.core.health.KINDS`) when positives or negatives were drawn with
+    replacement from pools smaller than M or N: their points repeat within batches."""
     if not report["short_pools"]:
         return []
     shown = "; ".join(report["short_pools"][:4]) + ("; ..." if len(report["short_pools"]) > 4 else "")
@@ -167,10 +167,9 @@ def pool_warnings(report: dict[str, Any]) -> list[str]:
 
 
 # What runs with short pools were measured to give (benchmarks/results/warning_value.md, row `cnc-small-pools`): said
-# in the warning, which stays one by the study's rule because equivalence within 1 point was not shown.
-POOLS_MEASURED = ("a pool of a few points repeated in every batch is memorised; on 60 cells of the bundled digits where "
-                  "this fired, these runs minus the same cells with M and N cut to the smallest pool "
-                  "(stage2.cnc.short_pools shrink) measured +0.5 [-0.3, +1.3] points of test unbiased accuracy and "
-                  "+4.2 [+0.2, +8.3] of worst-group (detecting 1.1 points; benchmarks/results/warning_value.md, row "
-                  "`cnc-small-pools`): not worse, and shrink is no fix, but equivalence within 1 point is not shown "
-                  "(TOST p 0.100)")
+# in the note, a note by the study's rule because no loss was shown on cells that detect 1.1 points.
+POOLS_MEASURED = ("on 60 cells of the bundled digits where this happened, these runs minus the same cells with M and N "
+                  "cut to the smallest pool (stage2.cnc.short_pools shrink) measured +0.5 [-0.3, +1.3] points of test "
+                  "unbiased accuracy and +4.2 [+0.2, +8.3] of worst-group (detecting 1.1 points; "
+                  "benchmarks/results/warning_value.md, row `cnc-small-pools`): no loss shown, though equivalence "
+                  "within 1 point is not shown (TOST p 0.100)")
