@@ -108,7 +108,7 @@ def cpu_ratio(rows: list[dict[str, str]], phase: str, regime: str, candidate: st
 
 
 def differences_section(rows: list[dict[str, str]], phase: str, split: str) -> list[str]:
-    regimes = sorted({r["regime"] for r in rows if r["phase"] == phase}, key=lambda r: (r not in REGIMES, r))
+    regimes = sorted({r["regime"] for r in rows if r["phase"] == phase}, key=lambda r: (REGIMES.index(r) if r in REGIMES else len(REGIMES), r))
     lines = ["| regime | candidate | cells | Δ unbiased | Δ worst-group | detectable | CPU over base |",
              "|---|---|---|---|---|---|---|"]
     for regime in regimes:
