@@ -28,8 +28,8 @@ def rule_commit() -> str:
     return found.splitlines()[0] if found else "unknown"
 
 
-def fmt(found: Paired) -> str:
-    return cells.fmt_interval((found.mean, found.low, found.high), signed=True)
+def fmt(found: Paired, signed: bool = True) -> str:
+    return cells.fmt_interval((found.mean, found.low, found.high), signed=signed)
 
 
 def runs(rows: list[dict[str, str]], phase: str, regime: str, candidate: str) -> dict:
@@ -64,15 +64,32 @@ def decline(rows: list[dict[str, str]], regime: str, candidate: str, column: str
                    for epochs in runs(rows, "validation", regime, candidate).values() if len(epochs) > 1])
 
 
+def behind_kept(rows: list[dict[str, str]], regime: str, candidate: str) -> Paired:
+    """The last epoch minus the kept one, per validation cell (points of unbiased accuracy): never above 0, since
+    the kept epoch is the best of the run's epochs on this number; what the default search reported as the decline."""
+    return paired([100 * (float(epochs[-1]["val_unbiased"]) - float(next(r for r in epochs if r["kept"] == "1")
+                                                                      ["val_unbiased"]))
+                   for epochs in runs(rows, "validation", regime, candidate).values() if len(epochs) > 1])
+
+
+def swing(rows: list[dict[str, str]], regime: str, candidate: str) -> Paired:
+    """Per validation cell, the mean size of the change in unbiased accuracy from one epoch to the next (points)."""
+    return paired([100 * statistics.mean(abs(float(b["val_unbiased"]) - float(a["val_unbiased"]))
+                                         for a, b in zip(epochs, epochs[1:]))
+                   for epochs in runs(rows, "validation", regime, candidate).values() if len(epochs) > 1])
+
+
 def decline_section(rows: list[dict[str, str]]) -> list[str]:
-    lines = ["| regime | candidate | cells | unbiased | bias-aligned | bias-conflicting | worst-group |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| regime | candidate | cells | unbiased | bias-aligned | bias-conflicting | worst-group | "
+             "unbiased, last minus kept | unbiased, size of each epoch's change |", "|---|---|---|---|---|---|---|---|---|"]
     for regime in REGIMES:
         for candidate in CANDIDATES:
             found = [decline(rows, regime, candidate, c)
                      for c in ("val_unbiased", "val_aligned", "val_conflicting", "val_worst")]
             if found[0].n:
-                lines.append(f"| {regime} | {candidate} | {found[0].n} | " + " | ".join(fmt(f) for f in found) + " |")
+                lines.append(f"| {regime} | {candidate} | {found[0].n} | " + " | ".join(fmt(f) for f in found)
+                             + f" | {fmt(behind_kept(rows, regime, candidate))} | "
+                               f"{fmt(swing(rows, regime, candidate), signed=False)} |")
     return lines
 
 
@@ -142,7 +159,10 @@ def markdown(rows: list[dict[str, str]], search: list[dict[str, str]], command: 
         "Means over the regime's validation cells (accuracy in points; losses and the spread as they are); kept in: "
         "the runs whose kept epoch it is.", "",
         *epochs_section(rows), "",
-        "The last epoch minus the first, paired by cell (points, mean [95 % interval]), validation:", "",
+        "The last epoch minus the first, paired by cell (points, mean [95 % interval]), validation; the last "
+        "two columns (added after the runs began, descriptive: no verdict reads them) are the last epoch minus the kept "
+        "one, the measure the default search reported as the decline, which the selection makes 0 or below on every "
+        "run, and the mean size of the change from one epoch to the next (how far the epochs swing, up or down):", "",
         *decline_section(rows), "",
         *explanation(rows), "",
         "## Decision: the kept epoch on validation, against `constant`", "",
@@ -152,8 +172,10 @@ def markdown(rows: list[dict[str, str]], search: list[dict[str, str]], command: 
         *(f"- `{c}`: {v}" for c, v in verdicts.items()), "",
         f"**Default: `{winner}`**" + (" (params.yaml's stage 2 stays)." if winner == BASE else "."),
         "" if winner != BASE or not first_kept else
-        f"The first epoch kept is what it is: `{BASE}` kept its first epoch in "
-        f"{sum(r['epoch'] == '0' for r in first_kept)} of {len(first_kept)} validation runs here.", "",
+        "The first epoch kept is what it is: `" + BASE + "` kept its first epoch in " + ", ".join(
+            f"{sum(r['epoch'] == '0' for r in first_kept if r['regime'] == regime)} of "
+            f"{sum(r['regime'] == regime for r in first_kept)} {regime}" for regime in REGIMES)
+        + " validation runs here.", "",
         "## Held-out: the kept epoch on test images the choice never saw (report only)", "",
         *differences_section(rows, "heldout", "test"),
     ]
