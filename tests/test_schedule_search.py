@@ -104,9 +104,10 @@ def test_the_page_locates_the_decline_and_says_what_removes_it() -> None:
     floor = {regime: rule.FLOOR for regime in rule.REGIMES}  # no search rows: every regime sized at the floor
     rows = study({"decay": {"bmnist": 0.03}}, floor) + study({}, {"bmnist": 3}, phase="heldout")
     text = page.markdown(rows, [], "python -m benchmarks.schedule_search --collect-only")
-    bmnist = next(line for line in text.splitlines() if line.startswith("- bmnist: `constant` declines"))
-    assert "on the bias-conflicting images (the later epochs relearn the bias)" in bmnist
-    assert "removed by `decay`, `half`" in bmnist
+    bmnist = next(line for line in text.splitlines() if line.startswith("- bmnist: `constant`'s last epoch"))
+    assert "-6.0 [-6.0, -6.0] points unbiased (a decline, removed by `decay`, `half`" in bmnist
+    assert "bias-aligned +0.0 [+0.0, +0.0], bias-conflicting -9.0 [-9.0, -9.0]" in bmnist
+    assert "its last trails the kept one by -6.0 [-6.0, -6.0]" in bmnist
     assert "**Default: `decay`**" in text and "## Held-out" in text and "| bmnist | decay | 3 |" in text
     assert "validation digits 8 of 8, cmnist 8 of 8, bmnist 8 of 8; held-out bmnist 3" in text
 
