@@ -23,10 +23,11 @@ def run_rows(phase: str, cell: Cell, candidate: str, curve: list[float], conflic
     return [{"phase": phase, "regime": rule.regime_of(cell), "data": cell.data, "protocol": cell.protocol,
              "strength": f"{cell.strength:g}", "palette": cell.palette, "seed": str(cell.seed),
              "candidate": candidate, "epoch": str(e), "kept": str(int(e == kept)), "val_unbiased": f"{u:.4f}",
-             "val_aligned": "0.9900", "val_conflicting": f"{u - conflicting_drop * e:.4f}", "val_worst": f"{u - 0.3:.4f}",
-             "test_unbiased": f"{u:.4f}", "test_worst": f"{u - 0.3:.4f}", "train_ce": "0.1000",
-             "train_contrastive": "2.0000", "val_spread": "0.5000", "cpu_seconds": "10.0" if candidate != "half" else "5.0",
-             "threads": "1", "jobs": "2", "rev": "abc", "data_sha": "d", "date": "2026-12-02", "key": f"k{cell}{candidate}"}
+             "val_aligned": "0.9900", "val_conflicting": f"{u - conflicting_drop * e:.4f}",
+             "val_worst": f"{u - 0.3:.4f}", "test_unbiased": f"{u:.4f}", "test_worst": f"{u - 0.3:.4f}",
+             "train_ce": "0.1000", "train_contrastive": "2.0000", "val_spread": "0.5000",
+             "cpu_seconds": "10.0" if candidate != "half" else "5.0", "threads": "1", "jobs": "2", "rev": "abc",
+             "data_sha": "d", "date": "2026-12-02", "key": f"k{cell}{candidate}"}
             for e, u in enumerate(curve)]
 
 
@@ -69,8 +70,9 @@ def test_a_schedule_shown_better_in_one_regime_and_worse_in_none_becomes_the_def
 
 def test_shown_worse_anywhere_or_an_unfinished_regime_keeps_the_base() -> None:
     worse = study({"decay": {"bmnist": 0.03, "digits": -0.03}}, SIZES)
-    assert rule.decide(worse, SIZES) == ("constant", {"decay": "stays out: shown worse in digits",
-                                                     "half": "stays out: shown better in no regime (and worse in none)"})
+    assert rule.decide(worse, SIZES) == ("constant", {
+        "decay": "stays out: shown worse in digits (shown better in bmnist)",
+        "half": "stays out: shown better in no regime (and worse in none)"})
     unfinished = study({"decay": {"bmnist": 0.03}}, {**SIZES, "cmnist": 4})
     winner, verdicts = rule.decide(unfinished, SIZES)
     assert winner == "constant" and verdicts["decay"] == "undecided: the validation cells of cmnist did not all finish"

@@ -81,7 +81,8 @@ def swing(rows: list[dict[str, str]], regime: str, candidate: str) -> Paired:
 
 def decline_section(rows: list[dict[str, str]]) -> list[str]:
     lines = ["| regime | candidate | cells | unbiased | bias-aligned | bias-conflicting | worst-group | "
-             "unbiased, last minus kept | unbiased, size of each epoch's change |", "|---|---|---|---|---|---|---|---|---|"]
+             "unbiased, last minus kept | unbiased, size of each epoch's change |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for regime in REGIMES:
         for candidate in CANDIDATES:
             found = [decline(rows, regime, candidate, c) for c in ACCURACIES]
@@ -106,8 +107,9 @@ def explanation(rows: list[dict[str, str]]) -> list[str]:
                            for c in others)
         if shown_below(base):
             removed = [c for c in others if not shown_below(decline(rows, regime, c, "val_unbiased"))]
-            verdict = (f"a decline, removed by {', '.join(f'`{c}`' for c in removed)}: the steps at the full learning "
-                       "rate after the first epoch" if removed else "a decline every candidate shows: the training itself")
+            verdict = (f"a decline, removed by {', '.join(f'`{c}`' for c in removed)}: the steps at the full "
+                       "learning rate after the first epoch" if removed else
+                       "a decline every candidate shows: the training itself")
         else:
             verdict = "no decline shown"
         out.append(f"- {regime}: `{BASE}`'s last epoch minus its first {fmt(base)} points unbiased ({verdict}); "
@@ -126,7 +128,8 @@ def cpu_ratio(rows: list[dict[str, str]], phase: str, regime: str, candidate: st
 
 
 def differences_section(rows: list[dict[str, str]], phase: str, split: str) -> list[str]:
-    regimes = sorted({r["regime"] for r in rows if r["phase"] == phase}, key=lambda r: (REGIMES.index(r) if r in REGIMES else len(REGIMES), r))
+    regimes = sorted({r["regime"] for r in rows if r["phase"] == phase},
+                     key=lambda r: (REGIMES.index(r) if r in REGIMES else len(REGIMES), r))
     lines = ["| regime | candidate | cells | Δ unbiased | Δ worst-group | detectable | CPU over base |",
              "|---|---|---|---|---|---|---|"]
     for regime in regimes:
@@ -152,7 +155,8 @@ def markdown(rows: list[dict[str, str]], search: list[dict[str, str]], command: 
         f"- Command: `{FULL_COMMAND}`; this file was last written by `{command}` on {dt.date.today().isoformat()}",
         f"- Rule: {RULE_FILE} at commit {rule_commit()}, written before the runs (below)",
         f"- Rows made with: {cells.made_with(rows)}",
-        "- Cells with every candidate finished: validation " + ", ".join(f"{r} {done[r]} of {sizes[r]}" for r in REGIMES)
+        "- Cells with every candidate finished: validation "
+        + ", ".join(f"{r} {done[r]} of {sizes[r]}" for r in REGIMES)
         + "; held-out " + (", ".join(f"{r} {n}" for r, n in sorted(heldout.items())) or "none")
         + ". Accuracy in points; the epoch `best_unbiased` keeps.", "",
         "## Rule", "", RULE, "",
@@ -161,7 +165,8 @@ def markdown(rows: list[dict[str, str]], search: list[dict[str, str]], command: 
         "the runs whose kept epoch it is.", "",
         *epochs_section(rows), "",
         "The last epoch minus the first, paired by cell (points, mean [95 % interval]), validation; the last "
-        "two columns (added after the runs began, descriptive: no verdict reads them) are the last epoch minus the kept "
+        "two columns (added after the runs began, descriptive: no verdict reads them) are the last epoch minus the "
+        "kept "
         "one, the measure the default search reported as the decline, which the selection makes 0 or below on every "
         "run, and the mean size of the change from one epoch to the next (how far the epochs swing, up or down):", "",
         *decline_section(rows), "",

@@ -144,7 +144,8 @@ def decide(rows: list[dict[str, str]], sizes: dict[str, int]) -> tuple[str, dict
         if missing:
             verdicts[candidate] = f"undecided: the validation cells of {', '.join(missing)} did not all finish"
         elif worse:
-            verdicts[candidate] = f"stays out: shown worse in {', '.join(worse)}"
+            verdicts[candidate] = f"stays out: shown worse in {', '.join(worse)}" + (
+                f" (shown better in {', '.join(better)})" if better else "")
         elif better:
             qualified[candidate] = statistics.mean(d.unbiased.mean for d in found.values())
             verdicts[candidate] = f"qualifies: shown better in {', '.join(better)}, shown worse in none"

@@ -1,5 +1,6 @@
 """The schedule study's runs: each cell's workspace, the candidates' stage-2 runs, one CSV row per epoch under the
-key of what made it, and the command line (``python -m benchmarks.schedule_search``: :mod:`benchmarks.schedule_search`)."""
+key of what made it, and the command line (``python -m benchmarks.schedule_search``:
+:mod:`benchmarks.schedule_search`)."""
 
 from __future__ import annotations
 
