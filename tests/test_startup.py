@@ -98,3 +98,22 @@ def test_threads_default_to_one_in_every_run_and_take_debias_threads(monkeypatch
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def test_a_module_files_resolved_path_is_realpaths_through_linked_files_and_folders(tmp_path) -> None:
+    """The stage's import check resolves each folder once and keeps every answer: the same path os.path.realpath
+    gives for a plain file, a linked file, a file in a linked folder, a chain of links and a missing file."""
+    from debias.harness import stage
+
+    real = tmp_path / "real"
+    (real / "pkg").mkdir(parents=True)
+    (real / "pkg" / "mod.py").write_text("")
+    (tmp_path / "linked").symlink_to(real)  # a linked folder
+    (real / "pkg" / "alias.py").symlink_to(real / "pkg" / "mod.py")  # a linked file
+    (tmp_path / "chain.py").symlink_to(tmp_path / "linked" / "pkg" / "alias.py")  # a link to a link through a link
+    paths = [real / "pkg" / "mod.py", tmp_path / "linked" / "pkg" / "mod.py", real / "pkg" / "alias.py",
+             tmp_path / "linked" / "pkg" / "alias.py", tmp_path / "chain.py", tmp_path / "linked" / "pkg" / "gone.py",
+             Path("/")]
+    for path in paths * 2:  # the second round answers from what the first kept
+        assert stage.resolved(str(path)) == os.path.realpath(path), path
+    assert stage.resolved(str(tmp_path / "chain.py")) == str(real.resolve() / "pkg" / "mod.py")

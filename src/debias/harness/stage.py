@@ -340,6 +340,24 @@ def unseen_hooks() -> list[str]:
     return found
 
 
+# Module files' resolved paths, kept for the process (its imports are checked before and after the body).
+_RESOLVED: dict[str, str] = {}
+
+
+def resolved(path: str) -> str:
+    """``os.path.realpath(path)`` of an absolute path, each folder resolved once per process and every answer kept:
+    the same path, without a system call for every component of each of a stage's thousands of module files."""
+    found = _RESOLVED.get(path)
+    if found is None:
+        folder, name = os.path.split(path)
+        real_folder = _RESOLVED.get(folder)
+        if real_folder is None:
+            real_folder = _RESOLVED[folder] = os.path.realpath(folder)
+        joined = os.path.join(real_folder, name)
+        found = _RESOLVED[path] = os.path.realpath(joined) if os.path.islink(joined) else joined
+    return found
+
+
 def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
     """Code this stage process imported that DVC cannot see, each as ``'module (path)'``: a module outside the
     ``debias`` package (which the code deps and the trace cover) whose file lies in the repository but under none of
@@ -355,7 +373,7 @@ def unseen_modules(stage: str, root: Path = Path(".")) -> list[str]:
             continue  # no file of its own (torch.ops' is a bare name), the scripts run as __main__ (the fork server's
             # as __mp_main__ too), MLflow loading the harness's model code (and its copy) as code_model_<id>, a
             # hook, or the package (derived and traced)
-        real = os.path.realpath(file)
+        real = resolved(file)
         if not real.startswith(installed):
             candidates.append((name, real))
     if not candidates:
