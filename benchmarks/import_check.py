@@ -14,7 +14,6 @@ reported with the ratios.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import os
 import platform
@@ -22,6 +21,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.pages import when_and_where
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,10 +61,10 @@ def main() -> None:
     load = os.getloadavg()[0]
     times: dict[str, list[float]] = {"realpath": [], "first": [], "again": []}
     same = True
+    plain = lambda: [os.path.realpath(f) for f in files]  # noqa: E731
+    cached = lambda: [stage.resolved(f) for f in files]  # noqa: E731
     for round_ in range(args.rounds):
         stage._RESOLVED.clear()
-        plain = lambda: [os.path.realpath(f) for f in files]  # noqa: E731
-        cached = lambda: [stage.resolved(f) for f in files]  # noqa: E731
         if round_ % 2:
             t_first, first = timed(cached)
             t_again, again = timed(cached)
@@ -83,8 +84,7 @@ def main() -> None:
         "# The stage's import check: resolving its module files",
         "",
         f"- Command: `{command}`",
-        f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average (1 min) before "
-        f"{load:.2f}, after {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs ({platform.machine()}); Python "
+        f"- Date: {when_and_where(load, os.getloadavg()[0])}; Python "
         f"{platform.python_version()}",
         f"- {len(files)} module files (what the `train_contrastive` stage imports, with MLflow); {args.rounds} rounds, "
         "the order alternating; medians, milliseconds",

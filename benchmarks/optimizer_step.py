@@ -14,9 +14,7 @@ batches with each implementation (weight decay, momentum for SGD): whether the w
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -24,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.pages import when_and_where
 from debias.models import build_model
 from debias.training.loop import build_optimizer
 
@@ -97,8 +96,7 @@ def main() -> None:
         "# The optimiser's update: one tensor at a time against foreach",
         "",
         f"- Command: `{command}`",
-        f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average (1 min) before "
-        f"{load:.2f}, after {os.getloadavg()[0]:.2f}; {os.cpu_count()} CPUs ({platform.machine()}); torch "
+        f"- Date: {when_and_where(load, os.getloadavg()[0])}; torch "
         f"{torch.__version__}, 1 thread",
         f"- LeNet-5 (10 classes, 28 px: the default encoder), lr {LR}, weight decay {WEIGHT_DECAY}, SGD momentum "
         f"{MOMENTUM}; {args.rounds} rounds of {args.steps} steps per implementation, the order alternating; the "

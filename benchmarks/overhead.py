@@ -29,10 +29,8 @@ interpreter and launcher start, the fork, the project's imports, the params chec
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -44,6 +42,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.clones import REPO, child_env, make_clone
+from benchmarks.pages import when_and_where
 
 STAGES = ("source", "download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
           "evaluate", "report")
@@ -293,8 +292,7 @@ def page(results: list[dict], args: argparse.Namespace, load: tuple[float, float
     """The results as markdown: one table of the split per tree and command, the sweep, the per-image times."""
     lines = ["# Where the pipeline's wall time goes", "",
              f"- Command: `python -m benchmarks.overhead {' '.join(sys.argv[1:])}`",
-             f"- Date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average (1 min) before "
-             f"{load[0]:.2f}, after {load[1]:.2f}; {os.cpu_count()} CPUs ({platform.machine()}); DEBIAS_THREADS="
+             f"- Date: {when_and_where(*load)}; DEBIAS_THREADS="
              f"{args.threads}; the fastest of {args.repeats} per command and tree",
              "- Columns, seconds: wall; DVC's own work (wall less the stage commands; its start-up, until its `main`, "
              "and its YAML parsing and writing of dvc.yaml, dvc.lock and params.yaml among it); the `source` stage's "

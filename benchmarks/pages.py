@@ -11,6 +11,17 @@ from pathlib import Path
 from typing import Any
 
 
+def when_and_where(load_before: float, load_after: float) -> str:
+    """A results page's line of when and on what: the UTC time now, the 1-minute load average before and after the
+    run, the CPU count and architecture."""
+    import datetime
+    import os
+    import platform
+
+    return (f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; load average (1 min) before "
+            f"{load_before:.2f}, after {load_after:.2f}; {os.cpu_count()} CPUs ({platform.machine()})")
+
+
 def mean_std(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
     values = [scale * v for v in values if v is not None]
     if not values:
