@@ -349,6 +349,29 @@ def test_the_recorded_headline_comes_back_from_head_or_dvcs_cache(tmp_path: Path
     assert headline.restore_recorded("report", tmp_path) is None  # no headline file
 
 
+def test_params_still_holding_the_bytes_read_are_not_validated_again_and_changed_ones_are(committed: Path,
+                                                                                         monkeypatch) -> None:
+    """The end-of-stage check with the bytes the stage read: the same bytes are the same params (no second parse or
+    validation); other bytes are compared value by value, a comment added passing and a declared value refused."""
+    import debias.harness.stage as stage
+    from debias.schema import read_params
+    from tests.faults.conftest import write_params
+
+    monkeypatch.chdir(committed)
+    params, read = read_params()
+    assert read == (committed / "params.yaml").read_bytes()
+    validated = []
+    monkeypatch.setattr(stage, "load_params", lambda *a: validated.append(a) or read_params()[0])
+    stage.check_params_unchanged("train_erm", params, read)
+    assert validated == []
+    (committed / "params.yaml").write_bytes(read + b"# a comment\n")
+    stage.check_params_unchanged("train_erm", params, read)
+    assert len(validated) == 1
+    write_params(committed, {"erm": {"epochs": 5}})
+    with pytest.raises(Exception, match="params.yaml changed while train_erm ran"):
+        stage.check_params_unchanged("train_erm", params, read)
+
+
 def test_params_that_change_while_a_stage_runs_end_with_the_recorded_headline(committed: Path, monkeypatch,
                                                                              capsys) -> None:
     """The check that removes what a stage wrote under params changed meanwhile: by hand it leaves the headline file

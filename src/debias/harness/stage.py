@@ -44,7 +44,7 @@ from debias.core.paths import RUNS
 from debias.core.headline import UNREAD_KEY
 from debias.harness.unread import unread_since_last_run
 from debias.params import Params, as_dict
-from debias.schema import load_params
+from debias.schema import load_params, read_params
 
 if TYPE_CHECKING:  # tracking (MLflow) is imported inside main(), after the params and the device are checked
     from debias.core.headline import Restored
@@ -212,12 +212,16 @@ def publish(stage: str, run: StageRun) -> None:
     run.log_parent(metrics, tags)
 
 
-def check_params_unchanged(stage: str, params: Params) -> None:
+def check_params_unchanged(stage: str, params: Params, read: bytes | None = None) -> None:
     """Fail the stage, removing the outputs it wrote, when params.yaml no longer holds the declared params it read as
     it started: another run in the same workspace (a second ``dvc exp run -S``) wrote its values while this one ran,
-    and DVC would record those beside outputs computed from these (``dvc status`` clean, the model another run's)."""
+    and DVC would record those beside outputs computed from these (``dvc status`` clean, the model another run's).
+    ``read``: the bytes ``params`` were read from (:func:`debias.schema.read_params`); a file that still holds them
+    holds the same params and is not validated again."""
     from debias.core.trees import flatten
 
+    if read is not None and _bytes_or_none(Path("params.yaml")) == read:
+        return
     keys = STAGE_PARAMS[stage]
     before = flatten(as_dict(params, keys))
     try:
@@ -249,6 +253,13 @@ def check_params_unchanged(stage: str, params: Params) -> None:
         f"start are removed ({len(removed)}: {', '.join(removed[:4])}{', ...' if len(removed) > 4 else ''}), so none "
         "stands under params it was not computed with; run one experiment at a time in a workspace, or queue them "
         "(`dvc exp run --queue`), then rerun")
+
+
+def _bytes_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
 
 
 def _fail(who: str, message: str, code: int = 2) -> None:
@@ -490,13 +501,13 @@ def _run(stage: str, body: Callable[[Params, "StageRun"], None], activity: objec
     from debias.core import distributed
     from debias.core.runtime import configure_threads, pick_device
 
-    params = None
+    params, params_read = None, None
     who = ", ".join(filter(None, [stage, "" if distributed.is_main() else distributed.describe()]))
     debug = bool(os.environ.get("DEBIAS_DEBUG"))
     _RESTORED.clear()  # one stage per process under DVC; several when a test or script runs stages in one process
     try:
         try:
-            params = load_params()
+            params, params_read = read_params()
             pick_device()  # a DEBIAS_DEVICE this machine lacks fails here, not after data loading
             configure_threads()
             unread: list[str] = []
@@ -516,7 +527,7 @@ def _run(stage: str, body: Callable[[Params, "StageRun"], None], activity: objec
                 body(params, run)
                 check_imports(stage)
                 if distributed.is_main():
-                    check_params_unchanged(stage, params)
+                    check_params_unchanged(stage, params, params_read)
                     publish(stage, run)
             end_stage_process(stage)
         except BaseException as exc:  # failed or interrupted: the recorded headline file back, before any message

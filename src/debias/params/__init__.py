@@ -45,6 +45,6 @@ from debias.params.stage2 import (  # noqa: F401
 )
 from debias.params.root import (  # noqa: F401
     _allowed_range, _describe, _field_at, _valid_keys, as_dict, EXPECTED_KIND, flatten, MIN_IMAGE_SIZE, Params,
-    params_hash, PHOTO_SOURCES, problems, read_yaml, section, STROKE_PROTOCOLS, TABULAR_SOURCES,
+    params_hash, parse_yaml, PHOTO_SOURCES, problems, read_yaml, section, STROKE_PROTOCOLS, TABULAR_SOURCES,
     UNATTRIBUTED_SOURCES
 )

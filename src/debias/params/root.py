@@ -247,7 +247,11 @@ def _parse_yaml12(text: str) -> Any:
 def read_yaml(path: Path) -> Any:
     """``path`` parsed as YAML 1.2 (as DVC parses params.yaml, so ``1e-3`` is a number for both); a file that is
     not UTF-8, not YAML, or repeats a key is a ParamsError naming the file and the place."""
-    data = path.read_bytes()
+    return parse_yaml(path.read_bytes(), path)
+
+
+def parse_yaml(data: bytes, path: Path) -> Any:
+    """``data``, the bytes of ``path``, parsed as :func:`read_yaml` parses the file."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

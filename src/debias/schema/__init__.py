@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 from debias.core.errors import ParamsError
 from debias.evaluation.variants import NO_POSTPROCESS, POSTPROCESSINGS, PROBES, import_declarations as import_probes
 from debias.groups.registry import discover as group_methods
-from debias.params import STAGE2_DEFAULTS, Params as ParamsBase, problems, read_yaml
+from debias.params import STAGE2_DEFAULTS, Params as ParamsBase, parse_yaml, problems
 from debias.params.groups import groups_model
 from debias.params.probe import probe_model
 from debias.params.stage2 import stage2_model
@@ -145,10 +145,18 @@ def check_complete(raw: dict[str, Any], path: Path) -> None:
 def load_params(path: str | Path = "params.yaml") -> ParamsBase:
     """Read and validate ``params.yaml``; a missing or malformed file, or one leaving out a declared section or a
     registry's ``method`` (:func:`check_complete`), is a ParamsError."""
+    return read_params(path)[0]
+
+
+def read_params(path: str | Path = "params.yaml") -> tuple[ParamsBase, bytes]:
+    """:func:`load_params`'s params and the bytes of the file they were read from: the same bytes always give the
+    same params, so a later read that finds them unchanged need not validate again."""
     path = Path(path)
-    if not path.exists():
-        raise ParamsError(f"{path} not found: run the stage from the repository root")
-    raw = read_yaml(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ParamsError(f"{path} not found: run the stage from the repository root") from None
+    raw = parse_yaml(data, path)
     if raw is not None and not isinstance(raw, dict):
         raise ParamsError(f"{path} must hold a mapping of sections, not {type(raw).__name__}")
     try:
@@ -158,4 +166,4 @@ def load_params(path: str | Path = "params.yaml") -> ParamsBase:
             raise
         raise ParamsError(str(exc).replace("invalid params.yaml:", f"invalid {path}:", 1)) from None
     check_complete(raw or {}, path)
-    return params
+    return params, data
