@@ -187,6 +187,27 @@ def test_a_logged_model_has_a_signature_an_input_example_and_loads_without_pickl
     assert {"debias", "torch", "numpy"} <= pinned
 
 
+def test_a_models_requirements_are_those_of_the_standard_librarys_map_of_installed_distributions() -> None:
+    """The requirements read from MLflow's map of modules to distributions (built once for ``Model.log``'s check)
+    are the pins the standard library's ``packages_distributions`` gives for the model's modules and the loader's,
+    for a LeNet and a torchvision ResNet."""
+    from importlib.metadata import packages_distributions
+
+    from mlflow.utils.requirements_utils import _get_pinned_requirement
+
+    from debias.harness.tracking import model_requirements
+    from debias.harness.tracking.artifacts import MODEL_LOADER_MODULES
+    from debias.models import build_model
+
+    distributions = packages_distributions()
+    for name, size in (("lenet5", 28), ("resnet18", 32)):
+        model = build_model(name, 5, size)
+        modules = {type(m).__module__.split(".")[0] for m in model.modules()} | set(MODEL_LOADER_MODULES)
+        expected = [_get_pinned_requirement(d) for d in sorted({d for m in modules for d in distributions[m]})]
+        assert model_requirements(model) == expected, name
+        assert any(line.startswith("torch==") for line in expected)
+
+
 def test_pipeline_run_key_is_the_experiment_and_the_dvc_process(monkeypatch) -> None:
     """The key names the DVC experiment and the nearest `dvc` ancestor process (pid and start time); outside
     DVC there is none, so a stage started by hand gets no parent."""

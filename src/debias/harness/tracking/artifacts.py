@@ -231,16 +231,17 @@ def model_requirements(model: Any) -> list[str] | None:
     torch, torchvision for the ResNets) and those :data:`MODEL_CODE` imports to load it (MLflow adds itself).
 
     MLflow would otherwise infer them by loading the saved model in a subprocess that imports torch and
-    mlflow again (~5 s in every training stage). None (MLflow infers) when a distribution cannot be resolved.
+    mlflow again (~5 s in every training stage). The distributions come from MLflow's own map of modules to
+    distributions, which ``Model.log`` builds anyway to check the requirements (one scan of every installed
+    distribution, ~0.65 s, instead of two). None (MLflow infers) when a distribution cannot be resolved.
     """
     try:
-        from importlib.metadata import packages_distributions
-
-        from mlflow.utils.requirements_utils import _get_pinned_requirement
+        from mlflow.utils import requirements_utils
 
         modules = {type(m).__module__.split(".")[0] for m in model.modules()} | set(MODEL_LOADER_MODULES)
-        distributions = packages_distributions()
+        requirements_utils._init_modules_to_packages_map()
+        distributions = requirements_utils._MODULES_TO_PACKAGES
         names = sorted({dist for module in modules for dist in distributions[module]})
-        return [_get_pinned_requirement(dist) for dist in names]
+        return [requirements_utils._get_pinned_requirement(dist) for dist in names]
     except Exception:
         return None
