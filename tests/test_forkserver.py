@@ -297,6 +297,64 @@ def test_stage_outputs_are_the_same_bytes_with_and_without_the_fork_server(serve
     assert len(outputs["1"]) > 10 and outputs["1"] == outputs["0"]
 
 
+DISTRIBUTIONS_PROBE = textwrap.dedent("""
+    import json, sys
+    utils = sys.modules.get("mlflow.utils.requirements_utils")
+    held = None if utils is None or utils._MODULES_TO_PACKAGES is None else dict(utils._MODULES_TO_PACKAGES)
+    if held is not None:
+        utils._MODULES_TO_PACKAGES = None
+        utils._init_modules_to_packages_map()
+    print(json.dumps({"kept": held is not None, "same": held == (utils and utils._MODULES_TO_PACKAGES)}))
+""")
+
+
+@pytest.mark.slow
+def test_a_forked_stage_keeps_the_server_s_map_of_distributions_only_as_it_would_build_it(server) -> None:
+    """Once the server is idle it builds MLflow's map of modules to installed distributions; a forked stage starts
+    with it, equal to the map the stage builds itself."""
+    root, env = server
+    (root / "distributions.py").write_text(DISTRIBUTIONS_PROBE)
+    deadline = time.monotonic() + 120
+    while True:
+        done = subprocess.run([*PIN, sys.executable, "-m", "debias.harness.launch", "--single", "distributions.py"],
+                              cwd=root, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout.splitlines()[0])
+        if seen["kept"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert seen == {"kept": True, "same": True}
+
+
+def test_a_stage_drops_the_server_s_map_where_its_path_or_databricks_would_change_it(tmp_path, monkeypatch) -> None:
+    """The map is kept where the paths differ only by folders holding no distribution metadata and MLflow's
+    Databricks test answers as it did in the server; dropped (rebuilt on first use) otherwise."""
+    from mlflow.utils import requirements_utils
+
+    from debias.harness.forkserver import stage
+
+    plain, with_metadata, missing = tmp_path / "src", tmp_path / "site", tmp_path / "nowhere"
+    (plain / "debias").mkdir(parents=True)
+    (with_metadata / "extra-1.0.dist-info").mkdir(parents=True)
+    held, base = {"torch": ["torch"]}, list(sys.path)
+    for databricks in ("", "15.4"):
+        monkeypatch.delenv("DATABRICKS_ENV_VERSION", raising=False)
+        monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", databricks)
+        if not databricks:
+            monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")
+        for extra, kept in ((None, True), (plain, True), (missing, True), (with_metadata, False)):
+            monkeypatch.setattr(stage, "DISTRIBUTION_MAP", {"path": base, "databricks": False})
+            monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", dict(held))
+            monkeypatch.setattr(sys, "path", [*base, *([str(extra)] if extra else [])])
+            expected = kept and not databricks
+            assert stage.keep_distribution_map() is expected, (extra, databricks)
+            assert requirements_utils._MODULES_TO_PACKAGES == (held if expected else None)
+    monkeypatch.setattr(stage, "DISTRIBUTION_MAP", {})  # a server that built none: nothing is kept
+    monkeypatch.setattr(requirements_utils, "_MODULES_TO_PACKAGES", dict(held))
+    assert stage.keep_distribution_map() is False and requirements_utils._MODULES_TO_PACKAGES == held
+    assert stage.holds_distributions(str(with_metadata)) and not stage.holds_distributions(str(plain))
+
+
 def test_the_server_s_identity_follows_what_imports_read_not_run_time_settings() -> None:
     base = {"HOME": "/home/a", "PATH": "/bin", "OMP_NUM_THREADS": "2"}
     key = forkserver.identity(base, [])

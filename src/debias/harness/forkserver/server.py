@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from debias.harness.forkserver.protocol import idle_seconds, receive_message, resource_limits, send_message, unforkable
-from debias.harness.forkserver.stage import run_stage_process
+from debias.harness.forkserver.stage import DISTRIBUTION_MAP, run_stage_process
 
 # The libraries the stages import (measured with `python -X importtime pipeline/<stage>.py`, the default data):
 # imported by the server before it takes a stage. umap (numba) is imported after the server is up, when idle
@@ -50,6 +50,16 @@ def _embedding():
 def _import_umap() -> None:
     """``import umap`` as the stages do (numba's cache folder and caching switched on)."""
     _embedding().import_umap(waiting=False)
+
+
+def _map_distributions() -> None:
+    """MLflow's map of modules to installed distributions, built once here for every stage that logs a model
+    (:func:`debias.harness.forkserver.stage.keep_distribution_map` says where a stage keeps it)."""
+    from mlflow.utils import requirements_utils
+    from mlflow.utils.databricks_utils import is_in_databricks_runtime
+
+    requirements_utils._init_modules_to_packages_map()
+    DISTRIBUTION_MAP.update(path=list(sys.path), databricks=is_in_databricks_runtime())
 
 
 def _preload(names: tuple[str, ...]) -> list[str]:
@@ -236,7 +246,7 @@ def serve(path: Path, options: list[str]) -> int:
         return _give_up(path, f"cannot listen on {path}: {exc}")
     watchers: set[int] = set()
     idle_since = time.monotonic()
-    pending_idle = [_import_umap]
+    pending_idle = [_import_umap, _map_distributions]
     try:
         while True:
             ready, _, _ = select.select([server], [], [], 0.0 if pending_idle and warmer is None else 1.0)

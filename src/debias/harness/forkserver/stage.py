@@ -78,6 +78,41 @@ def set_process_title(argv: list[str]) -> None:
         _libc().prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
 
 
+# MLflow's map of modules to installed distributions, which logging a model reads (a scan of every installed
+# distribution's files: ~0.7 s per training stage), as the server built it: set by the server (its sys.path and
+# whether MLflow saw a Databricks runtime), else None.
+DISTRIBUTION_MAP: dict = {}
+DISTRIBUTION_SUFFIXES = (".dist-info", ".egg-info", ".egg")  # what importlib.metadata finds distributions by
+
+
+def holds_distributions(entry: str) -> bool:
+    """Whether a ``sys.path`` entry may hold distribution metadata: a file (an egg, a zip) or a folder with a
+    ``*.dist-info``, ``*.egg-info`` or ``*.egg`` entry; not a folder that does not exist."""
+    if os.path.isfile(entry):
+        return True
+    try:
+        return any(name.endswith(DISTRIBUTION_SUFFIXES) for name in os.listdir(entry or "."))
+    except OSError:
+        return False
+
+
+def keep_distribution_map() -> bool:
+    """Keep the distribution map the server built (:data:`DISTRIBUTION_MAP`) where this process would build the same:
+    no folder on one path but not the other holds distribution metadata, and MLflow's Databricks test answers the
+    same; else drop it (MLflow builds it again on first use). Whether it was kept."""
+    utils = sys.modules.get("mlflow.utils.requirements_utils")
+    if not DISTRIBUTION_MAP or utils is None or getattr(utils, "_MODULES_TO_PACKAGES", None) is None:
+        return False
+    from mlflow.utils.databricks_utils import is_in_databricks_runtime
+
+    differ = set(sys.path) ^ set(DISTRIBUTION_MAP["path"])
+    if any(holds_distributions(entry) for entry in differ) or is_in_databricks_runtime() != DISTRIBUTION_MAP["databricks"]:
+        utils._MODULES_TO_PACKAGES = None
+        utils._PACKAGES_TO_MODULES = None
+        return False
+    return True
+
+
 def fresh_random_state() -> None:
     """Global random state as a new process has it, its own: NumPy's legacy global generator and torch's default
     CPU generator seeded from the operating system's randomness, as each seeds itself when loaded (Python's
@@ -129,6 +164,7 @@ def adopt(state: dict, fds: list[int]) -> None:
         del sys.modules[name]
     importlib.invalidate_caches()
     _matplotlib_rc_of_folder()
+    keep_distribution_map()
     tempfile.tempdir = None  # the server's TMPDIR, cached by its first gettempdir(): the launcher's instead
 
 
