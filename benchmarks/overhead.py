@@ -174,10 +174,12 @@ def experiment_split(processes: dict[int, dict]) -> list[dict]:
     return sorted(found, key=lambda e: e["start"])
 
 
-def dvc_floor(work: Path, env: dict[str, str], log: Path, repeats: int, with_files: bool = False) -> dict:
+def dvc_floor(work: Path, env: dict[str, str], log: Path, repeats: int, with_files: bool = False,
+              python: bool = False) -> dict:
     """No-op ``dvc repro`` and ``dvc exp run`` of nine ``echo`` stages in a chain (the first always changed); with
     ``with_files``, in a git repository holding this working tree's tracked files too (DVC's experiment commands
-    stage and stash the repository's files: their count is part of DVC's work), its own pipeline left out."""
+    stage and stash the repository's files: their count is part of DVC's work), its own pipeline left out; with
+    ``python``, each stage a ``python -c`` process writing its output, and ``dvc repro -f`` of them timed too."""
     toy = Path(tempfile.mkdtemp(prefix="toy-", dir=work))
     if with_files:
         files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True,
@@ -188,15 +190,18 @@ def dvc_floor(work: Path, env: dict[str, str], log: Path, repeats: int, with_fil
                 shutil.copy2(REPO / name, toy / name)
     stages, previous = {}, None
     for stage in STAGES:
-        stages[stage] = {"cmd": f"echo {stage} > {stage}.txt", **({"deps": [f"{previous}.txt"]} if previous else {}),
+        command = (f"python -c \"open('{stage}.txt', 'w').write('{stage}')\"" if python
+                   else f"echo {stage} > {stage}.txt")
+        stages[stage] = {"cmd": command, **({"deps": [f"{previous}.txt"]} if previous else {}),
                          "outs": [f"{stage}.txt"], **({"always_changed": True} if stage == "source" else {})}
         previous = stage
     (toy / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}, sort_keys=False))
     for command in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "repro", "-q"], ["git", "add", "-A"],
                     ["git", "commit", "-qm", "toy"]):
         subprocess.run(command, cwd=toy, env=env, check=True, capture_output=True)
+    modes = (("noop", ["repro"]), ("noop-exp", ["exp", "run"])) + ((("warm", ["repro", "-f"]),) if python else ())
     return {mode: min((timed_dvc(toy, env, args, log) for _ in range(repeats)), key=lambda r: r["wall_s"])
-            for mode, args in (("noop", ["repro"]), ("noop-exp", ["exp", "run"]))}
+            for mode, args in modes}
 
 
 def interpreter_start(env: dict[str, str], repeats: int = 5) -> dict[str, float]:
@@ -268,6 +273,7 @@ def profile_tree(tree: str, work: Path, threads: int, repeats: int) -> dict:
     runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: a socket path holds < 108 bytes
     env = {**child_env(threads, work / "numba", clone), "XDG_RUNTIME_DIR": str(runtime)}
     env.pop("DEBIAS_FORKSERVER", None)  # the default: the fork server, as users run it
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode written once and reused, as on a user's machine
     log = work / f"{tree}.log"
     result: dict = {"tree": tree}
     timed_dvc(clone, env, ["repro"], log)  # the first run: caches and the fork server
@@ -293,7 +299,8 @@ def page(results: list[dict], args: argparse.Namespace, load: tuple[float, float
     lines = ["# Where the pipeline's wall time goes", "",
              f"- Command: `python -m benchmarks.overhead {' '.join(sys.argv[1:])}`",
              f"- Date: {when_and_where(*load)}; DEBIAS_THREADS="
-             f"{args.threads}; the fastest of {args.repeats} per command and tree",
+             f"{args.threads}; the fastest of {args.repeats} per command and tree; bytecode written and reused "
+             "(`PYTHONDONTWRITEBYTECODE` unset), as on a user's machine",
              "- Columns, seconds: wall; DVC's own work (wall less the stage commands; its start-up, until its `main`, "
              "and its YAML parsing and writing of dvc.yaml, dvc.lock and params.yaml among it); the `source` stage's "
              "command; the other stage commands around their bodies (interpreter, launcher, fork, imports, checks, "
@@ -302,10 +309,13 @@ def page(results: list[dict], args: argparse.Namespace, load: tuple[float, float
              "overhead | share |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     commands = {"warm": "`dvc repro -f`", "warm-off": "`dvc repro -f`, tracking off", "noop": "`dvc repro`, no-op",
                 "noop-exp": "`dvc exp run`, no-op"}
-    trees = [r for r in results if "warm" in r]
+    trees = [r for r in results if "sweep" in r]
     floor = next((r for r in results if "start" in r), None)
     files = next((r for r in results if r.get("floor")), None)
+    processes = next((r for r in results if r.get("python")), None)
     for result in results:
+        if result is processes:
+            continue
         for mode, label in commands.items():
             if mode not in result:
                 continue
@@ -375,8 +385,15 @@ def page(results: list[dict], args: argparse.Namespace, load: tuple[float, float
                 lines += ["", f"{entry['tree']} as a share of {base['tree']}'s wall: no-op `dvc repro` "
                           f"{entry['noop']['wall_s'] / base['noop']['wall_s']:.2f}, no-op `dvc exp run` "
                           f"{entry['noop-exp']['wall_s'] / base['noop-exp']['wall_s']:.2f}."]
-    if len(trees) == 2:
-        a, b = trees
+    if processes:
+        warm = processes["warm"]["wall_s"]
+        lines += ["", f"A process per stage under DVC, with nothing in it: the nine stages each a `python -c` that writes "
+                  f"its output, through PATH as above; `dvc repro -f` {fmt(warm)} s. That is the overhead of this "
+                  "pipeline's shape with no stage harness, no imports and no MLflow; beside each tree's bodies it would "
+                  "be " + ", ".join(f"{100 * warm / (warm + r['warm']['bodies_s']):.0f} % of {r['tree']}'s warm wall"
+                                    for r in trees) + "."]
+    for b in trees[1:]:
+        a = trees[0]
         lines += ["", f"Ratios {b['tree']} / {a['tree']}:", ""]
         for mode, label in commands.items():
             lines.append(f"- {label}: wall {b[mode]['wall_s'] / a[mode]['wall_s']:.2f}")
@@ -396,13 +413,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="overhead-") as folder:
         results = [profile_tree(tree, Path(folder), args.threads, args.repeats) for tree in args.trees]
         env = child_env(args.threads, Path(folder) / "numba", Path(folder))
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         floor = {"tree": "DVC's floor", **dvc_floor(Path(folder), env, Path(folder) / "floor.log", args.repeats),
                  "start": interpreter_start(env)}
         files = {"tree": "DVC's floor, this repository's files", "floor": True,
                  **dvc_floor(Path(folder), env, Path(folder) / "floor.log", args.repeats, with_files=True)}
-        for entry in (floor, files):
+        processes = {"tree": "a process per stage", "python": True,
+                     **dvc_floor(Path(folder), env, Path(folder) / "floor.log", args.repeats, python=True)}
+        for entry in (floor, files, processes):
             print(f"{entry['tree']}: {entry['noop']['wall_s']:.1f} s / {entry['noop-exp']['wall_s']:.1f} s", flush=True)
-    results += [floor, files]
+    results += [floor, files, processes]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(results, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(page(results, args, (load, os.getloadavg()[0])))
