@@ -2,8 +2,8 @@
 the stage processes around their bodies, the bodies, MLflow, the always-run ``source`` stage and a sweep's
 experiment.
 
-Per tree (the working tree and/or commits, one after the other in one run), in a fresh clone after a first
-``dvc repro`` (caches warm, the fork server up):
+Per tree (the working tree and/or commits), in a fresh clone after a first ``dvc repro`` (caches warm, the fork server
+up), each command run on every tree in turn, round after round (the trees share each round's machine state):
 
 - ``warm``: ``dvc repro -f`` (every stage runs); ``warm-off``: the same with ``DEBIAS_TRACKING=off`` (MLflow's share
   is the difference of the stage processes' time around their bodies);
@@ -15,8 +15,10 @@ Per tree (the working tree and/or commits, one after the other in one run), in a
   last (collecting the experiment), against the stage commands.
 
 Once per run, beside the trees: DVC's floor, a no-op ``dvc repro`` and ``dvc exp run`` of a pipeline of the same nine
-stages in a chain whose commands are ``echo`` (one always changed, as ``source``), no params; and what reaching
-``python`` through PATH costs against the interpreter itself (a version manager's shim runs before every stage).
+stages in a chain whose commands are ``echo`` (one always changed, as ``source``), no params; the same chain with a
+``python -c`` process per stage, ``dvc repro -f`` of it timed too (the overhead of a process per stage with nothing in
+it); and what reaching ``python`` through PATH costs against the interpreter itself (a version manager's shim runs
+before every stage).
 
 The DVC commands run in this process's Python through a wrapper (:data:`DVC_TIMED`) that times, inside DVC, each
 stage command it runs and its YAML parsing and writing; DVC's own work is the wall less the stage commands. A stage
@@ -87,9 +89,10 @@ sys.exit(main(args))
 """
 
 
-def timed_dvc(clone: Path, env: dict[str, str], args: list[str], log: Path) -> dict:
+def timed_dvc(clone: Path, env: dict[str, str], args: list[str], log: Path, records: bool = True) -> dict:
     """Run ``dvc ARGS`` through :data:`DVC_TIMED`: its wall (from this side: the interpreter's start counts), stage
-    command seconds, YAML seconds; stage bodies from the run records of the stages that ran."""
+    command seconds, YAML seconds; stage bodies from the run records of the stages that ran (none without
+    ``records``: a pipeline of plain commands)."""
     with tempfile.NamedTemporaryFile("r", suffix=".json") as out, open(log, "a") as handle:
         handle.write(f"$ dvc {' '.join(args)}\n")
         handle.flush()
@@ -101,7 +104,7 @@ def timed_dvc(clone: Path, env: dict[str, str], args: list[str], log: Path) -> d
     if status:
         raise SystemExit(f"dvc {' '.join(args)} failed in {clone} (exit {status}); log: {log}")
     stages = timings.get("stages", {})
-    bodies = {stage: body_seconds(clone, stage) for stage in stages if stage != "source"}
+    bodies = {stage: body_seconds(clone, stage) if records else 0.0 for stage in stages if stage != "source"}
     return {"wall_s": wall, "dvc_start_s": wall - timings.get("wall_s", wall), "yaml_s": timings.get("yaml_s", 0.0),
             "yaml_calls": timings.get("yaml_calls", 0), "commands_s": sum(stages.values()),
             "source_s": stages.get("source", 0.0), "bodies_s": sum(bodies.values()),
@@ -200,7 +203,7 @@ def dvc_floor(work: Path, env: dict[str, str], log: Path, repeats: int, with_fil
                     ["git", "commit", "-qm", "toy"]):
         subprocess.run(command, cwd=toy, env=env, check=True, capture_output=True)
     modes = (("noop", ["repro"]), ("noop-exp", ["exp", "run"])) + ((("warm", ["repro", "-f"]),) if python else ())
-    return {mode: min((timed_dvc(toy, env, args, log) for _ in range(repeats)), key=lambda r: r["wall_s"])
+    return {mode: min((timed_dvc(toy, env, args, log, records=False) for _ in range(repeats)), key=lambda r: r["wall_s"])
             for mode, args in modes}
 
 
@@ -268,26 +271,41 @@ def timed_sweep(clone: Path, env: dict[str, str], log: Path) -> dict:
             "experiments": experiments, "queueing_s": queueing}
 
 
-def profile_tree(tree: str, work: Path, threads: int, repeats: int) -> dict:
+def prepare_tree(tree: str, work: Path, threads: int) -> dict:
+    """A fresh clone of ``tree`` after its first ``dvc repro`` (caches warm, its fork server up): its result entry,
+    with the clone, environment and log kept under ``_run`` for :func:`measure`."""
     clone = make_clone(Path(tempfile.mkdtemp(prefix="clone-", dir=work)), {}, None if tree == "worktree" else tree)
     runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: a socket path holds < 108 bytes
     env = {**child_env(threads, work / "numba", clone), "XDG_RUNTIME_DIR": str(runtime)}
     env.pop("DEBIAS_FORKSERVER", None)  # the default: the fork server, as users run it
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode written once and reused, as on a user's machine
     log = work / f"{tree}.log"
-    result: dict = {"tree": tree}
     timed_dvc(clone, env, ["repro"], log)  # the first run: caches and the fork server
-    for mode, extra, args in (("warm", {}, ["repro", "-f"]), ("warm-off", {"DEBIAS_TRACKING": "off"}, ["repro", "-f"]),
-                              ("noop", {}, ["repro"]), ("noop-exp", {}, ["exp", "run"])):
-        runs = [timed_dvc(clone, {**env, **extra}, args, log) for _ in range(repeats)]
-        result[mode] = min(runs, key=lambda r: r["wall_s"])
-        print(f"{tree} {mode}: {result[mode]['wall_s']:.1f} s", flush=True)
-        if mode == "warm":
-            result["passes"] = image_passes(clone)
-    result["sweep"] = timed_sweep(clone, env, log)
-    print(f"{tree} sweep: {result['sweep']['wall_s']:.1f} s", flush=True)
-    subprocess.run(["pkill", "-f", str(runtime)], check=False)  # the fork servers of this clone's socket folder
-    return result
+    return {"tree": tree, "_run": (clone, env, log, runtime)}
+
+
+COMMANDS = (("warm", {}, ["repro", "-f"]), ("warm-off", {"DEBIAS_TRACKING": "off"}, ["repro", "-f"]),
+            ("noop", {}, ["repro"]), ("noop-exp", {}, ["exp", "run"]))
+
+
+def measure(results: list[dict], repeats: int) -> None:
+    """Each command of :data:`COMMANDS` on every tree in turn, ``repeats`` rounds (the fastest kept per tree: the
+    trees share each round's machine state), then each tree's sweep; the fork servers stopped at the end."""
+    for _ in range(repeats):
+        for mode, extra, args in COMMANDS:
+            for result in results:
+                clone, env, log, _ = result["_run"]
+                run = timed_dvc(clone, {**env, **extra}, args, log)
+                if mode not in result or run["wall_s"] < result[mode]["wall_s"]:
+                    result[mode] = run
+                print(f"{result['tree']} {mode}: {run['wall_s']:.1f} s", flush=True)
+                if mode == "warm" and "passes" not in result:
+                    result["passes"] = image_passes(clone)
+    for result in results:
+        clone, env, log, runtime = result.pop("_run")
+        result["sweep"] = timed_sweep(clone, env, log)
+        print(f"{result['tree']} sweep: {result['sweep']['wall_s']:.1f} s", flush=True)
+        subprocess.run(["pkill", "-f", str(runtime)], check=False)  # the fork servers of this clone's socket folder
 
 
 def fmt(seconds: float) -> str:
@@ -299,7 +317,8 @@ def page(results: list[dict], args: argparse.Namespace, load: tuple[float, float
     lines = ["# Where the pipeline's wall time goes", "",
              f"- Command: `python -m benchmarks.overhead {' '.join(sys.argv[1:])}`",
              f"- Date: {when_and_where(*load)}; DEBIAS_THREADS="
-             f"{args.threads}; the fastest of {args.repeats} per command and tree; bytecode written and reused "
+             f"{args.threads}; the fastest of {args.repeats} rounds per command and tree (each round runs "
+             "the command on every tree in turn); bytecode written and reused "
              "(`PYTHONDONTWRITEBYTECODE` unset), as on a user's machine",
              "- Columns, seconds: wall; DVC's own work (wall less the stage commands; its start-up, until its `main`, "
              "and its YAML parsing and writing of dvc.yaml, dvc.lock and params.yaml among it); the `source` stage's "
@@ -411,7 +430,8 @@ def main() -> None:
     args = parser.parse_args()
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="overhead-") as folder:
-        results = [profile_tree(tree, Path(folder), args.threads, args.repeats) for tree in args.trees]
+        results = [prepare_tree(tree, Path(folder), args.threads) for tree in args.trees]
+        measure(results, args.repeats)
         env = child_env(args.threads, Path(folder) / "numba", Path(folder))
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         floor = {"tree": "DVC's floor", **dvc_floor(Path(folder), env, Path(folder) / "floor.log", args.repeats),
