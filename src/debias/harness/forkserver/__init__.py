@@ -12,7 +12,8 @@ process that holds those imports to fork a process that runs the stage, and stan
   kernel shares CPU time by session), and sets ``sys.argv``, ``sys.path[0]``, ``sys.orig_argv``, its
   process title and its global random state as ``python SCRIPT ARGS`` would have them; it drops every ``debias``
   module the server held, so the project's code is read from disk by each stage (a change takes effect at the next
-  stage, as without the server);
+  stage, as without the server); MLflow's map of modules to installed distributions, which the server builds once
+  when idle, is kept only where the stage's path would give the same map (:func:`stage.keep_distribution_map`);
 * the launcher passes on the signals a plain stage would have received (:data:`launcher.FORWARDED_SIGNALS`, those
   it inherited ignored excepted), and ends with the stage's exit code or dies of its signal; if the launcher is
   killed, the stage's process group is killed too, and if the server's watcher of the stage dies, so does the stage.

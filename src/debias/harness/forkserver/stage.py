@@ -79,8 +79,8 @@ def set_process_title(argv: list[str]) -> None:
 
 
 # MLflow's map of modules to installed distributions, which logging a model reads (a scan of every installed
-# distribution's files: ~0.7 s per training stage), as the server built it: set by the server (its sys.path and
-# whether MLflow saw a Databricks runtime), else None.
+# distribution's files, in every training stage), as the server built it: its sys.path and whether MLflow saw a
+# Databricks runtime, set by the server once the map is built; empty before.
 DISTRIBUTION_MAP: dict = {}
 DISTRIBUTION_SUFFIXES = (".dist-info", ".egg-info", ".egg")  # what importlib.metadata finds distributions by
 

@@ -233,7 +233,7 @@ def model_requirements(model: Any) -> list[str] | None:
     MLflow would otherwise infer them by loading the saved model in a subprocess that imports torch and
     mlflow again (~5 s in every training stage). The distributions come from MLflow's own map of modules to
     distributions, which ``Model.log`` builds anyway to check the requirements (one scan of every installed
-    distribution, ~0.65 s, instead of two). None (MLflow infers) when a distribution cannot be resolved.
+    distribution instead of two; a stage forked by the fork server may find it built). None (MLflow infers) when a distribution cannot be resolved.
     """
     try:
         from mlflow.utils import requirements_utils
