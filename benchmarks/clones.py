@@ -3,6 +3,7 @@ environment, the launcher that reads a command's CPU seconds and peak RSS, and d
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -115,3 +116,25 @@ def child_env(threads: int, numba_cache: Path, clone: Path) -> dict[str, str]:
     # by the fork server is not part of (benchmarks/repro_time.py measures the pipeline with the server)
     env["DEBIAS_FORKSERVER"] = "0"
     return env
+
+
+def forked_env(threads: int, numba_cache: Path, clone: Path, bytecode: bool = True) -> dict[str, str]:
+    """:func:`child_env` as users run the stages: the fork server on, with a socket folder of its own
+    (``XDG_RUNTIME_DIR``: its servers are this environment's alone, stopped with :func:`stop_servers`); with
+    ``bytecode``, bytecode written once and reused (``PYTHONDONTWRITEBYTECODE`` unset), as on a user's machine."""
+    runtime = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: a socket path holds < 108 bytes
+    env = {**child_env(threads, numba_cache, clone), "XDG_RUNTIME_DIR": runtime}
+    env.pop("DEBIAS_FORKSERVER", None)
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def stop_servers(env: dict[str, str]) -> None:
+    """Stop the fork servers of ``env``'s socket folder (:func:`forked_env`)."""
+    subprocess.run(["pkill", "-f", env["XDG_RUNTIME_DIR"]], check=False)
+
+
+def body_seconds(clone: Path, stage: str) -> float:
+    """A stage body's wall seconds, from its run record (``reports/runs/<stage>.json``)."""
+    return float(json.loads((clone / "reports" / "runs" / f"{stage}.json").read_text())["wall_time_s"])

@@ -15,7 +15,6 @@ forked by the warm server, as ``dvc repro`` runs them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.clones import child_env, make_clone, stage_order
+from benchmarks.clones import body_seconds, forked_env, make_clone, stage_order, stop_servers
 from benchmarks.pages import when_and_where, write_commented_csv
 
 FIELDS = ["tree", "stage", "round", "command_s", "body_s"]
@@ -35,9 +34,7 @@ def prepare(tree: str, work: Path) -> tuple[Path, dict[str, str]]:
     """A fresh clone of ``tree`` after one ``dvc repro``, and the stages' environment (the fork server on, its own
     socket folder, bytecode reused as on a user's machine)."""
     clone = make_clone(Path(tempfile.mkdtemp(prefix="clone-", dir=work)), {}, None if tree == "worktree" else tree)
-    env = {**child_env(1, work / "numba", clone), "XDG_RUNTIME_DIR": tempfile.mkdtemp(prefix="rt", dir="/tmp")}
-    env.pop("DEBIAS_FORKSERVER", None)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = forked_env(1, work / "numba", clone)
     subprocess.run(["dvc", "repro", "-q"], cwd=clone, env=env, check=True, capture_output=True)
     time.sleep(15)  # the server's idle work (UMAP's import, the distribution map) done, as between a user's runs
     return clone, env
@@ -50,9 +47,7 @@ def run_stage(clone: Path, env: dict[str, str], stage: str, command: str) -> tup
     wall = time.perf_counter() - started
     if done.returncode:
         raise SystemExit(f"{command} failed in {clone}:\n{done.stderr[-2000:]}")
-    if stage == "source":
-        return wall, 0.0
-    return wall, float(json.loads((clone / "reports" / "runs" / f"{stage}.json").read_text())["wall_time_s"])
+    return wall, 0.0 if stage == "source" else body_seconds(clone, stage)
 
 
 def markdown(rows: list[dict], trees: list[str], stages: list[str], header: list[str]) -> str:
@@ -102,7 +97,7 @@ def main() -> None:
                     rows.append({"tree": tree, "stage": stage, "round": number, "command_s": command_s, "body_s": body_s})
             print(f"round {number + 1} of {args.rounds} done", flush=True)
         for _, env in prepared.values():
-            subprocess.run(["pkill", "-f", env["XDG_RUNTIME_DIR"]], check=False)
+            stop_servers(env)
     header = [f"Command: `python -m benchmarks.forked_stages {' '.join(sys.argv[1:])}`",
               f"Date: {when_and_where(load, os.getloadavg()[0])}; DEBIAS_THREADS=1; the default params; medians over "
               f"{args.rounds} rounds, each running every stage on every tree in turn",

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.clones import REPO, child_env, make_clone
+from benchmarks.clones import REPO, body_seconds, child_env, forked_env, make_clone, stop_servers
 from benchmarks.pages import when_and_where
 
 STAGES = ("source", "download", "inject_bias", "train_erm", "infer_groups", "train_contrastive", "linear_probe",
@@ -109,11 +109,6 @@ def timed_dvc(clone: Path, env: dict[str, str], args: list[str], log: Path, reco
             "yaml_calls": timings.get("yaml_calls", 0), "commands_s": sum(stages.values()),
             "source_s": stages.get("source", 0.0), "bodies_s": sum(bodies.values()),
             "around_bodies_s": sum(stages[s] - bodies[s] for s in bodies), "stages": stages, "bodies": bodies}
-
-
-def body_seconds(clone: Path, stage: str) -> float:
-    """A stage body's wall seconds, from its run record."""
-    return float(json.loads((clone / "reports" / "runs" / f"{stage}.json").read_text())["wall_time_s"])
 
 
 def image_passes(clone: Path) -> dict[str, float]:
@@ -275,13 +270,10 @@ def prepare_tree(tree: str, work: Path, threads: int) -> dict:
     """A fresh clone of ``tree`` after its first ``dvc repro`` (caches warm, its fork server up): its result entry,
     with the clone, environment and log kept under ``_run`` for :func:`measure`."""
     clone = make_clone(Path(tempfile.mkdtemp(prefix="clone-", dir=work)), {}, None if tree == "worktree" else tree)
-    runtime = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: a socket path holds < 108 bytes
-    env = {**child_env(threads, work / "numba", clone), "XDG_RUNTIME_DIR": str(runtime)}
-    env.pop("DEBIAS_FORKSERVER", None)  # the default: the fork server, as users run it
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # bytecode written once and reused, as on a user's machine
+    env = forked_env(threads, work / "numba", clone)
     log = work / f"{tree}.log"
     timed_dvc(clone, env, ["repro"], log)  # the first run: caches and the fork server
-    return {"tree": tree, "_run": (clone, env, log, runtime)}
+    return {"tree": tree, "_run": (clone, env, log)}
 
 
 COMMANDS = (("warm", {}, ["repro", "-f"]), ("warm-off", {"DEBIAS_TRACKING": "off"}, ["repro", "-f"]),
@@ -294,7 +286,7 @@ def measure(results: list[dict], repeats: int) -> None:
     for _ in range(repeats):
         for mode, extra, args in COMMANDS:
             for result in results:
-                clone, env, log, _ = result["_run"]
+                clone, env, log = result["_run"]
                 run = timed_dvc(clone, {**env, **extra}, args, log)
                 if mode not in result or run["wall_s"] < result[mode]["wall_s"]:
                     result[mode] = run
@@ -302,10 +294,10 @@ def measure(results: list[dict], repeats: int) -> None:
                 if mode == "warm" and "passes" not in result:
                     result["passes"] = image_passes(clone)
     for result in results:
-        clone, env, log, runtime = result.pop("_run")
+        clone, env, log = result.pop("_run")
         result["sweep"] = timed_sweep(clone, env, log)
         print(f"{result['tree']} sweep: {result['sweep']['wall_s']:.1f} s", flush=True)
-        subprocess.run(["pkill", "-f", str(runtime)], check=False)  # the fork servers of this clone's socket folder
+        stop_servers(env)
 
 
 def fmt(seconds: float) -> str:
