@@ -13,7 +13,7 @@ method, group-inference method and probe variant, each rerunning its own stage o
 outputs. Each stage is one single-threaded process, so the fixtures run two at a time (the machine's two cores).
 Without ``strace`` (CI installs it, .ci/run) these tests skip, naming it. The checker itself is tested without a
 pipeline: reads made through pyarrow, ctypes and a subprocess, a temporary file the stage did not make, a symlink
-out of the repository and a probe of another stage's out are each found; and in a traced clone where no stage ran
+out of the repository and a probe of another stage's out are each found, the same with strace's seccomp filter as without; and in a traced clone where no stage ran
 (the real dvc.yaml), scripts run as a stage: a failed open of another stage's out, a glob of a folder of the stage's
 own outs that shows other stages' outs (the atomic writer's own listing of it passes), a read under ``.dvc/``,
 a non-dep hard-linked or symlinked into the stage's out, an exists() of an undeclared file, a failed chdir and a
@@ -220,11 +220,10 @@ open(os.path.join(root, "out/own.txt")).read()
 """
 
 
-@pytest.mark.slow
-def test_the_os_trace_sees_reads_of_c_libraries_subprocesses_and_probes(tmp_path: Path) -> None:
+def _probe_files(root: Path, elsewhere: Path) -> tuple[Path, Path]:
+    """The files :data:`PROBE_SCRIPT` reaches: in ``root`` (the repository) and ``elsewhere``; (outside, target)."""
     import pandas as pd
 
-    root, elsewhere = tmp_path / "repo", Path(tempfile.mkdtemp(prefix="not-the-stages-"))
     (root / "data/groups").mkdir(parents=True)
     (root / "out").mkdir()
     pd.DataFrame({"a": [1, 2]}).to_parquet(root / "data/groups/train.parquet")
@@ -235,6 +234,36 @@ def test_the_os_trace_sees_reads_of_c_libraries_subprocesses_and_probes(tmp_path
     target = elsewhere / "linked.txt"
     target.write_text("x")
     (root / "data/link.txt").symlink_to(target)
+    return outside, target
+
+
+@pytest.mark.slow
+def test_the_seccomp_filter_leaves_the_os_trace_as_it_is(tmp_path: Path) -> None:
+    """strace with its seccomp filter (the default where strace has it) logs the same file events of the probe
+    script as strace stopping at every call."""
+    filtered = strace_command(tmp_path / "filtered.strace")
+    if "--seccomp-bpf" not in filtered:
+        pytest.skip("this strace has no --seccomp-bpf")
+    unfiltered = [arg for arg in filtered if arg != "--seccomp-bpf"]
+    unfiltered[unfiltered.index("-o") + 1] = str(tmp_path / "unfiltered.strace")
+    traces = []
+    for prefix, name in ((filtered, "a"), (unfiltered, "b")):
+        root, elsewhere = tmp_path / name / "repo", tmp_path / name / "elsewhere"
+        elsewhere.mkdir(parents=True)
+        outside, _ = _probe_files(root, elsewhere)
+        subprocess.run([*prefix, sys.executable, "-c", PROBE_SCRIPT, str(root), str(outside)], check=True)
+        trace = read_strace(Path(prefix[prefix.index("-o") + 1]), tmp_path)
+        base = str(tmp_path / name)
+        traces.append({field: sorted(p.replace(base, "", 1) for p in getattr(trace, field) if p.startswith(base))
+                       for field in ("reads", "writes", "probed", "tried", "made", "listed", "changed_metadata")})
+    assert traces[0]["reads"] and traces[0]["writes"] and traces[0]["probed"]
+    assert traces[0] == traces[1]
+
+
+@pytest.mark.slow
+def test_the_os_trace_sees_reads_of_c_libraries_subprocesses_and_probes(tmp_path: Path) -> None:
+    root, elsewhere = tmp_path / "repo", Path(tempfile.mkdtemp(prefix="not-the-stages-"))
+    outside, target = _probe_files(root, elsewhere)
     log = tmp_path / "probe.strace"
     before = snapshot(root)
     subprocess.run([*strace_command(log), sys.executable, "-c", PROBE_SCRIPT, str(root), str(outside)], check=True)
