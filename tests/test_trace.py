@@ -13,12 +13,12 @@ method, group-inference method and probe variant, each rerunning its own stage o
 outputs. Each stage is one single-threaded process, so the fixtures run two at a time (the machine's two cores).
 Without ``strace`` (CI installs it, .ci/run) these tests skip, naming it. The checker itself is tested without a
 pipeline: reads made through pyarrow, ctypes and a subprocess, a temporary file the stage did not make, a symlink
-out of the repository and a probe of another stage's out are each found, the same with strace's seccomp filter as without; and in a traced clone where no stage ran
-(the real dvc.yaml), scripts run as a stage: a failed open of another stage's out, a glob of a folder of the stage's
-own outs that shows other stages' outs (the atomic writer's own listing of it passes), a read under ``.dvc/``,
-a non-dep hard-linked or symlinked into the stage's out, an exists() of an undeclared file, a failed chdir and a
-getxattr of another stage's out, a chmod of a file that is no out, and another stage's out renamed away and back
-are each found.
+out of the repository and a probe of another stage's out are each found, the same with strace's seccomp filter as
+without; and in a traced clone where no stage ran (the real dvc.yaml), scripts run as a stage: a failed open of
+another stage's out, a glob of a folder of the stage's own outs that shows other stages' outs (the atomic writer's
+own listing of it passes), a read under ``.dvc/``, a non-dep hard-linked or symlinked into the stage's out, an
+exists() of an undeclared file, a failed chdir and a getxattr of another stage's out, a chmod of a file that is no
+out, and another stage's out renamed away and back are each found.
 """
 
 from __future__ import annotations
