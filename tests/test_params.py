@@ -104,6 +104,19 @@ def test_yaml_is_read_as_dvc_reads_it(tmp_path) -> None:
     assert params.erm.lr == 0.001 and params.report.title == "yes"
 
 
+@pytest.mark.parametrize("text", ["erm:\n  lr: 1e-3\nreport:\n  title: yes\n",
+                                  "%YAML 1.1\n---\nreport:\n  title: yes\nerm:\n  lr: 0o17\n",
+                                  "a: [1.0, .inf, ~, 0x1F, 1_000, on, 2001-12-14]\n<<: {b: 1}\n"])
+def test_yaml_gives_the_values_dvc_s_own_parser_gives(tmp_path, text: str) -> None:
+    """What DVC compares and records (its parse of params.yaml) is what the stage reads, a ``%YAML`` directive
+    included."""
+    from dvc.utils.serialize import parse_yaml as dvc_parse_yaml
+
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    assert read_yaml(path) == dvc_parse_yaml(text, str(path))
+
+
 def test_an_alias_bomb_gives_a_short_message(tmp_path) -> None:
     """A few lines of YAML aliases expand to 10^9 list items: the message must stay short and quick."""
     levels = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]

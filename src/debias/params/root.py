@@ -237,11 +237,11 @@ def problems(exc: ValidationError, model: type[BaseModel]) -> str:
 
 @functools.lru_cache(maxsize=4)
 def _parse_yaml12(text: str) -> Any:
-    """``text`` parsed as YAML 1.2 by ruamel (pure Python: ~0.2 s for params.yaml), once per distinct text: a stage
-    reads params.yaml as it starts and again as it ends (unchanged, the usual case, it is not parsed twice)."""
+    """``text`` parsed as YAML 1.2 by ruamel's safe loader as DVC parses params.yaml (its C parser where installed,
+    which ignores a ``%YAML 1.1`` directive as DVC does), once per distinct text."""
     from ruamel.yaml import YAML
 
-    return YAML(typ="safe", pure=True).load(text)
+    return YAML(typ="safe").load(text)
 
 
 def read_yaml(path: Path) -> Any:

@@ -100,7 +100,7 @@ def committed_params(root: Path, commit: str) -> dict[str, Any]:
     leaves changed), parsed as DVC parses it (YAML 1.2)."""
     from ruamel.yaml import YAML
 
-    return YAML(typ="safe", pure=True).load(run(["git", "show", f"{commit}:params.yaml"], root)) or {}
+    return YAML(typ="safe").load(run(["git", "show", f"{commit}:params.yaml"], root)) or {}
 
 
 def refuse_dirty(root: Path, doing: str) -> None:
