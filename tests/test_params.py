@@ -117,6 +117,16 @@ def test_yaml_gives_the_values_dvc_s_own_parser_gives(tmp_path, text: str) -> No
     assert read_yaml(path) == dvc_parse_yaml(text, str(path))
 
 
+def test_the_report_reads_the_committed_params_as_the_stages_do() -> None:
+    """A committed ``lr: 1e-2`` is the number 0.01 for the report's "changed by this run" table, as for DVC and the
+    stages (a YAML 1.1 reader made it the string '1e-2' and the report stage failed validating it)."""
+    from debias.report.params_table import committed_params
+
+    text = committed_text("params.yaml")
+    assert "  lr: 0.01\n" in text
+    assert committed_params(text.replace("  lr: 0.01\n", "  lr: 1e-2\n", 1)).erm.lr == 0.01
+
+
 def test_an_alias_bomb_gives_a_short_message(tmp_path) -> None:
     """A few lines of YAML aliases expand to 10^9 list items: the message must stay short and quick."""
     levels = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]

@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from debias.params import Params, as_dict, flatten
+from debias.params import Params, as_dict, flatten, parse_yaml
 from debias.schema import schema, validate
 from debias.schema.applicability import RunContext, applies
 
@@ -123,8 +122,9 @@ def differing(ours: Params, base: Params, context: RunContext) -> tuple[list[Par
 
 
 def committed_params(text: str) -> Params:
-    """The params of a committed params.yaml text (validated by the schema)."""
-    return validate(yaml.safe_load(text) or {})
+    """The params of a committed params.yaml text (validated by the schema), parsed as DVC parses it (YAML 1.2:
+    ``1e-3`` is a number, as in the stages)."""
+    return validate(parse_yaml(text.encode("utf-8"), Path("params.yaml")) or {})
 
 
 def departures(committed: Params, text: str, context: RunContext) -> tuple[list[ParamChange], list[str]]:

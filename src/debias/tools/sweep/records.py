@@ -104,13 +104,20 @@ def headline_metrics(root: Path, ref: str) -> dict[str, float]:
     return {k: float(v) for k, v in headline_values(root, ref).items() if is_number(v)}
 
 
+def _params_at(root: Path, ref: str) -> dict[str, Any]:
+    """params.yaml at ``ref``, parsed as DVC parses it (YAML 1.2); {} where it has none."""
+    from debias.params import parse_yaml
+
+    return parse_yaml((git_file(root, ref, "params.yaml") or "").encode("utf-8"), Path(f"{ref}:params.yaml")) or {}
+
+
 def experiment_params(root: Path, ref: str) -> dict[str, Any]:
     """The experiment's params.yaml, flat, the schema's defaults filled in where it validates."""
     from debias.core.trees import flatten
     from debias.params import as_dict
     from debias.schema import validate
 
-    written = yaml.safe_load(git_file(root, ref, "params.yaml") or "") or {}
+    written = _params_at(root, ref)
     try:
         return flatten(as_dict(validate(written)))
     except Exception:  # another version's params: what the file says
@@ -150,7 +157,7 @@ def create_parent(client: Any, experiment_id: str, root: Path, state: dict[str, 
     from debias.harness.tracking import KIND_TAG, PIPELINE_TAG
     from debias.harness.tracking.runs import committed_params, describe_difference, params_difference
 
-    written = yaml.safe_load(git_file(root, ref, "params.yaml") or "") or {}
+    written = _params_at(root, ref)
     difference = params_difference(written, committed_params(root, state["commit"]))
     summary = describe_difference(difference, 120)
     tags = {KIND_TAG: "pipeline", PIPELINE_TAG: f"{name}@restored", EXPERIMENT_TAG: name,

@@ -98,9 +98,10 @@ def task_env(threads: int, tracking_uri: str | None, experiment: str | None) -> 
 def committed_params(root: Path, commit: str) -> dict[str, Any]:
     """params.yaml as committed at ``commit``: a sweep's base, never the workspace's (which a ``dvc exp run -S``
     leaves changed), parsed as DVC parses it (YAML 1.2)."""
-    from ruamel.yaml import YAML
+    from debias.params import parse_yaml
 
-    return YAML(typ="safe").load(run(["git", "show", f"{commit}:params.yaml"], root)) or {}
+    text = run(["git", "show", f"{commit}:params.yaml"], root)
+    return parse_yaml(text.encode("utf-8"), Path(f"{commit}:params.yaml")) or {}
 
 
 def refuse_dirty(root: Path, doing: str) -> None:
