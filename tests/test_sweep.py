@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -240,6 +241,75 @@ def test_the_queue_read_in_process_lists_what_dvc_queue_status_prints(tmp_path: 
     assert "Worker" not in read
 
 
+def _stash_entry(root: Path) -> dict[str, Any]:
+    """The newest entry of DVC's queue in ``root``: its commit's files (DVC's repro arguments, .dvc/tmp/repro.dat,
+    unpickled with the repository's path as ROOT; every other file's blob), its first parent (the commit it runs),
+    message, author and committer (names and emails)."""
+    rev = workspace.run(["git", "rev-parse", "refs/exps/celery/stash"], root).strip()
+    lines = workspace.run(["git", "cat-file", "-p", rev], root).splitlines()
+    header = [line.split(" ", 1) for line in lines[:lines.index("")]]
+    people = {key: value.rsplit(" ", 2)[0] for key, value in header if key in ("author", "committer")}  # no dates
+    files = {line.split("\t")[1]: line.split()[2] for line in workspace.run(["git", "ls-tree", "-r", rev], root)
+             .splitlines()}
+    del files[".dvc/tmp/repro.dat"]  # read below: it holds the repository's path
+    packed = subprocess.run(["git", "show", f"{rev}:.dvc/tmp/repro.dat"], cwd=root, capture_output=True, check=True)
+    repro = pickle.loads(packed.stdout)
+    repro["kwargs"]["run_env"]["DVC_ROOT"] = repro["kwargs"]["run_env"]["DVC_ROOT"].replace(str(root), "ROOT")
+    return {"files": files, "repro": repro, "parent": [value for key, value in header if key == "parent"][0],
+            "message": lines[lines.index("") + 1:], **people}
+
+
+@pytest.mark.slow
+def test_an_experiment_queued_in_process_is_the_entry_dvcs_command_queues(tmp_path: Path, monkeypatch) -> None:
+    """local.queue_experiment beside `dvc exp run --queue` with the same arguments, each in its copy of one repository,
+    on a machine with no git identity of its own (the sweep's environment gives one): the same queue entry (tree,
+    parent, message, author and committer, DVC's repro arguments); an unknown target fails naming the command."""
+    for key in [k for k in os.environ if k.startswith(("GIT_", "DVC_"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.gitconfig: no user.name or user.email
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    (tmp_path / "home").mkdir()
+    first = tmp_path / "cli"
+    first.mkdir()
+    (first / "params.yaml").write_text("x: 1\ny: [1, 2]\n")
+    (first / "dvc.yaml").write_text("stages:\n  s:\n    cmd: echo ${x} > out.txt\n    params: [x, y]\n"
+                                    "    outs: [out.txt]\n  t:\n    cmd: cat out.txt > t.txt\n    deps: [out.txt]\n"
+                                    "    outs: [t.txt]\n")
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
+                    ["git", "add", "-A"], ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(command, cwd=first, check=True, capture_output=True)
+    second = tmp_path / "in-process"
+    shutil.copytree(first, second, symlinks=True)
+    env = workspace.task_env(1, None, None)
+    job = grid.Job("x3", {"x": 3, "y": [4, 5]}, ["s"])
+    workspace.run(["dvc", *local.queue_args(job)], first, env)
+    local.queue_experiment(second, job, env)
+    assert _stash_entry(second) == _stash_entry(first)
+    assert _stash_entry(second)["author"] == "debias-sweep <sweep@debias.invalid>"
+    assert "GIT_AUTHOR_NAME" not in os.environ  # the sweep's environment was the call's only
+    with pytest.raises(RuntimeError, match=r"dvc exp run --queue -n bad .*nowhere.* failed: "):
+        local.queue_experiment(second, grid.Job("bad", {"x": 4}, ["nowhere"]), env)
+
+
+@pytest.mark.slow
+def test_a_clones_dvc_settings_are_the_file_dvc_s_commands_write(tmp_path: Path) -> None:
+    """A clone's settings (workspace.CLONE_CONFIG) and phase 1's shared cache, written in this process: .dvc/config.local
+    byte for byte as `dvc config --local` and `dvc cache dir --local` write it."""
+    cache = str(tmp_path / "shared-cache")
+    for name in ("cli", "in-process"):
+        (tmp_path / name).mkdir()
+        for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+            workspace.run(command, tmp_path / name)
+    for section, option, value in workspace.CLONE_CONFIG:
+        workspace.run(["dvc", "config", "--local", f"{section}.{option}", value], tmp_path / "cli")
+    workspace.run(["dvc", "cache", "dir", "--local", cache], tmp_path / "cli")
+    workspace.set_local_config(tmp_path / "in-process", workspace.CLONE_CONFIG)
+    workspace.set_local_config(tmp_path / "in-process", [("cache", "dir", cache)])
+    written = (tmp_path / "in-process" / ".dvc" / "config.local").read_text()
+    assert written == (tmp_path / "cli" / ".dvc" / "config.local").read_text()
+    assert "check_update = false" in written and f"dir = {cache}" in written
+
+
 def queue_lines(*states: str) -> str:
     return QUEUE_HEADER + "".join(f"{i:07x}  e{i}  01:16 AM  {s}\n" for i, s in enumerate(states)) + \
         "\nWorker status: 2 active, 0 idle"
@@ -280,6 +350,7 @@ def test_run_local_never_asks_dvc_for_workers_while_all_of_them_run(monkeypatch,
     collected_as_listed(monkeypatch, texts)
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: starts.append(workers) or True)
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
+    monkeypatch.setattr(local, "queue_experiment", lambda root, job, env: None)
     jobs = [grid.Job(f"e{i}", {}, []) for i in range(3)]
     assert local.run_local(tmp_path, jobs, 2, {}, poll_s=0) == []
     assert starts == [2, 2]  # once when the first 2 were queued, once when e0 finished
@@ -304,16 +375,15 @@ def test_an_experiment_the_queue_says_succeeded_but_dvc_did_not_collect_is_queue
                     collected.add(name)
         return text + "\nWorker status: 2 active, 0 idle"
 
-    def run(args, root, env=None, check=True):
-        if args[:4] == ["dvc", "exp", "run", "--queue"]:
-            entries.pop(args[5], None)
-            entries[args[5]] = "Queued"
-        return "0" * 40
+    def queue_experiment(root, job, env):
+        entries.pop(job.name, None)
+        entries[job.name] = "Queued"
 
     monkeypatch.setattr(local, "queue_text", queue_text)
     monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set(collected))
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
-    monkeypatch.setattr(local, "run", run)
+    monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
+    monkeypatch.setattr(local, "queue_experiment", queue_experiment)
     jobs = [grid.Job(f"e{i}", {}, []) for i in range(2)]
     said: list[str] = []
     losses.append("e1")
@@ -374,6 +444,7 @@ def test_run_local_says_where_each_running_experiment_is_while_dvc_is_slow(monke
     collected_as_listed(monkeypatch, (slow_queue(None) for _ in iter(int, 1)))
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
+    monkeypatch.setattr(local, "queue_experiment", lambda root, job, env: None)
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.3)
     out = TimedLines()
     monkeypatch.setattr(sys, "stdout", out)
@@ -612,6 +683,7 @@ def test_a_running_entry_whose_process_ended_is_no_worker_and_does_not_hold_the_
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
     monkeypatch.setattr(local, "finished_experiments", lambda root, commit: {"e1"})  # collected, as it succeeded
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
+    monkeypatch.setattr(local, "queue_experiment", lambda root, job, env: None)
     started = time.monotonic()
     assert local.run_local(tmp_path, [grid.Job("e0", {}), grid.Job("e1", {})], 2, {}, poll_s=0,
                            deadline=time.time() + 30) == ["e0"]
@@ -899,6 +971,7 @@ def test_ctrl_c_or_sigterm_takes_the_sweeps_experiments_off_dvcs_queue_and_says_
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
     monkeypatch.setattr(local, "finished_experiments", lambda root, commit: set())
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: calls.append(args) or "0" * 40)
+    monkeypatch.setattr(local, "queue_experiment", lambda root, job, env: None)
     stopped = []
     monkeypatch.setattr(local, "stop_experiments", lambda root, names, say, log="sweep": stopped.append(set(names)))
     with pytest.raises(KeyboardInterrupt):
@@ -928,6 +1001,7 @@ def test_an_earlier_killed_attempt_of_an_experiment_that_finished_is_not_said_to
     monkeypatch.setattr(local, "start_workers", lambda root, workers, env: True)
     monkeypatch.setattr(local, "finished_experiments", lambda root, commit: {"e0"})  # the finished attempt's
     monkeypatch.setattr(local, "run", lambda args, root, env=None, check=True: "0" * 40)
+    monkeypatch.setattr(local, "queue_experiment", lambda root, job, env: None)
     assert local.run_local(tmp_path, [grid.Job("e0", {})], 1, {}, poll_s=0, deadline=time.time() + 30) == []
     out = capsys.readouterr()
     assert "counted as failed" not in out.out and "FAILED" not in out.err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -14,7 +15,7 @@ from typing import Any
 from debias.harness.progress import Heartbeat
 from debias.tools.sweep.grid import Job, set_args
 from debias.tools.sweep.watch import SweepWatch
-from debias.tools.sweep.workspace import finished_experiments, run
+from debias.tools.sweep.workspace import as_process, finished_experiments, run
 
 # ``dvc queue status`` -> sweep state; a requeued name lists several entries: the first of STATUS_PRIORITY wins.
 STATUS_PRIORITY = ("Running", "Queued", "Success", "Failed")
@@ -107,6 +108,28 @@ def queue_text(root: Path, attempts: int = 3) -> str:
             time.sleep(2 * (attempt + 1))
     raise RuntimeError(f"reading DVC's queue failed {attempts} times in {root}: {type(error).__name__}: "
                        f"{str(error)[-500:]}")
+
+
+def queue_args(job: Job) -> list[str]:
+    """The job's command line after ``dvc``: ``exp run --queue -n NAME -S KEY=VALUE ... [TARGETS]``."""
+    return ["exp", "run", "--queue", "-n", job.name, *set_args(job.overrides), *job.targets]
+
+
+def queue_experiment(root: Path, job: Job, env: dict[str, str]) -> None:
+    """``dvc exp run --queue ...`` (:func:`queue_args`) as DVC's CLI runs it in ``root`` under ``env`` (its own parser,
+    command class and :class:`dvc.repo.Repo`, :func:`as_process`), in this process: the same queue entry without
+    starting DVC once per experiment (about 1 s each); a DVC error raises, naming the command."""
+    from dvc.cli import parse_args
+    from dvc.repo import Repo
+
+    args = parse_args(queue_args(job))
+    try:
+        with as_process(root, env), Repo(_wait_for_lock=args.wait_for_lock) as repo:  # CmdBase.__init__'s Repo
+            command = args.func.__new__(args.func)
+            command.repo, command.config, command.args = repo, repo.config, args
+            command.run()
+    except Exception as exc:  # DVC's own errors: said as the command's failure was
+        raise RuntimeError(f"dvc {shlex.join(queue_args(job))} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def start_workers(root: Path, workers: int, env: dict[str, str]) -> bool:
@@ -202,7 +225,7 @@ def run_local(root: Path, jobs: list[Job], workers: int, env: dict[str, str], de
     try:
         for count, job in enumerate(todo, 1):
             watch.update(doing=f"queueing experiment {count}/{len(todo)} ({job.name}) on DVC's queue")
-            run(["dvc", "exp", "run", "--queue", "-n", job.name, *set_args(job.overrides), *job.targets], root, env)
+            queue_experiment(root, job, env)
             if count % workers == 0:
                 top_up(root, workers, env)
             if time.time() > deadline:
