@@ -750,6 +750,23 @@ def test_a_workspace_whose_results_are_blanked_as_stale_is_nobodys_twin(sweep) -
     assert not [n for n in compare_data.duplicate_notes([twin, workspace]) if "holds the same" in n]
 
 
+def test_finding_repeated_runs_reads_each_runs_params_once_not_once_per_pair(monkeypatch) -> None:
+    """duplicates and same_params over 200 runs of 40 params each, 10 of them repeats: the repeats found as before,
+    each run's params turned into DVC's comparison keys a bounded number of times (quadratic in the runs before)."""
+    runs = [Experiment(f"run{i}", "experiment", {**{f"p.k{j}": j for j in range(39)}, "seed": i % 190},
+                       {"s2_worst": 50.0 + i % 190}, timestamp=f"2026-12-03T00:{i // 60:02d}:{i % 60:02d}")
+            for i in range(200)]
+    calls = []
+    counted = compare_data.param_key
+    monkeypatch.setattr(compare_data, "param_key", lambda value: calls.append(1) or counted(value))
+    dropped = compare_data.duplicates(runs)
+    assert sorted((gone.name, kept.name) for gone, kept in dropped) == sorted(
+        (f"run{i}", f"run{i - 190}") for i in range(190, 200))
+    kept, notes = compare_data.same_params(runs)
+    assert len(kept) == 190 and len(notes) == 10
+    assert len(calls) <= 2 * 200 * 40  # once per run and param in each function
+
+
 @pytest.mark.slow
 def test_a_sweep_is_compared_alone_when_named(tmp_path: Path, monkeypatch, capsys) -> None:
     """--sweep NAME keeps the experiments of that sweep's plan: another experiment (README's ε run beside the

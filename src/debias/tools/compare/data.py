@@ -102,25 +102,31 @@ def select(experiments: list[Experiment], method: str | None = None, param_filte
 KIND_PREFERENCE = {"experiment": 0, "mlflow": 1, "baseline": 2, "workspace": 3}
 
 
+def params_key(experiment: Experiment) -> tuple[tuple[str, str], ...]:
+    """The experiment's params as DVC compares them (:func:`param_key` of each value), hashable: two runs have the
+    same params exactly when their keys are equal."""
+    return tuple(sorted((k, param_key(v)) for k, v in experiment.params.items()))
+
+
 def duplicates(experiments: list[Experiment]) -> list[tuple[Experiment, Experiment]]:
     """``(left out, kept)`` for each run that is another's again: the same params and the same value of every
     headline metric both have (a file written by a newer version may add keys; at least one shared, and neither
     run's results blanked as stale: a workspace whose params.yaml was restored while its outputs are another run's
-    is no one's twin); a named experiment is kept before the baseline commit before the workspace."""
-    kept: list[Experiment] = []
+    is no one's twin); a named experiment is kept before the baseline commit before the workspace. Each run is held
+    against the kept runs of its own params only (linear in the runs, not quadratic)."""
+    kept: dict[tuple, list[Experiment]] = {}  # params key -> the runs kept with those params, in order
     dropped: list[tuple[Experiment, Experiment]] = []
     for experiment in sorted(experiments, key=lambda e: KIND_PREFERENCE.get(e.kind, 9)):
-        params = {k: param_key(v) for k, v in experiment.params.items()}
 
         def same_run(other: Experiment) -> bool:
             shared = set(experiment.metrics) & set(other.metrics)  # none shared (a stale run's blanked): no claim
             return (bool(shared) and not experiment.stale and not other.stale
-                    and params == {k: param_key(v) for k, v in other.params.items()}
                     and all(experiment.metrics[k] == other.metrics[k] for k in shared))
 
-        twin = next((other for other in kept if same_run(other)), None)
+        siblings = kept.setdefault(params_key(experiment), [])
+        twin = next((other for other in siblings if same_run(other)), None)
         if twin is None:
-            kept.append(experiment)
+            siblings.append(experiment)
         else:
             dropped.append((experiment, twin))
     return dropped
@@ -157,19 +163,16 @@ def same_params(experiments: list[Experiment]) -> tuple[list[Experiment], list[s
     """One experiment per set of params: another with every param equal (the workspace holding the baseline's params,
     a rerun) is the same seed again, not another one, so it is left out of the grouped mean ± std, with a note. A
     named experiment is kept before the baseline commit before the workspace, then the newest."""
-    kept: list[Experiment] = []
+    kept: dict[tuple, Experiment] = {}  # params key -> the run kept with those params
     notes: list[str] = []
-    key = lambda e: {k: param_key(v) for k, v in e.params.items()}  # noqa: E731
     ordered = sorted(experiments, key=lambda e: (KIND_PREFERENCE.get(e.kind, 9), "~" if not e.timestamp else "",
                                                   [-ord(c) for c in (e.timestamp or "")]))
     for experiment in ordered:
-        twin = next((other for other in kept if key(other) == key(experiment)), None)
-        if twin is None:
-            kept.append(experiment)
-        else:
+        twin = kept.setdefault(params_key(experiment), experiment)
+        if twin is not experiment:
             notes.append(twin_note(experiment, twin))
     order = {id(e): i for i, e in enumerate(experiments)}
-    return sorted(kept, key=lambda e: order[id(e)]), notes
+    return sorted(kept.values(), key=lambda e: order[id(e)]), notes
 
 
 def rejected_notes(experiments: list[Experiment]) -> list[str]:
