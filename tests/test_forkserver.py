@@ -355,6 +355,75 @@ def test_a_stage_drops_the_server_s_map_where_its_path_or_databricks_would_chang
     assert stage.holds_distributions(str(with_metadata)) and not stage.holds_distributions(str(plain))
 
 
+SCHEMA_PROBE = textwrap.dedent("""
+    import json, sys
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db import utils
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    database, artifacts = sys.argv[1], sys.argv[2]
+    remembered = hasattr(utils._get_latest_schema_revision, "cache_info")  # the server's, inherited by the fork
+    SqlAlchemyStore(f"sqlite:///{database}", artifacts)  # a store made before: its schema checked, not created
+    read = []
+    real = ScriptDirectory.from_config
+    ScriptDirectory.from_config = lambda *a, **k: read.append(1) or real(*a, **k)
+    SqlAlchemyStore(f"sqlite:///{database}", artifacts).engine.dispose()
+    print(json.dumps({"remembered": remembered, "scripts_read": len(read)}))
+""")
+
+
+@pytest.mark.slow
+def test_a_forked_stage_checks_its_mlflow_database_against_the_schema_head_the_server_read(server, tmp_path) -> None:
+    """Once the server is idle it reads MLflow's newest schema revision (alembic's ~70 migration scripts); a forked
+    stage opening a SQL store checks the database against it without reading the scripts again."""
+    root, env = server
+    (root / "schema.py").write_text(SCHEMA_PROBE)
+    database = tmp_path / "mlflow.db"
+    subprocess.run([sys.executable, "-c", "import sys; from mlflow.store.tracking.sqlalchemy_store import "
+                    "SqlAlchemyStore; SqlAlchemyStore(f'sqlite:///{sys.argv[1]}', sys.argv[2])", str(database),
+                    str(tmp_path)], check=True, capture_output=True, timeout=120)
+    deadline = time.monotonic() + 120
+    while True:
+        done = subprocess.run([*PIN, sys.executable, "-m", "debias.harness.launch", "--single", "schema.py",
+                               str(database), str(tmp_path)], cwd=root, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        seen = json.loads(done.stdout.splitlines()[-1])
+        if seen["remembered"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert seen == {"remembered": True, "scripts_read": 0}
+
+
+@pytest.mark.slow
+def test_the_remembered_schema_head_is_alembic_s_and_an_old_database_is_still_refused(tmp_path) -> None:
+    """The server's remembered head (server._remember_schema_head, in a process of its own) is the revision alembic
+    reads from MLflow's scripts; a store on a database of an older revision is refused as before."""
+    code = textwrap.dedent("""
+        import sqlite3, sys
+        from mlflow.exceptions import MlflowException
+        from mlflow.store.db import utils
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+        from debias.harness.forkserver import server
+
+        database, artifacts = sys.argv[1], sys.argv[2]
+        head = utils._get_latest_schema_revision()
+        SqlAlchemyStore(f"sqlite:///{database}", artifacts).engine.dispose()
+        server._remember_schema_head()
+        assert utils._get_latest_schema_revision() == head and utils._get_latest_schema_revision.cache_info().hits
+        with sqlite3.connect(database) as db:
+            db.execute("UPDATE alembic_version SET version_num = 'an-older-revision'")
+        try:
+            SqlAlchemyStore(f"sqlite:///{database}", artifacts)
+        except MlflowException as exc:
+            print("refused:", str(exc).splitlines()[0])
+    """)
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "mlflow.db"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused: Detected out-of-date database schema"), done.stdout
+
+
 def test_the_server_s_identity_follows_what_imports_read_not_run_time_settings() -> None:
     base = {"HOME": "/home/a", "PATH": "/bin", "OMP_NUM_THREADS": "2"}
     key = forkserver.identity(base, [])

@@ -52,6 +52,19 @@ def _import_umap() -> None:
     _embedding().import_umap(waiting=False)
 
 
+def _remember_schema_head() -> None:
+    """MLflow's newest database schema revision, which its SQL store checks a database against each time it opens
+    one (alembic reads MLflow's ~70 migration scripts for it, in every stage that logs), read once here and
+    remembered (``functools.cache``) for every stage forked after: their MLflow is this one, its scripts these (an
+    install makes another server, :func:`debias.harness.forkserver.protocol.identity`), so the answer is theirs."""
+    import functools
+
+    from mlflow.store.db import utils
+
+    utils._get_latest_schema_revision = functools.cache(utils._get_latest_schema_revision)
+    utils._get_latest_schema_revision()
+
+
 def _map_distributions() -> None:
     """MLflow's map of modules to installed distributions, built once here for every stage that logs a model
     (:func:`debias.harness.forkserver.stage.keep_distribution_map` says where a stage keeps it)."""
@@ -246,7 +259,7 @@ def serve(path: Path, options: list[str]) -> int:
         return _give_up(path, f"cannot listen on {path}: {exc}")
     watchers: set[int] = set()
     idle_since = time.monotonic()
-    pending_idle = [_import_umap, _map_distributions]
+    pending_idle = [_remember_schema_head, _import_umap, _map_distributions]
     try:
         while True:
             ready, _, _ = select.select([server], [], [], 0.0 if pending_idle and warmer is None else 1.0)
