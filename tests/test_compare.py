@@ -316,7 +316,7 @@ def test_a_workspace_whose_dvc_lock_holds_conflict_markers_is_said_to_be_that_no
     shown = [{"rev": "workspace", "data": {"params": {"params.yaml": {"data": {"seed": 0}}}}}]
     monkeypatch.setattr(collect, "dvc_exp_show", lambda root, all_commits=False: shown)
     monkeypatch.setattr(collect, "headline_bytes", lambda root, experiments: {})
-    monkeypatch.setattr(collect, "dvc_reader", lambda root, experiment, repo: None)
+    monkeypatch.setattr(collect, "dvc_reader", lambda root, experiment, repo, lock=None: None)
     monkeypatch.setattr(dvc.repo, "Repo", lambda root: None)
     [workspace] = collect.from_dvc(tmp_path)
     reason = compare_data.missing_reason(workspace)
@@ -748,6 +748,68 @@ def test_a_workspace_whose_results_are_blanked_as_stale_is_nobodys_twin(sweep) -
     workspace.metrics = {}
     assert compare_data.duplicates([twin, workspace]) == []
     assert not [n for n in compare_data.duplicate_notes([twin, workspace]) if "holds the same" in n]
+
+
+READER_STAGE = """stages:
+  make:
+    cmd: python make.py ${x}
+    deps: [make.py]
+    params: [x]
+    outs: [out.json, folder]
+    metrics: [{metric.json: {cache: false}}]
+"""
+READER_SCRIPT = """import json, os, sys
+os.makedirs("folder/sub", exist_ok=True)
+for path in ("out.json", "folder/a.json", "folder/sub/b.json", "metric.json"):
+    with open(path, "w") as handle:
+        json.dump({"x": sys.argv[1], "file": path}, handle)
+"""
+
+
+@pytest.mark.slow
+def test_an_experiments_files_are_read_from_the_cache_as_dvc_s_filesystem_reads_them(tmp_path: Path, monkeypatch) -> None:
+    """DvcReader of a real experiment: a file output, files inside a folder output (nested too) and a `cache: false`
+    output (its object in the cache: DVC's run-cache keeps it) read from the local cache by dvc.lock's hashes, with
+    no switch of DVC's filesystem to the revision; a file no output holds through DVC's filesystem, as before; each
+    the text DVC's filesystem gives at the revision. A file whose object left the cache is read as DVC reads it."""
+    import os
+    import subprocess
+
+    from dvc.repo import Repo
+
+    from debias.tools.compare import collect
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DVC_")}
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    (tmp_path / "params.yaml").write_text("x: 1\n")
+    (tmp_path / "dvc.yaml").write_text(READER_STAGE)
+    (tmp_path / "make.py").write_text(READER_SCRIPT)
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"], ["dvc", "config", "core.analytics", "false"],
+                    ["dvc", "repro", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "base"],
+                    ["dvc", "exp", "run", "-q", "-n", "two", "-S", "x=2"]):
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+    ref = next(line.split()[1] for line in subprocess.run(["git", "show-ref"], cwd=tmp_path, capture_output=True,
+                                                          text=True).stdout.splitlines() if line.endswith("/two"))
+    experiment = Experiment("two", "experiment", {"x": 2}, {}, rev=ref)
+    lock = collect.read_lock(tmp_path, experiment)
+    keys = ["out.json", "folder/a.json", "folder/sub/b.json", "metric.json", "nowhere.json"]
+    with Repo(str(tmp_path)) as repo, repo.switch(ref):
+        expected = {key: repo.dvcfs.read_text(key) if repo.dvcfs.exists(key) else None for key in keys}
+    assert json.loads(expected["folder/sub/b.json"]) == {"x": "2", "file": "folder/sub/b.json"}
+    assert json.loads(expected["metric.json"]) == {"x": "2", "file": "metric.json"}
+    with Repo(str(tmp_path)) as repo:
+        reader = collect.dvc_reader(tmp_path, experiment, repo, lock)
+        assert [reader._cached(key) for key in keys] == [*(expected[key] for key in keys[:4]), None]
+        switched: list[str] = []
+        real = repo.switch
+        monkeypatch.setattr(repo, "switch", lambda rev: switched.append(rev) or real(rev))
+        reader.prefetch([Path(key) for key in keys[:4]])
+        assert switched == []  # every one from the cache
+        assert {key: reader(Path(key)) for key in keys} == expected and switched == [ref]
+        Path(repo.cache.local.oid_to_path(str(headline.recorded_outputs(lock)["out.json"]["md5"]))).unlink()
+        fresh = collect.dvc_reader(tmp_path, experiment, repo, lock)
+        assert fresh._cached("out.json") is None and fresh(Path("out.json")) is None
 
 
 def test_finding_repeated_runs_reads_each_runs_params_once_not_once_per_pair(monkeypatch) -> None:
