@@ -310,6 +310,22 @@ def test_a_clones_dvc_settings_are_the_file_dvc_s_commands_write(tmp_path: Path)
     assert "check_update = false" in written and f"dir = {cache}" in written
 
 
+@pytest.mark.slow
+def test_the_cache_folder_read_in_process_is_what_dvc_cache_dir_prints(tmp_path: Path) -> None:
+    """workspace.cache_dir beside `dvc cache dir`: the default .dvc/cache, a folder set relative to the repository's
+    config file, and one set in .dvc/config.local over it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for command in (["git", "init", "-q"], ["dvc", "init", "-q"]):
+        workspace.run(command, repo)
+    printed = lambda: workspace.run(["dvc", "cache", "dir"], repo).strip()  # noqa: E731
+    assert workspace.cache_dir(repo) == printed() == str(repo / ".dvc" / "cache")
+    workspace.run(["dvc", "cache", "dir", "../shared"], repo)  # stored relative to .dvc/config
+    assert workspace.cache_dir(repo) == printed() == str(tmp_path / "shared")
+    workspace.run(["dvc", "cache", "dir", "--local", str(tmp_path / "local")], repo)
+    assert workspace.cache_dir(repo) == printed() == str(tmp_path / "local")
+
+
 def queue_lines(*states: str) -> str:
     return QUEUE_HEADER + "".join(f"{i:07x}  e{i}  01:16 AM  {s}\n" for i, s in enumerate(states)) + \
         "\nWorker status: 2 active, 0 idle"

@@ -239,7 +239,7 @@ def test_every_experiment_gets_its_mlflow_run_and_each_restored_stage_names_its_
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("DEBIAS_TRACKING", "required")
     cache = tmp_path / "cache"
-    monkeypatch.setattr(records, "run", lambda args, root, env=None, check=True: str(cache) + "\n")
+    monkeypatch.setattr(records, "cache_dir", lambda root: str(cache))
     client = MlflowClient(uri)
     state = saved_sweep(repo, [0])
     state["options"]["tracking_uri"] = uri
@@ -308,7 +308,7 @@ def test_a_record_missing_from_every_cache_is_said_not_fatal(repo: Path, tmp_pat
 
     uri = f"sqlite:///{fresh_store(mlflow_template, tmp_path)}"
     monkeypatch.setenv("DEBIAS_TRACKING", "required")
-    monkeypatch.setattr(records, "run", lambda args, root, env=None, check=True: str(tmp_path / "empty") + "\n")
+    monkeypatch.setattr(records, "cache_dir", lambda root: str(tmp_path / "empty"))
     state = saved_sweep(repo, [0])
     state["options"]["tracking_uri"] = uri
     make_experiment(repo, state["commit"], "eps-epsilon0-seed0", {"dvc.lock": lock_with({"train_erm": "ab" * 16})})

@@ -29,8 +29,8 @@ from debias.tools.sweep.records import experiment_ref, headline_values, is_numbe
 from debias.tools.sweep.slurm import launch_slurm, result_of
 from debias.tools.sweep.status import mark_stopped_attempts, status_text, statuses, wait
 from debias.tools.sweep.watch import SweepWatch
-from debias.tools.sweep.workspace import (CLONES, committed_params, compute_upstream, load_state, refuse_dirty, run,
-                                          save_state, sweep_dir, sweep_lock, task_env, upstream_experiment)
+from debias.tools.sweep.workspace import (CLONES, cache_dir, committed_params, compute_upstream, load_state, refuse_dirty,
+                                          run, save_state, sweep_dir, sweep_lock, task_env, upstream_experiment)
 
 LAUNCHERS = ("local", "slurm")
 DEFAULT_JOBS = 2  # local: DVC queue workers, one per core of a 2-core machine (quality.py's)
@@ -99,7 +99,7 @@ def shared_upstream(root: Path, state: dict[str, Any], todo: list[Job], env: dic
     pending = [u for u in state["phase1"] if u["name"] not in state.get("upstream_done", [])]
     if not pending:
         return
-    cache = run(["dvc", "cache", "dir"], root).strip()
+    cache = cache_dir(root)
     base = sweep_dir(root, state["name"])
     (base / "logs").mkdir(parents=True, exist_ok=True)
     up_env = {**env, "MLFLOW_EXPERIMENT_NAME": upstream_experiment(env)}

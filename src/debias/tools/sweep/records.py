@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from debias.tools.sweep.workspace import run
+from debias.tools.sweep.workspace import cache_dir
 
 RESTORED_TAG = "debias.restored_from"  # on a stage run made for a restored stage: the run that computed its outputs
 RESTORED_PARENT_TAG = "debias.restored"  # on a pipeline run the sweep made: why it exists
@@ -273,7 +273,7 @@ def record_restored(root: Path, state: dict[str, Any], names: list[str]) -> list
     if tracking_mode() == "off" or not names:
         return []
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"  # a command line tool: no bar per small file
-    stores = [Path(run(["dvc", "cache", "dir"], root).strip())]
+    stores = [Path(cache_dir(root))]
     if state["options"].get("dvc_remote"):
         stores.append(Path(state["options"]["dvc_remote"]))
     try:

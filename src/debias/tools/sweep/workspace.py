@@ -221,6 +221,17 @@ def clone_at(root: Path, commit: str, target: Path) -> None:
     set_local_config(target, CLONE_CONFIG)
 
 
+def cache_dir(repo: Path) -> str:
+    """What ``dvc cache dir`` prints in ``repo``, read through DVC's own :class:`dvc.config.Config` in this process:
+    the cache folder its configuration sets at any level (a relative one resolved against its file), else
+    ``.dvc/cache``."""
+    from dvc.config import Config
+
+    config = Config(dvc_dir=str(repo / ".dvc"), validate=False)
+    configured = config["cache"].get("dir")
+    return str(configured) if configured else os.path.join(str(config.dvc_dir), "cache")
+
+
 def set_local_config(repo: Path, settings: list[tuple[str, str, str]]) -> None:
     """``dvc config --local SECTION.OPTION VALUE`` for each (section, option, value) in turn, through DVC's own
     :class:`dvc.config.Config` in this process: the edits the command makes (``dvc cache dir --local`` is
