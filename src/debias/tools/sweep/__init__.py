@@ -3,7 +3,8 @@
 Every grid point is one ordinary DVC experiment (``dvc exp run -n NAME -S key=value ... [targets]``), so
 ``dvc exp show`` and ``debias compare`` read a sweep like any other experiments. Two launchers:
 
-- ``local``: DVC's own queue (``dvc exp run --queue`` then ``dvc queue start -j N``) on this machine.
+- ``local``: DVC's own queue (``dvc exp run --queue``, DVC's command run in the sweep's process, then ``dvc queue
+  start -j N``) on this machine.
 - ``slurm``: a job array through submitit; each array task clones the repository at the sweep's commit into
   ``sweeps/<name>/clones/<experiment>``, pulls DVC's run-cache from the DVC remote (``dvc pull --run-cache``),
   runs ``dvc exp run``, pushes the run-cache (``dvc push --run-cache``) and the experiment (``dvc exp push
