@@ -11,6 +11,7 @@ and the artifacts its stage runs logged (``outputs/<path>``).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
@@ -214,14 +215,19 @@ class DvcReader:
         except Exception:  # not an output at that revision, or not in this cache
             return None
 
-    def _object(self, md5: str) -> Path | None:
-        """The local cache's file of DVC 3 hash ``md5`` (``.dir``: a folder's listing), None where it has none."""
-        path = Path(self.repo.cache.local.oid_to_path(md5))
-        return path if path.is_file() else None
+    @functools.cached_property
+    def stores(self) -> list[Path]:
+        """The local DVC cache (``dvc cache dir``), where :meth:`_cached` looks."""
+        from debias.tools.sweep.workspace import cache_dir
+
+        return [Path(cache_dir(self.root))]
 
     def _cached(self, key: str) -> str | None:
         """``key`` read from the local cache by the hash dvc.lock records for it (the output's, or its entry's in
         the folder output holding it), None where that is not so (DVC's filesystem reads it then)."""
+        from debias.tools.sweep.records import cached_text
+
+        stores = self.stores
         parts = key.split("/")
         for cut in range(len(parts), 0, -1):
             entry = self.outputs.get("/".join(parts[:cut]))
@@ -231,14 +237,12 @@ class DvcReader:
             if entry.get("hash") != "md5" or not md5:
                 return None  # DVC 2's hash (another cache layout), or no hash
             if cut < len(parts):  # inside a folder output: its listing names the file's hash
-                listing = self._object(md5) if md5.endswith(".dir") else None
+                listing = cached_text(md5, stores) if md5.endswith(".dir") else None
                 if listing is None:
                     return None
                 inner = "/".join(parts[cut:])
-                md5 = next((str(e.get("md5")) for e in json.loads(listing.read_text()) if e.get("relpath") == inner),
-                           "")
-            found = self._object(md5) if md5 and not md5.endswith(".dir") else None
-            return found.read_text(encoding="utf-8") if found is not None else None
+                md5 = next((str(e.get("md5")) for e in json.loads(listing) if e.get("relpath") == inner), "")
+            return cached_text(md5, stores) if md5 and not md5.endswith(".dir") else None
         return None
 
     def prefetch(self, paths: Iterable[Path]) -> None:
