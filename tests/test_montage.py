@@ -1,6 +1,7 @@
 """The montage of the discovered groups: it shows, per class, the largest and the smallest inferred group, each row's
 images are training images of the group its title names, with that group's n and ERM accuracy; and the report section
-names every group, with or without a bias attribute."""
+names every group, with or without a bias attribute. The sample grid's rows hold each (class, attribute)'s images in
+that attribute's block. Both draw each row as one image strip, cell by cell."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from debias.data.store import BiasedSplit, save_split
 from debias.groups import GroupInference
 from debias.groups.discovered import group_summary
+from debias.report.figures import strip_cell_left
 from debias.report.montage import group_caption, montage_figure, shown_groups
 
 
@@ -39,21 +41,65 @@ def test_per_class_the_largest_and_the_smallest_group_are_shown() -> None:
                                                                                (1, 4, 4)]
 
 
+def shown_indices(ax, slots: int = 8) -> list[int]:
+    """The training points an axes' image strip shows, cell by cell (each test image is filled with its index);
+    every gap between cells and every empty cell transparent."""
+    strip = ax.images[0].get_array()
+    width = 4  # the test images' width
+    shown = []
+    for k in range(slots):
+        left = strip_cell_left(k, width)
+        cell = strip[:, left : left + width]
+        if k + 1 < slots:
+            assert (strip[:, left + width : strip_cell_left(k + 1, width), 3] == 0).all()  # the gap: transparent
+        if cell[..., 3].all():
+            assert (cell[..., :3] == cell[0, 0, 0]).all()  # one whole image in the cell
+            shown.append(int(cell[0, 0, 0]))
+        else:
+            assert not cell[..., 3].any()  # an empty cell: nothing drawn
+    return shown
+
+
 def test_each_row_shows_images_of_the_group_its_title_names_with_n_and_erm_accuracy() -> None:
     train, inference, logits = data()
     rows = group_summary(inference, train, logits, seed=0)
     fig = montage_figure(train.x, rows)
-    axes = np.array(fig.axes).reshape(4, 8)
-    for line, row in zip(axes, shown_groups(rows)):
-        title = line[0].get_title(loc="left")
+    assert len(fig.axes) == 4 and all(len(ax.images) == 1 for ax in fig.axes)  # one strip per shown group
+    for ax, row in zip(fig.axes, shown_groups(rows)):
+        title = ax.get_title(loc="left")
         assert title == group_caption(row) and f"inferred group {row['group']}: n = {row['n']}" in title
-        shown = [int(ax.images[0].get_array()[0, 0, 0]) for ax in line if ax.images]
-        assert len(shown) == min(8, row["n"])
+        shown = shown_indices(ax)
+        assert shown == row["examples"][:8] and len(shown) == min(8, row["n"])
         # every image drawn is a training point of exactly the class and inferred group the title names
         assert all(int(train.y[i]) == row["class"] and int(inference.inferred_group[i]) == row["group"] for i in shown)
-    assert axes[1, 0].get_title(loc="left").startswith("class 0, inferred group 1: n = 5, ERM 0.0 %")
-    assert "(a=1: 100 %)" in axes[1, 0].get_title(loc="left")
-    assert axes[0, 0].get_title(loc="left") == "class 0, inferred group 0: n = 20, ERM 100.0 % (a=0: 100 %)"
+    assert fig.axes[1].get_title(loc="left").startswith("class 0, inferred group 1: n = 5, ERM 0.0 %")
+    assert "(a=1: 100 %)" in fig.axes[1].get_title(loc="left")
+    assert fig.axes[0].get_title(loc="left") == "class 0, inferred group 0: n = 20, ERM 100.0 % (a=0: 100 %)"
+
+
+def test_the_sample_grid_shows_per_class_row_each_attributes_images_in_its_block(tmp_path, monkeypatch) -> None:
+    """samples.png: one strip per class, block a of each holding up to 3 images of (class, attribute a) (none where
+    the group is empty), the blocks titled a=0, a=1."""
+    from debias.report import figures
+
+    train, _, _ = data()
+    drawn = {}
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, dpi=110: drawn.setdefault("fig", fig))
+    figures.sample_grid(train, tmp_path / "samples.png", per_group=3)
+    fig = drawn["fig"]
+    assert len(fig.axes) == 2 and [ax.get_ylabel() for ax in fig.axes] == ["y=0", "y=1"]
+    assert [t.get_text() for t in fig.axes[0].texts] == ["a=0", "a=1"]
+    for label, ax in enumerate(fig.axes):
+        strip = ax.images[0].get_array()
+        for attr in range(2):
+            members = int(((train.y == label) & (train.a == attr)).sum())
+            shown = []
+            for k in range(3):
+                left = strip_cell_left(attr * 3 + k, 4)
+                if strip[:, left : left + 4, 3].all():
+                    shown.append(int(strip[0, left, 0]))
+            assert len(shown) == min(3, members) and len(set(shown)) == len(shown)
+            assert all(int(train.y[i]) == label and int(train.a[i]) == attr for i in shown)
 
 
 def test_without_a_bias_attribute_the_share_is_left_out() -> None:

@@ -32,31 +32,64 @@ def save_figure(fig: "plt.Figure", path: str | Path, dpi: int = 110) -> None:
     plt.close(fig)
 
 
+STRIP_GAP = 0.2  # the blank between two images of a row, in image widths (matplotlib's default ``wspace``)
+
+
+def strip_cell_left(slot: int, width: int, gap: float = STRIP_GAP) -> int:
+    """The first pixel column of cell ``slot`` in an :func:`image_strip` of images ``width`` pixels wide."""
+    return slot * (width + round(gap * width))
+
+
+def image_strip(cells: dict[int, np.ndarray], slots: int, height: int, width: int,
+                gap: float = STRIP_GAP) -> np.ndarray:
+    """A row of ``slots`` equal cells as one RGBA image (one ``imshow`` and one axes per row, not one per image):
+    ``cells[k]`` (a uint8 [height, width, 3] image) in cell k from :func:`strip_cell_left`, the empty cells and the
+    gaps between cells transparent."""
+    left = [strip_cell_left(k, width, gap) for k in range(slots)]
+    strip = np.zeros((height, left[-1] + width, 4), dtype=np.uint8)
+    for slot, image in cells.items():
+        strip[:, left[slot] : left[slot] + width, :3] = image
+        strip[:, left[slot] : left[slot] + width, 3] = 255
+    return strip
+
+
+def strip_axes(rows: int, figsize: tuple[float, float]) -> tuple["plt.Figure", list["plt.Axes"]]:
+    """A figure of ``rows`` axes, one per image strip, without ticks or frame."""
+    fig, axes = plt.subplots(rows, 1, figsize=figsize, squeeze=False)
+    for ax in axes[:, 0]:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for spine in ax.spines.values():
+            spine.set_visible(False)
+    return fig, list(axes[:, 0])
+
+
 def sample_grid(split: BiasedSplit, path: str | Path, per_group: int = 3, seed: int = 0) -> None:
     """Rows = classes, column blocks = bias attributes, ``per_group`` random images per cell (blank if empty).
-    Without bias labels: one block of ``2 * per_group`` images per class, titled as needing them."""
+    Without bias labels: one block of ``2 * per_group`` images per class, titled as needing them. Each row is one
+    :func:`image_strip`."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     labelled = split.has_attribute
     blocks, per_block = (split.n_attrs, per_group) if labelled else (1, 2 * per_group)
     rows, cols = split.n_classes, blocks * per_block
-    fig, axes = plt.subplots(rows, cols, figsize=(0.55 * cols + 1, 0.55 * rows + 0.6), squeeze=False)
-    for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
-        for spine in ax.spines.values():
-            spine.set_visible(False)
+    height, width = split.x.shape[-2:]
+    fig, axes = strip_axes(rows, (0.55 * cols + 1, 0.55 * rows + 0.6))
     g = split.g if labelled else split.y  # without an attribute: a block per class
     for label in range(split.n_classes):
+        cells = {}
         for attr in range(blocks):
             members = torch.nonzero(g == (label * split.n_attrs + attr if labelled else label)).flatten()
             chosen = members[torch.randperm(len(members), generator=generator)[:per_block]]
             for k, index in enumerate(chosen.tolist()):
-                axes[label, attr * per_block + k].imshow(split.x[index].permute(1, 2, 0).numpy())
-        axes[label, 0].set_ylabel(f"y={label}", rotation=0, labelpad=14, fontsize=8)
+                cells[attr * per_block + k] = split.x[index].permute(1, 2, 0).numpy()
+        axes[label].imshow(image_strip(cells, cols, height, width))
+        axes[label].set_ylabel(f"y={label}", rotation=0, labelpad=14, fontsize=8)
     for attr in range(blocks):
-        axes[0, attr * per_block].set_title(f"a={attr}" if labelled else f"a: {NEEDS_BIAS_LABELS}", fontsize=8, loc="left")
+        axes[0].text(strip_cell_left(attr * per_block, width) - 0.5, 1.04,
+                     f"a={attr}" if labelled else f"a: {NEEDS_BIAS_LABELS}", fontsize=8, ha="left", va="bottom",
+                     transform=axes[0].get_xaxis_transform())
     fig.suptitle("samples per (class y, bias attribute a)" if labelled else "samples per class y (no bias attribute)",
                  fontsize=9)
     save_figure(fig, path)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from debias.report.card import pct
-from debias.report.figures import plt, save_figure
+from debias.report.figures import image_strip, plt, save_figure, strip_axes
 
 if TYPE_CHECKING:
     import torch
@@ -55,19 +55,15 @@ def _as_image(x: "torch.Tensor") -> Any:
 
 
 def montage_figure(images: "torch.Tensor", rows: list[dict[str, Any]], per_row: int = PER_ROW) -> "plt.Figure":
-    """One row of axes per shown group (:func:`shown_groups`), its first ``per_row`` example images, titled with
-    :func:`group_caption`. ``images``: the training split's uint8 [N, 3, H, W]."""
+    """One axes per shown group (:func:`shown_groups`): an :func:`image_strip` of its first ``per_row`` example
+    images, titled with :func:`group_caption`. ``images``: the training split's uint8 [N, 3, H, W]."""
     shown = shown_groups(rows)
-    fig, axes = plt.subplots(len(shown), per_row, figsize=(0.7 * per_row + 0.4, 0.95 * len(shown) + 0.3),
-                             squeeze=False)
-    for ax in axes.flat:
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.axis("off")
-    for i, row in enumerate(shown):
-        for k, index in enumerate(row["examples"][:per_row]):
-            axes[i, k].imshow(_as_image(images[index]))
-        axes[i, 0].set_title(group_caption(row), fontsize=7, loc="left")
+    height, width = images.shape[-2:]
+    fig, axes = strip_axes(len(shown), (0.7 * per_row + 0.4, 0.95 * len(shown) + 0.3))
+    for ax, row in zip(axes, shown):
+        cells = {k: _as_image(images[index]) for k, index in enumerate(row["examples"][:per_row])}
+        ax.imshow(image_strip(cells, per_row, height, width))
+        ax.set_title(group_caption(row), fontsize=7, loc="left")
     fig.suptitle("discovered groups: per class its largest and smallest inferred group (training images)", fontsize=8)
     return fig
 
