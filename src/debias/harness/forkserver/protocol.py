@@ -25,7 +25,7 @@ IDLE_SECONDS = 300.0
 IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "GOTO", "BLIS_", "VECLIB_", "NUMEXPR_",
                "NUMBA_", "TORCH", "PYTORCH_", "CUDA_", "CUBLAS_", "CUDNN_", "NVIDIA_", "TRITON_", "LANG", "LC_", "TZ",
                "HOME", "XDG_", "TMPDIR", "TEMP", "TMP", "MLFLOW_", "SKLEARN_", "SCIPY_", "PANDAS_", "PYDANTIC_",
-               "SQLALCHEMY_", "JOBLIB_", "LOKY_", "TQDM_", "MPL", "MATPLOTLIB")
+               "SQLALCHEMY_", "JOBLIB_", "LOKY_", "TQDM_", "MPL", "MATPLOTLIB", "ARROW_", "OTEL_")
 # ... less MLflow's tracking settings, read when a run starts.
 RUNTIME_ONLY = ("MLFLOW_TRACKING_", "MLFLOW_EXPERIMENT_", "MLFLOW_RUN_ID")
 MAX_MESSAGE = 1 << 24  # bytes of one request (the environment dominates)

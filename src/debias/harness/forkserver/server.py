@@ -13,13 +13,17 @@ from pathlib import Path
 from debias.harness.forkserver.protocol import idle_seconds, receive_message, resource_limits, send_message, unforkable
 from debias.harness.forkserver.stage import DISTRIBUTION_MAP, run_stage_process
 
-# The libraries the stages import (measured with `python -X importtime pipeline/<stage>.py`, the default data):
+# The libraries the stages import (measured with `python -X importtime pipeline/<stage>.py`, the default data, and in
+# the forked stages themselves, `python -X importtime -m debias.harness.launch ...`, which showed each one importing
+# the params' YAML reader, the SQLite dialect, the tables, pyarrow's datasets and MLflow's metrics SDK on its own):
 # imported by the server before it takes a stage. umap (numba) is imported after the server is up, when idle
 # and numba's cache is warm (debias.groups.embedding.warm_cache, started by the server on a cold cache).
 PRELOAD = ("torch", "torch._dynamo", "torch._functorch.aot_autograd", "torchvision", "numpy", "pandas", "scipy.stats",
            "scipy.optimize", "sklearn.linear_model", "sklearn.cluster", "sklearn.metrics", "sklearn.model_selection",
-           "yaml", "pydantic", "pyarrow.parquet", "mlflow", "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
-           "mlflow.pyfunc", "matplotlib.pyplot", "tqdm")
+           "sklearn.pipeline", "yaml", "ruamel.yaml", "pydantic", "pyarrow.parquet", "pyarrow.dataset", "mlflow",
+           "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store",
+           "mlflow.store.tracking.sqlalchemy_workspace_store", "sqlalchemy.dialects.sqlite", "mlflow.pyfunc",
+           "opentelemetry.sdk.metrics", "matplotlib.pyplot", "tabulate", "tqdm")
 
 
 # ----------------------------------------------------------------------------------------------- server side
