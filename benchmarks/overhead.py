@@ -372,8 +372,10 @@ def page(results: list[dict], args: argparse.Namespace, load: tuple[float, float
             lines.append(f"| {result['tree']} | {e['name'].split('-', 1)[1]} | {fmt(e['wall_s'])} | {fmt(e['before_s'])} | "
                          f"{fmt(e['between_s'])} | {fmt(e['after_s'])} | {fmt(sum(e['commands'].values()))} | "
                          f"{fmt(e['bodies_s'])} | {fmt(overhead)} | {100 * overhead / e['wall_s']:.0f} % |")
-    lines += ["", "Outside the experiments: each `dvc exp run --queue` (the sweep queues one process per experiment) "
-              "took " + "; ".join(f"{r['tree']} " + ", ".join(fmt(q) for q in r["sweep"]["queueing_s"]) + " s"
+    lines += ["", "Outside the experiments: each `dvc exp run --queue` process (where the sweep starts one per experiment) "
+              "took " + "; ".join(f"{r['tree']} " + (", ".join(fmt(q) for q in r["sweep"]["queueing_s"]) + " s"
+                                                   if r["sweep"]["queueing_s"] else
+                                                   "none started (the sweep queues in its own process)")
                                   for r in trees) + "."]
     lines += ["", "Training time per image pass (body / images through the encoder in training, forward and backward; "
               "evaluation inside the body counted):", ""]
