@@ -44,6 +44,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The objects alive once the tests are collected (the libraries they imported: torch, pandas, sympy, ...) leave
+    the garbage collector's generations (``gc.freeze``): each later full collection, Python's own and pytest's at the
+    session's end, walks what the tests made, not the libraries again."""
+    import gc
+
+    gc.freeze()
+
+
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """With ``-n N``, each test file runs whole on one worker, so its module fixtures (a pipeline run, a SLURM sweep)
