@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-import torchvision.transforms.functional as TF
 
 from debias.data.augment import (
     color_jitter,
@@ -125,6 +124,8 @@ def test_grayscale_equalises_the_channels_of_the_selected_images() -> None:
 
 
 def test_colour_jitter_matches_torchvision_with_the_drawn_factors() -> None:
+    import torchvision.transforms.functional as TF  # here: torchvision's import (torch._dynamo, sympy) only where a test uses it
+
     n, p, k, hue = 8, 0.75, 0.6, 0.4
     x = images(n, 9, 9)
     out = color_jitter(x, torch.Generator().manual_seed(5), brightness=k, contrast=k, saturation=k, hue=hue, p=p)
@@ -145,6 +146,8 @@ def test_colour_jitter_matches_torchvision_with_the_drawn_factors() -> None:
 
 
 def test_shift_hue_is_torchvision_adjust_hue() -> None:
+    import torchvision.transforms.functional as TF
+
     x = torch.rand(4, 3, 7, 7, generator=torch.Generator().manual_seed(0))
     for turn in (-0.5, -0.2, 0.0, 0.3, 0.5):
         expected = TF.adjust_hue(x, turn)
