@@ -124,7 +124,7 @@ def test_grayscale_equalises_the_channels_of_the_selected_images() -> None:
 
 
 def test_colour_jitter_matches_torchvision_with_the_drawn_factors() -> None:
-    import torchvision.transforms.functional as TF  # here: torchvision's import (torch._dynamo, sympy) only where a test uses it
+    import torchvision.transforms.functional as TF  # here, not at the top: it imports torch._dynamo and sympy
 
     n, p, k, hue = 8, 0.75, 0.6, 0.4
     x = images(n, 9, 9)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -100,6 +99,7 @@ def test_the_sample_grid_shows_per_class_row_each_attributes_images_in_its_block
                     shown.append(int(strip[0, left, 0]))
             assert len(shown) == min(3, members) and len(set(shown)) == len(shown)
             assert all(int(train.y[i]) == label and int(train.a[i]) == attr for i in shown)
+    figures.plt.close(fig)
 
 
 def test_without_a_bias_attribute_the_share_is_left_out() -> None:
