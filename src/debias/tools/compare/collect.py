@@ -200,7 +200,7 @@ class DvcReader:
     """Reads files of one experiment: from disk for the workspace, else from DVC's cache at its revision. A file its
     dvc.lock (``lock``) records under DVC 3's hash, as an output or inside one, is read from the local cache by that
     hash (:meth:`_cached`); any other through DVC's filesystem at the revision, many in one switch (:meth:`prefetch`;
-    a switch builds the revision's index, ~0.2 s)."""
+    a switch builds the revision's index: dvc.yaml and dvc.lock parsed)."""
 
     def __init__(self, root: Path, experiment: Experiment, repo: Any, lock: dict[str, Any] | None = None) -> None:
         self.root, self.experiment, self.repo = root, experiment, repo
