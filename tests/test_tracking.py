@@ -265,6 +265,33 @@ def test_stage_runs_nest_under_one_parent_per_pipeline_run(tmp_path, monkeypatch
     assert len(parents) == 2
 
 
+def test_the_parent_reads_params_yaml_as_dvc_does(tmp_path, monkeypatch, mlflow_template) -> None:
+    """A value written ``1e-2`` in the workspace and ``0.01`` in the baseline commit is one number (YAML 1.2, as DVC
+    and the stages read params.yaml): no difference in the parent's name or tag, and the parent's params are the
+    validated ones, defaults filled in (not the file's text, as a YAML 1.1 reader would leave a string there)."""
+    import subprocess
+
+    from mlflow.tracking import MlflowClient
+
+    (tmp_path / ".dvc").mkdir()
+    fresh_store(mlflow_template, tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DEBIAS_TRACKING", "required")
+    (tmp_path / "params.yaml").write_text("seed: 0\nerm:\n  lr: 0.01\nloss:\n  epsilon: 0.25\n")
+    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(command, cwd=tmp_path, check=True)
+    (tmp_path / "params.yaml").write_text("seed: 0\nerm:\n  lr: 1e-2\nloss:\n  epsilon: 5.0e-1\n")
+    monkeypatch.setattr(runs, "pipeline_run_key", lambda: "a@host:1-1")
+    with stage_run("train_erm", {"seed": 0}, record_path=tmp_path / "rec.json"):
+        pass
+    record = json.loads((tmp_path / "rec.json").read_text())
+    parent = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(record["parent_run_id"])
+    assert parent.data.tags["debias.params_diff"] == "loss.epsilon=0.5"
+    assert parent.info.run_name == "workspace (loss.epsilon=0.5)"
+    assert parent.data.params["erm.lr"] == "0.01" and parent.data.params["stage2.method"]  # validated, defaults in
+
+
 def test_experiments_open_on_their_training_runs(tmp_path, mlflow_template) -> None:
     """MLflow 3's UI opens an experiment on GenAI traces unless mlflow.experimentKind says machine learning."""
     from mlflow.tracking import MlflowClient

@@ -22,7 +22,7 @@ from debias.core.paths import repo_root
 from debias.harness.forkserver import LAUNCHER_VARIABLE
 from debias.harness.tracking.artifacts import StageRun
 from debias.harness.workspace import dvc_ancestor
-from debias.params import flatten, params_hash
+from debias.params import flatten, params_hash, parse_yaml, read_yaml
 from debias.harness.tracking.store import (DEFAULT_EXPERIMENT, _store_lock, check_reachable, ensure_experiment, git_commit,
                                            run_label, tracking_mode, tracking_uri)
 
@@ -66,26 +66,24 @@ def pipeline_run_key() -> str | None:
 
 
 def read_yaml_file(path: Path) -> dict[str, Any] | None:
-    import yaml
-
+    """``path`` parsed as DVC and the stages parse params.yaml (YAML 1.2: ``1e-3`` is a number; the stage's own read
+    of the same text is reused), None when it is missing, not YAML or not a mapping."""
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        loaded = read_yaml(path)
+    except (OSError, ParamsError):
         return None
     return loaded if isinstance(loaded, dict) else None
 
 
 def committed_params(root: Path, commit: str | None) -> dict[str, Any] | None:
-    """params.yaml as committed at ``commit`` (the experiment's baseline), None when git cannot say."""
+    """params.yaml as committed at ``commit`` (the experiment's baseline), parsed as :func:`read_yaml_file` parses
+    the workspace's; None when git cannot say."""
     if not commit:
         return None
-    import yaml
-
     try:
-        done = subprocess.run(["git", "show", f"{commit}:params.yaml"], cwd=root, capture_output=True, text=True,
-                              timeout=10)
-        loaded = yaml.safe_load(done.stdout) if done.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired, yaml.YAMLError):
+        done = subprocess.run(["git", "show", f"{commit}:params.yaml"], cwd=root, capture_output=True, timeout=10)
+        loaded = parse_yaml(done.stdout, Path(f"{commit}:params.yaml")) if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ParamsError):
         return None
     return loaded if isinstance(loaded, dict) else None
 
