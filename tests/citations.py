@@ -63,7 +63,7 @@ import functools
 import io
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -419,9 +419,16 @@ def _rounds_to(value: float, magnitude: float, digits: int) -> bool:
 def stands_in(number: Number, cell: Cell, is_csv: bool) -> bool:
     """Whether ``cell`` holds ``number`` as printed (sign included), or a value rounding to it, or that value read as
     a fraction in % or as seconds in minutes (page unit min)."""
+    return matcher(number)(cell.text, is_csv)
+
+
+def matcher(number: Number) -> Callable[[str, bool], bool]:
+    """:func:`stands_in` for ``number`` as a function of a cell's text and whether it is a CSV's, the number's
+    settings read once (a quote is checked against every cell of its candidates)."""
     if number.unit == "clock":
-        return clock_stands(number, cell.text)
-    return _stands(number.magnitude, number.negative, number.digits, number.unit == "min", cell.text, is_csv)
+        return lambda text, is_csv: clock_stands(number, text)
+    magnitude, negative, digits, minutes = number.magnitude, number.negative, number.digits, number.unit == "min"
+    return lambda text, is_csv: _stands(magnitude, negative, digits, minutes, text, is_csv)
 
 
 def clock_stands(number: Number, text: str) -> bool:
@@ -476,8 +483,9 @@ def quote_cells(quote: Quote, candidates: list[Record]) -> list[Record]:
     them for a :func:`tally`)."""
     if tally(quote, candidates):
         return list(candidates)
+    matchers = [matcher(number) for number in quote.numbers]
     return [record for record in candidates
-            if any(all(stands_in(n, cell, record.csv) for n in quote.numbers) and column_fits(cell, quote.column)
+            if any(all(match(cell.text, record.csv) for match in matchers) and column_fits(cell, quote.column)
                    for cell in record.cells)]
 
 
