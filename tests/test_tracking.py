@@ -228,23 +228,30 @@ def test_pipeline_run_key_is_the_experiment_and_the_dvc_process(monkeypatch) -> 
     assert not workspace.is_dvc_command(["python", "pipeline/dvc_helper.py"])
 
 
+def tracked_workspace(root: Path, monkeypatch, template: Path, committed: str, workspace: str) -> None:
+    """``root`` made a DVC workspace with a fresh MLflow store and tracking required, the working folder: a git
+    repository whose baseline commit holds params.yaml as ``committed``, the workspace's as ``workspace``."""
+    import subprocess
+
+    (root / ".dvc").mkdir()
+    fresh_store(template, root)
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("DEBIAS_TRACKING", "required")
+    (root / "params.yaml").write_text(committed)
+    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"],
+                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(command, cwd=root, check=True)
+    (root / "params.yaml").write_text(workspace)
+
+
 def test_stage_runs_nest_under_one_parent_per_pipeline_run(tmp_path, monkeypatch, mlflow_template) -> None:
     """Stages of one pipeline run share a parent (found again by its key, reopened, ended with the last stage's
     status); another key (another experiment, another queue worker) gets its own parent. The parent holds
     the full params, the difference from the baseline commit's params.yaml, the headline metrics."""
-    import subprocess
-
     from mlflow.tracking import MlflowClient
 
-    (tmp_path / ".dvc").mkdir()
-    fresh_store(mlflow_template, tmp_path)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DEBIAS_TRACKING", "required")
-    (tmp_path / "params.yaml").write_text("seed: 0\nloss:\n  epsilon: 0.25\n")
-    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"],
-                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
-        subprocess.run(command, cwd=tmp_path, check=True)
-    (tmp_path / "params.yaml").write_text("seed: 0\nloss:\n  epsilon: 0.5\n")
+    tracked_workspace(tmp_path, monkeypatch, mlflow_template, committed="seed: 0\nloss:\n  epsilon: 0.25\n",
+                      workspace="seed: 0\nloss:\n  epsilon: 0.5\n")
     records = []
     for i, (key, stage) in enumerate((("a", "train_erm"), ("a", "evaluate"), ("b", "train_erm"))):
         monkeypatch.setattr(runs, "pipeline_run_key", lambda key=key: f"{key}@host:1-1")
@@ -269,19 +276,11 @@ def test_the_parent_reads_params_yaml_as_dvc_does(tmp_path, monkeypatch, mlflow_
     """A value written ``1e-2`` in the workspace and ``0.01`` in the baseline commit is one number (YAML 1.2, as DVC
     and the stages read params.yaml): no difference in the parent's name or tag, and the parent's params are the
     validated ones, defaults filled in (not the file's text, as a YAML 1.1 reader would leave a string there)."""
-    import subprocess
-
     from mlflow.tracking import MlflowClient
 
-    (tmp_path / ".dvc").mkdir()
-    fresh_store(mlflow_template, tmp_path)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DEBIAS_TRACKING", "required")
-    (tmp_path / "params.yaml").write_text("seed: 0\nerm:\n  lr: 0.01\nloss:\n  epsilon: 0.25\n")
-    for command in (["git", "init", "-q"], ["git", "add", "params.yaml"],
-                    ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
-        subprocess.run(command, cwd=tmp_path, check=True)
-    (tmp_path / "params.yaml").write_text("seed: 0\nerm:\n  lr: 1e-2\nloss:\n  epsilon: 5.0e-1\n")
+    tracked_workspace(tmp_path, monkeypatch, mlflow_template,
+                      committed="seed: 0\nerm:\n  lr: 0.01\nloss:\n  epsilon: 0.25\n",
+                      workspace="seed: 0\nerm:\n  lr: 1e-2\nloss:\n  epsilon: 5.0e-1\n")
     monkeypatch.setattr(runs, "pipeline_run_key", lambda: "a@host:1-1")
     with stage_run("train_erm", {"seed": 0}, record_path=tmp_path / "rec.json"):
         pass
