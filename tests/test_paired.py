@@ -100,7 +100,6 @@ def test_the_integrated_noncentral_t_tail_is_scipys_where_scipys_answers(x: floa
     assert pm.noncentral_t_sf(x, df, shift) == pytest.approx(float(stats.nct.sf(x, df, shift)), abs=1e-9)
 
 
-@pytest.mark.slow
 def test_the_power_has_no_hole_where_scipys_noncentral_t_fails() -> None:
     """At 2 seeds scipy's nct returns NaN for effects of 8 and 11 to 17 sds: the power still rises smoothly there."""
     found = [pm.t_test_power(effect, 1.0, 2) for effect in np.arange(4.0, 20.0, 0.25)]
@@ -163,3 +162,16 @@ def test_seeds_needed_is_the_first_count_that_reaches_80_percent(sd: float) -> N
     assert exact_tost_power(2.0, sd, within) >= 0.8  # never fewer seeds than the exact power needs
     assert pm.seeds_needed(float("nan"), delta=2.0) is None and pm.seeds_needed(0.0, margin=2.0) == 2
     assert pm.seeds_needed(sd) is None and pm.seeds_needed(sd, delta=2.0, margin=2.0) is None  # one question at a time
+
+
+@pytest.mark.parametrize("x, df, shift", [(12.7, 1, 14.0), (-12.7, 1, 14.0), (2.0, 1, 8.0), (2.9, 2, 17.0),
+                                          (-2.0, 9, -0.5), (1.7, 30, 25.0)])
+def test_the_integrated_noncentral_t_tail_is_the_quadrature_of_scipys_normal_and_chi2(x: float, df: int,
+                                                                                       shift: float) -> None:
+    """The integrand evaluated through scipy.special is the one scipy.stats' norm.cdf and chi2.pdf give, also where
+    scipy's nct fails (df 1 and 2, noncentrality 8 to 17): the same quadrature of the same integrand."""
+    from scipy.integrate import quad
+
+    reference, _ = quad(lambda v: stats.norm.cdf(shift - x * math.sqrt(v / df)) * stats.chi2.pdf(v, df), 0.0, math.inf,
+                        limit=200)
+    assert pm.noncentral_t_sf(x, df, shift) == pytest.approx(min(1.0, max(0.0, reference)), rel=1e-12, abs=1e-15)

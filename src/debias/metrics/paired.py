@@ -107,9 +107,18 @@ def noncentral_t_sf(x: float, df: int, shift: float) -> float:
     """``P(T > x)`` for ``T = (Z + shift) / sqrt(V / df)``, ``Z`` standard normal, ``V`` chi-square with ``df``:
     ``∫ Φ(shift - x sqrt(v / df)) χ²_df(v) dv`` by quadrature (where scipy's ``nct`` returns NaN)."""
     from scipy.integrate import quad
-    from scipy.stats import chi2, norm
+    from scipy.special import gammaln, ndtr, xlogy
 
-    value, _ = quad(lambda v: norm.cdf(shift - x * math.sqrt(v / df)) * chi2.pdf(v, df), 0.0, math.inf, limit=200)
+    # Φ as scipy.special.ndtr and the χ² density as exp((df/2 - 1) log v - v/2 - log Γ(df/2) - df log(2) / 2), the
+    # formulas scipy.stats' norm.cdf and chi2.pdf evaluate, called directly: ~200 times faster per evaluation than
+    # the distributions' generic argument checks, and a quadrature takes hundreds of them
+    log_scale = float(gammaln(df / 2.0)) + math.log(2.0) * df / 2.0
+
+    def integrand(v: float) -> float:
+        return float(ndtr(shift - x * math.sqrt(v / df))) * math.exp(float(xlogy(df / 2.0 - 1.0, v)) - v / 2.0
+                                                                         - log_scale)
+
+    value, _ = quad(integrand, 0.0, math.inf, limit=200)
     return min(1.0, max(0.0, value))
 
 
