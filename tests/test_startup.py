@@ -63,6 +63,18 @@ def test_registry_groups_and_tracking_import_no_pandas_sklearn_or_mlflow() -> No
     assert done.stdout.split("\n")[:2] == ["[]", "['pandas']"]
 
 
+@pytest.mark.slow
+def test_compare_and_sweep_import_no_torch_until_a_tensor_metric_is_asked_for() -> None:
+    """``debias compare`` and ``debias sweep`` read tables and paired statistics: torch (2 to 4 s of import here) stays
+    out of their processes; a name of :mod:`debias.metrics` that computes on tensors imports it on first use."""
+    code = ("import sys, debias.tools.compare, debias.tools.sweep; print('torch' in sys.modules); "
+            "from debias.metrics import GroupAccuracy, wilson_interval; print('torch' in sys.modules); "
+            "from debias.metrics import accuracy_report; print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["False", "False", "True"]
+
+
 def test_lazy_stand_ins_import_on_first_use() -> None:
     json_module = lazy_module("json")
     assert json_module.dumps([1]) == "[1]"

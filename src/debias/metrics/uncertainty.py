@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # tensors only pass through: the module imports without torch (debias compare reads its tables)
+    import torch
 
 
 def wilson_interval(successes: int, n: int, confidence: float) -> tuple[float, float]:
