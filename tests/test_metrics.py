@@ -82,6 +82,18 @@ def test_wilson_interval_matches_published_values() -> None:
         assert tuple(round(v, 4) for v in wilson_interval(k, n, 0.95)) == (low, high), (k, n)
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 13, 29, 50, 263, 10000])
+def test_wilson_interval_is_scipys_binomtest_interval(n: int) -> None:
+    """The closed form is scipy's ``binomtest(k, n).proportion_ci(method='wilson')`` at every k and level (that call
+    also runs the exact test, whose p-value the interval does not use)."""
+    from scipy.stats import binomtest
+
+    for k in sorted({0, 1, n // 3, n // 2, n - 1, n}):
+        for confidence in (0.8, 0.9, 0.95, 0.99):
+            ci = binomtest(k, n).proportion_ci(confidence_level=confidence, method="wilson")
+            assert wilson_interval(k, n, confidence) == pytest.approx((ci.low, ci.high), rel=1e-12, abs=1e-15), (k, n)
+
+
 def test_wilson_interval_refuses_impossible_counts() -> None:
     for k, n in ((1, 0), (-1, 5), (6, 5)):
         with pytest.raises(ValueError, match="wilson_interval"):
