@@ -98,6 +98,9 @@ def test_wilson_interval_refuses_impossible_counts() -> None:
     for k, n in ((1, 0), (-1, 5), (6, 5)):
         with pytest.raises(ValueError, match="wilson_interval"):
             wilson_interval(k, n, 0.95)
+    for confidence in (0.0, 1.0, 95.0, float("nan")):
+        with pytest.raises(ValueError, match="confidence = .*strictly between 0 and 1"):
+            wilson_interval(3, 5, confidence)
 
 
 def test_group_accuracies_skip_empty_groups_and_recover_the_counts() -> None:

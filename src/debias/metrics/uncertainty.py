@@ -23,6 +23,8 @@ def wilson_interval(successes: int, n: int, confidence: float) -> tuple[float, f
 
     if n <= 0 or not 0 <= successes <= n:
         raise ValueError(f"wilson_interval: need 0 <= successes <= n and n > 0, got {successes} of {n}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"wilson_interval: confidence = {confidence}; allowed: a level strictly between 0 and 1")
     k, n = int(successes), int(n)
     p = k / n
     z = ndtri(0.5 + 0.5 * confidence)
