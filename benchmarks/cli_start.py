@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.clones import make_clone
+from benchmarks.clones import REPO, make_clone
 
 COMMANDS = {"debias compare": "debias.tools.compare", "debias sweep": "debias.tools.sweep"}
 PROBE = "import sys, {module}; print('torch' in sys.modules)"
@@ -72,7 +72,8 @@ def page(found: dict[tuple[str, str], dict], trees: list[str], repeats: int, arg
             lines.append(f"| {tree} | `{command}` ({module}) | {statistics.median(cell['walls']):.2f} | {rounds} | "
                          f"{'yes' if cell['torch'] else 'no'} |")
     if "worktree" in trees:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                              text=True).stdout.strip()
         lines += ["", f"worktree: the code at commit {head} (with any uncommitted change)."]
     if len(trees) == 2:
         lines += ["", f"Medians, {trees[1]} / {trees[0]}:", ""]

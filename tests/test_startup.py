@@ -65,8 +65,8 @@ def test_registry_groups_and_tracking_import_no_pandas_sklearn_or_mlflow() -> No
 
 @pytest.mark.slow
 def test_compare_and_sweep_import_no_torch_until_a_tensor_metric_is_asked_for() -> None:
-    """``debias compare`` and ``debias sweep`` read tables and paired statistics: torch (2 to 4 s of import here) stays
-    out of their processes; a name of :mod:`debias.metrics` that computes on tensors imports it on first use."""
+    """``debias compare`` and ``debias sweep`` read tables and paired statistics: torch (seconds of import) stays out of
+    their processes; a name of :mod:`debias.metrics` that computes on tensors imports it on first use."""
     code = ("import sys, debias.tools.compare, debias.tools.sweep; print('torch' in sys.modules); "
             "from debias.metrics import GroupAccuracy, wilson_interval; print('torch' in sys.modules); "
             "from debias.metrics import accuracy_report; print('torch' in sys.modules)")
